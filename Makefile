@@ -1,0 +1,36 @@
+# `make run` and `make test` work on a fresh clone: they create .venv,
+# install the pinned dependencies and generate the gRPC code when missing.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PROTOS := $(shell find protos -name '*.proto')
+
+.PHONY: run test protos venv bench clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+protos: baeproto/__init__.py
+
+baeproto/__init__.py: $(PROTOS) tools/genproto.py $(STAMP)
+	$(PY) tools/genproto.py
+
+run: venv protos
+	$(PY) -m bae.stack $(ARGS)
+
+test: venv protos
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: venv protos
+	$(PY) bench/run.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) baeproto .pytest_cache

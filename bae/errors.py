@@ -1,0 +1,96 @@
+"""Errors that cross service boundaries.
+
+`Problem` is an RFC 7807 REST error. A service raises it; `bae.grpcutil`
+turns it into a gRPC status with a `bae-problem` trailer, and the gateway
+turns that back into the HTTP response.
+"""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+
+PROBLEM_TRAILER = "bae-problem"
+
+TITLES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    422: "Unprocessable Entity",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+
+_GRPC_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
+    422: grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+
+class BaeError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class Problem(BaeError):
+    """An RFC 7807 error: {"type", "title", "status", "detail"}."""
+
+    def __init__(self, status: int, type: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.type = type
+        self.detail = detail
+
+    def body(self) -> dict:
+        return {
+            "type": self.type,
+            "title": TITLES.get(self.status, "Error"),
+            "status": self.status,
+            "detail": self.detail,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.body())
+
+    @property
+    def grpc_code(self) -> grpc.StatusCode:
+        return _GRPC_CODES.get(self.status, grpc.StatusCode.INTERNAL)
+
+    @classmethod
+    def from_rpc_error(cls, error: grpc.RpcError) -> "Problem | None":
+        """The Problem carried by a failed gRPC call, if it carries one."""
+        trailers = error.trailing_metadata() or ()
+        for key, value in trailers:
+            if key == PROBLEM_TRAILER:
+                body = json.loads(value)
+                return cls(body["status"], body["type"], body["detail"])
+        return None
+
+
+def bad_request(detail: str) -> Problem:
+    return Problem(400, "bad_request", detail)
+
+
+def unauthorized(detail: str) -> Problem:
+    return Problem(401, "unauthorized", detail)
+
+
+def not_found(detail: str) -> Problem:
+    return Problem(404, "not_found", detail)
+
+
+def internal(detail: str = "internal server error") -> Problem:
+    return Problem(500, "internal", detail)
+
+
+class UsageError(BaeError):
+    """A startup configuration error: the process exits 2 with this one-line reason."""

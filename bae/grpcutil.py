@@ -1,0 +1,126 @@
+"""Running a gRPC service: health checking, Problem translation, clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from typing import Awaitable, Callable, Iterable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from bae.errors import PROBLEM_TRAILER, Problem, UsageError
+
+log = logging.getLogger("bae")
+
+# Registers servicers on a server; returns the service names to report healthy.
+Registrar = Callable[[grpc.aio.Server], Iterable[str]]
+
+
+class ProblemInterceptor(grpc.aio.ServerInterceptor):
+    """Turns a `Problem` raised by a handler into a gRPC status + `bae-problem` trailer."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        if handler.unary_unary:
+            inner = handler.unary_unary
+
+            async def unary(request, context):
+                try:
+                    return await inner(request, context)
+                except Problem as problem:
+                    await _abort(context, problem)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary, handler.request_deserializer, handler.response_serializer
+            )
+        if handler.unary_stream:
+            inner_stream = handler.unary_stream
+
+            async def stream(request, context):
+                try:
+                    async for item in inner_stream(request, context):
+                        yield item
+                except Problem as problem:
+                    await _abort(context, problem)
+
+            return grpc.unary_stream_rpc_method_handler(
+                stream, handler.request_deserializer, handler.response_serializer
+            )
+        return handler
+
+
+async def _abort(context: grpc.aio.ServicerContext, problem: Problem) -> None:
+    context.set_trailing_metadata(((PROBLEM_TRAILER, problem.to_json()),))
+    await context.abort(problem.grpc_code, problem.detail)
+
+
+def configure_logging(level: str = "info") -> None:
+    levels = {"trace": logging.DEBUG, "debug": logging.DEBUG, "warn": logging.WARNING}
+    logging.basicConfig(
+        level=levels.get(level, getattr(logging, level.upper(), logging.INFO)),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def serve(
+    name: str,
+    address: str,
+    register: Registrar,
+    shutdown_timeout: float,
+    on_shutdown: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT, then drain within `shutdown_timeout` seconds."""
+    server = grpc.aio.server(interceptors=[ProblemInterceptor()])
+    services = list(register(server))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"{name}: cannot bind gRPC address {address}")
+    await server.start()
+    for service in ["", *services]:
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    log.info("%s serving gRPC on %s", name, address)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+    log.info("%s shutting down (budget %ss)", name, shutdown_timeout)
+    await health_servicer.enter_graceful_shutdown()
+    try:
+        async with asyncio.timeout(shutdown_timeout):
+            await server.stop(grace=max(shutdown_timeout - 1, 0))
+            if on_shutdown is not None:
+                await on_shutdown()
+    except TimeoutError:
+        log.warning("%s: shutdown budget exhausted; exiting anyway", name)
+    log.info("%s stopped", name)
+
+
+def run_main(main: Callable[[], Awaitable[None]]) -> None:
+    """Entry-point wrapper: usage errors exit 2 with a one-line reason."""
+    try:
+        asyncio.run(main())
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def channel(target: str) -> grpc.aio.Channel:
+    """An internal channel; callers always pass a deadline (`timeout=`)."""
+    return grpc.aio.insecure_channel(
+        target,
+        options=[
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ],
+    )

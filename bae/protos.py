@@ -1,0 +1,28 @@
+"""The generated gRPC modules, checked against their .proto sources.
+
+Import contracts from here, never from `baeproto` directly:
+
+    from bae.protos import session_pb2, session_pb2_grpc
+"""
+
+from __future__ import annotations
+
+from bae.protodigest import PROTO_ROOT, proto_digest
+
+try:
+    import baeproto
+except ImportError as exc:  # pragma: no cover - exercised by a fresh clone
+    raise ImportError("generated protobuf code is missing: run `make protos`") from exc
+
+# A checkout without protos/ (an installed image) trusts what it shipped with.
+if PROTO_ROOT.is_dir() and baeproto.SOURCE_DIGEST != proto_digest():
+    raise ImportError("generated protobuf code is stale (protos/ changed): run `make protos`")
+
+from baeproto.v1 import (  # noqa: E402
+    runner_pb2,
+    runner_pb2_grpc,
+    session_pb2,
+    session_pb2_grpc,
+)
+
+__all__ = ["runner_pb2", "runner_pb2_grpc", "session_pb2", "session_pb2_grpc"]

@@ -1,0 +1,137 @@
+"""Settings from the environment (SERVER-SPEC §16), parsed once at start.
+
+Every invalid value raises UsageError with the one-line reason the process
+prints before it exits with code 2.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from bae.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def is_loopback(self) -> bool:
+        return ipaddress.ip_address(self.host).is_loopback
+
+
+def parse_address(var: str, value: str) -> Address:
+    """An `ip:port` literal (IPv6 as `[::1]:8081`); hostnames are refused."""
+    text = value.strip()
+    try:
+        if text.startswith("["):
+            host, sep, port = text[1:].partition("]:")
+            if not sep:
+                raise ValueError("expected [ipv6]:port")
+            ipaddress.IPv6Address(host)
+        else:
+            host, sep, port = text.rpartition(":")
+            if not sep:
+                raise ValueError("missing port")
+            ipaddress.IPv4Address(host)
+        number = int(port)
+        if not 0 <= number <= 65535:
+            raise ValueError("port out of range")
+    except ValueError as exc:
+        raise UsageError(f'{var}: "{value}" is not a valid host:port address ({exc})') from None
+    return Address(host, number)
+
+
+def parse_seconds(var: str, value: str) -> int:
+    text = value.strip()
+    if not text.isdigit():
+        raise UsageError(f'{var}: "{value}" is not a whole number of seconds')
+    return int(text)
+
+
+def parse_count(var: str, value: str) -> int:
+    text = value.strip()
+    if not text.isdigit():
+        raise UsageError(f'{var}: "{value}" is not a non-negative integer')
+    return int(text)
+
+
+def is_truthy(value: str | None) -> bool:
+    return value is not None and value.strip().lower() in ("1", "true")
+
+
+def _grpc_targets(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+@dataclass(frozen=True)
+class Settings:
+    addr: Address
+    admin_addr: Address
+    db_path: str
+    database_url: str | None
+    log: str
+    shutdown_timeout: int
+    turn_timeout: int
+    config_path: str | None
+    admin_key_file: str
+    admin_key_hash_file: str
+    disable_admin_auth: bool
+    sandbox_driver: str
+    subagent_timeout: int
+    max_subagents_per_session: int
+    session_grpc_addr: str
+    runner_grpc_addr: str
+    sandbox_grpc_addrs: list[str] = field(default_factory=list)
+    rpc_timeout: float = 10.0
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.db_path}"
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    get = env.get
+    driver = get("BAE_SANDBOX_DRIVER", "docker").strip()
+    if driver not in ("docker", "apple-container"):
+        raise UsageError(
+            f'BAE_SANDBOX_DRIVER: "{driver}" is not a supported sandbox driver '
+            '(expected "docker" or "apple-container")'
+        )
+    admin_addr = parse_address("BAE_ADMIN_ADDR", get("BAE_ADMIN_ADDR", "127.0.0.1:8081"))
+    if not admin_addr.is_loopback:
+        raise UsageError(
+            f"BAE_ADMIN_ADDR: {admin_addr} is not a loopback address; "
+            "the admin port must bind to localhost only"
+        )
+    log = get("BAE_LOG", "info").strip().lower()
+    return Settings(
+        addr=parse_address("BAE_ADDR", get("BAE_ADDR", "0.0.0.0:8080")),
+        admin_addr=admin_addr,
+        db_path=get("BAE_DB_PATH", "/var/lib/bae/bae.db"),
+        database_url=get("BAE_DATABASE_URL") or None,
+        log=log if log in ("trace", "debug", "info", "warn", "warning", "error") else "info",
+        shutdown_timeout=parse_seconds("BAE_SHUTDOWN_TIMEOUT", get("BAE_SHUTDOWN_TIMEOUT", "30")),
+        turn_timeout=parse_seconds("BAE_TURN_TIMEOUT", get("BAE_TURN_TIMEOUT", "120")),
+        config_path=get("BAE_CONFIG") or None,
+        admin_key_file=get("BAE_ADMIN_KEY_FILE", "/var/lib/bae/admin-key.pem"),
+        admin_key_hash_file=get("BAE_ADMIN_KEY_HASH_FILE", "/var/lib/bae/admin-key-hash.pem"),
+        disable_admin_auth=is_truthy(get("BAE_DANGEROUSLY_DISABLE_ADMIN_AUTH")),
+        sandbox_driver=driver,
+        subagent_timeout=parse_seconds("BAE_SUBAGENT_TIMEOUT", get("BAE_SUBAGENT_TIMEOUT", "600")),
+        max_subagents_per_session=parse_count(
+            "BAE_MAX_SUBAGENTS_PER_SESSION", get("BAE_MAX_SUBAGENTS_PER_SESSION", "8")
+        ),
+        session_grpc_addr=get("BAE_SESSION_GRPC_ADDR", "127.0.0.1:50051"),
+        runner_grpc_addr=get("BAE_RUNNER_GRPC_ADDR", "127.0.0.1:50052"),
+        sandbox_grpc_addrs=_grpc_targets(get("BAE_SANDBOX_GRPC_ADDRS", "127.0.0.1:50053")),
+        rpc_timeout=float(get("BAE_RPC_TIMEOUT", "10")),
+    )

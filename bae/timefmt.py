@@ -1,0 +1,14 @@
+"""Timestamps: RFC 3339 UTC with exactly three fractional digits and a `Z`."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+
+def now() -> str:
+    return format_time(datetime.now(timezone.utc))
+
+
+def format_time(moment: datetime) -> str:
+    moment = moment.astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
