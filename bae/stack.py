@@ -1,0 +1,183 @@
+"""Run the whole stack in the foreground: `make run` (and the tests, and bench/).
+
+Starts the session, runner and sandbox services and the gateway as child
+processes, waits until each answers its health check, prints where things
+are, and stops all of them on Ctrl-C or SIGTERM. Every BAE_* variable is
+passed through, so several stacks can run side by side on other ports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bae.errors import UsageError
+from bae.settings import Settings, load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def local_defaults(data_dir: Path) -> dict[str, str]:
+    """Defaults for a developer machine: everything under ./data instead of /var/lib/bae."""
+    return {
+        "BAE_DB_PATH": str(data_dir / "bae.db"),
+        "BAE_ADMIN_KEY_FILE": str(data_dir / "admin-key.pem"),
+        "BAE_ADMIN_KEY_HASH_FILE": str(data_dir / "admin-key-hash.pem"),
+    }
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    session_args: list[str] = field(default_factory=list)
+    log_dir: Path | None = None
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> Settings:
+        return load_settings(self.env)
+
+    def start(self, timeout: float = 30.0) -> None:
+        settings = self.settings
+        self._spawn("session", ["-m", "services.session", "serve", *self.session_args])
+        self._spawn("runner", ["-m", "services.runner"])
+        for index, address in enumerate(settings.sandbox_grpc_addrs):
+            self._spawn(
+                f"sandbox-{index}" if index else "sandbox",
+                ["-m", "services.sandbox"],
+                {"BAE_SANDBOX_LISTEN_ADDR": address},
+            )
+        deadline = time.monotonic() + timeout
+        self._wait_grpc("session", settings.session_grpc_addr, deadline)
+        self._wait_grpc("runner", settings.runner_grpc_addr, deadline)
+        self._spawn("gateway", ["-m", "services.gateway"])
+        host = "127.0.0.1" if settings.addr.host in ("0.0.0.0", "::") else settings.addr.host
+        self.client_url = f"http://{host}:{settings.addr.port}"
+        self.admin_url = f"http://{settings.admin_addr}"
+        self._wait_http("gateway", f"{self.client_url}/healthz", deadline)
+
+    def _spawn(self, name: str, args: list[str], extra: dict[str, str] | None = None) -> None:
+        env = {**self.env, **(extra or {})}
+        output = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            output = open(self.log_dir / f"{name}.log", "ab")
+        self.processes[name] = subprocess.Popen(
+            [sys.executable, *args], cwd=ROOT, env=env, stdout=output, stderr=output
+        )
+
+    def _check_alive(self, name: str) -> None:
+        code = self.processes[name].poll()
+        if code is not None:
+            raise RuntimeError(f"{name} exited with code {code} during start-up")
+
+    def _wait_grpc(self, name: str, address: str, deadline: float) -> None:
+        with grpc.insecure_channel(address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                self._check_alive(name)
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{name} did not become healthy at {address}")
+                time.sleep(0.05)
+
+    def _wait_http(self, name: str, url: str, deadline: float) -> None:
+        while True:
+            self._check_alive(name)
+            try:
+                if httpx.get(url, timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not answer {url}")
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = 35.0) -> dict[str, int]:
+        """SIGTERM every process (gateway first), wait, then kill what is left."""
+        order = ["gateway", *[n for n in self.processes if n not in ("gateway", "session")], "session"]
+        codes: dict[str, int] = {}
+        for name in order:
+            process = self.processes.get(name)
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for name in order:
+            process = self.processes.get(name)
+            if process is None:
+                continue
+            try:
+                codes[name] = process.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                codes[name] = process.wait()
+        self.processes.clear()
+        return codes
+
+    def wait_any(self) -> tuple[str, int]:
+        """Block until one child exits; returns its name and exit code."""
+        while True:
+            for name, process in self.processes.items():
+                code = process.poll()
+                if code is not None:
+                    return name, code
+            time.sleep(0.2)
+
+
+def main(argv: list[str]) -> int:
+    data_dir = ROOT / "data"
+    data_dir.mkdir(exist_ok=True)
+    env = {**local_defaults(data_dir), **os.environ}
+    try:
+        settings = load_settings(env)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    stack = Stack(env=env, session_args=argv)
+    stopping = False
+
+    def request_stop(signum, frame):
+        nonlocal stopping
+        stopping = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        stack.start()
+        print(
+            f"\nBAE is running.\n"
+            f"  client API : {stack.client_url}\n"
+            f"  admin API  : {stack.admin_url}  (loopback only)\n"
+            f"  admin key  : {settings.admin_key_file}\n"
+            f"  store      : {settings.sqlalchemy_url}\n"
+            f"Press Ctrl-C to stop.\n",
+            flush=True,
+        )
+        name, code = stack.wait_any()
+        print(f"{name} exited with code {code}; stopping the stack", file=sys.stderr)
+        return code or 1
+    except KeyboardInterrupt:
+        return 0
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stack.stop(timeout=settings.shutdown_timeout + 5)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,89 @@
+"""Live fan-out of a session's events to its watchers.
+
+Every event is persisted before it is published here. Each watcher has its
+own bounded buffer, so a slow one never slows the turn or the others: one
+that falls `LAG_LIMIT` events behind is cut off with the `lagged` error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+
+LAG_LIMIT = 256
+
+
+class Lagged(Exception):
+    """The watcher fell too far behind; its stream must end."""
+
+
+@dataclass(eq=False)
+class Watcher:
+    subscriber: bool  # a session.subscribe stream (ended by session.unsubscribe)
+    # Event ids this watcher must not be sent (a sendMessage stream's own input echo).
+    echo_ids: set[str] = field(default_factory=set)
+    _items: deque = field(default_factory=deque)
+    _ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _ended: bool = False
+    _lagged: bool = False
+
+    def push(self, item: object) -> None:
+        if self._ended:
+            return
+        if len(self._items) >= LAG_LIMIT:
+            self._lagged = True
+            self._ended = True
+        else:
+            self._items.append(item)
+        self._ready.set()
+
+    def end(self) -> None:
+        self._ended = True
+        self._ready.set()
+
+    async def next(self) -> object | None:
+        """The next item, None once ended; raises Lagged when cut off."""
+        while True:
+            if self._lagged:
+                raise Lagged
+            if self._items:
+                return self._items.popleft()
+            if self._ended:
+                return None
+            self._ready.clear()
+            await self._ready.wait()
+
+    def wants(self, event: dict) -> bool:
+        """The one live-filter predicate (SERVER-SPEC §6.4): suppress only this stream's own echo."""
+        return event["id"] not in self.echo_ids
+
+
+@dataclass
+class SessionFeed:
+    watchers: set[Watcher] = field(default_factory=set)
+
+    def watch(self, subscriber: bool) -> Watcher:
+        watcher = Watcher(subscriber=subscriber)
+        self.watchers.add(watcher)
+        return watcher
+
+    def forget(self, watcher: Watcher) -> None:
+        self.watchers.discard(watcher)
+        watcher.end()
+
+    def publish(self, events: list[dict]) -> None:
+        for watcher in list(self.watchers):
+            for event in events:
+                if watcher.wants(event):
+                    watcher.push(event)
+
+    def end_subscriptions(self) -> int:
+        ended = [w for w in self.watchers if w.subscriber]
+        for watcher in ended:
+            self.forget(watcher)
+        return len(ended)
+
+    def close(self) -> None:
+        for watcher in list(self.watchers):
+            self.forget(watcher)

@@ -1,0 +1,536 @@
+"""The JSON-RPC methods of `POST /api/v1/sessions/{id}/rpc` (SERVER-SPEC §6, §7).
+
+Each method authenticates the session key, then runs its checks in the
+spec's order. Live methods stream `RpcFrame`s: `accepted` first, then
+events, then the terminal frame. A `sendMessage` turn runs in its own task:
+a client that disconnects stops only the delivery, never the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import AsyncIterator
+
+from bae import grpcutil
+from bae.protos import runner_pb2_grpc, session_pb2
+from services.session.feed import Lagged, Watcher
+from services.session.gate import Claim, ParkedTurn
+from services.session.history import History
+from services.session.sandbox_calls import available_images, stop_sandbox
+from services.session.sandboxes import SandboxError
+from services.session.merge import (
+    MergeInvalid,
+    has_tool_result,
+    is_continuation,
+    merge_abandonment,
+    merge_continuation,
+)
+from services.session.turn import Outcome, Turn, TurnFailed
+
+log = logging.getLogger("bae.session.live")
+
+RpcError = session_pb2.RpcError
+ORPHAN_RESULT = (
+    "tool result merge invalid: no paused turn is awaiting tool results "
+    "(it may have timed out and been retired)"
+)
+PROFILE_GONE = "profile_unavailable: the profile bound to this session is no longer available"
+
+
+def dumps(value) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def result_reply(value) -> session_pb2.RpcReply:
+    return session_pb2.RpcReply(result_json=dumps(value))
+
+
+def error_reply(code: int, message: str) -> session_pb2.RpcReply:
+    return session_pb2.RpcReply(error=RpcError(code=code, message=message))
+
+
+def error_frame(code: int, message: str, id_mode=RpcError.REQUEST_ID) -> session_pb2.RpcFrame:
+    return session_pb2.RpcFrame(error=RpcError(code=code, message=message, id_mode=id_mode))
+
+
+ACCEPTED = session_pb2.RpcFrame(accepted=True)
+
+
+class InvalidParams(Exception):
+    pass
+
+
+def parse_params(request) -> dict:
+    try:
+        params = json.loads(request.params_json or "{}")
+    except ValueError as exc:
+        raise InvalidParams(f"Invalid params: {exc}") from None
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise InvalidParams(f"Invalid params: invalid type: {json_kind(params)}, expected a map")
+    return params
+
+
+def json_kind(value) -> str:
+    if isinstance(value, bool):
+        return f"boolean `{str(value).lower()}`"
+    if isinstance(value, (int, float)):
+        return f"number `{value}`"
+    if isinstance(value, str):
+        return f'string "{value}"'
+    if isinstance(value, list):
+        return "sequence"
+    if value is None:
+        return "null"
+    return "map"
+
+
+def parse_message(params: dict) -> dict:
+    if "message" not in params:
+        raise InvalidParams('Invalid params: missing "message"')
+    message = params["message"]
+    if not isinstance(message, dict):
+        raise InvalidParams(f"Invalid params: invalid type: {json_kind(message)}, expected struct Message")
+    if "content" not in message:
+        raise InvalidParams("Invalid params: missing field `content`")
+    role = message.get("role", "user")
+    if role is None:
+        role = "user"
+    if not isinstance(role, str):
+        raise InvalidParams(f"Invalid params: invalid type: {json_kind(role)}, expected a string")
+    content = message["content"]
+    if not isinstance(content, (str, list)):
+        raise InvalidParams(
+            f"Invalid params: invalid type: {json_kind(content)}, expected a string or an array of content blocks"
+        )
+    return {"role": role, "content": content}
+
+
+class LiveApi:
+    def __init__(self, *, store, auth, runtime, settings, config) -> None:
+        self.store = store
+        self.auth = auth
+        self.runtime = runtime
+        self.settings = settings
+        self.config = config
+        self.runner = runner_pb2_grpc.RunnerStub(grpcutil.channel(settings.runner_grpc_addr))
+
+    async def _principal(self, request):
+        return await self.auth.session_principal(
+            request.authorization, request.has_authorization, request.session_id
+        )
+
+    async def _open_session(self, session_id: str):
+        """The session record, or the -32000 text when it is not open."""
+        session = await self.store.get_session(session_id)
+        if session is None:
+            return None, "session no longer exists"
+        if session.state != "open":
+            return None, f"session is {session.state}, not open"
+        return session, None
+
+    async def _append(self, session_id: str, actor: str | None, items, new_state=None) -> list[dict]:
+        views = await self.store.append_events(
+            session_id, [(actor, kind, payload) for kind, payload in items], new_state=new_state
+        )
+        await self.runtime.publish(session_id, views)
+        return views
+
+    # -- registration and tools -------------------------------------------------
+
+    async def register_driver(self, request, context) -> session_pb2.RpcReply:
+        principal = await self._principal(request)
+        session, problem = await self._open_session(request.session_id)
+        if problem:
+            return error_reply(-32000, problem)
+        live = self.runtime.get(request.session_id)
+        actor = principal.client_key_id
+        async with live.lock:
+            if actor in live.drivers:
+                return result_reply({"registered": True})
+            items = [("session.driver.register", {})]
+            profile = await self.store.get_profile(session.profile_id)
+            if profile is not None and profile.available_sandboxes:
+                images = available_images(self.runtime.sandboxes, profile)
+                items.append(("session.sandbox.available", {"images": images}))
+            try:
+                await self._append(request.session_id, actor, items)
+            except Exception:
+                log.exception("registering a driver on %s failed", request.session_id)
+                return error_reply(-32603, "Internal error")
+            live.drivers.add(actor)
+        return result_reply({"registered": True})
+
+    async def update_client_tools(self, request, context) -> session_pb2.RpcReply:
+        principal = await self._principal(request)
+        actor = principal.client_key_id
+        if actor not in self.runtime.drivers(request.session_id):
+            return error_reply(-32001, "call session.registerDriver before session.updateClientTools")
+        session, problem = await self._open_session(request.session_id)
+        if problem:
+            return error_reply(-32000, problem)
+        try:
+            params = parse_params(request)
+            if "tools" not in params:
+                raise InvalidParams('Invalid params: missing "tools"')
+            tools = params["tools"]
+            if not isinstance(tools, list):
+                raise InvalidParams(f"Invalid params: invalid type: {json_kind(tools)}, expected a sequence")
+            normalized = []
+            for tool in tools:
+                if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or not tool["name"].strip():
+                    raise InvalidParams('Invalid params: every tool requires a non-empty "name"')
+                normalized.append(
+                    {
+                        "name": tool["name"],
+                        "description": tool.get("description"),
+                        "input_schema": tool.get("input_schema") if tool.get("input_schema") is not None else {},
+                    }
+                )
+        except InvalidParams as exc:
+            return error_reply(-32602, str(exc))
+        profile = await self.store.get_profile(session.profile_id)
+        if profile is None:
+            return error_reply(-32603, "Internal error")
+        for tool in normalized:
+            if tool["name"] == "remote_subagent_status" or tool["name"] not in profile.allowed_tools:
+                return error_reply(
+                    -32015, f'tool_not_allowed: tool "{tool["name"]}" is not in the profile\'s allowlist'
+                )
+        await self.store.set_client_tools(request.session_id, actor, normalized)
+        return result_reply({"updated": True})
+
+    # -- subscriptions ----------------------------------------------------------
+
+    async def subscribe(self, request, context) -> AsyncIterator[session_pb2.RpcFrame]:
+        await self._principal(request)
+        yield ACCEPTED
+        try:
+            params = parse_params(request)
+        except InvalidParams as exc:
+            yield error_frame(-32602, str(exc))
+            return
+        since = params.get("since_event_id")
+        session = await self.store.get_session(request.session_id)
+        is_open = session is not None and session.state == "open"
+        live = self.runtime.get(request.session_id) if is_open else None
+        watcher = live.feed.watch(subscriber=True) if live else None
+        replayed: set[str] = set()
+        try:
+            if isinstance(since, str):
+                try:
+                    seq = await self.store.event_seq(request.session_id, since) or 0
+                    while True:
+                        page = await self.store.list_events(request.session_id, seq, 200)
+                        for seq, event in page:
+                            replayed.add(event["id"])
+                            yield session_pb2.RpcFrame(event_json=dumps(event))
+                        if len(page) < 200:
+                            break
+                except Exception:
+                    log.exception("replay for %s failed", request.session_id)
+                    yield error_frame(-32000, "replay failed", RpcError.NULL_ID)
+                    return
+            if watcher is None:
+                return  # a terminal session gets its replay, then the stream ends (O-8)
+            async for frame in self._relay(watcher, skip=replayed):
+                yield frame
+        finally:
+            if watcher is not None and live is not None:
+                live.feed.forget(watcher)
+
+    async def _relay(self, watcher: Watcher, skip: set[str] = frozenset()) -> AsyncIterator[session_pb2.RpcFrame]:
+        while True:
+            try:
+                item = await watcher.next()
+            except Lagged:
+                yield error_frame(-32000, "lagged; reconnect with since_event_id", RpcError.NO_ID)
+                return
+            if item is None:
+                return
+            if isinstance(item, session_pb2.RpcFrame):
+                yield item
+                return
+            if item["id"] not in skip:
+                yield session_pb2.RpcFrame(event_json=dumps(item))
+
+    async def unsubscribe(self, request, context) -> session_pb2.RpcReply:
+        await self._principal(request)
+        live = self.runtime.sessions.get(request.session_id)
+        if live is not None:
+            live.feed.end_subscriptions()
+        return result_reply({"unsubscribed": True})
+
+    # -- turns ------------------------------------------------------------------
+
+    async def send_message(self, request, context) -> AsyncIterator[session_pb2.RpcFrame]:
+        principal = await self._principal(request)
+        yield ACCEPTED
+        actor = principal.client_key_id
+        if actor not in self.runtime.drivers(request.session_id):
+            yield error_frame(-32001, "call session.registerDriver before session.sendMessage")
+            return
+        session, problem = await self._open_session(request.session_id)
+        if problem:
+            yield error_frame(-32000, problem)
+            return
+        try:
+            message = parse_message(parse_params(request))
+        except InvalidParams as exc:
+            yield error_frame(-32602, str(exc))
+            return
+        live = self.runtime.get(request.session_id)
+        watcher = Watcher(subscriber=False)
+        holding = asyncio.Event()
+        task = asyncio.create_task(self._turn(live, actor, message, watcher, holding))
+        try:
+            async for frame in self._relay(watcher):
+                yield frame
+        finally:
+            live.feed.forget(watcher)
+            if not holding.is_set():
+                task.cancel()  # still queued: the caller gave up, nothing was recorded
+
+    async def _turn(self, live, actor: str, message: dict, watcher: Watcher, holding: asyncio.Event) -> None:
+        claim: Claim = await live.gate.acquire(actor)
+        holding.set()
+        outcome: Outcome | None = None
+        try:
+            outcome = await self._run_claimed(live, actor, message, watcher, claim)
+        except TurnFailed as exc:
+            log.error("turn on %s failed: %s", live.session_id, exc)
+            watcher.push(error_frame(-32000, "session loop failed"))
+        except Exception:
+            log.exception("turn on %s failed", live.session_id)
+            watcher.push(error_frame(-32603, "Internal error"))
+        finally:
+            if outcome is not None and outcome.parked is not None:
+                live.gate.park(outcome.parked)
+            else:
+                live.gate.release()
+
+    async def _run_claimed(self, live, actor, message, watcher: Watcher, claim: Claim) -> Outcome | None:
+        turn = Turn(self.runtime, live, actor, watcher, self.runner)
+        parked: ParkedTurn | None = claim.parked
+        if claim.reclaimed:
+            await turn.emit(
+                [("session.error", {"reason": "driver_turn_abandoned", "owner_client_key_id": parked.owner})],
+                attribute_to=parked.owner,
+                in_result=False,
+            )
+        session, problem = await self._open_session(live.session_id)
+        if problem:
+            watcher.push(error_frame(-32000, problem))
+            return None
+        role, content = message["role"], message["content"]
+        server_ids: set[str] = set()
+        if parked is not None:
+            try:
+                if role != "user":
+                    raise MergeInvalid(f'paused tool continuation must have role "user", got "{role}"')
+                if claim.reclaimed:
+                    content = merge_abandonment(parked.tool_uses, parked.server_results, content, timed_out=True)
+                elif is_continuation(content):
+                    content = merge_continuation(parked.tool_uses, parked.server_results, content)
+                else:
+                    content = merge_abandonment(parked.tool_uses, parked.server_results, content, timed_out=False)
+            except MergeInvalid as exc:
+                await turn.emit(
+                    [("session.error", {"reason": "tool_result_merge_invalid", "detail": str(exc)})],
+                    new_state="error",
+                )
+                watcher.push(error_frame(-32000, f"tool result merge invalid: {exc}"))
+                return None
+            server_ids = set(parked.server_results)
+        elif has_tool_result(content):
+            watcher.push(error_frame(-32000, ORPHAN_RESULT))
+            return None
+
+        if live.history is None:
+            live.history = History.from_events(await self.store.message_events(live.session_id))
+        live.feed.watchers.add(watcher)
+        items = [("client.message.send", {"role": role, "content": content})]
+        for block in content if isinstance(content, list) else []:
+            if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("tool_use_id") not in server_ids:
+                items.append(
+                    (
+                        "tool.result",
+                        {
+                            "tool_use_id": block.get("tool_use_id"),
+                            "dispatch": "client",
+                            "server_name": None,
+                            "is_error": bool(block.get("is_error", False)),
+                            "content": block.get("content"),
+                        },
+                    )
+                )
+        await turn.emit(items, echo=True)
+
+        profile = await self.store.get_profile(session.profile_id)
+        if profile is None:
+            await turn.emit(
+                [("session.error", {"reason": "profile_unavailable", "profile_id": session.profile_id})],
+                new_state="error",
+            )
+            watcher.push(error_frame(-32000, PROFILE_GONE))
+            return None
+        outcome = await turn.run(session, profile)
+        watcher.push(session_pb2.RpcFrame(result_json=dumps({"message": outcome.message, "events": turn.events})))
+        return outcome
+
+    # -- methods of later issues -------------------------------------------------
+
+    async def compact(self, request, context) -> AsyncIterator[session_pb2.RpcFrame]:
+        await self._principal(request)
+        yield ACCEPTED
+        yield error_frame(-32601, "Method not found: session.compact")
+
+    async def _not_available(self, request, method: str) -> session_pb2.RpcReply:
+        await self._principal(request)
+        return error_reply(-32601, f"Method not found: {method}")
+
+    async def _driver_call(self, request, method: str):
+        """Auth, the -32001 driver gate and the -32000 state gate shared by the sandbox methods."""
+        principal = await self._principal(request)
+        actor = principal.client_key_id
+        if actor not in self.runtime.drivers(request.session_id):
+            return actor, None, error_reply(-32001, f"call session.registerDriver before {method}")
+        session, problem = await self._open_session(request.session_id)
+        if problem:
+            return actor, None, error_reply(-32000, problem)
+        return actor, session, None
+
+    async def start_remote_sandbox(self, request, context) -> session_pb2.RpcReply:
+        actor, session, failure = await self._driver_call(request, "session.startRemoteSandbox")
+        if failure:
+            return failure
+        try:
+            image = parse_params(request).get("image")
+        except InvalidParams as exc:
+            return error_reply(-32602, str(exc))
+        if not isinstance(image, str) or not image.strip():
+            return error_reply(-32602, 'Invalid params: missing "image"')
+        profile = await self.store.get_profile(session.profile_id)
+        if profile is None:
+            return error_reply(-32000, PROFILE_GONE)
+        if image not in profile.available_sandboxes:
+            return error_reply(
+                -32011,
+                f'sandbox_image_not_allowed: image "{image}" is not in this session profile\'s available_sandboxes',
+            )
+        live = self.runtime.get(request.session_id)
+        async with live.lock:
+            if live.sandbox is not None:
+                return error_reply(
+                    -32000,
+                    "a remote sandbox is already running for this session; call session.stopRemoteSandbox first",
+                )
+            await self._append(request.session_id, actor, [("session.sandbox.start", {"image": image, "dispatch": "remote"})])
+            try:
+                if self.runtime.sandboxes is None:
+                    raise SandboxError("no sandbox hosts are configured (BAE_SANDBOX_GRPC_ADDRS is empty)")
+                handle = await self.runtime.sandboxes.start(request.session_id, image)
+            except SandboxError as exc:
+                await self._append(
+                    request.session_id,
+                    actor,
+                    [("session.sandbox.error", {"image": image, "phase": "start", "detail": exc.detail,
+                                                "dispatch": "remote", "unsandboxed": False})],
+                )
+                return error_reply(-32012, f"sandbox_start_failed: {exc.detail}")
+            live.sandbox = handle
+            views = await self._append(
+                request.session_id,
+                actor,
+                [("session.sandbox.running", {"image": image, "sandbox_id": handle.sandbox_id,
+                                              "dispatch": "remote", "unsandboxed": False})],
+            )
+        return result_reply({"sandbox_id": handle.sandbox_id, "image": image, "started_at": views[0]["created_at"]})
+
+    async def stop_remote_sandbox(self, request, context) -> session_pb2.RpcReply:
+        principal = await self._principal(request)
+        actor = principal.client_key_id
+        if actor not in self.runtime.drivers(request.session_id):
+            return error_reply(-32001, "call session.registerDriver before session.stopRemoteSandbox")
+        live = self.runtime.sessions.get(request.session_id)
+        handle = live.sandbox if live else None
+        if handle is None:
+            return error_reply(-32013, "sandbox_not_running: no remote sandbox is running for this session")
+        detail = await stop_sandbox(self.runtime, live, actor, reason="explicit")
+        if detail is not None:
+            return error_reply(-32000, f"sandbox stop failed: {detail}")
+        return result_reply({"stopped": True, "image": handle.image, "sandbox_id": handle.sandbox_id})
+
+    async def exec_remote_sandbox(self, request, context) -> session_pb2.RpcReply:
+        principal = await self._principal(request)
+        actor = principal.client_key_id
+        if actor not in self.runtime.drivers(request.session_id):
+            return error_reply(-32001, "call session.registerDriver before session.execRemoteSandbox")
+        try:
+            command = parse_params(request).get("command")
+        except InvalidParams as exc:
+            return error_reply(-32602, str(exc))
+        if not isinstance(command, str):
+            return error_reply(-32602, 'Invalid params: missing "command"')
+        live = self.runtime.sessions.get(request.session_id)
+        handle = live.sandbox if live else None
+        if handle is None:
+            return error_reply(-32013, "sandbox_not_running: no remote sandbox is running for this session")
+        try:
+            result = await self.runtime.sandboxes.exec(handle, command)
+        except SandboxError as exc:
+            await self._append(
+                request.session_id,
+                actor,
+                [("session.sandbox.error", {"image": handle.image, "sandbox_id": handle.sandbox_id, "phase": "exec",
+                                            "detail": exc.detail, "dispatch": "remote", "unsandboxed": False})],
+            )
+            return error_reply(-32000, f"sandbox exec failed: {exc.detail}")
+        return result_reply({"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code})
+
+    async def report_local_sandbox(self, request, context) -> session_pb2.RpcReply:
+        principal = await self._principal(request)
+        actor = principal.client_key_id
+        if actor not in self.runtime.drivers(request.session_id):
+            return error_reply(-32001, "call session.registerDriver before session.reportLocalSandbox")
+        try:
+            params = parse_params(request)
+        except InvalidParams as exc:
+            return error_reply(-32602, str(exc))
+        state = params.get("state")
+        if state not in ("running", "stopped", "error"):
+            return error_reply(-32602, 'Invalid params: "state" must be "running", "stopped", or "error"')
+        unsandboxed = params.get("unsandboxed", False)
+        if not isinstance(unsandboxed, bool):
+            return error_reply(-32602, 'Invalid params: "unsandboxed" must be a boolean')
+        if "image" not in params and not unsandboxed:
+            return error_reply(-32602, 'Invalid params: missing "image"')
+        image = params.get("image")
+        if image is not None and not isinstance(image, str):
+            return error_reply(-32602, 'Invalid params: "image" must be a string or null')
+        if unsandboxed and image is not None:
+            return error_reply(-32602, 'Invalid params: "image" must be null when "unsandboxed" is true')
+        if image is None and not unsandboxed:
+            return error_reply(-32602, 'Invalid params: missing "image"')
+        payload = {
+            "dispatch": "local",
+            "image": image,
+            "unsandboxed": unsandboxed,
+            "container_id": params.get("container_id"),
+            "detail": params.get("detail"),
+        }
+        try:
+            await self._append(request.session_id, actor, [(f"session.sandbox.{state}", payload)])
+        except Exception:
+            log.exception("recording a local sandbox report on %s failed", request.session_id)
+            return error_reply(-32603, "Internal error")
+        return result_reply({"reported": True})
+
+    async def report_local_subagent(self, request, context):
+        return await self._not_available(request, "session.reportLocalSubagent")
+
+    async def cancel_subagent(self, request, context):
+        return await self._not_available(request, "session.cancelSubagent")

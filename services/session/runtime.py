@@ -1,0 +1,125 @@
+"""Per-session live state owned by this session-service replica.
+
+Everything here is memory only (SERVER-SPEC §0.1): the driver registry, the
+turn gate and parked turn, the live feed, the cached provider history, MCP
+connections and the remote sandbox handle. A later multi-replica deployment
+gives each session to one replica, which then owns exactly this object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from bae.config import Config
+from bae.settings import Settings
+from services.session.feed import SessionFeed
+from services.session.gate import TurnGate
+from services.session.history import History
+
+log = logging.getLogger("bae.session.runtime")
+
+
+@dataclass(eq=False)
+class LiveSession:
+    session_id: str
+    drivers: set[str] = field(default_factory=set)
+    feed: SessionFeed = field(default_factory=SessionFeed)
+    gate: TurnGate = field(default_factory=TurnGate)
+    history: History | None = None  # loaded from the log on first use
+    mcp: object | None = None  # McpSessionConnections once connected
+    mcp_task: asyncio.Task | None = None
+    sandbox: object | None = None  # the remote SandboxHandle, one per session
+    # Serializes registrations so a key's first registration logs exactly once.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class SessionRuntime:
+    def __init__(self, *, store, settings: Settings, config: Config) -> None:
+        self.store = store
+        self.settings = settings
+        self.config = config
+        self.sessions: dict[str, LiveSession] = {}
+        self.sandboxes = None  # SandboxPool, when sandbox hosts are configured
+
+    def get(self, session_id: str) -> LiveSession:
+        live = self.sessions.get(session_id)
+        if live is None:
+            live = self.sessions[session_id] = LiveSession(session_id)
+        return live
+
+    def drivers(self, session_id: str) -> list[str]:
+        live = self.sessions.get(session_id)
+        return sorted(live.drivers) if live else []
+
+    async def publish(self, session_id: str, events: list[dict]) -> None:
+        """Fan committed events out to the session's watchers and its history cache."""
+        live = self.sessions.get(session_id)
+        if live is None:
+            return
+        if live.history is not None:
+            live.history.observe(events)
+        live.feed.publish(events)
+
+    async def on_open(self, session_id: str, profile) -> None:
+        """A session was created: connect its MCP servers in the background."""
+        live = self.get(session_id)
+        live.mcp_task = asyncio.create_task(self._connect_mcp(session_id, list(profile.mcp_servers)))
+
+    async def ensure_mcp(self, live: LiveSession, server_names: list[str]):
+        """The session's MCP connections; (re)connects after a restart of this service."""
+        if live.mcp_task is None:
+            live.mcp_task = asyncio.create_task(self._connect_mcp(live.session_id, server_names))
+        return await asyncio.shield(live.mcp_task)
+
+    async def _connect_mcp(self, session_id: str, server_names: list[str]):
+        from services.session.mcp import McpSessionConnections
+
+        if not server_names:
+            return None
+        connections = await McpSessionConnections.connect(session_id, server_names, self.config)
+        live = self.sessions.get(session_id)
+        if live is None:  # closed while connecting
+            await connections.close()
+            return None
+        live.mcp = connections
+        return connections
+
+    async def close(self, session_id: str, attribute_to: str | None) -> None:
+        """Tear a closed session down: sandbox, subscribers, MCP, drivers, gate."""
+        live = self.sessions.pop(session_id, None)
+        if live is None:
+            return
+        if live.sandbox is not None and self.sandboxes is not None:
+            from services.session.sandbox_calls import stop_sandbox
+
+            await stop_sandbox(self, live, attribute_to, reason="session_close")
+        live.feed.close()
+        live.gate.clear()
+        live.drivers.clear()
+        if live.mcp_task is not None:
+            live.mcp_task.cancel()
+        if live.mcp is not None:
+            try:
+                await live.mcp.close()
+            except Exception:
+                log.exception("closing MCP connections of %s failed", session_id)
+
+    def sandbox_status(self) -> dict:
+        if self.sandboxes is None:
+            return {"items": []}
+        return self.sandboxes.status_view()
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        for session_id in list(self.sessions):
+            live = self.sessions.pop(session_id)
+            live.feed.close()
+            if live.mcp is not None:
+                try:
+                    await live.mcp.close()
+                except Exception:
+                    log.exception("closing MCP connections of %s failed", session_id)

@@ -1,0 +1,154 @@
+"""Per-turn tool scoping and server-side dispatch (SERVER-SPEC §7.5, §9.3, §10.6).
+
+The provider sees only the acting driver's own declarations plus the
+session-wide MCP tools; each `tool_use` is classified by name into
+client / sandbox / subagent / mcp, and every non-client block is answered
+here, inside the turn, without pausing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+
+def _provider_tool(tool: dict) -> dict:
+    return {
+        "name": tool["name"],
+        "description": tool.get("description") or "",
+        "input_schema": tool.get("input_schema") or {"type": "object"},
+    }
+
+
+@dataclass
+class ActingTools:
+    client: list[dict]
+    sandbox: list[dict]
+    subagent: list[dict]
+    mcp: object | None  # McpSessionConnections
+
+    @classmethod
+    def of(cls, session, actor: str, mcp) -> "ActingTools":
+        return cls(
+            client=session.client_tools.get(actor, []),
+            sandbox=session.sandbox_tools.get(actor, []),
+            subagent=session.subagent_tools.get(actor, []),
+            mcp=mcp,
+        )
+
+    def advertised(self) -> list[dict]:
+        """Recomputed before every provider call, in the spec's order."""
+        tools = [_provider_tool(t) for t in (*self.client, *self.sandbox, *self.subagent)]
+        if self.mcp is not None:
+            tools += [
+                {"name": t.name, "description": t.description, "input_schema": t.input_schema}
+                for t in self.mcp.tools
+            ]
+        return tools
+
+    def classify(self, name: str) -> str:
+        if any(t["name"] == name for t in self.client):
+            return "client"
+        if any(t["name"] == name for t in self.sandbox):
+            return "sandbox"
+        if name == "remote_subagent_status" or any(t["name"] == name for t in self.subagent):
+            return "subagent"
+        return "mcp"
+
+    def mcp_server_for(self, name: str) -> str | None:
+        return self.mcp.route(name) if self.mcp is not None else None
+
+
+def error_result(tool_use_id: str, text: str) -> dict:
+    return {"type": "tool_result", "tool_use_id": tool_use_id, "content": [{"type": "text", "text": text}], "is_error": True}
+
+
+async def dispatch_server_tools(turn, blocks: list[dict], dispatch: dict[str, str], declared: ActingTools) -> list[dict]:
+    """Answer every server-side block; results come back in the model's order.
+
+    MCP calls run concurrently (their requests are logged first, their
+    responses in the model's order); sandbox and subagent calls run in order.
+    """
+    mcp_blocks = [b for b in blocks if dispatch[b["id"]] == "mcp"]
+    mcp_calls = {}
+    if mcp_blocks:
+        await turn.emit(
+            [
+                (
+                    "mcp.request",
+                    {
+                        "method": "tools/call",
+                        "server_name": declared.mcp_server_for(b["name"]),
+                        "tool": b["name"],
+                        "input": b.get("input", {}),
+                    },
+                )
+                for b in mcp_blocks
+            ]
+        )
+        mcp_calls = {
+            b["id"]: asyncio.create_task(_call_mcp(declared, b)) for b in mcp_blocks
+        }
+    results = []
+    for block in blocks:
+        kind = dispatch[block["id"]]
+        if kind == "mcp":
+            response, result = await mcp_calls[block["id"]]
+            await turn.emit([("mcp.response", response), ("tool.result", result)])
+            results.append(_as_result_block(result))
+        elif kind == "sandbox":
+            from services.session.sandbox_calls import dispatch_sandbox_tool
+
+            results.append(await dispatch_sandbox_tool(turn, block))
+        else:
+            result = error_result(
+                block["id"], json.dumps({"error": "remote subagents are not available on this server"})
+            )
+            await turn.emit(
+                [("tool.result", {"tool_use_id": block["id"], "dispatch": "subagent", "is_error": True,
+                                  "content": result["content"]})]
+            )
+            results.append(result)
+    return results
+
+
+def _as_result_block(event_payload: dict) -> dict:
+    return {
+        "type": "tool_result",
+        "tool_use_id": event_payload["tool_use_id"],
+        "content": event_payload["content"],
+        "is_error": event_payload["is_error"],
+    }
+
+
+async def _call_mcp(declared: ActingTools, block: dict) -> tuple[dict, dict]:
+    """One MCP tools/call: the mcp.response and tool.result payloads."""
+    name = block["name"]
+    server = declared.mcp_server_for(name)
+    if server is None:
+        error = f"no MCP server is configured for tool '{name}'"
+        response = {"server_name": None, "ok": False, "error": error}
+    else:
+        outcome = await declared.mcp.call(name, block.get("input") or {})
+        if outcome.ok and outcome.result is not None:
+            is_error = bool(outcome.result.get("isError", False))
+            response = {"server_name": server, "ok": not is_error, "result": outcome.result}
+            result = {
+                "tool_use_id": block["id"],
+                "dispatch": "mcp",
+                "server_name": server,
+                "is_error": is_error,
+                "content": outcome.result.get("content", []),
+            }
+            return response, result
+        error = outcome.error or "MCP call failed"
+        response = {"server_name": server, "ok": False, "error": error}
+    result = {
+        "tool_use_id": block["id"],
+        "dispatch": "mcp",
+        "server_name": server,
+        "is_error": True,
+        "content": [{"type": "text", "text": f"MCP error: {error}"}],
+    }
+    return response, result

@@ -1,0 +1,126 @@
+"""Shared fixtures: free ports, the real stack as child processes, the mock LLM."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from bae.stack import Stack  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stack_env(tmp: Path, **overrides: str) -> dict[str, str]:
+    """An environment for one isolated stack: its own ports, store and key files."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BAE_")}
+    env.update(
+        {
+            "BAE_ADDR": f"127.0.0.1:{free_port()}",
+            "BAE_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
+            "BAE_SESSION_GRPC_ADDR": f"127.0.0.1:{free_port()}",
+            "BAE_RUNNER_GRPC_ADDR": f"127.0.0.1:{free_port()}",
+            "BAE_SANDBOX_GRPC_ADDRS": f"127.0.0.1:{free_port()}",
+            "BAE_SANDBOX_HOST_ID": f"test-{tmp.name}",
+            "BAE_DB_PATH": str(tmp / "bae.db"),
+            "BAE_ADMIN_KEY_FILE": str(tmp / "admin-key.pem"),
+            "BAE_ADMIN_KEY_HASH_FILE": str(tmp / "admin-key-hash.pem"),
+            "BAE_SHUTDOWN_TIMEOUT": "5",
+            "BAE_LOG": "info",
+        }
+    )
+    env.update(overrides)
+    return env
+
+
+class RunningStack:
+    """A started stack plus authenticated HTTP clients for its two ports."""
+
+    def __init__(self, stack: Stack, tmp: Path) -> None:
+        self.stack = stack
+        self.tmp = tmp
+        self.admin_key = Path(stack.settings.admin_key_file).read_text().strip()
+        self.client = httpx.Client(base_url=stack.client_url, timeout=30)
+        self.admin = httpx.Client(
+            base_url=stack.admin_url,
+            timeout=30,
+            headers={"Authorization": f"Bearer {self.admin_key}"},
+        )
+
+    def create_profile(self, name: str, primary: str = "mock", **fields) -> dict:
+        body = {"name": name, "primary_provider": primary, **fields}
+        response = self.admin.post("/admin/v1/profiles", json=body)
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def create_key(self, profile_id: str, name: str = "k") -> dict:
+        response = self.admin.post("/admin/v1/keys", json={"name": name, "profile_id": profile_id})
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def open_session(self, client_key: str, **body) -> dict:
+        response = self.client.post(
+            "/api/v1/sessions", json=body, headers={"Authorization": f"Bearer {client_key}"}
+        )
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def close(self) -> dict[str, int]:
+        self.client.close()
+        self.admin.close()
+        return self.stack.stop()
+
+
+StackFactory = Callable[..., RunningStack]
+
+
+@pytest.fixture
+def start_stack(tmp_path: Path) -> Iterator[StackFactory]:
+    """Start a fresh stack: start_stack(config_toml=..., **env_overrides)."""
+    started: list[RunningStack] = []
+
+    def start(config_toml: str | None = None, session_args: list[str] | None = None, **env) -> RunningStack:
+        tmp = tmp_path / f"stack{len(started)}"
+        tmp.mkdir()
+        overrides = dict(env)
+        if config_toml is not None:
+            config = tmp / "bae-config.toml"
+            config.write_text(config_toml)
+            overrides["BAE_CONFIG"] = str(config)
+        stack = Stack(env=stack_env(tmp, **overrides), session_args=session_args or [], log_dir=tmp / "logs")
+        try:
+            stack.start()
+        except Exception:
+            stack.stop()
+            for log in sorted((tmp / "logs").glob("*.log")):
+                print(f"--- {log.name}\n{log.read_text()[-4000:]}")
+            raise
+        running = RunningStack(stack, tmp)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        running.close()
+
+
+def mock_provider_toml(base_url: str, *, name: str = "mock", kind: str = "anthropic",
+                       token_var: str = "MOCK_LLM_TOKEN") -> str:
+    return (
+        "[[providers.entries]]\n"
+        f'name = "{name}"\nprovider = "{kind}"\nmodel = "mock-model"\n'
+        f'base_url = "{base_url}"\nauth_token = "${{{token_var}}}"\n'
+    )
