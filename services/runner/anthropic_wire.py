@@ -1,0 +1,103 @@
+"""The Anthropic Messages wire format: request normalization and response reading.
+
+The canonical shape already is Anthropic's, so a request only needs the
+normalization the API insists on: the first message must be `user`, and roles
+must alternate (SERVER-SPEC §8.5).
+"""
+
+from __future__ import annotations
+
+from services.runner.canonical import (
+    Message,
+    Usage,
+    WireFormatError,
+    content_blocks,
+    is_int,
+)
+
+COMPACTED_PREAMBLE = "The earlier part of this conversation was compacted. A summary follows."
+
+
+def normalize(messages: list[Message]) -> tuple[list[Message], dict | None]:
+    """(messages to send, the `normalized` event field or None when nothing changed).
+
+    1. A non-empty list that starts with a non-user message gets a synthetic
+       user preamble (legacy compaction markers leave history assistant-first).
+    2. Each run of consecutive same-role messages folds into one message,
+       never reordering; `merged` lists the folded indices (after step 1).
+    """
+    prepended_user = bool(messages) and messages[0].get("role") != "user"
+    if prepended_user:
+        preamble = {"role": "user", "content": [{"type": "text", "text": COMPACTED_PREAMBLE}]}
+        messages = [preamble, *messages]
+
+    runs: list[list[int]] = []
+    for index, message in enumerate(messages):
+        if runs and messages[runs[-1][0]].get("role") == message.get("role"):
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+
+    merged = [run for run in runs if len(run) > 1]
+    if not prepended_user and not merged:
+        return messages, None
+    folded = [
+        messages[run[0]]
+        if len(run) == 1
+        else {
+            "role": messages[run[0]].get("role"),
+            "content": [block for i in run for block in content_blocks(messages[i].get("content"))],
+        }
+        for run in runs
+    ]
+    return folded, {"prepended_user": prepended_user, "merged": merged}
+
+
+def request_body(model: str, max_tokens: int, messages: list[Message], tools: list[dict]) -> dict:
+    """The exact body sent; `tools` is always present (possibly empty)."""
+    return {"model": model, "max_tokens": max_tokens, "messages": messages, "tools": tools}
+
+
+def usage(body: dict) -> Usage | None:
+    """Input counts cached tokens too (cache read + creation); partial usage counts as none."""
+    raw = body.get("usage")
+    if not isinstance(raw, dict):
+        return None
+    input_tokens, output_tokens = raw.get("input_tokens"), raw.get("output_tokens")
+    if not is_int(input_tokens) or not is_int(output_tokens):
+        return None
+    cached = sum(
+        value
+        for value in (raw.get("cache_read_input_tokens"), raw.get("cache_creation_input_tokens"))
+        if is_int(value)
+    )
+    return Usage(input_tokens + cached, output_tokens)
+
+
+def assistant_message(body: dict) -> Message:
+    """The canonical assistant message: the response's text and tool_use blocks."""
+    content = body.get("content")
+    if not isinstance(content, list):
+        raise WireFormatError("provider response has no content array")
+    blocks = []
+    for block in content:
+        if not isinstance(block, dict):
+            raise WireFormatError("provider response content holds a non-object block")
+        if block.get("type") == "text":
+            blocks.append({"type": "text", "text": block.get("text", "")})
+        elif block.get("type") == "tool_use":
+            blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": block.get("id"),
+                    "name": block.get("name"),
+                    "input": block.get("input", {}),
+                }
+            )
+    return {"role": "assistant", "content": blocks}
+
+
+def truncation(body: dict) -> str:
+    """Why the output was cut off by its budget, or "" when it was not."""
+    return "stop_reason max_tokens" if body.get("stop_reason") == "max_tokens" else ""
+

@@ -1,0 +1,67 @@
+"""The canonical (Anthropic-style) message shape the engine works in.
+
+Messages are `{"role", "content": string | block[]}`; blocks are `text`,
+`tool_use` and `tool_result`. Each wire module translates from and to this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Engine-only routing fields on tool_use blocks; no provider ever sees them.
+ROUTING_FIELDS = ("dispatch", "caller")
+
+Message = dict[str, Any]
+Block = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int
+    output_tokens: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+
+
+class WireFormatError(ValueError):
+    """A 2xx provider response that cannot be read as an assistant message."""
+
+
+def strip_routing_fields(messages: list[Message]) -> list[Message]:
+    """Drop `dispatch` / `caller` from tool_use blocks; untouched messages are shared, not copied."""
+    stripped = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and any(_has_routing(block) for block in content):
+            content = [_without_routing(block) for block in content]
+            message = {**message, "content": content}
+        stripped.append(message)
+    return stripped
+
+
+def _has_routing(block: Any) -> bool:
+    return (
+        isinstance(block, dict)
+        and block.get("type") == "tool_use"
+        and any(name in block for name in ROUTING_FIELDS)
+    )
+
+
+def _without_routing(block: Any) -> Any:
+    if not _has_routing(block):
+        return block
+    return {key: value for key, value in block.items() if key not in ROUTING_FIELDS}
+
+
+def content_blocks(content: Any) -> list[Block]:
+    """Content as a block list: a string becomes one text block."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content) if isinstance(content, list) else []
+
+
+def is_int(value: Any) -> bool:
+    """A JSON integer (bool is an int subclass in Python, but not in JSON)."""
+    return isinstance(value, int) and not isinstance(value, bool)

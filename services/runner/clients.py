@@ -1,0 +1,114 @@
+"""One HTTP attempt through the official SDKs, as raw status + body text.
+
+Clients are cached per (kind, base_url) so connections are reused across
+steps. The auth token is resolved per attempt, so it never lives on a client:
+each call carries it in its own headers. The SDKs' retries are off, so every
+attempt the walk makes is exactly one HTTP request (and one logged event pair).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import anthropic
+import openai
+
+ANTHROPIC = "anthropic"
+OPENAI = "openai"
+ANTHROPIC_VERSION = "2023-06-01"
+
+# The SDKs refuse to build a client without a credential (and would otherwise
+# pick one up from the environment or an on-disk profile). This placeholder is
+# never sent: every request overrides the auth headers with the real token.
+_UNUSED_CREDENTIAL = "bae-per-request-token"
+
+
+@dataclass(frozen=True)
+class WireResponse:
+    """An HTTP response of any status; `text` is the raw body."""
+
+    status: int
+    text: str
+
+
+class TransportError(Exception):
+    """No HTTP response at all (connect failure, timeout, ...); `str()` is the detail."""
+
+
+class ProviderClients:
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._clients: dict[tuple[str, str], anthropic.AsyncAnthropic | openai.AsyncOpenAI] = {}
+
+    async def post(self, kind: str, base_url: str, token: str, body: dict) -> WireResponse:
+        """POST `body` to the kind's endpoint under `base_url`."""
+        try:
+            # httpx's timeout bounds each read; this bounds the whole attempt.
+            async with asyncio.timeout(self.timeout):
+                return await self._send(kind, base_url, token, body)
+        except TimeoutError:
+            raise TransportError(f"request timed out after {self.timeout:g} s") from None
+
+    async def _send(self, kind: str, base_url: str, token: str, body: dict) -> WireResponse:
+        try:
+            if kind == ANTHROPIC:
+                raw = await self._anthropic(base_url).messages.with_raw_response.create(
+                    **body,
+                    extra_headers={"X-Api-Key": token, "Authorization": anthropic.omit},
+                    timeout=self.timeout,
+                )
+            else:
+                raw = await self._openai(base_url).chat.completions.with_raw_response.create(
+                    **body,
+                    extra_headers={"Authorization": f"Bearer {token}"},
+                    timeout=self.timeout,
+                )
+        except (anthropic.APIStatusError, openai.APIStatusError) as error:
+            return WireResponse(error.response.status_code, error.response.text)
+        except (anthropic.APITimeoutError, openai.APITimeoutError):
+            raise TransportError(f"request timed out after {self.timeout:g} s") from None
+        except (anthropic.APIConnectionError, openai.APIConnectionError) as error:
+            raise TransportError(_connection_detail(error)) from None
+        return WireResponse(raw.http_response.status_code, raw.http_response.text)
+
+    def _anthropic(self, base_url: str) -> anthropic.AsyncAnthropic:
+        client = self._clients.get((ANTHROPIC, base_url))
+        if client is None:
+            client = anthropic.AsyncAnthropic(
+                api_key=_UNUSED_CREDENTIAL,
+                base_url=base_url,
+                max_retries=0,
+                timeout=self.timeout,
+                default_headers={"anthropic-version": ANTHROPIC_VERSION},
+            )
+            self._clients[(ANTHROPIC, base_url)] = client
+        return client  # type: ignore[return-value]
+
+    def _openai(self, base_url: str) -> openai.AsyncOpenAI:
+        client = self._clients.get((OPENAI, base_url))
+        if client is None:
+            # The registry's base_url excludes the API version; the SDK's includes it.
+            client = openai.AsyncOpenAI(
+                api_key=_UNUSED_CREDENTIAL,
+                base_url=f"{base_url.rstrip('/')}/v1",
+                max_retries=0,
+                timeout=self.timeout,
+            )
+            self._clients[(OPENAI, base_url)] = client
+        return client  # type: ignore[return-value]
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()
+
+
+def _connection_detail(error: anthropic.APIConnectionError | openai.APIConnectionError) -> str:
+    """The SDK's message plus its cause, without the request URL."""
+    cause = str(error.__cause__ or "").strip()
+    detail = f"connection error: {cause}" if cause else "connection error"
+    request = getattr(error, "request", None)
+    if request is not None:
+        detail = detail.replace(f" for url '{request.url}'", "").replace(str(request.url), "")
+    return detail

@@ -1,0 +1,167 @@
+"""The OpenAI Chat Completions wire format: translation both ways (SERVER-SPEC §8.5)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from services.runner.canonical import (
+    Block,
+    Message,
+    Usage,
+    WireFormatError,
+    content_blocks,
+    is_int,
+)
+
+
+def request_body(model: str, max_tokens: int, messages: list[Message], tools: list[dict]) -> dict:
+    """The body sent: translated messages; `tools` only when there are some."""
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "messages": translate_messages(messages),
+    }
+    if tools:
+        body["tools"] = translate_tools(tools)
+    return body
+
+
+def translate_tools(tools: list[dict]) -> list[dict]:
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": tool.get("name"),
+                "description": tool.get("description"),
+                "parameters": tool.get("input_schema") or {},
+            },
+        }
+        for tool in tools
+    ]
+
+
+def translate_messages(messages: list[Message]) -> list[dict]:
+    translated: list[dict] = []
+    for message in messages:
+        role, content = message.get("role"), message.get("content")
+        if isinstance(content, str):
+            translated.append({"role": role, "content": content})
+        elif role == "assistant":
+            translated.append(_assistant_message(content_blocks(content)))
+        else:
+            translated.extend(_tool_and_text_messages(role, content_blocks(content)))
+    return translated
+
+
+def _joined_text(blocks: list[Block]) -> str:
+    return "\n".join(
+        block.get("text", "")
+        for block in blocks
+        if isinstance(block, dict) and block.get("type") == "text"
+    )
+
+
+def _assistant_message(blocks: list[Block]) -> dict:
+    text = _joined_text(blocks)
+    tool_calls = [
+        {
+            "id": block.get("id"),
+            "type": "function",
+            "function": {
+                "name": block.get("name"),
+                "arguments": json.dumps(block.get("input", {}), separators=(",", ":")),
+            },
+        }
+        for block in blocks
+        if isinstance(block, dict) and block.get("type") == "tool_use"
+    ]
+    if not tool_calls:
+        return {"role": "assistant", "content": text}
+    # The API rejects an empty tool_calls array, so it is present only with calls.
+    return {"role": "assistant", "content": text or None, "tool_calls": tool_calls}
+
+
+def _tool_and_text_messages(role: str | None, blocks: list[Block]) -> list[dict]:
+    """One `tool` message per tool_result, then the remaining text as one message."""
+    translated = [
+        {
+            "role": "tool",
+            "tool_call_id": block.get("tool_use_id"),
+            "content": _tool_result_text(block.get("content")),
+        }
+        for block in blocks
+        if isinstance(block, dict) and block.get("type") == "tool_result"
+    ]
+    text = _joined_text(blocks)
+    if text:
+        translated.append({"role": role, "content": text})
+    return translated
+
+
+def _tool_result_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(block, dict) and block.get("type") == "text" for block in content
+    ):
+        return _joined_text(content)
+    return json.dumps(content, separators=(",", ":"))
+
+
+def usage(body: dict) -> Usage | None:
+    raw = body.get("usage")
+    if not isinstance(raw, dict):
+        return None
+    prompt, completion = raw.get("prompt_tokens"), raw.get("completion_tokens")
+    if not is_int(prompt) or not is_int(completion):
+        return None
+    return Usage(prompt, completion)
+
+
+def _first_choice(body: dict) -> dict | None:
+    choices = body.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        return choices[0]
+    return None
+
+
+def assistant_message(body: dict) -> Message:
+    """The canonical assistant message: text block, then one tool_use per tool call."""
+    choice = _first_choice(body)
+    message = choice.get("message") if choice else None
+    if not isinstance(message, dict):
+        raise WireFormatError("provider response has no choices[0].message")
+    blocks: list[Block] = []
+    text = message.get("content")
+    if isinstance(text, str) and text:
+        blocks.append({"type": "text", "text": text})
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            raise WireFormatError("provider tool call is missing function.name")
+        blocks.append(
+            {"type": "tool_use", "id": call.get("id"), "name": name, "input": _arguments(name, function)}
+        )
+    return {"role": "assistant", "content": blocks}
+
+
+def _arguments(name: str, function: dict) -> Any:
+    arguments = function.get("arguments")
+    if arguments is None or arguments == "":
+        return {}
+    if not isinstance(arguments, str):
+        raise WireFormatError(f'provider tool call "{name}" has non-JSON arguments')
+    try:
+        parsed = json.loads(arguments)
+    except ValueError as exc:
+        raise WireFormatError(f'provider tool call "{name}" has non-JSON arguments: {exc}') from None
+    if not isinstance(parsed, dict):
+        raise WireFormatError(f'provider tool call "{name}" arguments are not a JSON object')
+    return parsed
+
+
+def truncation(body: dict) -> str:
+    choice = _first_choice(body)
+    return "finish_reason length" if choice and choice.get("finish_reason") == "length" else ""

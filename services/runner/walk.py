@@ -1,0 +1,245 @@
+"""The attempt walk over [primary, resolved fallbacks] (SERVER-SPEC §8.4).
+
+`run_step` yields each event as soon as it exists (so the session service
+can append and broadcast it while the next attempt runs), then exactly one
+`StepOutcome`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from bae.config import Config, EnvResolutionError, ProviderEntry, resolve_env
+from services.runner import anthropic_wire, openai_wire
+from services.runner.canonical import Message, Usage, WireFormatError, strip_routing_fields
+from services.runner.clients import ANTHROPIC, ProviderClients, TransportError
+
+log = logging.getLogger("bae.runner")
+
+COMPACTION = "compaction"
+# Stands in for the auth token if a provider echoes it back in a body or error.
+REDACTED = "\u2022" * 8
+# Shorter "tokens" (test placeholders like "x") would match ordinary text, and
+# redacting them would corrupt every body without protecting a real secret.
+MIN_REDACTED_TOKEN_LENGTH = 8
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    session_id: str
+    primary: str
+    fallbacks: list[str]
+    messages: list[Message]
+    tools: list[dict]
+    purpose: str = ""  # "" for a turn, "compaction"
+    min_max_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    event_type: str
+    payload: dict
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """OK carries `message`; ALL_FAILED `attempts`; PROVIDER_CONFIG `detail`."""
+
+    outcome: str  # "ok" | "all_failed" | "provider_config"
+    message: Message | None = None
+    usage: Usage | None = None
+    attempts: int = 0
+    detail: str = ""
+    truncated: str = ""
+
+
+@dataclass(frozen=True)
+class _Success:
+    status: int
+    body: dict
+    message: Message
+    usage: Usage | None
+    truncated: str
+
+
+@dataclass(frozen=True)
+class _Failure:
+    status: int | None
+    detail: str
+    body: str | None
+
+
+@dataclass(frozen=True)
+class _Wire:
+    """How one provider kind shapes a request and reads a response."""
+
+    request_body: Callable[[str, int, list[Message], list[dict]], dict]
+    usage: Callable[[dict], Usage | None]
+    assistant_message: Callable[[dict], Message]
+    truncation: Callable[[dict], str]
+
+
+WIRES = {
+    "anthropic": _Wire(
+        anthropic_wire.request_body,
+        anthropic_wire.usage,
+        anthropic_wire.assistant_message,
+        anthropic_wire.truncation,
+    ),
+    "openai": _Wire(
+        openai_wire.request_body,
+        openai_wire.usage,
+        openai_wire.assistant_message,
+        openai_wire.truncation,
+    ),
+}
+
+
+def primary_not_configured(name: str) -> str:
+    return f'primary provider "{name}" is not configured in bae-config.toml'
+
+
+def resolve_chain(config: Config, spec: StepSpec) -> list[ProviderEntry] | None:
+    """[primary, fallbacks…] entries; None when the primary is not in the registry."""
+    primary = config.provider(spec.primary)
+    if primary is None:
+        return None
+    chain = [primary]
+    for name in spec.fallbacks:
+        entry = config.provider(name)
+        if entry is None:
+            log.error(
+                "session %s: fallback provider %r is not configured in bae-config.toml; skipped",
+                spec.session_id,
+                name,
+            )
+        else:
+            chain.append(entry)
+    return chain
+
+
+async def run_step(
+    spec: StepSpec, config: Config, clients: ProviderClients
+) -> AsyncIterator[StepEvent | StepOutcome]:
+    chain = resolve_chain(config, spec)
+    if chain is None:
+        yield StepOutcome("provider_config", detail=primary_not_configured(spec.primary))
+        return
+    messages = strip_routing_fields(spec.messages)
+    compaction = spec.purpose == COMPACTION
+    for attempt, entry in enumerate(chain):
+        base = {
+            "attempt": attempt,
+            "kind": "primary" if attempt == 0 else "fallback",
+            "provider": entry.provider,
+        }
+        purpose = {"purpose": spec.purpose} if spec.purpose else {}
+        max_tokens = max(entry.max_tokens, spec.min_max_tokens)
+        sent_messages, normalized = (
+            anthropic_wire.normalize(messages) if entry.provider == ANTHROPIC else (messages, None)
+        )
+        yield StepEvent(
+            "provider.request",
+            {
+                **base,
+                "base_url": entry.effective_base_url,
+                "model": entry.model,
+                "max_tokens": max_tokens,
+                "messages": sent_messages,
+                "tools": spec.tools,
+                **({"normalized": normalized} if normalized is not None else {}),
+                **purpose,
+            },
+        )
+        result = await _attempt(entry, max_tokens, sent_messages, spec.tools, clients)
+        if isinstance(result, _Success):
+            yield StepEvent(
+                "provider.response",
+                {
+                    **base,
+                    "ok": True,
+                    "status": result.status,
+                    "body": result.body,
+                    "usage": result.usage.to_json() if result.usage else None,
+                    **purpose,
+                },
+            )
+            yield StepOutcome(
+                "ok",
+                message=result.message,
+                usage=result.usage,
+                attempts=attempt + 1,
+                truncated=result.truncated if compaction else "",
+            )
+            return
+        log.warning(
+            "session %s: provider %r attempt %d failed: %s",
+            spec.session_id,
+            entry.name,
+            attempt,
+            result.detail,
+        )
+        yield StepEvent(
+            "provider.response",
+            {
+                **base,
+                "ok": False,
+                "status": result.status,
+                "error": result.detail,
+                "body": result.body,
+                **purpose,
+            },
+        )
+        if attempt == 0 and not spec.purpose and len(chain) > 1:
+            yield StepEvent(
+                "session.error",
+                {"reason": "provider_call_failed", "provider": entry.provider, "detail": result.detail},
+            )
+    yield StepOutcome("all_failed", attempts=len(chain))
+
+
+async def _attempt(
+    entry: ProviderEntry,
+    max_tokens: int,
+    messages: list[Message],
+    tools: list[dict],
+    clients: ProviderClients,
+) -> _Success | _Failure:
+    """One HTTP call; every way it can go wrong becomes a `_Failure` for the walk to log."""
+    try:
+        token = resolve_env(entry.auth_token, "provider config")
+    except EnvResolutionError as exc:
+        return _Failure(None, str(exc), None)
+    wire = WIRES[entry.provider]
+    body = wire.request_body(entry.model, max_tokens, messages, tools)
+    try:
+        response = await clients.post(entry.provider, entry.effective_base_url, token, body)
+    except TransportError as exc:
+        return _Failure(None, _redact(str(exc), token), None)
+    except Exception as exc:  # an SDK-side failure must fail the attempt, not the stream
+        log.exception("provider %r: unexpected client error", entry.name)
+        return _Failure(None, _redact(f"{type(exc).__name__}: {exc}", token), None)
+
+    text = _redact(response.text, token)
+    if not 200 <= response.status < 300:
+        return _Failure(response.status, f"provider returned HTTP {response.status}", text)
+    try:
+        parsed = json.loads(text)
+    except ValueError as exc:
+        return _Failure(response.status, f"provider returned non-JSON body: {exc}", text)
+    if not isinstance(parsed, dict):
+        return _Failure(response.status, "provider returned non-JSON body: expected an object", text)
+    try:
+        message = wire.assistant_message(parsed)
+    except WireFormatError as exc:
+        return _Failure(None, str(exc), text)
+    return _Success(response.status, parsed, message, wire.usage(parsed), wire.truncation(parsed))
+
+
+def _redact(text: str, token: str) -> str:
+    if len(token) < MIN_REDACTED_TOKEN_LENGTH or token not in text:
+        return text
+    return text.replace(token, REDACTED)

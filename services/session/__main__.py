@@ -1,0 +1,179 @@
+"""`python -m services.session [--config P] [serve|migrate|version|help] [options]` (SERVER-SPEC §1.1, §1.2).
+
+Exit codes: 0 done, 1 runtime failure (database, files, bind), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from bae.config import load_config
+from bae.errors import UsageError
+from bae.grpcutil import configure_logging, serve
+from bae.settings import Settings, load_settings
+from services.session.admin_key import AdminKeyError, AdminKeyOptions, bootstrap_admin_key
+from services.session.store import Store
+
+
+VERSION = "0.1.0"
+API_VERSIONS = ("v1",)
+COMMANDS = ("serve", "migrate", "version", "help")
+VALUE_FLAGS = ("--config", "--admin-key-file", "--admin-key-hash-file")
+SWITCHES = ("--rotate-admin-key", "--dangerously-disable-admin-auth")
+
+USAGE = """\
+usage: python -m services.session [--config <path>] [serve|migrate|version|help] [options]
+
+commands:
+  serve      run the session service (default)
+  migrate    apply database migrations and exit
+  version    print the version (also --version, -V)
+  help       print this help (also --help, -h)
+
+serve options:
+  --config <path>                  bae-config.toml (default: $BAE_CONFIG)
+  --admin-key-file <path>          where a generated admin key is written
+  --admin-key-hash-file <path>     pre-provisioned admin key hash (JSON)
+  --rotate-admin-key               revoke every admin key and generate a new one
+  --dangerously-disable-admin-auth serve the admin API without authentication
+"""
+
+
+@dataclass
+class Command:
+    name: str = "serve"
+    values: dict[str, str] | None = None
+    switches: set[str] | None = None
+
+    def value(self, flag: str) -> str | None:
+        return (self.values or {}).get(flag)
+
+    def has(self, switch: str) -> bool:
+        return switch in (self.switches or set())
+
+
+def parse_args(argv: list[str]) -> Command:
+    """Flags may come before or after the subcommand; any misuse is a UsageError."""
+    command: str | None = None
+    values: dict[str, str] = {}
+    switches: set[str] = set()
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        flag, has_inline, inline = arg.partition("=")
+        if flag in VALUE_FLAGS:
+            if has_inline:
+                value = inline
+            else:
+                index += 1
+                value = argv[index] if index < len(argv) else ""
+                if value.startswith("--"):
+                    value = ""
+            if not value:
+                raise UsageError(f"{flag} requires a value")
+            values[flag] = value
+        elif arg in SWITCHES:
+            switches.add(arg)
+        elif arg in ("--version", "-V"):
+            command = command or "version"
+        elif arg in ("--help", "-h"):
+            command = command or "help"
+        elif arg.startswith("-"):
+            raise UsageError(f"unknown option {arg}\n{USAGE}")
+        elif command is None and arg in COMMANDS:
+            command = arg
+        else:
+            raise UsageError(f"unknown command {arg!r}\n{USAGE}")
+        index += 1
+    if "--rotate-admin-key" in switches and "--dangerously-disable-admin-auth" in switches:
+        raise UsageError("--rotate-admin-key cannot be combined with --dangerously-disable-admin-auth")
+    return Command(command or "serve", values, switches)
+
+
+def admin_key_options(command: Command, settings: Settings) -> AdminKeyOptions:
+    """Flags beat environment variables."""
+    disabled = command.has("--dangerously-disable-admin-auth") or settings.disable_admin_auth
+    rotate = command.has("--rotate-admin-key")
+    if rotate and disabled:
+        raise UsageError(
+            "--rotate-admin-key cannot be used while BAE_DANGEROUSLY_DISABLE_ADMIN_AUTH disables admin auth"
+        )
+    return AdminKeyOptions(
+        key_file=Path(command.value("--admin-key-file") or settings.admin_key_file),
+        hash_file=Path(command.value("--admin-key-hash-file") or settings.admin_key_hash_file),
+        rotate=rotate,
+        disabled=disabled,
+    )
+
+
+async def migrate_only(settings: Settings) -> None:
+    store = await Store.open(settings.sqlalchemy_url)
+    await store.close()
+    print(f"database migrated: {settings.sqlalchemy_url}")
+
+
+async def serve_forever(command: Command, settings: Settings) -> None:
+    # Imported here so `version`/`help`/`migrate` need no generated gRPC code.
+    from services.session.admin import AdminApi
+    from services.session.auth import Authenticator
+    from services.session.live import LiveApi
+    from services.session.rest import ClientRestApi
+    from services.session.runtime import SessionRuntime
+    from services.session.server import SessionServicer, register
+
+    config = load_config(command.value("--config") or settings.config_path)
+    options = admin_key_options(command, settings)
+    store = await Store.open(settings.sqlalchemy_url)
+    await bootstrap_admin_key(store, options)
+    auth = Authenticator(store, admin_auth_disabled=options.disabled)
+    runtime = SessionRuntime(store=store, settings=settings, config=config)
+    live = LiveApi(store=store, auth=auth, runtime=runtime, settings=settings, config=config)
+    servicer = SessionServicer(
+        rest=ClientRestApi(store=store, auth=auth, runtime=runtime, config=config),
+        admin=AdminApi(store=store, auth=auth, runtime=runtime, config=config),
+        auth=auth,
+        live=live,
+    )
+    await runtime.start()
+    auth.start()
+
+    async def shutdown() -> None:
+        await runtime.stop()
+        await auth.stop()  # writes the last coalesced last_used_at stamps
+        await store.close()
+
+    await serve("session", settings.session_grpc_addr, register(servicer), settings.shutdown_timeout, shutdown)
+
+
+def main(argv: list[str], env: dict[str, str] | None = None) -> int:
+    try:
+        command = parse_args(argv)
+        if command.name == "help":
+            print(USAGE, end="")
+            return 0
+        if command.name == "version":
+            print(f"bae {VERSION} (api {', '.join(API_VERSIONS)})")
+            return 0
+        settings = load_settings(os.environ if env is None else env)
+        configure_logging(settings.log)
+        if command.name == "migrate":
+            asyncio.run(migrate_only(settings))
+        else:
+            asyncio.run(serve_forever(command, settings))
+        return 0
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (SQLAlchemyError, AdminKeyError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

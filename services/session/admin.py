@@ -1,0 +1,216 @@
+"""The admin API (`/admin/v1/*`, SERVER-SPEC §4). Every handler authenticates first.
+
+Handlers take the gateway's RestRequest and return the response body text
+("" for 204); failures raise Problem.
+"""
+
+from __future__ import annotations
+
+
+from sqlalchemy import Connection
+
+from bae import config as config_views
+from bae.errors import Problem, bad_request, not_found
+from bae.ids import new_token, token_digest
+from services.session import bodies
+from services.session.auth import Authenticator
+from services.session.pagination import events_page, page_json, page_request
+from services.session.store import events, keys, profiles, sessions
+from services.session.store.jsontext import dump
+from services.session.store.store import Store
+
+
+CLIENT_TOKEN_PREFIX = "bae_"
+
+
+def key_view(key) -> dict:
+    return {
+        "id": key.id,
+        "name": key.name,
+        "prefix": key.key_prefix,
+        "profile_id": key.profile_id,
+        "created_at": key.created_at,
+        "last_used_at": key.last_used_at,
+    }
+
+
+def duplicate_name() -> Problem:
+    return Problem(409, "duplicate_name", "a profile with that name already exists")
+
+
+class AdminApi:
+    def __init__(self, *, store: Store, auth: Authenticator, runtime, config) -> None:
+        self.store = store
+        self.auth = auth
+        self.runtime = runtime
+        self.config = config
+
+    async def _admin(self, request) -> None:
+        await self.auth.require_admin(request.authorization, request.has_authorization)
+
+    # Profiles (§4.2).
+
+    async def create_profile(self, request) -> str:
+        await self._admin(request)
+        fields = bodies.parse_profile_body(request.body, request.content_type)
+        try:
+            profile = await self.store.call(profiles.create, fields)
+        except profiles.DuplicateName:
+            raise duplicate_name() from None
+        return dump({"id": profile.id, "name": profile.name, "created_at": profile.created_at})
+
+    async def list_profiles(self, request) -> str:
+        await self._admin(request)
+        page = page_request(request.query)
+        rows = await self.store.call(profiles.page, page.after_seq, page.fetch)
+        return page_json([(seq, dump(profiles.view(p))) for seq, p in rows], page)
+
+    async def get_profile(self, request) -> str:
+        await self._admin(request)
+        profile = await self.store.call(profiles.active, request.path_id)
+        if profile is None:
+            raise not_found(f"no profile {request.path_id}")
+        return dump(profiles.view(profile))
+
+    async def replace_profile(self, request) -> str:
+        await self._admin(request)
+        fields = bodies.parse_profile_body(request.body, request.content_type)
+        try:
+            profile = await self.store.call(profiles.replace, request.path_id, fields)
+        except profiles.DuplicateName:
+            raise duplicate_name() from None
+        if profile is None:
+            raise not_found(f"no profile {request.path_id}")
+        return dump(profiles.view(profile))
+
+    async def delete_profile(self, request) -> str:
+        await self._admin(request)
+        profile_id = request.path_id
+
+        def _delete(conn: Connection) -> None:
+            if profiles.active(conn, profile_id) is None:
+                raise not_found(f"no profile {profile_id}")
+            in_use = keys.active_client_count(conn, profile_id)
+            if in_use:
+                raise Problem(
+                    409,
+                    "profile_in_use",
+                    f"profile has {in_use} active client key(s); revoke them before deleting",
+                )
+            profiles.soft_delete(conn, profile_id)
+
+        await self.store.call(_delete)
+        return ""
+
+    # Client keys (§4.3).
+
+    async def create_key(self, request) -> str:
+        await self._admin(request)
+        name, profile_id = bodies.parse_key_body(request.body, request.content_type)
+        token = new_token(CLIENT_TOKEN_PREFIX)
+
+        def _create(conn: Connection):
+            if profiles.active(conn, profile_id) is None:
+                raise Problem(422, "profile_unavailable", f"no active profile {profile_id}")
+            return keys.insert_key(
+                conn,
+                name=name,
+                key_hash=token_digest(token),
+                prefix=token[:8],
+                role="client",
+                profile_id=profile_id,
+            )
+
+        key = await self.store.call(_create)
+        return dump(
+            {
+                "id": key.id,
+                "name": key.name,
+                "key": token,
+                "prefix": key.key_prefix,
+                "profile_id": key.profile_id,
+                "created_at": key.created_at,
+            }
+        )
+
+    async def list_keys(self, request) -> str:
+        await self._admin(request)
+        page = page_request(request.query)
+
+        def _list(conn: Connection):
+            self.auth.flush_stamps(conn)  # show the latest coalesced last_used_at
+            return keys.client_page(conn, page.after_seq, page.fetch)
+
+        rows = await self.store.call(_list)
+        return page_json([(seq, dump(key_view(key))) for seq, key in rows], page)
+
+    async def revoke_key(self, request) -> str:
+        await self._admin(request)
+        key_id = request.path_id
+
+        def _revoke(conn: Connection) -> dict[str, list[dict]]:
+            held = keys.revoke_client(conn, key_id)
+            if held is None:
+                raise not_found(f"no active client key {key_id}")
+            still_keyed = keys.sessions_with_active_keys(conn, held)
+            closed = {}
+            for session_id in held:
+                if session_id in still_keyed:
+                    continue
+                session = sessions.get(conn, session_id)
+                if session is None or session.state != "open":
+                    continue
+                closed[session_id] = events.append(
+                    conn,
+                    session_id,
+                    [(key_id, "session.close", {"reason": "client_key_revoked"})],
+                    new_state="closed",
+                )
+            return closed
+
+        closed = await self.store.call(_revoke)
+        for session_id, views in closed.items():
+            await self.runtime.publish(session_id, views)
+            await self.runtime.close(session_id, attribute_to=key_id)
+        return ""
+
+    # Sessions (§4.4).
+
+    async def list_sessions(self, request) -> str:
+        await self._admin(request)
+        page = page_request(request.query)
+        state = request.query.get("state", "") or None
+        if state is not None and state not in sessions.STATES:
+            raise bad_request(f'invalid state filter "{state}"; expected one of open, closed, error')
+        rows = await self.store.call(sessions.page, state, page.after_seq, page.fetch)
+        return page_json([(row.seq, dump(sessions.summary_view(row))) for row in rows], page)
+
+    async def list_session_events(self, request) -> str:
+        await self._admin(request)
+        page = page_request(request.query)
+        session_id = request.path_id
+
+        def _events(conn: Connection) -> str:
+            if sessions.get(conn, session_id) is None:
+                raise not_found(f"no session {session_id}")
+            return events_page(conn, session_id, page)
+
+        return await self.store.call(_events)
+
+    # Registries and config (§4.5): startup snapshots.
+
+    async def list_mcp_servers(self, request) -> str:
+        await self._admin(request)
+        return dump(config_views.mcp_servers_view(self.config))
+
+    async def list_providers(self, request) -> str:
+        await self._admin(request)
+        return dump(config_views.providers_view(self.config))
+
+    async def get_config(self, request) -> str:
+        await self._admin(request)
+        return dump(config_views.config_view(self.config))
+
+    async def sandbox_status(self, request) -> str:
+        await self._admin(request)
+        return dump(self.runtime.sandbox_status())

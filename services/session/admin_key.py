@@ -1,0 +1,153 @@
+"""Admin key bootstrap at every `serve` start (SERVER-SPEC §3, §17 O-1).
+
+Runs after the database opens and before the listener binds. Usage errors
+(a malformed hash file) raise UsageError (exit 2); database and file-system
+failures raise AdminKeyError (exit 1).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from argon2 import extract_parameters
+from argon2.exceptions import InvalidHashError
+from sqlalchemy import Connection
+
+from bae.errors import BaeError, UsageError
+from bae.ids import new_token, token_digest
+from services.session.store import keys
+from services.session.store.store import Store
+
+log = logging.getLogger("bae.session.admin_key")
+
+ADMIN_TOKEN_PREFIX = "bae_admin_"
+BOOTSTRAP_NAME = "bootstrap-admin"
+PROVISIONED_NAME = "provisioned-admin"
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+class AdminKeyError(BaeError):
+    """The admin key could not be set up (file system); the process exits 1."""
+
+
+@dataclass(frozen=True)
+class AdminKeyOptions:
+    key_file: Path
+    hash_file: Path
+    rotate: bool
+    disabled: bool
+
+
+@dataclass(frozen=True)
+class ProvisionedHash:
+    key_hash: str
+    prefix: str
+    name: str
+
+
+def is_valid_key_hash(key_hash: str) -> bool:
+    """A SHA-256 lowercase hex digest or an Argon2id PHC string."""
+    if _SHA256_HEX.fullmatch(key_hash):
+        return True
+    if not key_hash.startswith(keys.PHC_PREFIX):
+        return False
+    try:
+        extract_parameters(key_hash)
+    except (InvalidHashError, ValueError):
+        return False
+    return True
+
+
+def read_hash_file(path: Path) -> ProvisionedHash:
+    def malformed(detail: str) -> UsageError:
+        return UsageError(f"admin key hash file {path} is malformed: {detail}")
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise malformed(f"cannot read file: {exc}") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise malformed(f"{exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(document, dict):
+        raise malformed("expected a JSON object")
+    for field in ("key_hash", "prefix"):
+        if field not in document:
+            raise malformed(f"missing field `{field}`")
+    key_hash, prefix, name = document["key_hash"], document["prefix"], document.get("name")
+    if not isinstance(key_hash, str) or not isinstance(prefix, str):
+        raise malformed("key_hash and prefix must be strings")
+    if name is not None and not isinstance(name, str):
+        raise malformed("name must be a string")
+    key_hash, prefix = key_hash.strip(), prefix.strip()
+    if not key_hash or not prefix:
+        raise malformed("key_hash and prefix must be non-empty")
+    if not is_valid_key_hash(key_hash):
+        raise malformed("key_hash is not a valid Argon2id PHC string or SHA-256 hex digest")
+    return ProvisionedHash(key_hash, prefix, (name or "").strip() or PROVISIONED_NAME)
+
+
+def write_key_file(path: Path, token: str) -> None:
+    """Write the plaintext + newline, mode 0600 even when the file already existed."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write(token + "\n")
+    except OSError as exc:
+        raise AdminKeyError(f"cannot write admin key file {path}: {exc}") from None
+
+
+def _self_generate(conn: Connection, key_file: Path) -> None:
+    token = new_token(ADMIN_TOKEN_PREFIX)
+    keys.insert_key(
+        conn, name=BOOTSTRAP_NAME, key_hash=token_digest(token), prefix=token[:8], role="admin"
+    )
+    # Written inside the transaction: a failed write rolls the row back, so
+    # there is never an active admin row whose plaintext nobody has.
+    write_key_file(key_file, token)
+
+
+def _bootstrap(conn: Connection, options: AdminKeyOptions) -> None:
+    if options.rotate:
+        keys.soft_delete_admins(conn)
+        try:
+            options.key_file.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise AdminKeyError(f"cannot delete admin key file {options.key_file}: {exc}") from None
+        _self_generate(conn, options.key_file)
+        log.info("admin key rotated; new key written to %s", options.key_file)
+        return
+    if keys.active_admins(conn):
+        return
+    if options.hash_file.exists():
+        provisioned = read_hash_file(options.hash_file)
+        keys.insert_key(
+            conn,
+            name=provisioned.name,
+            key_hash=provisioned.key_hash,
+            prefix=provisioned.prefix,
+            role="admin",
+        )
+        log.info("admin key hash loaded from pre-provisioned file %s", options.hash_file)
+        return
+    _self_generate(conn, options.key_file)
+    log.info("no admin key found; generated new admin key, written to file %s", options.key_file)
+
+
+async def bootstrap_admin_key(store: Store, options: AdminKeyOptions) -> None:
+    if options.disabled:
+        log.warning(
+            "admin auth is DISABLED: anyone who can reach the admin port has full control"
+        )
+        return
+    await store.call(_bootstrap, options)

@@ -1,0 +1,178 @@
+"""Request authentication for both ports (SERVER-SPEC §2.2, docs/keys.md).
+
+A key row stores the SHA-256 hex digest of its plaintext, so a presented
+token is found with one lookup on a unique index. Nothing about a key's
+validity is cached: a revocation is visible to the very next request. The
+one cache holds successful Argon2id verifications of pre-provisioned admin
+hashes (digest -> row id); the row is still re-read on every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+from sqlalchemy import Connection
+
+from bae.errors import unauthorized
+from bae.ids import digests_equal, token_digest
+from bae.timefmt import now
+from services.session.store import keys
+from services.session.store.records import KeyRecord, Principal
+from services.session.store.store import Store
+
+log = logging.getLogger("bae.session.auth")
+
+STAMP_FLUSH_INTERVAL = 1.0
+
+
+def bearer_token(authorization: str, has_authorization: bool) -> str:
+    """The token of a `Bearer <token>` header; 401 with the §2.2 texts otherwise."""
+    if not has_authorization or not authorization.isascii():
+        raise unauthorized("missing Authorization header")
+    if authorization.startswith("Bearer "):
+        token = authorization[7:]
+    elif authorization.startswith("bearer "):
+        token = authorization[7:]
+    else:
+        raise unauthorized("Authorization header must be a Bearer token")
+    if not token:
+        raise unauthorized("empty bearer token")
+    return token
+
+
+class LastUsedStamps:
+    """Coalesces `last_used_at` stamps in memory; written at most once per interval."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, str] = {}
+
+    def stamp(self, key_id: str) -> None:
+        self.pending[key_id] = now()
+
+    def take(self) -> dict[str, str]:
+        pending, self.pending = self.pending, {}
+        return pending
+
+
+class Authenticator:
+    def __init__(self, store: Store, *, admin_auth_disabled: bool) -> None:
+        self.store = store
+        self.admin_auth_disabled = admin_auth_disabled
+        self.stamps = LastUsedStamps()
+        self._hasher = PasswordHasher()
+        # sha256(token) -> admin row id, for tokens that passed Argon2id verification.
+        self._verified_phc: dict[str, str] = {}
+        self._flusher: asyncio.Task | None = None
+
+    # Lookups; each is a plain function of a connection so a route can run its
+    # authentication and its read in one store call.
+
+    def find_client_key(self, conn: Connection, token: str) -> KeyRecord:
+        row = _active_by_token(conn, token, "client")
+        if row is None:
+            raise unauthorized("invalid client key")
+        self.stamps.stamp(row.id)
+        return row
+
+    def find_session_key(self, conn: Connection, token: str, session_id: str) -> Principal:
+        row = _active_by_token(conn, token, "session")
+        if row is None or row.name != session_id:
+            raise unauthorized("invalid session key")
+        self.stamps.stamp(row.id)
+        return Principal(
+            key_id=row.id,
+            client_key_id=row.client_id or "",
+            session_id=session_id,
+            profile_id=row.profile_id,
+        )
+
+    def find_admin_key(self, conn: Connection, token: str) -> KeyRecord:
+        digest = token_digest(token)
+        row = _active_by_token(conn, token, "admin", digest)
+        if row is None:
+            row = self._verify_phc_admin(conn, token, digest)
+        if row is None:
+            raise unauthorized("invalid admin key")
+        self.stamps.stamp(row.id)
+        return row
+
+    def _verify_phc_admin(self, conn: Connection, token: str, digest: str) -> KeyRecord | None:
+        cached = self._verified_phc.get(digest)
+        if cached is not None:
+            row = keys.by_id(conn, cached)
+            if row is not None and row.role == "admin" and row.deleted_at is None:
+                return row
+            del self._verified_phc[digest]
+            return None
+        for row in keys.active_admins(conn):
+            if not row.key_hash.startswith(keys.PHC_PREFIX):
+                continue
+            try:
+                self._hasher.verify(row.key_hash, token)
+            except (VerifyMismatchError, VerificationError, InvalidHashError):
+                continue  # an unparseable stored hash is a non-match, never a 500
+            self._verified_phc[digest] = row.id
+            return row
+        return None
+
+    # Async entry points.
+
+    async def session_principal(
+        self, authorization: str, has_authorization: bool, session_id: str
+    ) -> Principal:
+        token = bearer_token(authorization, has_authorization)
+        return await self.store.call(self.find_session_key, token, session_id)
+
+    async def client_key(self, authorization: str, has_authorization: bool) -> KeyRecord:
+        token = bearer_token(authorization, has_authorization)
+        return await self.store.call(self.find_client_key, token)
+
+    async def require_admin(self, authorization: str, has_authorization: bool) -> None:
+        if self.admin_auth_disabled:
+            return
+        token = bearer_token(authorization, has_authorization)
+        await self.store.call(self.find_admin_key, token)
+
+    # last_used_at.
+
+    def flush_stamps(self, conn: Connection) -> None:
+        """Write pending stamps (inside a store call)."""
+        keys.stamp_last_used(conn, self.stamps.take())
+
+    async def flush(self) -> None:
+        if self.stamps.pending:
+            await self.store.call(self.flush_stamps)
+
+    def start(self) -> None:
+        self._flusher = asyncio.create_task(self._flush_forever())
+
+    async def stop(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            try:
+                await self._flusher
+            except asyncio.CancelledError:
+                pass
+        await self.flush()
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await asyncio.sleep(STAMP_FLUSH_INTERVAL)
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("writing last_used_at stamps failed")
+
+
+def _active_by_token(
+    conn: Connection, token: str, role: str, digest: str | None = None
+) -> KeyRecord | None:
+    digest = digest or token_digest(token)
+    row = keys.by_digest(conn, digest)
+    if row is None or row.role != role or row.deleted_at is not None:
+        return None
+    # The index found the row by digest; compare again in constant time anyway.
+    return row if digests_equal(row.key_hash, digest) else None

@@ -1,0 +1,63 @@
+"""Cursor pagination shared by every list endpoint (SERVER-SPEC §4.1).
+
+The cursor is the `seq` of the last row returned, as a decimal string. A
+page query fetches `limit + 1` rows: the extra one only says more exist.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+from sqlalchemy import Connection
+
+from bae.errors import bad_request
+from services.session.store import events
+from services.session.store.jsontext import dump
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 200
+_INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
+_CURSOR = re.compile(r"[0-9]{1,18}")
+
+
+@dataclass(frozen=True)
+class PageRequest:
+    after_seq: int
+    limit: int
+
+    @property
+    def fetch(self) -> int:
+        return self.limit + 1
+
+
+def page_request(query: Mapping[str, str]) -> PageRequest:
+    """Parse `?cursor=&limit=`; bad values raise a 400 Problem."""
+    raw_limit = query.get("limit", "")
+    if raw_limit == "":
+        limit = DEFAULT_LIMIT
+    else:
+        if not _INTEGER.fullmatch(raw_limit) or int(raw_limit) <= 0:
+            raise bad_request("limit must be a positive integer")
+        limit = min(int(raw_limit), MAX_LIMIT)
+    cursor = query.get("cursor", "")
+    if cursor == "":
+        return PageRequest(0, limit)
+    if not _CURSOR.fullmatch(cursor):
+        raise bad_request(f'invalid cursor: "{cursor}"')
+    return PageRequest(int(cursor), limit)
+
+
+def page_json(rows: list[tuple[int, str]], request: PageRequest) -> str:
+    """`{"items":[…],"next_cursor":…}` from up to `limit + 1` (seq, item JSON text) rows."""
+    shown = rows[: request.limit]
+    more = len(rows) > request.limit
+    next_cursor = str(shown[-1][0]) if more and shown else None
+    return '{"items":[' + ",".join(item for _, item in shown) + '],"next_cursor":' + dump(next_cursor) + "}"
+
+
+def events_page(conn: Connection, session_id: str, request: PageRequest) -> str:
+    """A page of a session's EventViews; the admin and client endpoints both answer this."""
+    rows = events.page(conn, session_id, request.after_seq, request.fetch)
+    return page_json([(row.seq, events.event_json(row)) for row in rows], request)

@@ -1,0 +1,295 @@
+"""The client REST API (`/api/v1/sessions*`, SERVER-SPEC §5).
+
+Each handler checks in the spec's order: credentials first, then the body,
+then the state it needs. Work that must be atomic (the profile checks and the
+session insert, O-19) runs as one store call; events are published to the
+live feed only after their transaction committed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import Connection
+
+from bae.errors import Problem, not_found
+from bae.ids import new_token, token_digest
+from services.session import bodies
+from services.session.auth import Authenticator, bearer_token
+from services.session.bodies import RESERVED_TOOL, SessionBody
+from services.session.pagination import events_page, page_request
+from services.session.store import events, keys, profiles, sessions
+from services.session.store.jsontext import dump
+from services.session.store.records import KeyRecord, ProfileRecord
+from services.session.store.store import Store
+
+log = logging.getLogger("bae.session.rest")
+
+SESSION_TOKEN_PREFIX = "bae_ses_"
+
+
+@dataclass(frozen=True)
+class Opened:
+    session_id: str
+    token: str
+    profile: ProfileRecord
+    views: list[dict]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A refusal whose audit row was committed; raised after the transaction."""
+
+    problem: Problem
+
+
+def session_closed(state: str) -> Problem:
+    return Problem(409, "session_closed", f"session is already {state}")
+
+
+class ClientRestApi:
+    def __init__(self, *, store: Store, auth: Authenticator, runtime, config) -> None:
+        self.store = store
+        self.auth = auth
+        self.runtime = runtime
+        self.config = config
+
+    # POST /api/v1/sessions (§5.1)
+
+    async def open_session(self, request) -> str:
+        key = await self.auth.client_key(request.authorization, request.has_authorization)
+        body = bodies.parse_session_body(request.body, request.content_type, joining=False)
+        outcome = await self.store.call(self._open, key, body)
+        if isinstance(outcome, Refused):
+            raise outcome.problem
+        await self.runtime.publish(outcome.session_id, outcome.views)
+        await self.runtime.on_open(outcome.session_id, outcome.profile)
+        return self._created(outcome)
+
+    def _open(self, conn: Connection, key: KeyRecord, body: SessionBody) -> Opened | Refused:
+        profile = profiles.active(conn, key.profile_id or "")
+        refused = self._check_profile(conn, key, key.profile_id or "", profile, body)
+        if refused is not None:
+            return refused
+        session_id = sessions.create(
+            conn,
+            client_key_id=key.id,
+            profile_id=profile.id,
+            state="open",
+            client_version=body.client_version,
+            client_tools=body.tools,
+            sandbox_tools=body.sandbox_tools,
+            subagent_tools=body.subagent_tools,
+            compaction=body.compaction,
+        )
+        token = self._mint_session_key(conn, session_id, key)
+        views = events.append(conn, session_id, [(key.id, "session.open", body.names())])
+        return Opened(session_id, token, profile, views)
+
+    # POST /api/v1/sessions/{id}/join (§5.2)
+
+    async def join_session(self, request) -> str:
+        key = await self.auth.client_key(request.authorization, request.has_authorization)
+        body = bodies.parse_session_body(request.body, request.content_type, joining=True)
+        outcome = await self.store.call(self._join, key, request.path_id, body)
+        if isinstance(outcome, Refused):
+            raise outcome.problem
+        await self.runtime.publish(outcome.session_id, outcome.views)
+        return self._created(outcome)
+
+    def _join(self, conn: Connection, key: KeyRecord, session_id: str, body: SessionBody) -> Opened | Refused:
+        session = sessions.get(conn, session_id)
+        if session is None:
+            raise not_found(f"no session {session_id}")
+        if session.state != "open":
+            raise session_closed(session.state)
+        if key.profile_id != session.profile_id:
+            raise Problem(
+                403,
+                "profile_mismatch",
+                "the client key's profile does not match this session's profile",
+            )
+        profile = profiles.active(conn, session.profile_id)
+        refused = self._check_profile(conn, key, session.profile_id, profile, body)
+        if refused is not None:
+            return refused
+        sessions.set_declarations(
+            conn,
+            session,
+            key.id,
+            client_tools=body.tools,
+            sandbox_tools=body.sandbox_tools,
+            subagent_tools=body.subagent_tools,
+        )
+        token = self._mint_session_key(conn, session_id, key)
+        views = events.append(conn, session_id, [(key.id, "session.join", body.names())])
+        return Opened(session_id, token, profile, views)
+
+    # Shared by open and join: checks 4-8 of §5.1 (5-8 of §5.2).
+
+    def _check_profile(
+        self,
+        conn: Connection,
+        key: KeyRecord,
+        profile_id: str,
+        profile: ProfileRecord | None,
+        body: SessionBody,
+    ) -> Refused | None:
+        if profile is None:
+            log.error("client key %s: profile %s is no longer available", key.id, profile_id)
+            self._audit(conn, key, profile_id, body, {"reason": "profile_unavailable", "profile_id": profile_id})
+            return Refused(
+                Problem(
+                    422,
+                    "profile_unavailable",
+                    "the profile bound to this client key is no longer available",
+                )
+            )
+        if self.config.provider(profile.primary_provider) is None:
+            # Logged on every attempt, never deduplicated (§5.1 step 5).
+            log.error(
+                'profile %s: primary provider "%s" is not configured in bae-config.toml',
+                profile.id,
+                profile.primary_provider,
+            )
+            self._audit(
+                conn,
+                key,
+                profile.id,
+                body,
+                {
+                    "reason": "primary_provider_unavailable",
+                    "profile_id": profile.id,
+                    "primary_provider": profile.primary_provider,
+                },
+            )
+            return Refused(
+                Problem(
+                    422,
+                    "primary_provider_unavailable",
+                    f'the profile\'s primary provider "{profile.primary_provider}" '
+                    "is not configured in bae-config.toml",
+                )
+            )
+        for tool in (*body.tools, *body.sandbox_tools):
+            if tool["name"] == RESERVED_TOOL:
+                raise Problem(422, "reserved_tool_name", f"{RESERVED_TOOL} is reserved")
+        allowed = set(profile.allowed_tools)
+        for tool in body.tools:
+            if tool["name"] not in allowed:
+                raise Problem(
+                    403,
+                    "tool_not_allowed",
+                    f'tool "{tool["name"]}" is not in the profile\'s allowlist',
+                )
+        bodies.validate_subagent_tools(body.subagent_tools)
+        return None
+
+    def _audit(self, conn: Connection, key: KeyRecord, profile_id: str, body: SessionBody, payload: dict) -> None:
+        """A separate `error` session recording a refused open/join (tool names only)."""
+
+        def names(tools: list[dict]) -> list[dict]:
+            return [{"name": tool["name"]} for tool in tools]
+
+        session_id = sessions.create(
+            conn,
+            client_key_id=key.id,
+            profile_id=profile_id,
+            state="error",
+            client_version=body.client_version,
+            client_tools=names(body.tools),
+            sandbox_tools=names(body.sandbox_tools),
+            subagent_tools=names(body.subagent_tools),
+            compaction=body.compaction,
+        )
+        events.append(conn, session_id, [(key.id, "session.error", payload)])
+
+    def _mint_session_key(self, conn: Connection, session_id: str, key: KeyRecord) -> str:
+        token = new_token(SESSION_TOKEN_PREFIX)
+        keys.insert_key(
+            conn,
+            name=session_id,
+            key_hash=token_digest(token),
+            prefix=token[:8],
+            role="session",
+            profile_id=key.profile_id,
+            client_id=key.id,
+        )
+        return token
+
+    def _created(self, opened: Opened) -> str:
+        profile = opened.profile
+        entry = self.config.provider(profile.primary_provider)
+        return dump(
+            {
+                "session_id": opened.session_id,
+                "session_key": opened.token,
+                "profile": {
+                    "id": profile.id,
+                    "name": profile.name,
+                    "allowed_tools": profile.allowed_tools,
+                    "mcp_servers": profile.mcp_servers,
+                    "provider": {"provider": entry.provider, "model": entry.model},
+                },
+            }
+        )
+
+    # GET /api/v1/sessions/{id}/participants (§5.3)
+
+    async def participants(self, request) -> str:
+        principal = await self.auth.session_principal(
+            request.authorization, request.has_authorization, request.path_id
+        )
+        if await self.store.get_session(principal.session_id) is None:
+            raise not_found(f"no session {principal.session_id}")
+        return dump({"drivers": self.runtime.drivers(principal.session_id)})
+
+    # GET /api/v1/sessions/{id}/events (§5.4): authentication and the read in one store call.
+
+    async def events(self, request) -> str:
+        token = bearer_token(request.authorization, request.has_authorization)
+        session_id = request.path_id
+        try:
+            page = page_request(request.query)
+        except Problem:
+            # Credentials are checked before the query: a bad key beats a bad cursor.
+            await self.store.call(self.auth.find_session_key, token, session_id)
+            raise
+
+        def _page(conn: Connection) -> str:
+            self.auth.find_session_key(conn, token, session_id)
+            return events_page(conn, session_id, page)
+
+        return await self.store.call(_page)
+
+    # DELETE /api/v1/sessions/{id} (§5.5)
+
+    async def close_session(self, request) -> str:
+        principal = await self.auth.session_principal(
+            request.authorization, request.has_authorization, request.path_id
+        )
+        session_id = principal.session_id
+
+        def _close(conn: Connection):
+            session = sessions.get(conn, session_id)
+            if session is None:
+                raise not_found(f"no session {session_id}")
+            if session.state != "open":
+                return session, []
+            views = events.append(
+                conn,
+                session_id,
+                [(session.client_key_id, "session.close", {"reason": "client_close"})],
+                new_state="closed",
+            )
+            return session, views
+
+        session, views = await self.store.call(_close)
+        if views:
+            await self.runtime.publish(session_id, views)
+        # Teardown runs whatever the previous state was (idempotent).
+        await self.runtime.close(session_id, attribute_to=session.client_key_id)
+        if session.state != "open":
+            raise session_closed(session.state)
+        return dump({"session_id": session_id, "state": "closed"})

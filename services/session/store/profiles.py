@@ -1,0 +1,115 @@
+"""Profile rows (SERVER-SPEC §4.2). Names stay reserved after a soft delete."""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection, Row, and_, bindparam, exists, insert, select, update
+
+from bae.ids import new_id
+from bae.timefmt import now
+from services.session.store.jsontext import dump, load
+from services.session.store.records import ProfileRecord
+from services.session.store.schema import profiles
+
+LIST_FIELDS = ("fallback_providers", "mcp_servers", "allowed_tools", "available_sandboxes")
+
+_ACTIVE_BY_ID = select(profiles).where(
+    and_(profiles.c.id == bindparam("id"), profiles.c.deleted_at.is_(None))
+)
+_ACTIVE_PAGE = (
+    select(profiles)
+    .where(and_(profiles.c.deleted_at.is_(None), profiles.c.seq > bindparam("after")))
+    .order_by(profiles.c.seq)
+    .limit(bindparam("limit"))
+)
+
+
+class DuplicateName(Exception):
+    """Another profile row (deleted or not) already has this name."""
+
+
+def record(row: Row) -> ProfileRecord:
+    return ProfileRecord(
+        id=row.id,
+        name=row.name,
+        primary_provider=row.primary_provider,
+        fallback_providers=load(row.fallback_providers),
+        mcp_servers=load(row.mcp_servers),
+        allowed_tools=load(row.allowed_tools),
+        available_sandboxes=load(row.available_sandboxes),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        deleted_at=row.deleted_at,
+    )
+
+
+def view(profile: ProfileRecord) -> dict:
+    """The admin API's profile object."""
+    return {
+        "id": profile.id,
+        "name": profile.name,
+        "primary_provider": profile.primary_provider,
+        "fallback_providers": profile.fallback_providers,
+        "mcp_servers": profile.mcp_servers,
+        "allowed_tools": profile.allowed_tools,
+        "available_sandboxes": profile.available_sandboxes,
+        "created_at": profile.created_at,
+        "updated_at": profile.updated_at,
+    }
+
+
+def active(conn: Connection, profile_id: str) -> ProfileRecord | None:
+    row = conn.execute(_ACTIVE_BY_ID, {"id": profile_id}).first()
+    return None if row is None else record(row)
+
+
+def _name_taken(conn: Connection, name: str, other_than: str | None = None) -> bool:
+    condition = profiles.c.name == name
+    if other_than is not None:
+        condition = and_(condition, profiles.c.id != other_than)
+    return conn.execute(select(exists().where(condition))).scalar()
+
+
+def create(conn: Connection, fields: dict) -> ProfileRecord:
+    """Insert a profile from validated fields (name, primary_provider and the LIST_FIELDS)."""
+    if _name_taken(conn, fields["name"]):
+        raise DuplicateName(fields["name"])
+    stamp = now()
+    row = {
+        "id": new_id("pro_"),
+        "name": fields["name"],
+        "primary_provider": fields["primary_provider"],
+        **{name: dump(fields[name]) for name in LIST_FIELDS},
+        "created_at": stamp,
+        "updated_at": stamp,
+        "deleted_at": None,
+    }
+    conn.execute(insert(profiles), row)
+    return ProfileRecord(**{**row, **{name: fields[name] for name in LIST_FIELDS}})
+
+
+def replace(conn: Connection, profile_id: str, fields: dict) -> ProfileRecord | None:
+    """Full replacement of an active profile; None if there is none."""
+    if active(conn, profile_id) is None:
+        return None
+    if _name_taken(conn, fields["name"], other_than=profile_id):
+        raise DuplicateName(fields["name"])
+    conn.execute(
+        update(profiles)
+        .where(profiles.c.id == profile_id)
+        .values(
+            name=fields["name"],
+            primary_provider=fields["primary_provider"],
+            updated_at=now(),
+            **{name: dump(fields[name]) for name in LIST_FIELDS},
+        )
+    )
+    return active(conn, profile_id)
+
+
+def soft_delete(conn: Connection, profile_id: str) -> None:
+    conn.execute(update(profiles).where(profiles.c.id == profile_id).values(deleted_at=now()))
+
+
+def page(conn: Connection, after_seq: int, limit: int) -> list[tuple[int, ProfileRecord]]:
+    rows = conn.execute(_ACTIVE_PAGE, {"after": after_seq, "limit": limit})
+    return [(row.seq, record(row)) for row in rows]

@@ -1,0 +1,60 @@
+"""Immutable views of stored rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    id: str
+    name: str
+    key_hash: str
+    key_prefix: str
+    role: str  # client | session | admin
+    profile_id: str | None
+    client_id: str | None
+    created_at: str
+    last_used_at: str | None
+    deleted_at: str | None
+
+
+@dataclass(frozen=True)
+class ProfileRecord:
+    id: str
+    name: str
+    primary_provider: str
+    fallback_providers: list[str]
+    mcp_servers: list[str]
+    allowed_tools: list[str]
+    available_sandboxes: list[str]
+    created_at: str
+    updated_at: str
+    deleted_at: str | None
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    id: str
+    client_key_id: str
+    profile_id: str
+    state: str  # open | closed | error
+    client_version: str | None
+    # Each keyed by client key id -> that client's declaration list.
+    client_tools: dict[str, list[dict]]
+    sandbox_tools: dict[str, list[dict]]
+    subagent_tools: dict[str, list[dict]]
+    # Normalized: {"mode": "auto", "size": N} or {"mode": "client", "prompt": str | None}.
+    compaction: dict | None
+    created_at: str
+    closed_at: str | None
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a session-key request acts as."""
+
+    key_id: str  # the session key row
+    client_key_id: str  # the acting client key
+    session_id: str
+    profile_id: str | None

@@ -1,0 +1,125 @@
+"""Session rows (SERVER-SPEC §0.1, §5)."""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection, Row, and_, bindparam, insert, select, update
+
+from bae.ids import new_id
+from bae.timefmt import now
+from services.session.store.jsontext import dump, load
+from services.session.store.records import SessionRecord
+from services.session.store.schema import sessions
+
+STATES = ("open", "closed", "error")
+
+_BY_ID = select(sessions).where(sessions.c.id == bindparam("id"))
+_OPEN_IDS = select(sessions.c.id).where(sessions.c.state == "open").order_by(sessions.c.seq)
+_SUMMARY_COLUMNS = (
+    sessions.c.seq,
+    sessions.c.id,
+    sessions.c.profile_id,
+    sessions.c.state,
+    sessions.c.client_version,
+    sessions.c.created_at,
+    sessions.c.closed_at,
+)
+
+
+def record(row: Row) -> SessionRecord:
+    return SessionRecord(
+        id=row.id,
+        client_key_id=row.client_key_id,
+        profile_id=row.profile_id,
+        state=row.state,
+        client_version=row.client_version,
+        client_tools=load(row.client_tools),
+        sandbox_tools=load(row.sandbox_tools),
+        subagent_tools=load(row.subagent_tools),
+        compaction=load(row.compaction),
+        created_at=row.created_at,
+        closed_at=row.closed_at,
+    )
+
+
+def get(conn: Connection, session_id: str) -> SessionRecord | None:
+    row = conn.execute(_BY_ID, {"id": session_id}).first()
+    return None if row is None else record(row)
+
+
+def create(
+    conn: Connection,
+    *,
+    client_key_id: str,
+    profile_id: str,
+    state: str,
+    client_version: str | None,
+    client_tools: list[dict],
+    sandbox_tools: list[dict],
+    subagent_tools: list[dict],
+    compaction: dict | None,
+) -> str:
+    """Insert a session whose declarations all belong to its creator; returns its id."""
+    stamp = now()
+    session_id = new_id("ses_")
+    conn.execute(
+        insert(sessions),
+        {
+            "id": session_id,
+            "client_key_id": client_key_id,
+            "profile_id": profile_id,
+            "state": state,
+            "client_version": client_version,
+            "client_tools": dump({client_key_id: client_tools}),
+            "sandbox_tools": dump({client_key_id: sandbox_tools}),
+            "subagent_tools": dump({client_key_id: subagent_tools}),
+            "compaction": None if compaction is None else dump(compaction),
+            "created_at": stamp,
+            "closed_at": None if state == "open" else stamp,
+        },
+    )
+    return session_id
+
+
+def set_declarations(
+    conn: Connection,
+    session: SessionRecord,
+    client_key_id: str,
+    *,
+    client_tools: list[dict] | None = None,
+    sandbox_tools: list[dict] | None = None,
+    subagent_tools: list[dict] | None = None,
+) -> None:
+    """Replace one client's declaration lists (those given); other clients' stay untouched."""
+    values = {}
+    for column, current, new in (
+        ("client_tools", session.client_tools, client_tools),
+        ("sandbox_tools", session.sandbox_tools, sandbox_tools),
+        ("subagent_tools", session.subagent_tools, subagent_tools),
+    ):
+        if new is not None:
+            values[column] = dump({**current, client_key_id: new})
+    if values:
+        conn.execute(update(sessions).where(sessions.c.id == session.id).values(**values))
+
+
+def open_ids(conn: Connection) -> list[str]:
+    return list(conn.execute(_OPEN_IDS).scalars())
+
+
+def page(conn: Connection, state: str | None, after_seq: int, limit: int) -> list[Row]:
+    query = select(*_SUMMARY_COLUMNS).where(sessions.c.seq > after_seq)
+    if state is not None:
+        query = query.where(sessions.c.state == state)
+    return list(conn.execute(query.order_by(sessions.c.seq).limit(limit)))
+
+
+def summary_view(row: Row) -> dict:
+    """The admin API's session list item (no tool lists)."""
+    return {
+        "id": row.id,
+        "profile_id": row.profile_id,
+        "state": row.state,
+        "client_version": row.client_version,
+        "created_at": row.created_at,
+        "closed_at": row.closed_at,
+    }

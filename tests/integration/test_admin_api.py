@@ -1,0 +1,282 @@
+"""The admin API of the real session service process, over real gRPC (SERVER-SPEC §4)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+
+from bae.errors import Problem
+from bae.protos import session_pb2, session_pb2_grpc
+from bae.stack import Stack
+from conftest import free_port, stack_env
+
+CONFIG = """
+[[providers.entries]]
+name = "mock"
+provider = "anthropic"
+model = "claude-test"
+auth_token = "sk-secret"
+
+[[mcp.servers]]
+name = "zeta"
+transport = "sse"
+url = "http://127.0.0.1:1/sse"
+headers = { Authorization = "Bearer x" }
+
+[[mcp.servers]]
+name = "alpha"
+transport = "stdio"
+command = "true"
+"""
+
+
+class Service:
+    """One session service process and a channel to it."""
+
+    def __init__(self, tmp: Path, args: list[str] = (), **env: str) -> None:
+        config = tmp / "bae-config.toml"
+        if not config.exists():
+            config.write_text(CONFIG)
+        self.env = stack_env(tmp, BAE_CONFIG=str(config), **env)
+        self.stack = Stack(env=self.env, session_args=list(args))
+        self.stack._spawn("session", ["-m", "services.session", "serve", *args])
+        import time
+
+        self.stack._wait_grpc("session", self.env["BAE_SESSION_GRPC_ADDR"], time.monotonic() + 30)
+        self.channel = grpc.aio.insecure_channel(self.env["BAE_SESSION_GRPC_ADDR"])
+        self.stub = session_pb2_grpc.SessionServiceStub(self.channel)
+        key_file = Path(self.env["BAE_ADMIN_KEY_FILE"])
+        self.admin_key = key_file.read_text().strip() if key_file.exists() else ""
+
+    async def call(self, method: str, *, key: str | None = None, path_id: str = "", body=None,
+                   query: dict | None = None, content_type: str = "application/json") -> dict | str:
+        """The reply's JSON (parsed; "" for 204), or raises the Problem it failed with."""
+        raw = body if isinstance(body, bytes) else (b"" if body is None else json.dumps(body).encode())
+        request = session_pb2.RestRequest(
+            authorization=f"Bearer {key}" if key is not None else "",
+            has_authorization=key is not None,
+            path_id=path_id,
+            body=raw,
+            content_type=content_type,
+            query=query or {},
+        )
+        try:
+            reply = await getattr(self.stub, method)(request, timeout=10)
+        except grpc.aio.AioRpcError as error:
+            problem = Problem.from_rpc_error(error)
+            if problem is None:
+                raise
+            raise problem from None
+        return json.loads(reply.json) if reply.json else ""
+
+    async def admin(self, method: str, **kwargs):
+        return await self.call(method, key=self.admin_key, **kwargs)
+
+    async def stop(self) -> dict[str, int]:
+        await self.channel.close()
+        return self.stack.stop(timeout=15)
+
+
+async def problem_of(awaitable) -> Problem:
+    with pytest.raises(Problem) as caught:
+        await awaitable
+    return caught.value
+
+
+@pytest.fixture
+async def service(tmp_path):
+    svc = Service(tmp_path)
+    yield svc
+    await svc.stop()
+
+
+def profile_body(name: str, **fields) -> dict:
+    return {"name": name, "primary_provider": "mock", **fields}
+
+
+async def test_profile_crud(service):
+    created = await service.admin("CreateProfile", body=profile_body("main", allowed_tools=["t"]))
+    assert set(created) == {"id", "name", "created_at"} and created["id"].startswith("pro_")
+    got = await service.admin("GetProfile", path_id=created["id"])
+    assert got == {
+        "id": created["id"], "name": "main", "primary_provider": "mock", "fallback_providers": [],
+        "mcp_servers": [], "allowed_tools": ["t"], "available_sandboxes": [],
+        "created_at": created["created_at"], "updated_at": created["created_at"],
+    }
+    replaced = await service.admin(
+        "ReplaceProfile", path_id=created["id"], body=profile_body("main2", mcp_servers=["alpha"])
+    )
+    assert replaced["name"] == "main2" and replaced["allowed_tools"] == [] and replaced["mcp_servers"] == ["alpha"]
+    assert replaced["updated_at"] >= replaced["created_at"]
+    assert await service.admin("DeleteProfile", path_id=created["id"]) == ""
+    missing = await problem_of(service.admin("GetProfile", path_id=created["id"]))
+    assert (missing.status, missing.type, missing.detail) == (404, "not_found", f"no profile {created['id']}")
+    # Names of deleted profiles stay reserved.
+    dup = await problem_of(service.admin("CreateProfile", body=profile_body("main2")))
+    assert (dup.status, dup.type, dup.detail) == (409, "duplicate_name", "a profile with that name already exists")
+    page = await service.admin("ListProfiles")
+    assert page == {"items": [], "next_cursor": None}
+
+
+@pytest.mark.parametrize(
+    "body, detail",
+    [
+        ({"name": " ", "primary_provider": "mock"}, "name must not be empty"),
+        ({"name": "x", "primary_provider": ""}, "primary_provider must not be empty"),
+        ({"primary_provider": "mock"}, "invalid request body: missing field `name`"),
+        ({"name": 5, "primary_provider": "mock"}, "invalid request body: invalid type: integer `5`, expected a string"),
+        (profile_body("x", fallback_providers="a"), "fallback_providers must be an array"),
+        (profile_body("x", mcp_servers=["a", 1]), "mcp_servers[1] must be a string (a bae-config.toml registry name)"),
+        (profile_body("x", available_sandboxes=[None]), "available_sandboxes[0] must be a string (a bae-config.toml registry name)"),
+        (profile_body("x", allowed_tools={}), "allowed_tools must be an array"),
+        (b"{not json", "Failed to parse the request body as JSON: expecting property name enclosed in double quotes at line 1 column 2"),
+        ([], "invalid request body: invalid type: sequence, expected struct ProfileRequest"),
+    ],
+)
+async def test_profile_body_errors(service, body, detail):
+    problem = await problem_of(service.admin("CreateProfile", body=body))
+    assert (problem.status, problem.type, problem.detail) == (400, "bad_request", detail)
+
+
+async def test_profile_body_needs_json_content_type(service):
+    problem = await problem_of(service.admin("CreateProfile", body=profile_body("x"), content_type="text/plain"))
+    assert problem.detail == "Expected request with `Content-Type: application/json`"
+    await service.admin("CreateProfile", body=profile_body("x"), content_type="application/json; charset=utf-8")
+
+
+async def test_profile_update_errors(service):
+    a = await service.admin("CreateProfile", body=profile_body("a"))
+    await service.admin("CreateProfile", body=profile_body("b"))
+    missing = await problem_of(service.admin("ReplaceProfile", path_id="pro_x", body=profile_body("c")))
+    assert (missing.status, missing.detail) == (404, "no profile pro_x")
+    dup = await problem_of(service.admin("ReplaceProfile", path_id=a["id"], body=profile_body("b")))
+    assert dup.type == "duplicate_name"
+    # Keeping its own name is not a duplicate.
+    await service.admin("ReplaceProfile", path_id=a["id"], body=profile_body("a"))
+    assert (await problem_of(service.admin("DeleteProfile", path_id="pro_x"))).status == 404
+
+
+async def test_profile_in_use_and_key_lifecycle(service):
+    profile = await service.admin("CreateProfile", body=profile_body("p"))
+    key = await service.admin("CreateKey", body={"name": "laptop", "profile_id": profile["id"]})
+    assert key["key"].startswith("bae_") and len(key["key"]) == 52 and key["prefix"] == key["key"][:8]
+    assert set(key) == {"id", "name", "key", "prefix", "profile_id", "created_at"}
+    in_use = await problem_of(service.admin("DeleteProfile", path_id=profile["id"]))
+    assert (in_use.status, in_use.type, in_use.detail) == (
+        409, "profile_in_use", "profile has 1 active client key(s); revoke them before deleting")
+    page = await service.admin("ListKeys")
+    assert page["items"] == [{"id": key["id"], "name": "laptop", "prefix": key["prefix"],
+                              "profile_id": profile["id"], "created_at": key["created_at"], "last_used_at": None}]
+    # Using the key stamps last_used_at (coalesced, but visible to the key listing).
+    await service.call("OpenSession", key=key["key"], body={})
+    assert (await service.admin("ListKeys"))["items"][0]["last_used_at"] is not None
+    assert await service.admin("RevokeKey", path_id=key["id"]) == ""
+    gone = await problem_of(service.admin("RevokeKey", path_id=key["id"]))
+    assert (gone.status, gone.detail) == (404, f"no active client key {key['id']}")
+    assert (await service.admin("ListKeys"))["items"] == []
+    await service.admin("DeleteProfile", path_id=profile["id"])
+
+
+async def test_key_errors(service):
+    blank = await problem_of(service.admin("CreateKey", body={"name": "", "profile_id": "pro_x"}))
+    assert (blank.status, blank.detail) == (400, "name must not be empty")
+    nobody = await problem_of(service.admin("CreateKey", body={"name": "k", "profile_id": "pro_x"}))
+    assert (nobody.status, nobody.type, nobody.detail) == (422, "profile_unavailable", "no active profile pro_x")
+    missing = await problem_of(service.admin("CreateKey", body={"name": "k"}))
+    assert (missing.status, missing.detail) == (400, "invalid request body: missing field `profile_id`")
+    session_key = await problem_of(service.admin("RevokeKey", path_id="key_nope"))
+    assert session_key.status == 404
+
+
+async def test_admin_auth(service):
+    for key, detail in [
+        (None, "missing Authorization header"),
+        ("", "empty bearer token"),
+        ("bae_admin_" + "0" * 48, "invalid admin key"),
+    ]:
+        problem = await problem_of(service.call("ListProfiles", key=key))
+        assert (problem.status, problem.type, problem.detail) == (401, "unauthorized", detail)
+    request = session_pb2.RestRequest(authorization=f"Token {service.admin_key}", has_authorization=True)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await service.stub.ListProfiles(request, timeout=10)
+    assert Problem.from_rpc_error(caught.value).detail == "Authorization header must be a Bearer token"
+    lower = session_pb2.RestRequest(authorization=f"bearer {service.admin_key}", has_authorization=True)
+    assert json.loads((await service.stub.ListProfiles(lower, timeout=10)).json)["items"] == []
+    # Auth runs before the body is looked at.
+    problem = await problem_of(service.call("CreateProfile", key="nope", body=b"{"))
+    assert problem.status == 401
+
+
+async def test_pagination_round_trip(service):
+    names = [f"p{i:02d}" for i in range(7)]
+    for name in names:
+        await service.admin("CreateProfile", body=profile_body(name))
+    seen, cursor = [], None
+    while True:
+        query = {"limit": "3", **({"cursor": cursor} if cursor else {})}
+        page = await service.admin("ListProfiles", query=query)
+        seen += [item["name"] for item in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+        assert len(page["items"]) == 3
+    assert seen == names
+    exact = await service.admin("ListProfiles", query={"limit": "7"})
+    assert len(exact["items"]) == 7 and exact["next_cursor"] is None
+    assert len((await service.admin("ListProfiles", query={"limit": "1000"}))["items"]) == 7
+    for query, detail in [
+        ({"limit": "0"}, "limit must be a positive integer"),
+        ({"limit": "-1"}, "limit must be a positive integer"),
+        ({"limit": "ten"}, "limit must be a positive integer"),
+        ({"cursor": "abc"}, 'invalid cursor: "abc"'),
+    ]:
+        problem = await problem_of(service.admin("ListProfiles", query=query))
+        assert (problem.status, problem.detail) == (400, detail)
+
+
+async def test_sessions_and_events(service):
+    profile = await service.admin("CreateProfile", body=profile_body("p"))
+    key = await service.admin("CreateKey", body={"name": "k", "profile_id": profile["id"]})
+    opened = await service.call("OpenSession", key=key["key"], body={"client_version": "9"})
+    listed = await service.admin("ListSessions", query={"state": "open"})
+    assert listed["items"] == [{
+        "id": opened["session_id"], "profile_id": profile["id"], "state": "open", "client_version": "9",
+        "created_at": listed["items"][0]["created_at"], "closed_at": None,
+    }]
+    assert (await service.admin("ListSessions", query={"state": "closed"}))["items"] == []
+    bad = await problem_of(service.admin("ListSessions", query={"state": "gone"}))
+    assert bad.detail == 'invalid state filter "gone"; expected one of open, closed, error'
+    admin_events = await service.admin("ListSessionEvents", path_id=opened["session_id"])
+    assert [e["event_type"] for e in admin_events["items"]] == ["session.open"]
+    # Byte-identical to the client endpoint's page.
+    admin_raw = await service.stub.ListSessionEvents(session_pb2.RestRequest(
+        authorization=f"Bearer {service.admin_key}", has_authorization=True, path_id=opened["session_id"]))
+    client_raw = await service.stub.ListEvents(session_pb2.RestRequest(
+        authorization=f"Bearer {opened['session_key']}", has_authorization=True, path_id=opened["session_id"]))
+    assert admin_raw.json == client_raw.json
+    missing = await problem_of(service.admin("ListSessionEvents", path_id="ses_x"))
+    assert (missing.status, missing.detail) == (404, "no session ses_x")
+
+
+async def test_registries_and_config(service):
+    assert await service.admin("ListMcpServers") == {
+        "items": [{"name": "alpha", "transport": "stdio"}, {"name": "zeta", "transport": "sse"}]}
+    providers = await service.admin("ListProviders")
+    assert providers["items"][0]["name"] == "mock" and providers["items"][0]["model"] == "claude-test"
+    config = await service.admin("GetConfig")
+    assert config["providers"]["entries"][0]["auth_token"] == "••••••••"
+    assert "sk-secret" not in json.dumps(config)
+    assert await service.admin("GetSandboxStatus") == {"items": []}
+
+
+async def test_disabled_admin_auth(tmp_path):
+    svc = Service(tmp_path, ["--dangerously-disable-admin-auth"])
+    try:
+        assert not (tmp_path / "admin-key.pem").exists()
+        assert (await svc.call("ListProfiles"))["items"] == []
+        assert (await svc.call("ListProfiles", key="whatever"))["items"] == []
+    finally:
+        await svc.stop()

@@ -1,0 +1,457 @@
+"""The runner as a real process, called over gRPC, against the mock LLM over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bae.protos import runner_pb2, runner_pb2_grpc
+from conftest import ROOT, free_port, mock_provider_toml
+from mockllm import MockLLM, Reply
+
+TOKEN = "sk-test-" + secrets.token_hex(12)
+REDACTED = "\u2022" * 8
+PREAMBLE = "The earlier part of this conversation was compacted. A summary follows."
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Current weather",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+def runner_config(base_url: str) -> str:
+    dead_url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    return "\n".join(
+        [
+            mock_provider_toml(base_url, name="mock"),
+            mock_provider_toml(base_url, name="mock-openai", kind="openai"),
+            mock_provider_toml(base_url, name="fallback"),
+            mock_provider_toml(base_url, name="missing-env", token_var="BAE_TEST_UNSET_VARIABLE"),
+            mock_provider_toml(dead_url, name="down"),
+            '[[providers.entries]]\nname = "unterminated"\nprovider = "anthropic"\n'
+            'model = "m"\nauth_token = "${MOCK_LLM_TOKEN"\n',
+            '[[providers.entries]]\nname = "small"\nprovider = "anthropic"\nmodel = "small-model"\n'
+            f'base_url = "{base_url}/"\nauth_token = "${{MOCK_LLM_TOKEN}}"\nmax_tokens = 1000\n',
+            '[[providers.entries]]\nname = "small-openai"\nprovider = "openai"\nmodel = "small-model"\n'
+            f'base_url = "{base_url}"\nauth_token = "Bearer-less ${{MOCK_LLM_TOKEN}}"\nmax_tokens = 1000\n',
+        ]
+    )
+
+
+class RunnerProcess:
+    def __init__(self, config_path: Path, log_path: Path) -> None:
+        self.address = f"127.0.0.1:{free_port()}"
+        self.log_path = log_path
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BAE_")}
+        env.update(
+            BAE_RUNNER_GRPC_ADDR=self.address,
+            BAE_PROVIDER_TIMEOUT="1",
+            BAE_SHUTDOWN_TIMEOUT="5",
+            BAE_LOG="debug",
+            MOCK_LLM_TOKEN=TOKEN,
+        )
+        self.log = open(log_path, "wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "services.runner", "--config", str(config_path)],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=self.log,
+        )
+        self._wait_healthy()
+
+    def _wait_healthy(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"runner exited: {self.log_path.read_text()}")
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(service="baeproto.v1.Runner"), timeout=1)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("runner did not become healthy")
+                time.sleep(0.05)
+
+    def stop(self) -> int:
+        self.process.terminate()
+        try:
+            return self.process.wait(10)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+            self.log.close()
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[MockLLM]:
+    with MockLLM() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def runner(llm: MockLLM, tmp_path_factory) -> Iterator[RunnerProcess]:
+    tmp = tmp_path_factory.mktemp("runner")
+    config = tmp / "bae-config.toml"
+    config.write_text(runner_config(llm.base_url))
+    process = RunnerProcess(config, tmp / "runner.log")
+    yield process
+    assert process.stop() == 0, "SIGTERM must stop the runner cleanly"
+    assert TOKEN not in process.log_path.read_text(), "the auth token leaked into the runner's log"
+
+
+@pytest.fixture(autouse=True)
+def fresh_llm(llm: MockLLM) -> None:
+    llm.reset()
+
+
+async def run_step(
+    runner: RunnerProcess,
+    primary: str,
+    messages: list[dict],
+    *,
+    fallbacks: tuple[str, ...] = (),
+    tools: tuple[dict, ...] = (),
+    purpose: str = "",
+    min_max_tokens: int = 0,
+) -> tuple[list[tuple[str, dict]], runner_pb2.StepResult]:
+    request = runner_pb2.StepRequest(
+        session_id="ses_test",
+        primary_provider=primary,
+        fallback_providers=list(fallbacks),
+        messages_json=json.dumps(messages),
+        tools_json=json.dumps(list(tools)),
+        purpose=purpose,
+        min_max_tokens=min_max_tokens,
+    )
+    events: list[tuple[str, dict]] = []
+    results = []
+    async with grpc.aio.insecure_channel(runner.address) as channel:
+        async for update in runner_pb2_grpc.RunnerStub(channel).RunStep(request, timeout=30):
+            if update.HasField("event"):
+                assert not results, "an event arrived after the result"
+                raw = update.event.payload_json
+                assert TOKEN not in raw, f"the auth token leaked into {update.event.event_type}"
+                events.append((update.event.event_type, json.loads(raw)))
+            else:
+                results.append(update.result)
+    assert len(results) == 1, "exactly one result ends the stream"
+    return events, results[0]
+
+
+def types(events: list[tuple[str, dict]]) -> list[str]:
+    return [event_type for event_type, _ in events]
+
+
+USER_HELLO = [{"role": "user", "content": "hello"}]
+
+
+async def test_text_success_exact_payloads(runner, llm):
+    llm.enqueue(Reply.text("hi there", usage=(12, 3)))
+    events, result = await run_step(runner, "mock", USER_HELLO, tools=(WEATHER_TOOL,))
+
+    assert types(events) == ["provider.request", "provider.response"]
+    assert events[0][1] == {
+        "attempt": 0,
+        "kind": "primary",
+        "provider": "anthropic",
+        "base_url": llm.base_url,
+        "model": "mock-model",
+        "max_tokens": 4096,
+        "messages": USER_HELLO,
+        "tools": [WEATHER_TOOL],
+    }
+    response = events[1][1]
+    assert response == {
+        "attempt": 0,
+        "kind": "primary",
+        "provider": "anthropic",
+        "ok": True,
+        "status": 200,
+        "body": response["body"],
+        "usage": {"input_tokens": 12, "output_tokens": 3},
+    }
+    assert response["body"]["content"] == [{"type": "text", "text": "hi there"}]
+    assert response["body"]["stop_reason"] == "end_turn"
+
+    assert result.outcome == runner_pb2.StepResult.OK
+    assert json.loads(result.message_json) == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "hi there"}],
+    }
+    assert (result.has_usage, result.input_tokens, result.output_tokens) == (True, 12, 3)
+    assert result.truncated == ""
+
+    (seen,) = llm.requests
+    assert seen["path"] == "/v1/messages"
+    assert seen["headers"]["x-api-key"] == TOKEN
+    assert seen["headers"]["anthropic-version"] == "2023-06-01"
+    assert "authorization" not in seen["headers"]
+    assert seen["body"] == {
+        "model": "mock-model",
+        "max_tokens": 4096,
+        "messages": USER_HELLO,
+        "tools": [WEATHER_TOOL],
+    }
+
+
+async def test_missing_usage_is_null(runner, llm):
+    llm.enqueue(Reply.text("hi", usage=None))
+    events, result = await run_step(runner, "mock", USER_HELLO)
+    assert events[1][1]["usage"] is None
+    assert result.outcome == runner_pb2.StepResult.OK and not result.has_usage
+
+
+async def test_primary_500_then_fallback(runner, llm):
+    llm.enqueue(Reply.error(500, '{"error":"boom"}'), Reply.text("from fallback"))
+    events, result = await run_step(
+        runner, "mock", USER_HELLO, fallbacks=("not-in-registry", "fallback")
+    )
+    assert types(events) == [
+        "provider.request",
+        "provider.response",
+        "session.error",
+        "provider.request",
+        "provider.response",
+    ]
+    assert events[1][1] == {
+        "attempt": 0,
+        "kind": "primary",
+        "provider": "anthropic",
+        "ok": False,
+        "status": 500,
+        "error": "provider returned HTTP 500",
+        "body": '{"error":"boom"}',
+    }
+    assert events[2][1] == {
+        "reason": "provider_call_failed",
+        "provider": "anthropic",
+        "detail": "provider returned HTTP 500",
+    }
+    assert events[3][1]["attempt"] == 1 and events[3][1]["kind"] == "fallback"
+    assert events[4][1]["ok"] is True and events[4][1]["kind"] == "fallback"
+    assert json.loads(result.message_json)["content"] == [{"type": "text", "text": "from fallback"}]
+    assert len(llm.requests) == 2, "the SDK must not retry on its own"
+
+
+async def test_all_failed(runner, llm):
+    llm.enqueue(Reply.error(503, "overloaded"))
+    events, result = await run_step(runner, "mock", USER_HELLO, fallbacks=("down",))
+    assert types(events) == [
+        "provider.request",
+        "provider.response",
+        "session.error",
+        "provider.request",
+        "provider.response",
+    ]
+    assert events[1][1]["status"] == 503 and events[1][1]["body"] == "overloaded"
+    down = events[4][1]
+    assert down["ok"] is False and down["status"] is None and down["body"] is None
+    assert down["error"].startswith("connection error")
+    assert "127.0.0.1" not in down["error"], "the request URL is stripped from transport errors"
+    assert result.outcome == runner_pb2.StepResult.ALL_FAILED
+    assert result.attempts == 2
+    assert len(llm.requests) == 1
+
+
+async def test_single_provider_failure_writes_no_provider_call_failed(runner, llm):
+    llm.enqueue(Reply.error(429, "slow down"))
+    events, result = await run_step(runner, "mock", USER_HELLO)
+    assert types(events) == ["provider.request", "provider.response"]
+    assert events[1][1]["error"] == "provider returned HTTP 429"
+    assert (result.outcome, result.attempts) == (runner_pb2.StepResult.ALL_FAILED, 1)
+
+
+async def test_missing_env_var_fails_the_attempt_and_walks_on(runner, llm):
+    events, result = await run_step(runner, "missing-env", USER_HELLO, fallbacks=("mock",))
+    detail = "environment variable BAE_TEST_UNSET_VARIABLE referenced by provider config is not set"
+    assert events[1][1] == {
+        "attempt": 0,
+        "kind": "primary",
+        "provider": "anthropic",
+        "ok": False,
+        "status": None,
+        "error": detail,
+        "body": None,
+    }
+    assert events[2][1] == {"reason": "provider_call_failed", "provider": "anthropic", "detail": detail}
+    assert result.outcome == runner_pb2.StepResult.OK
+    assert len(llm.requests) == 1
+
+
+async def test_unterminated_token(runner, llm):
+    events, result = await run_step(runner, "unterminated", USER_HELLO)
+    assert events[1][1]["error"] == "unterminated ${...} token in provider config"
+    assert events[1][1]["status"] is None
+    assert (result.outcome, result.attempts) == (runner_pb2.StepResult.ALL_FAILED, 1)
+    assert llm.requests == []
+
+
+async def test_primary_not_in_registry(runner, llm):
+    events, result = await run_step(runner, "nope", USER_HELLO, fallbacks=("mock",))
+    assert events == []
+    assert result.outcome == runner_pb2.StepResult.PROVIDER_CONFIG
+    assert result.detail == 'primary provider "nope" is not configured in bae-config.toml'
+
+
+async def test_openai_tool_round_trip(runner, llm):
+    llm.enqueue(Reply.tool_use([("call_1", "get_weather", {"city": "Paris"})], usage=(30, 8)))
+    events, result = await run_step(runner, "mock-openai", USER_HELLO, tools=(WEATHER_TOOL,))
+    assert events[0][1]["provider"] == "openai" and "normalized" not in events[0][1]
+    assert events[1][1]["usage"] == {"input_tokens": 30, "output_tokens": 8}
+    assert events[1][1]["body"]["choices"][0]["finish_reason"] == "tool_calls"
+    assistant = json.loads(result.message_json)
+    assert assistant == {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}],
+    }
+    first = llm.requests[0]
+    assert first["path"] == "/v1/chat/completions"
+    assert first["headers"]["authorization"] == f"Bearer {TOKEN}"
+    assert "x-api-key" not in first["headers"]
+    assert first["body"] == {
+        "model": "mock-model",
+        "max_tokens": 4096,
+        "messages": [{"role": "user", "content": "hello"}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "Current weather",
+                    "parameters": WEATHER_TOOL["input_schema"],
+                },
+            }
+        ],
+    }
+
+    # The engine tags the tool_use with `dispatch` and answers it; the runner strips the tag.
+    tagged = {"role": "assistant", "content": [{**assistant["content"][0], "dispatch": "client"}]}
+    answer = {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": [{"type": "text", "text": "sunny"}]}],
+    }
+    llm.enqueue(Reply.text("It is sunny in Paris."))
+    events, result = await run_step(runner, "mock-openai", [*USER_HELLO, tagged, answer])
+    assert events[0][1]["messages"] == [*USER_HELLO, {"role": "assistant", "content": assistant["content"]}, answer]
+    assert llm.requests[1]["body"] == {
+        "model": "mock-model",
+        "max_tokens": 4096,
+        "messages": [
+            {"role": "user", "content": "hello"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        ],
+    }
+    assert json.loads(result.message_json)["content"] == [{"type": "text", "text": "It is sunny in Paris."}]
+
+
+async def test_mixed_kind_fallback(runner, llm):
+    # Assistant-first history: the anthropic attempt normalizes it, the openai one does not.
+    history = [{"role": "assistant", "content": "summary"}, {"role": "user", "content": "go on"}]
+    llm.enqueue(Reply.error(502, "bad gateway"), Reply.tool_use([("call_9", "get_weather", {})]))
+    events, result = await run_step(runner, "mock", history, fallbacks=("mock-openai",), tools=(WEATHER_TOOL,))
+    assert types(events) == [
+        "provider.request",
+        "provider.response",
+        "session.error",
+        "provider.request",
+        "provider.response",
+    ]
+    anthropic_request, openai_request = events[0][1], events[3][1]
+    assert anthropic_request["normalized"] == {"prepended_user": True, "merged": []}
+    assert anthropic_request["messages"][0] == {"role": "user", "content": [{"type": "text", "text": PREAMBLE}]}
+    assert openai_request["provider"] == "openai" and "normalized" not in openai_request
+    assert openai_request["messages"] == history
+    assert [r["path"] for r in llm.requests] == ["/v1/messages", "/v1/chat/completions"]
+    assert json.loads(result.message_json)["content"] == [
+        {"type": "tool_use", "id": "call_9", "name": "get_weather", "input": {}}
+    ]
+
+
+async def test_compaction_raises_budget_and_reports_truncation(runner, llm):
+    llm.enqueue(Reply.error(500, "x"), Reply.truncated("partial summ"))
+    events, result = await run_step(
+        runner, "small", USER_HELLO, fallbacks=("small",), purpose="compaction", min_max_tokens=4096
+    )
+    assert types(events) == ["provider.request", "provider.response"] * 2, "compaction writes no session.error"
+    assert all(payload["purpose"] == "compaction" for _, payload in events)
+    assert events[0][1]["max_tokens"] == 4096
+    assert events[0][1]["base_url"] == llm.base_url, "trailing / trimmed"
+    assert all(r["body"]["max_tokens"] == 4096 for r in llm.requests)
+    assert result.outcome == runner_pb2.StepResult.OK
+    assert result.truncated == "stop_reason max_tokens"
+
+    llm.enqueue(Reply.truncated("partial"))
+    _, result = await run_step(runner, "small-openai", USER_HELLO, purpose="compaction", min_max_tokens=4096)
+    assert result.truncated == "finish_reason length"
+    assert llm.requests[-1]["body"]["max_tokens"] == 4096
+
+    # A turn never reports truncation and keeps the entry's own budget.
+    llm.enqueue(Reply.truncated("partial"))
+    events, result = await run_step(runner, "small", USER_HELLO)
+    assert "purpose" not in events[0][1] and events[0][1]["max_tokens"] == 1000
+    assert result.truncated == ""
+
+
+async def test_token_never_reaches_events(runner, llm):
+    # A provider that echoes the credential back must not get it into the log.
+    llm.enqueue(Reply.error(401, f'{{"error":"invalid x-api-key {TOKEN}"}}'))
+    llm.enqueue(Reply.raw({"choices": [{"message": {"role": "assistant", "content": TOKEN}}]}))
+    events, result = await run_step(runner, "mock", USER_HELLO, fallbacks=("mock-openai",))
+    assert events[1][1]["body"] == f'{{"error":"invalid x-api-key {REDACTED}"}}'
+    assert events[4][1]["body"]["choices"][0]["message"]["content"] == REDACTED
+    assert llm.requests[0]["headers"]["x-api-key"] == TOKEN
+    assert llm.requests[1]["headers"]["authorization"] == f"Bearer {TOKEN}"
+    # Literal text around ${VAR} is kept; the whole resolved value is the token sent.
+    llm.enqueue(Reply.text("ok"))
+    await run_step(runner, "small-openai", USER_HELLO)
+    assert llm.requests[2]["headers"]["authorization"] == f"Bearer Bearer-less {TOKEN}"
+
+
+async def test_unreadable_success_bodies_fail_the_attempt(runner, llm):
+    llm.enqueue(Reply.error(200, "not json at all"))
+    events, _ = await run_step(runner, "mock", USER_HELLO)
+    assert events[1][1]["status"] == 200 and events[1][1]["ok"] is False
+    assert events[1][1]["error"].startswith("provider returned non-JSON body: ")
+    assert events[1][1]["body"] == "not json at all"
+
+    llm.enqueue(Reply.raw({"choices": [{"message": {"tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}}]}))
+    events, result = await run_step(runner, "mock-openai", USER_HELLO)
+    assert events[1][1]["status"] is None
+    assert events[1][1]["error"] == "provider tool call is missing function.name"
+    assert result.outcome == runner_pb2.StepResult.ALL_FAILED
+
+
+async def test_attempt_timeout(runner, llm):
+    llm.enqueue(Reply.hang(3))
+    started = time.monotonic()
+    events, result = await run_step(runner, "mock", USER_HELLO, fallbacks=("fallback",))
+    assert time.monotonic() - started < 2.5
+    assert events[1][1]["status"] is None
+    assert events[1][1]["error"] == "request timed out after 1 s"
+    assert result.outcome == runner_pb2.StepResult.OK

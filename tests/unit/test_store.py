@@ -1,0 +1,178 @@
+"""Store, pagination and body parsing, against a real SQLite file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bae.errors import Problem
+from services.session import bodies
+from services.session.pagination import PageRequest, events_page, page_json, page_request
+from services.session.store import Store, events, keys, sessions
+from services.session.store.jsontext import dump
+
+
+@pytest.fixture
+async def store(tmp_path):
+    store = await Store.open(f"sqlite:///{tmp_path}/nested/bae.db")
+    yield store
+    await store.close()
+
+
+async def new_session(store: Store) -> str:
+    return await store.call(
+        lambda conn: sessions.create(
+            conn, client_key_id="key_a", profile_id="pro_a", state="open", client_version=None,
+            client_tools=[], sandbox_tools=[], subagent_tools=[], compaction={"mode": "client", "prompt": None},
+        )
+    )
+
+
+async def test_append_list_and_state(store):
+    sid = await new_session(store)
+    views = await store.append_events(sid, [("key_a", "client.message.send", {"role": "user", "content": "é"}),
+                                            (None, "provider.request", {"n": 1.5})])
+    assert [v["event_type"] for v in views] == ["client.message.send", "provider.request"]
+    listed = await store.list_events(sid, 0, 10)
+    assert [view for _, view in listed] == views
+    first_seq = listed[0][0]
+    assert await store.event_seq(sid, views[1]["id"]) == listed[1][0] > first_seq
+    assert await store.event_seq("ses_other", views[1]["id"]) is None
+    assert [v["id"] for v in await store.message_events(sid)] == [views[0]["id"]]
+    await store.append_events(sid, [(None, "session.error", {"reason": "x"})], new_state="error")
+    # Only an open session changes state; the events are still written.
+    await store.append_events(sid, [("key_a", "session.close", {})], new_state="closed")
+    session = await store.get_session(sid)
+    assert session.state == "error" and session.closed_at is not None
+    assert len(await store.list_events(sid, 0, 10)) == 4
+    assert await store.list_open_session_ids() == []
+
+
+async def test_client_tools_replace_only_the_caller(store):
+    sid = await new_session(store)
+    await store.set_client_tools(sid, "key_b", [{"name": "t", "description": None, "input_schema": {}}])
+    await store.set_client_tools(sid, "key_a", [])
+    session = await store.get_session(sid)
+    assert session.client_tools == {"key_a": [], "key_b": [{"name": "t", "description": None, "input_schema": {}}]}
+    assert session.compaction == {"mode": "client", "prompt": None}
+
+
+async def test_event_json_equals_serialized_view(store):
+    sid = await new_session(store)
+    await store.append_events(sid, [("key_a", "x", {"a": [1, {"b": "ü\n"}], "c": None})])
+    [row] = await store.call(events.page, sid, 0, 10)
+    assert events.event_json(row) == dump(events.event_view(row))
+    page = await store.call(events_page, sid, PageRequest(0, 50))
+    assert json.loads(page)["items"][0] == events.event_view(row)
+
+
+async def test_migrations_are_idempotent_and_data_survives(tmp_path):
+    url = f"sqlite:///{tmp_path}/bae.db"
+    store = await Store.open(url)
+    sid = await new_session(store)
+    await store.close()
+    store = await Store.open(url)
+    try:
+        assert (await store.get_session(sid)).id == sid
+        versions = await store.call(lambda conn: conn.exec_driver_sql("SELECT version FROM schema_migrations").all())
+        assert versions == [(1,)]
+        mode = await store.call(lambda conn: conn.exec_driver_sql("PRAGMA journal_mode").scalar())
+        assert mode == "wal"
+    finally:
+        await store.close()
+
+
+async def test_key_lookup_by_digest_and_revocation(store):
+    client = await store.call(lambda c: keys.insert_key(c, name="k", key_hash="a" * 64, prefix="bae_aaaa",
+                                                        role="client", profile_id="pro_a"))
+    await store.call(lambda c: keys.insert_key(c, name="ses_1", key_hash="b" * 64, prefix="bae_ses_",
+                                               role="session", profile_id="pro_a", client_id=client.id))
+    assert (await store.call(keys.by_digest, "a" * 64)).id == client.id
+    assert await store.call(keys.revoke_client, client.id) == ["ses_1"]
+    assert await store.call(keys.revoke_client, client.id) is None
+    assert (await store.call(keys.by_digest, "b" * 64)).deleted_at is not None
+    assert await store.call(keys.sessions_with_active_keys, ["ses_1"]) == set()
+
+
+def test_page_request_parsing():
+    assert page_request({}) == PageRequest(0, 50)
+    assert page_request({"limit": "500", "cursor": "12"}) == PageRequest(12, 200)
+    assert page_request({"limit": "", "cursor": ""}) == PageRequest(0, 50)
+    for query, detail in [({"limit": "0"}, "limit must be a positive integer"),
+                          ({"limit": "1.5"}, "limit must be a positive integer"),
+                          ({"cursor": "-1"}, 'invalid cursor: "-1"')]:
+        with pytest.raises(Problem) as caught:
+            page_request(query)
+        assert (caught.value.status, caught.value.detail) == (400, detail)
+
+
+def test_page_json_next_cursor():
+    request = PageRequest(0, 2)
+    assert page_json([(1, "1"), (5, "2"), (9, "3")], request) == '{"items":[1,2],"next_cursor":"5"}'
+    assert page_json([(1, "1"), (5, "2")], request) == '{"items":[1,2],"next_cursor":null}'
+    assert page_json([], request) == '{"items":[],"next_cursor":null}'
+
+
+def parse(body: dict, joining: bool = False) -> bodies.SessionBody:
+    return bodies.parse_session_body(json.dumps(body).encode(), "application/json", joining=joining)
+
+
+def test_session_body_normalization():
+    body = parse({"tools": [{"name": "t"}], "compaction": {"mode": "client", "prompt": "p"}, "extra": 1})
+    assert body.tools == [{"name": "t", "description": None, "input_schema": {}}]
+    assert body.compaction == {"mode": "client", "prompt": "p"}
+    assert parse({}).compaction == {"mode": "client", "prompt": None}
+    assert parse({"compaction": {"mode": "auto", "size": 1000}}).compaction == {"mode": "auto", "size": 1000}
+
+
+@pytest.mark.parametrize(
+    "body, detail",
+    [
+        ({"compaction": {"mode": "auto", "size": -1}}, "invalid compaction config: invalid value: integer `-1`, expected u64"),
+        ({"compaction": {"mode": "auto", "size": True}}, "invalid compaction config: invalid type: boolean `true`, expected u64"),
+        ({"compaction": "auto"}, 'invalid compaction config: invalid type: string "auto", expected internally tagged enum CompactionConfig'),
+        ({"compaction": {"mode": "client", "prompt": 1}}, "invalid compaction config: invalid type: integer `1`, expected a string"),
+        ({"tools": [1]}, "invalid request body: invalid type: integer `1`, expected struct ClientToolDef"),
+        ({"subagent_tools": [{"name": "s", "subagents": [{"timeout_secs": "x"}]}]},
+         'invalid request body: invalid type: string "x", expected i64'),
+    ],
+)
+def test_session_body_errors(body, detail):
+    with pytest.raises(Problem) as caught:
+        parse(body)
+    assert (caught.value.status, caught.value.type, caught.value.detail) == (400, "bad_request", detail)
+
+
+def test_join_rejects_any_compaction_key():
+    with pytest.raises(Problem) as caught:
+        parse({"compaction": None}, joining=True)
+    assert caught.value.detail.startswith("compaction is a session-level setting")
+
+
+@pytest.mark.parametrize(
+    "subagent, detail",
+    [
+        ({"name": " ", "image": "i", "subagents": [{"harness": "h", "command_template": "c"}]},
+         "tool name must be a non-empty string"),
+        ({"name": "s", "image": "", "subagents": [{"harness": "h", "command_template": "c"}]},
+         "image and non-empty subagents are required"),
+        ({"name": "s", "image": "i", "subagents": [{"harness": "h", "command_template": "c"},
+                                                    {"harness": "h", "command_template": "c"}]},
+         "harness must be non-empty and unique"),
+        ({"name": "s", "image": "i", "subagents": [{"harness": "h", "command_template": "c", "prompt_via": "x"}]},
+         'prompt_via must be "stdin" or "arg"'),
+        ({"name": "s", "image": "i", "subagents": [{"harness": "h", "command_template": "c {prompt}"}]},
+         "invalid command_template placeholders"),
+        ({"name": "s", "image": "i", "subagents": [{"harness": "h", "command_template": "c", "prompt_via": "arg"}]},
+         "invalid command_template placeholders"),
+        ({"name": "s", "image": "i", "subagents": [{"harness": "h", "command_template": "c }"}]},
+         "invalid command_template placeholders"),
+        ({"name": "s", "image": "i", "subagents": [{"harness": "h", "command_template": "c", "timeout_secs": 0}]},
+         "timeout_secs must be a positive integer"),
+    ],
+)
+def test_subagent_validation(subagent, detail):
+    with pytest.raises(Problem) as caught:
+        bodies.validate_subagent_tools(parse({"subagent_tools": [subagent]}).subagent_tools)
+    assert (caught.value.status, caught.value.type, caught.value.detail) == (422, "invalid_subagent_tools", detail)
