@@ -1,0 +1,194 @@
+"""Benchmarks: start a private stack on loopback and print latency/throughput figures.
+
+    make bench                 # everything
+    make bench ARGS="rest"     # only the REST figures (or "turns")
+
+REST: authenticated GET /api/v1/sessions/{id}/events and POST /api/v1/sessions
+with 1 and 16 concurrent clients, next to one Argon2id verification
+(64 MiB, t=3) — what a per-request slow hash would cost.
+Turns: a simple text turn through gateway -> session -> runner -> mock LLM,
+against the same mock called directly with the anthropic SDK, with 1, 8 and
+64 concurrent sessions, and a session with 2,000 prior events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from conftest import mock_provider_toml, stack_env  # noqa: E402
+from mockllm import MockLLM  # noqa: E402
+
+from bae.stack import Stack  # noqa: E402
+
+TOKEN = "bench-token"
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(int(len(ordered) * q), len(ordered) - 1)]
+
+
+def report(name: str, samples: list[float], wall: float) -> None:
+    print(
+        f"{name:<52} p50 {percentile(samples, 0.5) * 1000:7.2f} ms   p99 {percentile(samples, 0.99) * 1000:7.2f} ms"
+        f"   {len(samples) / wall:8.0f} req/s   (n={len(samples)})",
+        flush=True,
+    )
+
+
+async def load(make_request, concurrency: int, total: int) -> tuple[list[float], float]:
+    samples: list[float] = []
+    remaining = iter(range(total))
+
+    async def worker():
+        for _ in remaining:
+            started = time.perf_counter()
+            await make_request()
+            samples.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return samples, time.perf_counter() - started
+
+
+def start_stack(tmp: Path, mock: MockLLM) -> tuple[Stack, str]:
+    config = tmp / "bae-config.toml"
+    config.write_text(mock_provider_toml(mock.base_url))
+    stack = Stack(
+        env=stack_env(tmp, BAE_CONFIG=str(config), MOCK_LLM_TOKEN=TOKEN, BAE_LOG="warning"),
+        log_dir=tmp / "logs",
+    )
+    stack.start()
+    admin_key = Path(stack.settings.admin_key_file).read_text().strip()
+    return stack, admin_key
+
+
+def setup_client_key(stack: Stack, admin_key: str) -> str:
+    admin = httpx.Client(base_url=stack.admin_url, headers={"Authorization": f"Bearer {admin_key}"})
+    profile = admin.post("/admin/v1/profiles", json={"name": f"bench{time.time_ns()}", "primary_provider": "mock"})
+    key = admin.post("/admin/v1/keys", json={"name": "bench", "profile_id": profile.json()["id"]}).json()["key"]
+    admin.close()
+    return key
+
+
+async def open_session(client: httpx.AsyncClient, key: str) -> tuple[str, str]:
+    reply = await client.post("/api/v1/sessions", json={}, headers={"Authorization": f"Bearer {key}"})
+    body = reply.json()
+    return body["session_id"], body["session_key"]
+
+
+async def rpc(client, sid, skey, method, params=None):
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params or {}}
+    reply = await client.post(f"/api/v1/sessions/{sid}/rpc", json=body, headers={"Authorization": f"Bearer {skey}"})
+    last = json.loads(reply.text.splitlines()[-1])
+    assert "result" in last, last
+    return last["result"]
+
+
+async def bench_rest(stack: Stack, key: str) -> None:
+    print("\n== REST ==")
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(base_url=stack.client_url, limits=limits, timeout=30) as client:
+        sid, skey = await open_session(client, key)
+        auth = {"Authorization": f"Bearer {skey}"}
+        for _ in range(200):  # warm up
+            await client.get(f"/api/v1/sessions/{sid}/events", headers=auth)
+        for concurrency in (1, 16):
+            samples, wall = await load(
+                lambda: client.get(f"/api/v1/sessions/{sid}/events", headers=auth), concurrency, 3000
+            )
+            report(f"GET events (authenticated), {concurrency} client(s)", samples, wall)
+        for concurrency in (1, 16):
+            samples, wall = await load(lambda: open_session(client, key), concurrency, 1000)
+            report(f"POST /api/v1/sessions, {concurrency} client(s)", samples, wall)
+
+    from argon2 import PasswordHasher
+
+    hasher = PasswordHasher(time_cost=3, memory_cost=65536, parallelism=1, hash_len=32)
+    digest = hasher.hash("bae_" + "0" * 48)
+    samples = []
+    for _ in range(5):
+        started = time.perf_counter()
+        hasher.verify(digest, "bae_" + "0" * 48)
+        samples.append(time.perf_counter() - started)
+    print(f"{'one Argon2id verification (64 MiB, t=3)':<52} p50 {statistics.median(samples) * 1000:7.2f} ms")
+
+
+async def bench_turns(stack: Stack, key: str, mock: MockLLM) -> None:
+    print("\n== Turns ==")
+    from anthropic import AsyncAnthropic
+
+    direct = AsyncAnthropic(base_url=mock.base_url, api_key=TOKEN, max_retries=0)
+    body = {"model": "mock-model", "max_tokens": 4096, "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(50):
+        await direct.messages.create(**body)
+    samples, wall = await load(lambda: direct.messages.create(**body), 1, 300)
+    report("mock LLM called directly with the anthropic SDK", samples, wall)
+    baseline = percentile(samples, 0.5)
+
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    async with httpx.AsyncClient(base_url=stack.client_url, limits=limits, timeout=120) as client:
+        for sessions in (1, 8, 64):
+            pairs = [await open_session(client, key) for _ in range(sessions)]
+            for sid, skey in pairs:
+                await rpc(client, sid, skey, "session.registerDriver")
+            per_session = max(300 // sessions, 5)
+            all_samples: list[float] = []
+
+            async def drive(sid, skey):
+                for _ in range(per_session):
+                    started = time.perf_counter()
+                    await rpc(client, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
+                    all_samples.append(time.perf_counter() - started)
+
+            started = time.perf_counter()
+            await asyncio.gather(*(drive(s, k) for s, k in pairs))
+            wall = time.perf_counter() - started
+            report(f"text turn through the stack, {sessions} session(s)", all_samples, wall)
+            if sessions == 1:
+                print(f"{'  added latency at p50 vs direct SDK call':<52} {(percentile(all_samples, 0.5) - baseline) * 1000:7.2f} ms")
+                fresh = percentile(all_samples, 0.5)
+
+        sid, skey = await open_session(client, key)
+        await rpc(client, sid, skey, "session.registerDriver")
+        print("  building a session with 2,000 prior events ...", flush=True)
+        for _ in range(500):  # each text turn writes 4 events
+            await rpc(client, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
+        samples = []
+        for _ in range(50):
+            started = time.perf_counter()
+            await rpc(client, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
+            samples.append(time.perf_counter() - started)
+        report("text turn on a session with 2,000+ prior events", samples, sum(samples))
+        print(f"{'  ratio to a fresh session at p50':<52} {percentile(samples, 0.5) / fresh:7.2f}x")
+
+
+async def main(which: list[str]) -> None:
+    mock = MockLLM().start()
+    with tempfile.TemporaryDirectory() as tmp:
+        stack, admin_key = start_stack(Path(tmp), mock)
+        try:
+            key = setup_client_key(stack, admin_key)
+            if not which or "rest" in which:
+                await bench_rest(stack, key)
+            if not which or "turns" in which:
+                await bench_turns(stack, key, mock)
+        finally:
+            stack.stop()
+            mock.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1:]))

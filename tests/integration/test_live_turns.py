@@ -1,0 +1,255 @@
+"""The live loop through the whole stack: gateway -> session -> runner -> mock LLM."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from conftest import mock_provider_toml
+from live import notifications, result, rpc, terminal, types
+from mockllm import MockLLM, Reply
+
+TOKEN = "sk-test-secret-token-123456"
+
+
+@pytest.fixture(scope="module")
+def mock():
+    llm = MockLLM().start()
+    yield llm
+    llm.stop()
+
+
+@pytest.fixture
+def stack(start_stack, mock, monkeypatch):
+    mock.reset()
+    toml = mock_provider_toml(mock.base_url) + mock_provider_toml(mock.base_url, name="backup", kind="openai")
+    return start_stack(config_toml=toml, MOCK_LLM_TOKEN=TOKEN, BAE_TURN_TIMEOUT="1")
+
+
+def new_session(stack, tools=("get_time",), **profile):
+    profile_row = stack.create_profile(f"p{time.monotonic_ns()}", allowed_tools=list(tools), **profile)
+    key = stack.create_key(profile_row["id"])["key"]
+    declared = [{"name": t, "description": t, "input_schema": {"type": "object"}} for t in tools]
+    opened = stack.open_session(key, tools=declared)
+    return opened["session_id"], opened["session_key"], key, profile_row
+
+
+def join_as_new_key(stack, sid, profile) -> str:
+    """A second client key on the same profile joins; returns its session key."""
+    key_b = stack.create_key(profile["id"], name="b")["key"]
+    joined = stack.client.post(
+        f"/api/v1/sessions/{sid}/join", json={"tools": []}, headers={"Authorization": f"Bearer {key_b}"}
+    )
+    assert joined.status_code == 201, joined.text
+    return joined.json()["session_key"]
+
+
+def register(stack, sid, skey):
+    assert result(rpc(stack.client, sid, skey, "session.registerDriver")) == {"registered": True}
+
+
+def send(stack, sid, skey, content):
+    return rpc(stack.client, sid, skey, "session.sendMessage", {"message": {"role": "user", "content": content}})
+
+
+def test_text_turn_records_the_exact_sequence_and_streams_all_but_the_echo(stack, mock):
+    sid, skey, _, _ = new_session(stack)
+    register(stack, sid, skey)
+    mock.enqueue(Reply.text("It is noon."))
+    frames = send(stack, sid, skey, "What time is it?")
+    outcome = result(frames)
+    assert outcome["message"] == {"role": "assistant", "content": [{"type": "text", "text": "It is noon."}]}
+    assert types(outcome["events"]) == [
+        "client.message.send", "provider.request", "provider.response", "server.message.send",
+    ]
+    # The caller's own client.message.send is not echoed back on its stream.
+    assert types(notifications(frames)) == ["provider.request", "provider.response", "server.message.send"]
+    assert all(e["client_key_id"] == outcome["events"][0]["client_key_id"] for e in outcome["events"])
+    # Durable: the replay holds the same events after open and register.
+    page = stack.client.get(f"/api/v1/sessions/{sid}/events", headers={"Authorization": f"Bearer {skey}"}).json()
+    assert types(page["items"])[-4:] == types(outcome["events"])
+    assert TOKEN not in json.dumps(page)
+    assert mock.requests[-1]["headers"]["x-api-key"] == TOKEN
+
+
+def test_driver_gate_comes_first(stack):
+    sid, skey, _, _ = new_session(stack)
+    error = terminal(send(stack, sid, skey, "hi"))["error"]
+    assert error == {"code": -32001, "message": "call session.registerDriver before session.sendMessage"}
+
+
+def test_register_is_idempotent_and_lists_participants(stack):
+    sid, skey, _, _ = new_session(stack)
+    register(stack, sid, skey)
+    register(stack, sid, skey)
+    auth = {"Authorization": f"Bearer {skey}"}
+    events = stack.client.get(f"/api/v1/sessions/{sid}/events", headers=auth).json()["items"]
+    assert types(events).count("session.driver.register") == 1
+    drivers = stack.client.get(f"/api/v1/sessions/{sid}/participants", headers=auth).json()["drivers"]
+    assert drivers == [events[0]["client_key_id"]]
+
+
+def test_client_tool_round_trip_and_dispatch_never_reaches_the_provider(stack, mock):
+    sid, skey, _, _ = new_session(stack)
+    register(stack, sid, skey)
+    mock.enqueue(Reply.tool_use([("tu_1", "get_time", {})]), Reply.text("Noon."))
+    first = result(send(stack, sid, skey, "time?"))
+    assert first["message"]["content"] == [
+        {"type": "tool_use", "id": "tu_1", "name": "get_time", "input": {}, "dispatch": "client"}
+    ]
+    assert types(first["events"]) == [
+        "client.message.send", "provider.request", "provider.response", "tool.call", "server.message.send",
+    ]
+    frames = send(stack, sid, skey, [{"type": "tool_result", "tool_use_id": "tu_1", "content": "12:00"}])
+    second = result(frames)
+    assert types(second["events"]) == [
+        "client.message.send", "tool.result", "provider.request", "provider.response", "server.message.send",
+    ]
+    assert "tool.result" not in types(notifications(frames))  # own input is not echoed
+    sent = mock.requests[-1]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+    assert "dispatch" not in json.dumps(sent)
+
+
+def test_orphan_tool_result_is_refused_and_nothing_recorded(stack):
+    sid, skey, _, _ = new_session(stack)
+    register(stack, sid, skey)
+    error = terminal(send(stack, sid, skey, [{"type": "tool_result", "tool_use_id": "x", "content": "?"}]))["error"]
+    assert error["code"] == -32000
+    assert error["message"].startswith("tool result merge invalid: no paused turn is awaiting tool results")
+
+
+def test_bad_continuation_moves_the_session_to_error(stack, mock):
+    sid, skey, _, _ = new_session(stack)
+    register(stack, sid, skey)
+    mock.enqueue(Reply.tool_use([("tu_1", "get_time", {})]))
+    result(send(stack, sid, skey, "time?"))
+    error = terminal(send(stack, sid, skey, [{"type": "tool_result", "tool_use_id": "tu_9", "content": "?"}]))
+    assert error["error"] == {
+        "code": -32000,
+        "message": 'tool result merge invalid: tool_result id "tu_9" is not in the paused assistant turn',
+    }
+    error = terminal(send(stack, sid, skey, "hello"))["error"]
+    assert error == {"code": -32000, "message": "session is error, not open"}
+
+
+def test_plain_message_abandons_the_pause_with_synthetic_results(stack, mock):
+    sid, skey, _, _ = new_session(stack)
+    register(stack, sid, skey)
+    mock.enqueue(Reply.tool_use([("tu_1", "get_time", {})]), Reply.text("ok then"))
+    result(send(stack, sid, skey, "time?"))
+    outcome = result(send(stack, sid, skey, "never mind"))
+    recorded = outcome["events"][0]["payload"]["content"]
+    assert recorded[0]["tool_use_id"] == "tu_1" and recorded[0]["is_error"] is True
+    assert recorded[1] == {"type": "text", "text": "never mind"}
+    assert outcome["message"]["content"][0]["text"] == "ok then"
+
+
+def test_fallback_and_all_providers_failed(stack, mock):
+    sid, skey, _, _ = new_session(stack, fallback_providers=["backup"])
+    register(stack, sid, skey)
+    mock.enqueue(Reply.error(500, "boom"), Reply.text("from backup"))
+    outcome = result(send(stack, sid, skey, "hi"))
+    assert types(outcome["events"]) == [
+        "client.message.send", "provider.request", "provider.response", "session.error",
+        "provider.request", "provider.response", "server.message.send",
+    ]
+    assert outcome["events"][3]["payload"]["reason"] == "provider_call_failed"
+    mock.enqueue(Reply.error(500, "a"), Reply.error(503, "b"))
+    outcome = result(send(stack, sid, skey, "again"))
+    assert outcome["message"]["content"][0]["text"] == "The provider is currently unavailable."
+    assert outcome["events"][-1]["payload"] == {"reason": "all_providers_failed", "attempts": 2}
+    assert terminal(send(stack, sid, skey, "more"))["error"]["message"] == "session is error, not open"
+
+
+def test_second_driver_waits_in_fifo_order_behind_a_pause(stack, mock):
+    sid, skey_a, _, profile = new_session(stack)
+    register(stack, sid, skey_a)
+    skey_b = join_as_new_key(stack, sid, profile)
+    register(stack, sid, skey_b)
+    mock.enqueue(Reply.tool_use([("tu_1", "get_time", {})]), Reply.text("A done"), Reply.text("B done"))
+    result(send(stack, sid, skey_a, "A asks"))
+
+    b_frames: list = []
+    b_thread = threading.Thread(target=lambda: b_frames.extend(send(stack, sid, skey_b, "B asks")))
+    b_thread.start()
+    time.sleep(0.3)
+    assert b_thread.is_alive()  # queued behind A's live pause
+    a_outcome = result(send(stack, sid, skey_a, [{"type": "tool_result", "tool_use_id": "tu_1", "content": "x"}]))
+    assert a_outcome["message"]["content"][0]["text"] == "A done"
+    b_thread.join(10)
+    assert result(b_frames)["message"]["content"][0]["text"] == "B done"
+
+
+def test_expired_pause_is_reclaimed_by_a_queued_driver(stack, mock):
+    sid, skey_a, _, profile = new_session(stack)
+    register(stack, sid, skey_a)
+    skey_b = join_as_new_key(stack, sid, profile)
+    register(stack, sid, skey_b)
+    mock.enqueue(Reply.tool_use([("tu_1", "get_time", {})]), Reply.text("B served"))
+    result(send(stack, sid, skey_a, "A asks"))
+    outcome = result(send(stack, sid, skey_b, "B asks"))  # BAE_TURN_TIMEOUT=1: waits, then reclaims
+    assert types(outcome["events"])[:2] == ["client.message.send", "tool.result"]
+    events = stack.client.get(
+        f"/api/v1/sessions/{sid}/events", headers={"Authorization": f"Bearer {skey_b}"}
+    ).json()["items"]
+    abandoned = [e for e in events if e["event_type"] == "session.error"]
+    assert abandoned[0]["payload"]["reason"] == "driver_turn_abandoned"
+
+
+def test_subscriber_replays_then_follows_live_and_unsubscribe_ends_it(stack, mock):
+    sid, skey, _, _ = new_session(stack)
+    register(stack, sid, skey)
+    auth = {"Authorization": f"Bearer {skey}"}
+    first_event = stack.client.get(f"/api/v1/sessions/{sid}/events", headers=auth).json()["items"][0]
+    lines: list[dict] = []
+
+    def watch():
+        body = {"jsonrpc": "2.0", "id": 7, "method": "session.subscribe", "params": {"since_event_id": first_event["id"]}}
+        with httpx.Client(base_url=stack.client.base_url, timeout=30) as client:
+            with client.stream("POST", f"/api/v1/sessions/{sid}/rpc", json=body, headers=auth) as response:
+                for line in response.iter_lines():
+                    lines.append(json.loads(line))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    time.sleep(0.3)
+    mock.enqueue(Reply.text("hello"))
+    result(send(stack, sid, skey, "hi"))
+    time.sleep(0.3)
+    assert result(rpc(stack.client, sid, skey, "session.unsubscribe")) == {"unsubscribed": True}
+    watcher.join(10)
+    assert not watcher.is_alive()
+    seen = types(notifications(lines))
+    assert seen == [
+        "session.driver.register", "client.message.send", "provider.request", "provider.response", "server.message.send",
+    ]
+    assert all("id" not in line for line in lines)  # no terminal frame for a subscription
+
+
+def test_update_client_tools_scopes_the_next_provider_call(stack, mock):
+    sid, skey, _, _ = new_session(stack, tools=("get_time", "get_date"))
+    register(stack, sid, skey)
+    reply = rpc(stack.client, sid, skey, "session.updateClientTools", {"tools": [{"name": "get_date"}]})
+    assert result(reply) == {"updated": True}
+    refused = terminal(rpc(stack.client, sid, skey, "session.updateClientTools", {"tools": [{"name": "rm"}]}))
+    assert refused["error"] == {"code": -32015, "message": 'tool_not_allowed: tool "rm" is not in the profile\'s allowlist'}
+    mock.enqueue(Reply.text("ok"))
+    result(send(stack, sid, skey, "hi"))
+    assert [t["name"] for t in mock.requests[-1]["body"]["tools"]] == ["get_date"]
+
+
+def test_missing_env_var_fails_the_attempt_without_leaking(start_stack, mock):
+    mock.reset()
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url, token_var="NOT_SET_ANYWHERE"))
+    sid, skey, _, _ = new_session(stack)
+    register(stack, sid, skey)
+    outcome = result(send(stack, sid, skey, "hi"))
+    response = [e for e in outcome["events"] if e["event_type"] == "provider.response"][0]["payload"]
+    assert response["ok"] is False and response["status"] is None
+    assert "NOT_SET_ANYWHERE" in response["error"]
+    assert mock.requests == []
