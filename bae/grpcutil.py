@@ -120,6 +120,7 @@ def channel(target: str) -> grpc.aio.Channel:
         target,
         options=[
             ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.max_reconnect_backoff_ms", 2_000),
             ("grpc.max_receive_message_length", 64 * 1024 * 1024),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
         ],

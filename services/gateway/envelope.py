@@ -1,0 +1,86 @@
+"""The JSON-RPC envelope of one /rpc body: a method call, or the one error frame (§6.2)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from services.gateway.frames import dump, error_frame
+
+# JSON-RPC method -> SessionService RPC.
+STREAMING_METHODS = {
+    "session.sendMessage": "SendMessage",
+    "session.compact": "Compact",
+    "session.subscribe": "Subscribe",
+}
+UNARY_METHODS = {
+    "session.registerDriver": "RegisterDriver",
+    "session.unsubscribe": "Unsubscribe",
+    "session.updateClientTools": "UpdateClientTools",
+    "session.startRemoteSandbox": "StartRemoteSandbox",
+    "session.stopRemoteSandbox": "StopRemoteSandbox",
+    "session.execRemoteSandbox": "ExecRemoteSandbox",
+    "session.reportLocalSandbox": "ReportLocalSandbox",
+    "session.reportLocalSubagent": "ReportLocalSubagent",
+    "session.cancelSubagent": "CancelSubagent",
+}
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    # The request id as JSON text; None when absent (a notification).
+    id_json: str | None
+    params_json: str
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """An envelope error: `frame` is the whole response body (empty for a notification)."""
+
+    frame: bytes
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number out of range: {text}")
+    return value
+
+
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(body: bytes) -> object:
+    # Strict JSON: no NaN/Infinity, no numbers that overflow to inf.
+    return json.loads(body, parse_float=_finite_float, parse_constant=_no_constants)
+
+
+def parse_envelope(body: bytes) -> Call | Rejected:
+    try:
+        document = _loads(body)
+    except (ValueError, RecursionError):
+        return Rejected(error_frame("null", -32700, "Parse error"))
+    if isinstance(document, list):
+        return Rejected(
+            error_frame("null", -32600, "Invalid Request: batch requests are not supported")
+        )
+    if not isinstance(document, dict):
+        return Rejected(error_frame("null", -32600, "Invalid Request"))
+    id_json = dump(document["id"]) if "id" in document else None
+
+    def reject(code: int, message: str) -> Rejected:
+        # A notification never gets a terminal frame, not even an error.
+        return Rejected(b"" if id_json is None else error_frame(id_json, code, message))
+
+    if document.get("jsonrpc") != "2.0":
+        return reject(-32600, 'Invalid Request: missing or wrong "jsonrpc" version')
+    method = document.get("method")
+    if not isinstance(method, str):
+        return reject(-32600, 'Invalid Request: missing "method"')
+    if method not in STREAMING_METHODS and method not in UNARY_METHODS:
+        return reject(-32601, f"Method not found: {method}")
+    params_json = dump(document["params"]) if "params" in document else "{}"
+    return Call(method, id_json, params_json)

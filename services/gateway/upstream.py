@@ -1,0 +1,58 @@
+"""The one connection to the session service and how its failures read over HTTP."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import grpc
+
+from bae.errors import Problem, internal
+from bae.grpcutil import channel
+from bae.protos import session_pb2_grpc
+
+log = logging.getLogger("bae.gateway")
+
+
+@dataclass
+class Upstream:
+    """A shared channel and stub; every request of both ports goes through it."""
+
+    address: str
+    timeout: float
+    channel: grpc.aio.Channel
+    stub: session_pb2_grpc.SessionServiceStub
+
+    @classmethod
+    def connect(cls, address: str, timeout: float) -> "Upstream":
+        # Must run inside the event loop that will use the channel (grpc.aio binds to it).
+        chan = channel(address)
+        return cls(address, timeout, chan, session_pb2_grpc.SessionServiceStub(chan))
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    def failure(self, error: grpc.aio.AioRpcError) -> Problem:
+        """The HTTP problem for a failed call: the service's own, or one that names the outage."""
+        try:
+            problem = Problem.from_rpc_error(error)
+        except (ValueError, KeyError, TypeError):
+            log.error("session service sent a malformed problem trailer: %s", error.details())
+            return internal()
+        if problem is not None:
+            return problem
+        code = error.code()
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return Problem(
+                503,
+                "service_unavailable",
+                f"session service unavailable at {self.address}; check that it is running",
+            )
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return Problem(
+                504,
+                "gateway_timeout",
+                f"session service at {self.address} did not answer within {self.timeout:g}s",
+            )
+        log.error("session service call failed: %s %s", code.name, error.details())
+        return internal()

@@ -1,0 +1,105 @@
+"""Gateway pieces that need no sockets: envelope parsing, frame bytes, route matching."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bae.protos import session_pb2
+from services.gateway.envelope import STREAMING_METHODS, UNARY_METHODS, Call, Rejected, parse_envelope
+from services.gateway.frames import error_frame, event_frame, internal_error_frame, result_frame, rpc_error_frame
+from services.gateway.router import Router
+
+RpcError = session_pb2.RpcError
+
+
+def test_method_table_has_the_twelve_spec_methods():
+    assert sorted([*STREAMING_METHODS, *UNARY_METHODS]) == sorted([
+        "session.registerDriver", "session.sendMessage", "session.compact", "session.subscribe",
+        "session.unsubscribe", "session.startRemoteSandbox", "session.stopRemoteSandbox",
+        "session.execRemoteSandbox", "session.reportLocalSandbox", "session.reportLocalSubagent",
+        "session.cancelSubagent", "session.updateClientTools",
+    ])
+    assert set(STREAMING_METHODS.values()) == {"SendMessage", "Compact", "Subscribe"}
+
+
+def test_call_keeps_id_and_params_as_json_text():
+    call = parse_envelope(b'{"jsonrpc":"2.0","id":"x","method":"session.compact","params":{"prompt":"\xc3\xa9"}}')
+    assert call == Call("session.compact", '"x"', '{"prompt":"\u00e9"}')
+
+
+@pytest.mark.parametrize("raw_id,id_json", [
+    ("null", "null"), ("0", "0"), ("-1.5", "-1.5"), ('"a\\"b"', '"a\\"b"'), ("[1,[]]", "[1,[]]"),
+    ("{}", "{}"), ("true", "true"), ("12345678901234567890123", "12345678901234567890123"),
+])
+def test_any_json_id_is_kept(raw_id, id_json):
+    call = parse_envelope(f'{{"jsonrpc":"2.0","id":{raw_id},"method":"session.subscribe"}}'.encode())
+    assert isinstance(call, Call)
+    assert call.id_json == id_json
+    assert json.loads(call.id_json) == json.loads(raw_id)
+
+
+def test_absent_id_is_a_notification_and_absent_params_are_an_empty_object():
+    assert parse_envelope(b'{"jsonrpc":"2.0","method":"session.unsubscribe"}') == Call(
+        "session.unsubscribe", None, "{}"
+    )
+
+
+@pytest.mark.parametrize("body", [b"\xff\xfe{", b'{"a":1e999}', b"Infinity", b'{"a":-Infinity}', b"{" * 100000])
+def test_non_json_bodies_are_parse_errors(body):
+    assert parse_envelope(body) == Rejected(
+        b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}\n'
+    )
+
+
+def test_checks_run_in_spec_order():
+    # Wrong version wins over a missing method, which wins over an unknown one.
+    assert b"jsonrpc" in parse_envelope(b'{"id":1}').frame
+    assert b'missing \\"method\\"' in parse_envelope(b'{"jsonrpc":"2.0","id":1,"method":null}').frame
+    assert b"-32601" in parse_envelope(b'{"jsonrpc":"2.0","id":1,"method":"sendMessage"}').frame
+
+
+def test_frames_are_exact_lines():
+    assert event_frame('{"id":"evt_1"}') == b'{"jsonrpc":"2.0","method":"session.event","params":{"id":"evt_1"}}\n'
+    assert result_frame("7", '{"ok":true}') == b'{"jsonrpc":"2.0","id":7,"result":{"ok":true}}\n'
+    assert error_frame(None, -32000, "x") == b'{"jsonrpc":"2.0","error":{"code":-32000,"message":"x"}}\n'
+    assert error_frame('"a"', -32601, "Method not found: é\n") == (
+        '{"jsonrpc":"2.0","id":"a","error":{"code":-32601,"message":"Method not found: é\\n"}}\n'.encode()
+    )
+    assert internal_error_frame("1") == b'{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"Internal error"}}\n'
+
+
+def test_rpc_error_frame_per_id_mode():
+    def error(mode):
+        return RpcError(code=-32000, message="m", id_mode=mode)
+
+    assert rpc_error_frame("3", error(RpcError.REQUEST_ID)) == error_frame("3", -32000, "m")
+    assert rpc_error_frame(None, error(RpcError.REQUEST_ID)) is None
+    assert rpc_error_frame("3", error(RpcError.NULL_ID)) == error_frame("null", -32000, "m")
+    assert rpc_error_frame(None, error(RpcError.NULL_ID)) == error_frame("null", -32000, "m")
+    assert rpc_error_frame("3", error(RpcError.NO_ID)) == error_frame(None, -32000, "m")
+
+
+def handler(name):
+    async def handle(request, send):
+        return name
+
+    handle.route_name = name
+    return handle
+
+
+def test_router_matches_static_and_id_routes():
+    router = Router({
+        "/a": {"GET": handler("a")},
+        "/a/{id}": {"DELETE": handler("a-id")},
+        "/a/{id}/b": {"GET": handler("a-id-b")},
+    })
+    methods, path_id = router.match("/a")
+    assert (methods["GET"].route_name, path_id) == ("a", "")
+    methods, path_id = router.match("/a/ses_1")
+    assert (methods["DELETE"].route_name, path_id) == ("a-id", "ses_1")
+    methods, path_id = router.match("/a/x%2Fy/b")
+    assert (methods["GET"].route_name, path_id) == ("a-id-b", "x%2Fy")
+    for path in ("/a/", "/a//b", "/a/x/c", "/b", "/a/x/b/", ""):
+        assert router.match(path) is None, path
