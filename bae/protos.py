@@ -21,8 +21,17 @@ if PROTO_ROOT.is_dir() and baeproto.SOURCE_DIGEST != proto_digest():
 from baeproto.v1 import (  # noqa: E402
     runner_pb2,
     runner_pb2_grpc,
+    sandbox_pb2,
+    sandbox_pb2_grpc,
     session_pb2,
     session_pb2_grpc,
 )
 
-__all__ = ["runner_pb2", "runner_pb2_grpc", "session_pb2", "session_pb2_grpc"]
+__all__ = [
+    "runner_pb2",
+    "runner_pb2_grpc",
+    "sandbox_pb2",
+    "sandbox_pb2_grpc",
+    "session_pb2",
+    "session_pb2_grpc",
+]

@@ -57,6 +57,7 @@ class AdminApi:
             profile = await self.store.call(profiles.create, fields)
         except profiles.DuplicateName:
             raise duplicate_name() from None
+        self.runtime.provision(profile)
         return dump({"id": profile.id, "name": profile.name, "created_at": profile.created_at})
 
     async def list_profiles(self, request) -> str:
@@ -81,6 +82,7 @@ class AdminApi:
             raise duplicate_name() from None
         if profile is None:
             raise not_found(f"no profile {request.path_id}")
+        self.runtime.provision(profile)
         return dump(profiles.view(profile))
 
     async def delete_profile(self, request) -> str:

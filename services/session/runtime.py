@@ -17,6 +17,7 @@ from bae.settings import Settings
 from services.session.feed import SessionFeed
 from services.session.gate import TurnGate
 from services.session.history import History
+from services.session.sandboxes import SandboxPool
 
 log = logging.getLogger("bae.session.runtime")
 
@@ -41,7 +42,9 @@ class SessionRuntime:
         self.settings = settings
         self.config = config
         self.sessions: dict[str, LiveSession] = {}
-        self.sandboxes = None  # SandboxPool, when sandbox hosts are configured
+        self.sandboxes: SandboxPool | None = (
+            SandboxPool(settings.sandbox_grpc_addrs, settings.rpc_timeout) if settings.sandbox_grpc_addrs else None
+        )
 
     def get(self, session_id: str) -> LiveSession:
         live = self.sessions.get(session_id)
@@ -111,10 +114,33 @@ class SessionRuntime:
             return {"items": []}
         return self.sandboxes.status_view()
 
+    def provision(self, profile) -> None:
+        """Profile created or replaced: (re)provision its sandbox images in the background (§10.2)."""
+        if self.sandboxes is None:
+            return
+        if profile.available_sandboxes:
+            self.sandboxes.provision(profile.id, profile.available_sandboxes)
+        else:
+            self.sandboxes.forget(profile.id)
+
     async def start(self) -> None:
-        pass
+        """Re-provision the images of every live profile that declares any."""
+        if self.sandboxes is None:
+            return
+        for profile in await self.store.live_profiles():
+            if profile.available_sandboxes:
+                self.sandboxes.provision(profile.id, profile.available_sandboxes)
 
     async def stop(self) -> None:
+        """Shutdown: stop every remote sandbox this replica started, then drop the rest."""
+        for session_id, live in list(self.sessions.items()):
+            if live.sandbox is not None and self.sandboxes is not None:
+                from services.session.sandbox_calls import stop_sandbox
+
+                try:
+                    await stop_sandbox(self, live, None, reason="session_close")
+                except Exception:
+                    log.exception("stopping the sandbox of %s failed", session_id)
         for session_id in list(self.sessions):
             live = self.sessions.pop(session_id)
             live.feed.close()

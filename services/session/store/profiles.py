@@ -113,3 +113,15 @@ def soft_delete(conn: Connection, profile_id: str) -> None:
 def page(conn: Connection, after_seq: int, limit: int) -> list[tuple[int, ProfileRecord]]:
     rows = conn.execute(_ACTIVE_PAGE, {"after": after_seq, "limit": limit})
     return [(row.seq, record(row)) for row in rows]
+
+
+def all_active(conn: Connection) -> list[ProfileRecord]:
+    """Every non-deleted profile, in insertion order (start-up image provisioning)."""
+    profiles: list[ProfileRecord] = []
+    after = 0
+    while True:
+        batch = page(conn, after, 200)
+        profiles += [profile for _, profile in batch]
+        if len(batch) < 200:
+            return profiles
+        after = batch[-1][0]

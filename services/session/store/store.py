@@ -139,5 +139,8 @@ class Store:
 
         await self.call(_set)
 
+    async def live_profiles(self) -> list[ProfileRecord]:
+        return await self.call(profiles.all_active)
+
     async def list_open_session_ids(self) -> list[str]:
         return await self.call(sessions.open_ids)

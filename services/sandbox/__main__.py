@@ -1,0 +1,27 @@
+"""`python -m services.sandbox`: a sandbox host (gRPC) on BAE_SANDBOX_LISTEN_ADDR.
+
+Several hosts may run on one machine, each with its own listen address and
+BAE_SANDBOX_HOST_ID. At start a host removes every container labelled with its
+host id: a restarted host holds no live handles, so any such container is orphaned.
+"""
+
+from __future__ import annotations
+
+from bae.grpcutil import configure_logging, run_main
+from bae.settings import load_settings
+from services.sandbox.config import load_sandbox_config
+from services.sandbox.docker_driver import DockerDriver
+from services.sandbox.driver import Driver, UnsupportedDriver
+from services.sandbox.server import serve_sandbox
+
+
+async def main() -> None:
+    settings = load_settings()
+    configure_logging(settings.log)
+    config = load_sandbox_config(settings)
+    driver: Driver = DockerDriver(config) if config.driver == "docker" else UnsupportedDriver(config.driver)
+    await serve_sandbox(config, driver, settings.shutdown_timeout)
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,67 @@
+"""Sandbox host settings from the environment; invalid values exit 2 (UsageError)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from typing import Mapping
+
+from bae.errors import UsageError
+from bae.settings import Settings
+
+_MEMORY = re.compile(r"^[0-9]+[bkmg]?$")
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    driver: str
+    listen_addr: str
+    # Stable instance id; every container this host starts carries it as `bae.host`.
+    host_id: str
+    memory: str
+    cpus: float
+    pids_limit: int
+    network: str
+    exec_timeout: float
+    health_interval: float
+
+
+def _positive(var: str, value: str, kind: type) -> float | int:
+    try:
+        number = kind(value.strip())
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise UsageError(f'{var}: "{value}" is not a positive number')
+    return number
+
+
+def load_sandbox_config(settings: Settings, env: Mapping[str, str] | None = None) -> SandboxConfig:
+    env = os.environ if env is None else env
+    get = env.get
+    listen_addr = get("BAE_SANDBOX_LISTEN_ADDR", "").strip()
+    if not listen_addr:
+        if not settings.sandbox_grpc_addrs:
+            raise UsageError("BAE_SANDBOX_LISTEN_ADDR: not set and BAE_SANDBOX_GRPC_ADDRS is empty")
+        listen_addr = settings.sandbox_grpc_addrs[0]
+    memory = get("BAE_SANDBOX_MEMORY", "512m").strip().lower()
+    if not _MEMORY.match(memory) or int(memory.rstrip("bkmg")) == 0:
+        raise UsageError(f'BAE_SANDBOX_MEMORY: "{memory}" is not a memory size like 512m or 2g')
+    network = get("BAE_SANDBOX_NETWORK", "bridge").strip()
+    if not network:
+        raise UsageError("BAE_SANDBOX_NETWORK: must not be empty")
+    return SandboxConfig(
+        driver=settings.sandbox_driver,
+        listen_addr=listen_addr,
+        host_id=get("BAE_SANDBOX_HOST_ID", "").strip() or f"{socket.gethostname()}-{listen_addr}",
+        memory=memory,
+        cpus=float(_positive("BAE_SANDBOX_CPUS", get("BAE_SANDBOX_CPUS", "1"), float)),
+        pids_limit=int(_positive("BAE_SANDBOX_PIDS_LIMIT", get("BAE_SANDBOX_PIDS_LIMIT", "256"), int)),
+        network=network,
+        exec_timeout=float(_positive("BAE_SANDBOX_EXEC_TIMEOUT", get("BAE_SANDBOX_EXEC_TIMEOUT", "300"), float)),
+        health_interval=float(
+            _positive("BAE_SANDBOX_HEALTH_INTERVAL", get("BAE_SANDBOX_HEALTH_INTERVAL", "2"), float)
+        ),
+    )

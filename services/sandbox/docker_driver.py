@@ -1,0 +1,275 @@
+"""The docker driver: sandboxes are containers of the local engine, through the docker SDK.
+
+The SDK is synchronous, so every call runs on a dedicated thread pool and the
+event loop never blocks. Two clients: `_control` has a bounded read timeout
+for quick calls; `_long` has none, for exec output that may be silent for
+minutes (our own deadline bounds it instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import docker
+import docker.errors
+import grpc
+import requests
+
+from services.sandbox.config import SandboxConfig
+from services.sandbox.driver import (
+    LABEL_HOST,
+    LABEL_SANDBOX,
+    LABEL_SESSION,
+    ExecOutput,
+    SandboxFailure,
+    SandboxInfo,
+)
+
+log = logging.getLogger("bae.sandbox")
+
+CONTROL_TIMEOUT = 30
+PING_TIMEOUT = 5.0
+# The long-running command of every sandbox; exec'd commands run beside it.
+KEEPALIVE_COMMAND = ["sleep", "infinity"]
+T = TypeVar("T")
+
+
+def _unreachable(exc: Exception) -> SandboxFailure:
+    return SandboxFailure(grpc.StatusCode.UNAVAILABLE, f"docker engine is not reachable: {exc}")
+
+
+def _explain(exc: docker.errors.APIError) -> str:
+    return str(exc.explanation or exc)
+
+
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants, from /proc (only visible on the engine's own host)."""
+    tree, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        tree.append(current)
+        for children in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                pending.extend(int(child) for child in children.read_text().split())
+            except OSError:
+                continue
+    return tree
+
+
+class DockerDriver:
+    def __init__(self, config: SandboxConfig) -> None:
+        self._config = config
+        self._threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="docker")
+        self._control: docker.DockerClient | None = None
+        self._long: docker.DockerClient | None = None
+        self._clients_lock = threading.Lock()
+        self._prepared = False
+        self._prepare_lock = asyncio.Lock()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def _run(self, call: Callable[..., T], *args, **kwargs) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, functools.partial(call, *args, **kwargs))
+
+    def _clients(self) -> tuple[docker.DockerClient, docker.DockerClient]:
+        """Created on first use (runs in a worker thread): creating one asks the engine for its API version."""
+        with self._clients_lock:
+            if self._control is None or self._long is None:
+                try:
+                    control = docker.from_env(timeout=CONTROL_TIMEOUT)
+                    self._long = docker.from_env(timeout=None, version=control.api.api_version)
+                    self._control = control
+                except docker.errors.DockerException as exc:
+                    raise _unreachable(exc) from None
+            return self._control, self._long
+
+    async def _engine(self, call: Callable[..., T], *args, **kwargs) -> T:
+        """Run an SDK call in a thread; connection failures become UNAVAILABLE."""
+        try:
+            return await self._run(call, *args, **kwargs)
+        except requests.exceptions.ConnectionError as exc:
+            raise _unreachable(exc) from None
+
+    async def _api(self):
+        control, _ = await self._run(self._clients)
+        return control.api
+
+    # -- health and start-up ----------------------------------------------------------------
+
+    async def ping(self) -> bool:
+        try:
+            api = await self._api()
+            return bool(await asyncio.wait_for(self._engine(api.ping), PING_TIMEOUT))
+        except (SandboxFailure, docker.errors.DockerException, TimeoutError, OSError):
+            return False
+
+    async def prepare(self) -> None:
+        """Remove every container labelled with this host id: a (re)started host owns no live handle."""
+        async with self._prepare_lock:
+            if self._prepared:
+                return
+            api = await self._api()
+            filters = {"label": [f"{LABEL_SANDBOX}=1", f"{LABEL_HOST}={self._config.host_id}"]}
+            orphans = await self._engine(api.containers, all=True, filters=filters)
+            for orphan in orphans:
+                await self._remove(api, orphan["Id"])
+            if orphans:
+                log.info("removed %d orphaned sandbox container(s) of host %s", len(orphans), self._config.host_id)
+            self._prepared = True
+
+    async def _ready_api(self):
+        if not self._prepared:
+            await self.prepare()
+        return await self._api()
+
+    # -- operations ---------------------------------------------------------------------------
+
+    async def ensure_image(self, image: str) -> bool:
+        api = await self._ready_api()
+        try:
+            await self._engine(api.inspect_image, image)
+            return False
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError as exc:
+            raise SandboxFailure(grpc.StatusCode.FAILED_PRECONDITION, f'invalid image "{image}": {_explain(exc)}') from None
+        _, long_client = await self._run(self._clients)
+        try:
+            error = await self._engine(self._pull, long_client.api, image)
+        except docker.errors.APIError as exc:
+            error = _explain(exc)
+        if error is not None:
+            raise SandboxFailure(grpc.StatusCode.FAILED_PRECONDITION, f'cannot pull image "{image}": {error}')
+        return True
+
+    @staticmethod
+    def _pull(api, image: str) -> str | None:
+        """Pull; the engine reports some failures inside an HTTP 200 progress stream."""
+        error = None
+        for progress in api.pull(image, stream=True, decode=True):
+            if isinstance(progress, dict) and progress.get("error"):
+                error = str(progress["error"]).strip()
+        if error is None:
+            try:
+                api.inspect_image(image)
+            except docker.errors.ImageNotFound:
+                error = "the image is still missing after the pull"
+        return error
+
+    async def start(self, session_id: str, image: str) -> str:
+        api = await self._ready_api()
+        config = self._config
+        host_config = api.create_host_config(
+            auto_remove=True,
+            mem_limit=config.memory,
+            nano_cpus=int(config.cpus * 1e9),
+            pids_limit=config.pids_limit,
+            network_mode=config.network,
+        )
+        labels = {LABEL_SANDBOX: "1", LABEL_SESSION: session_id, LABEL_HOST: config.host_id}
+        try:
+            created = await self._engine(
+                api.create_container, image, KEEPALIVE_COMMAND, labels=labels, host_config=host_config
+            )
+        except docker.errors.ImageNotFound:
+            raise SandboxFailure(
+                grpc.StatusCode.FAILED_PRECONDITION, f'image "{image}" is not present on this host; ensure it first'
+            ) from None
+        except docker.errors.APIError as exc:
+            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"cannot create sandbox: {_explain(exc)}") from None
+        sandbox_id = created["Id"]
+        try:
+            await self._engine(api.start, sandbox_id)
+        except docker.errors.APIError as exc:
+            await self._remove(api, sandbox_id)
+            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"cannot start sandbox: {_explain(exc)}") from None
+        log.info("started sandbox %s (image %s) for session %s", sandbox_id[:12], image, session_id)
+        return sandbox_id
+
+    async def exec(self, sandbox_id: str, command: str, timeout: float) -> ExecOutput:
+        api = await self._ready_api()
+        try:
+            exec_id = (await self._engine(api.exec_create, sandbox_id, ["sh", "-c", command]))["Id"]
+        except docker.errors.NotFound:
+            raise SandboxFailure(grpc.StatusCode.NOT_FOUND, f"no such sandbox: {sandbox_id}") from None
+        except docker.errors.APIError as exc:
+            raise SandboxFailure(grpc.StatusCode.FAILED_PRECONDITION, f"cannot exec in sandbox: {_explain(exc)}") from None
+        _, long_client = await self._run(self._clients)
+        output = self._engine(long_client.api.exec_start, exec_id, demux=True)
+        try:
+            stdout, stderr = await asyncio.wait_for(output, timeout)
+        except TimeoutError:
+            await self._kill_exec(api, exec_id)
+            raise SandboxFailure(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"command timed out after {timeout:g}s"
+            ) from None
+        except docker.errors.APIError as exc:
+            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {_explain(exc)}") from None
+        exit_code = (await self._engine(api.exec_inspect, exec_id))["ExitCode"]
+        return ExecOutput(
+            stdout=(stdout or b"").decode("utf-8", "replace"),
+            stderr=(stderr or b"").decode("utf-8", "replace"),
+            exit_code=int(exit_code if exit_code is not None else -1),
+        )
+
+    async def _kill_exec(self, api, exec_id: str) -> None:
+        """Kill a timed-out command and its children so they stop using the sandbox."""
+        try:
+            pid = int((await self._engine(api.exec_inspect, exec_id)).get("Pid") or 0)
+        except (SandboxFailure, docker.errors.APIError):
+            pid = 0
+        if pid <= 0 or not Path(f"/proc/{pid}").exists():
+            log.warning("timed-out exec %s: its process is not visible here; it runs on until the sandbox stops", exec_id[:12])
+            return
+        for process in _process_tree(pid):
+            try:
+                os.kill(process, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+
+    async def stop(self, sandbox_id: str) -> bool:
+        api = await self._ready_api()
+        was_running = await self._remove(api, sandbox_id)
+        log.info("stopped sandbox %s%s", sandbox_id[:12], "" if was_running else " (already gone)")
+        return was_running
+
+    async def _remove(self, api, sandbox_id: str) -> bool:
+        """Kill and remove; "no such container" and a removal already under way count as done."""
+        try:
+            await self._engine(api.remove_container, sandbox_id, force=True)
+            return True
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409 and "already in progress" in _explain(exc):
+                return False
+            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"cannot stop sandbox: {_explain(exc)}") from None
+
+    async def list(self) -> list[SandboxInfo]:
+        api = await self._ready_api()
+        filters = {"label": [f"{LABEL_SANDBOX}=1", f"{LABEL_HOST}={self._config.host_id}"]}
+        containers = await self._engine(api.containers, all=True, filters=filters)
+        return [
+            SandboxInfo(
+                sandbox_id=item["Id"],
+                session_id=(item.get("Labels") or {}).get(LABEL_SESSION, ""),
+                image=item.get("Image", ""),
+                state=item.get("State", ""),
+            )
+            for item in containers
+        ]
+
+    async def close(self) -> None:
+        for client in (self._control, self._long):
+            if client is not None:
+                client.close()
+        self._threads.shutdown(wait=False, cancel_futures=True)

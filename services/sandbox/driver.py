@@ -1,0 +1,92 @@
+"""What a container engine driver offers the sandbox service, and how it fails."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+LABEL_SANDBOX = "bae.sandbox"
+LABEL_SESSION = "bae.session_id"
+LABEL_HOST = "bae.host"
+
+
+class SandboxFailure(Exception):
+    """A failed driver call: the gRPC status code and the detail shown to the caller."""
+
+    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class ExecOutput:
+    stdout: str
+    stderr: str
+    exit_code: int
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    sandbox_id: str
+    session_id: str
+    image: str
+    state: str
+
+
+class Driver(Protocol):
+    async def ping(self) -> bool:
+        """Whether the engine answers (health reporting)."""
+
+    async def prepare(self) -> None:
+        """Once per process, before any other call succeeds: remove this host's orphans."""
+
+    async def ensure_image(self, image: str) -> bool:
+        """True when the image had to be pulled, False when it was present."""
+
+    async def start(self, session_id: str, image: str) -> str:
+        """Start a sandbox; returns its id."""
+
+    async def exec(self, sandbox_id: str, command: str, timeout: float) -> ExecOutput: ...
+
+    async def stop(self, sandbox_id: str) -> bool:
+        """Stop and remove; False when it was already gone."""
+
+    async def list(self) -> list[SandboxInfo]: ...
+
+    async def close(self) -> None: ...
+
+
+class UnsupportedDriver:
+    """`apple-container` off macOS: the service starts, and every call fails as unsupported."""
+
+    def __init__(self, name: str) -> None:
+        self._failure = SandboxFailure(
+            grpc.StatusCode.UNIMPLEMENTED, f'the "{name}" sandbox driver is not supported on this host'
+        )
+
+    async def ping(self) -> bool:
+        return True
+
+    async def prepare(self) -> None:
+        return None
+
+    async def ensure_image(self, image: str) -> bool:
+        raise self._failure
+
+    async def start(self, session_id: str, image: str) -> str:
+        raise self._failure
+
+    async def exec(self, sandbox_id: str, command: str, timeout: float) -> ExecOutput:
+        raise self._failure
+
+    async def stop(self, sandbox_id: str) -> bool:
+        raise self._failure
+
+    async def list(self) -> list[SandboxInfo]:
+        raise self._failure
+
+    async def close(self) -> None:
+        return None

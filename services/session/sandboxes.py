@@ -1,0 +1,286 @@
+"""Session-side pool of sandbox hosts: placement, calls with deadlines, image provisioning.
+
+One channel per host. A background task polls each host's health every
+`poll_interval` seconds; only hosts answering SERVING receive new sandboxes,
+and a new sandbox goes to the one with the fewest running sandboxes (counted
+here). A sandbox stays on its host: calls for it go there, and a host that is
+down turns them into a `SandboxError` at once or within the call's deadline.
+
+Image status (SERVER-SPEC §10.2) is process memory keyed profile_id → image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Iterable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bae.errors import BaeError
+from bae.grpcutil import channel
+from bae.protos import sandbox_pb2, sandbox_pb2_grpc
+
+log = logging.getLogger("bae.session.sandboxes")
+
+SERVICE_NAME = "baeproto.v1.Sandbox"
+
+
+class SandboxError(BaeError):
+    """A sandbox call failed; `detail` is the text for events and JSON-RPC errors."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class SandboxHandle:
+    host: str  # the host's gRPC address, as configured
+    sandbox_id: str
+    image: str
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    stdout: str
+    stderr: str
+    exit_code: int
+
+
+class _Host:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel = channel(address)
+        self.stub = sandbox_pb2_grpc.SandboxStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.up: bool | None = None  # None until the first poll answers or fails
+        self.running = 0
+
+
+class SandboxPool:
+    def __init__(
+        self,
+        addrs: list[str],
+        rpc_timeout: float,
+        *,
+        exec_timeout: float = 300.0,
+        pull_timeout: float = 600.0,
+        poll_interval: float = 2.0,
+        host_wait: float = 30.0,
+    ) -> None:
+        """`host_wait`: how long provisioning waits for a first healthy host (start-up races)."""
+        self._rpc_timeout = rpc_timeout
+        self._exec_timeout = exec_timeout
+        self._pull_timeout = pull_timeout
+        self._poll_interval = poll_interval
+        self._host_wait = host_wait
+        self._hosts: dict[str, _Host] = {}
+        self._poller: asyncio.Task | None = None
+        self._status: dict[str, dict[str, dict]] = {}
+        self._provisioning: dict[str, asyncio.Task] = {}
+        self._retired: list[_Host] = []
+        self.set_addrs(addrs)
+
+    # -- hosts and health -------------------------------------------------------------------
+
+    def set_addrs(self, addrs: list[str]) -> None:
+        """Replace the host list (e.g. a DNS name re-resolved); removed hosts' sandboxes become unreachable."""
+        wanted = list(dict.fromkeys(addrs))
+        for address in list(self._hosts):
+            if address not in wanted:
+                self._retired.append(self._hosts.pop(address))
+        for address in wanted:
+            if address not in self._hosts:
+                self._hosts[address] = _Host(address)
+
+    def _ensure_polling(self) -> None:
+        if self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await self.poll()
+            await asyncio.sleep(self._poll_interval)
+
+    async def poll(self) -> None:
+        """Check every host's health once, concurrently, each within a deadline."""
+        await asyncio.gather(*(self._check(host) for host in list(self._hosts.values())))
+        for host in self._retired:
+            await host.channel.close()
+        self._retired.clear()
+
+    async def _check(self, host: _Host) -> None:
+        request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+        try:
+            reply = await host.health.Check(request, timeout=min(self._rpc_timeout, self._poll_interval))
+            up = reply.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            up = False
+        if up != host.up:
+            log.log(logging.INFO if up else logging.WARNING, "sandbox host %s is %s", host.address, "up" if up else "down")
+        host.up = up
+
+    async def _healthy(self) -> list[_Host]:
+        """Hosts up at the last poll; polls now when a host is new or none is up."""
+        self._ensure_polling()
+        if not any(host.up for host in self._hosts.values()) or any(
+            host.up is None for host in self._hosts.values()
+        ):
+            await self.poll()
+        return [host for host in self._hosts.values() if host.up]
+
+    def _host_of(self, handle: SandboxHandle) -> _Host:
+        host = self._hosts.get(handle.host)
+        if host is None:
+            raise SandboxError(f"sandbox host {handle.host} is no longer configured")
+        if host.up is False:
+            raise SandboxError(f"sandbox host {handle.host} is unavailable")
+        return host
+
+    def _failure(self, host: _Host, error: grpc.aio.AioRpcError, timeout: float) -> SandboxError:
+        code = error.code()
+        if code == grpc.StatusCode.UNAVAILABLE:
+            host.up = False
+            return SandboxError(f"sandbox host {host.address} is unavailable: {error.details()}")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and error.details() == "Deadline Exceeded":
+            return SandboxError(f"sandbox host {host.address} did not answer within {timeout:g}s")
+        return SandboxError(error.details() or code.name.lower())
+
+    async def _call(self, host: _Host, method: str, request, timeout: float):
+        try:
+            return await getattr(host.stub, method)(request, timeout=timeout)
+        except grpc.aio.AioRpcError as error:
+            raise self._failure(host, error, timeout) from None
+
+    # -- sandboxes ----------------------------------------------------------------------------
+
+    async def ensure_image(self, image: str) -> bool:
+        """Ensure the image on every healthy host; True when some host pulled it now."""
+        hosts = await self._healthy()
+        if not hosts:
+            raise SandboxError("no sandbox host is available")
+        request = sandbox_pb2.EnsureImageRequest(image=image)
+        replies = await asyncio.gather(
+            *(self._call(host, "EnsureImage", request, self._pull_timeout) for host in hosts),
+            return_exceptions=True,
+        )
+        answered = [reply for reply in replies if not isinstance(reply, BaseException)]
+        for host, reply in zip(hosts, replies):
+            # A host that went down meanwhile is not a verdict on the image, if another host had it.
+            if isinstance(reply, BaseException) and (host.up or not answered):
+                raise reply
+        return any(reply.pulled for reply in answered)
+
+    async def start(self, session_id: str, image: str) -> SandboxHandle:
+        """Place a sandbox on the least loaded healthy host (the next one if that host is down)."""
+        hosts = await self._healthy()
+        if not hosts:
+            raise SandboxError("no sandbox host is available")
+        last: SandboxError | None = None
+        for host in sorted(hosts, key=lambda h: h.running):
+            host.running += 1  # counted at once, so concurrent starts spread out
+            try:
+                await self._call(host, "EnsureImage", sandbox_pb2.EnsureImageRequest(image=image), self._pull_timeout)
+                reply = await self._call(
+                    host, "Start", sandbox_pb2.StartRequest(session_id=session_id, image=image), self._rpc_timeout
+                )
+            except SandboxError as exc:
+                host.running -= 1
+                if host.up is False:  # the host went away: the next one may do
+                    last = exc
+                    continue
+                raise
+            return SandboxHandle(host=host.address, sandbox_id=reply.sandbox_id, image=image)
+        assert last is not None
+        raise last
+
+    async def exec(self, handle: SandboxHandle, command: str, timeout: float | None = None) -> ExecResult:
+        host = self._host_of(handle)
+        seconds = timeout or self._exec_timeout
+        request = sandbox_pb2.ExecRequest(sandbox_id=handle.sandbox_id, command=command, timeout_seconds=seconds)
+        reply = await self._call(host, "Exec", request, seconds + self._rpc_timeout)
+        return ExecResult(stdout=reply.stdout, stderr=reply.stderr, exit_code=reply.exit_code)
+
+    async def stop(self, handle: SandboxHandle) -> None:
+        """Stop the sandbox; the pool forgets it either way (the caller already dropped its handle)."""
+        host = self._hosts.get(handle.host)
+        if host is not None:
+            host.running = max(host.running - 1, 0)
+        host = self._host_of(handle)
+        await self._call(host, "Stop", sandbox_pb2.StopRequest(sandbox_id=handle.sandbox_id), self._rpc_timeout)
+
+    def running_counts(self) -> dict[str, int]:
+        return {address: host.running for address, host in self._hosts.items()}
+
+    # -- image provisioning (§10.2) ---------------------------------------------------------
+
+    def provision(self, profile_id: str, images: Iterable[str]) -> None:
+        """Set the profile's images `pending` now, then ensure them in the background.
+
+        Replaces the profile's previous status set; call from the event loop.
+        """
+        previous = self._provisioning.pop(profile_id, None)
+        if previous is not None:
+            previous.cancel()
+        names = list(dict.fromkeys(images))
+        if not names:
+            self._status.pop(profile_id, None)
+            return
+        statuses = {name: {"name": name, "status": "pending"} for name in names}
+        self._status[profile_id] = statuses
+        self._provisioning[profile_id] = asyncio.get_running_loop().create_task(
+            self._provision(profile_id, statuses)
+        )
+
+    async def _provision(self, profile_id: str, statuses: dict[str, dict]) -> None:
+        await self._wait_for_a_host()
+        for name in list(statuses):
+            try:
+                pulled = await self.ensure_image(name)
+                entry = {"name": name, "status": "available"}
+                log.info("sandbox image %s %s", name, "pulled successfully" if pulled else "already available")
+            except SandboxError as exc:
+                entry = {"name": name, "status": "error", "detail": exc.detail}
+                log.warning("sandbox image %s: failed to ensure: %s", name, exc.detail)
+            if self._status.get(profile_id) is not statuses:
+                return  # replaced or forgotten meanwhile
+            statuses[name] = entry
+        if self._provisioning.get(profile_id) is asyncio.current_task():
+            del self._provisioning[profile_id]
+
+    async def _wait_for_a_host(self) -> None:
+        """At start-up the hosts may still be booting: give them `host_wait` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._host_wait
+        while not await self._healthy() and loop.time() < deadline:
+            await asyncio.sleep(min(self._poll_interval, 0.5))
+
+    def forget(self, profile_id: str) -> None:
+        """The profile was deleted: drop its status and stop provisioning it."""
+        self.provision(profile_id, [])
+
+    def status_for(self, profile_id: str) -> list[dict]:
+        """The profile's images in declared order: {"name","status","detail"?}."""
+        return [dict(entry) for entry in self._status.get(profile_id, {}).values()]
+
+    def status_view(self) -> dict:
+        """GET /admin/v1/sandbox-status: profiles by id, their images by name."""
+        return {
+            "items": [
+                {"profile_id": profile_id, "images": sorted(self.status_for(profile_id), key=lambda e: e["name"])}
+                for profile_id in sorted(self._status)
+            ]
+        }
+
+    async def close(self) -> None:
+        tasks = [task for task in (self._poller, *self._provisioning.values()) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._provisioning.clear()
+        self._poller = None
+        for host in [*self._hosts.values(), *self._retired]:
+            await host.channel.close()

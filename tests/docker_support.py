@@ -1,0 +1,153 @@
+"""Docker for tests: is the engine usable here, which image to use, and cleanup by label.
+
+CI runs .ci/docker-setup.sh first (it installs docker.io, starts dockerd and builds
+TEST_IMAGE from busybox-static); elsewhere the Docker tests skip with a reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+
+TEST_IMAGE = "bae-busybox:test"
+SETUP_HINT = "run `bash .ci/docker-setup.sh` as root to set Docker up"
+
+
+@functools.cache
+def docker_skip_reason() -> str | None:
+    """None when Docker works and TEST_IMAGE exists; otherwise why the Docker tests skip."""
+    try:
+        import docker
+        import docker.errors
+
+        client = docker.from_env(timeout=10)
+    except Exception as exc:  # the engine is missing or unreachable
+        return f"Docker engine not reachable ({exc}); {SETUP_HINT}"
+    try:
+        client.ping()
+        client.images.get(TEST_IMAGE)
+    except docker.errors.ImageNotFound:
+        return f"test image {TEST_IMAGE} is missing; {SETUP_HINT}"
+    except Exception as exc:
+        return f"Docker engine not usable ({exc}); {SETUP_HINT}"
+    finally:
+        client.close()
+    return None
+
+
+def require_docker() -> None:
+    """Skip without Docker, except in CI (BAE_REQUIRE_DOCKER=1), where a missing engine is a failure."""
+    reason = docker_skip_reason()
+    if reason is not None:
+        if os.environ.get("BAE_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"Docker is required here: {reason}")
+        pytest.skip(reason)
+
+
+def docker_client():
+    import docker
+
+    return docker.from_env(timeout=30)
+
+
+def remove_containers(label: str) -> int:
+    """Force-remove every container carrying `label` (`key=value`); returns how many."""
+    client = docker_client()
+    try:
+        containers = client.containers.list(all=True, filters={"label": label})
+        for container in containers:
+            try:
+                container.remove(force=True)
+            except Exception:  # already gone (auto-remove) or going
+                pass
+        return len(containers)
+    finally:
+        client.close()
+
+
+def containers_with(label: str) -> list:
+    client = docker_client()
+    try:
+        return client.containers.list(all=True, filters={"label": label})
+    finally:
+        client.close()
+
+
+class SandboxHostProcess:
+    """`python -m services.sandbox` as a child process on a free loopback port."""
+
+    def __init__(self, root, host_id: str, **env: str) -> None:
+        import os
+        import socket
+        import subprocess
+        import sys
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.address = f"127.0.0.1:{port}"
+        self.host_id = host_id
+        self.label = f"bae.host={host_id}"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("BAE_")}
+        full_env.update(
+            {
+                "BAE_SANDBOX_LISTEN_ADDR": self.address,
+                "BAE_SANDBOX_HOST_ID": host_id,
+                "BAE_SHUTDOWN_TIMEOUT": "3",
+                "BAE_SANDBOX_HEALTH_INTERVAL": "0.5",
+                **env,
+            }
+        )
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "services.sandbox"],
+            cwd=root,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+
+    def wait_serving(self, timeout: float = 20.0) -> None:
+        import time
+
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"sandbox host exited {self.process.returncode}: {self.output()}")
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(service="baeproto.v1.Sandbox"), timeout=1)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.1)
+        raise TimeoutError(f"sandbox host {self.address} not serving within {timeout}s")
+
+    def output(self) -> str:
+        if self.process.poll() is None:
+            return ""
+        return self.process.stdout.read().decode(errors="replace") if self.process.stdout else ""
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        """SIGTERM (SIGKILL after 10 s), then remove whatever the host left behind."""
+        import subprocess
+
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self.process.stdout:
+            self.process.stdout.close()
+        remove_containers(self.label)

@@ -1,0 +1,276 @@
+"""The sandbox host over real gRPC, against the real Docker engine."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+
+from bae.protos import sandbox_pb2, sandbox_pb2_grpc
+from docker_support import (
+    TEST_IMAGE,
+    SandboxHostProcess,
+    containers_with,
+    docker_client,
+    remove_containers,
+    require_docker,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def start_host():
+    """start_host(**env) -> a serving sandbox host with a unique host id; all removed afterwards."""
+    require_docker()
+    hosts: list[SandboxHostProcess] = []
+
+    def start(host_id: str | None = None, **env: str) -> SandboxHostProcess:
+        host = SandboxHostProcess(ROOT, host_id or f"test-{uuid.uuid4().hex[:12]}", **env)
+        hosts.append(host)
+        host.wait_serving()
+        return host
+
+    yield start
+    for host in hosts:
+        host.stop()
+        assert containers_with(host.label) == [], "a test left a container behind"
+
+
+@pytest.fixture
+def host(start_host):
+    return start_host()
+
+
+async def _stub(address: str):
+    channel = grpc.aio.insecure_channel(address)
+    return channel, sandbox_pb2_grpc.SandboxStub(channel)
+
+
+@pytest.fixture
+async def stub(host):
+    channel, stub = await _stub(host.address)
+    yield stub
+    await channel.close()
+
+
+async def _start(stub, session_id: str = "ses_test") -> str:
+    reply = await stub.Start(sandbox_pb2.StartRequest(session_id=session_id, image=TEST_IMAGE), timeout=30)
+    assert reply.sandbox_id
+    return reply.sandbox_id
+
+
+async def _exec(stub, sandbox_id: str, command: str, timeout: float = 0) -> sandbox_pb2.ExecResponse:
+    request = sandbox_pb2.ExecRequest(sandbox_id=sandbox_id, command=command, timeout_seconds=timeout)
+    return await stub.Exec(request, timeout=30)
+
+
+async def test_ensure_image_present_is_ok_without_pull(stub):
+    reply = await stub.EnsureImage(sandbox_pb2.EnsureImageRequest(image=TEST_IMAGE), timeout=30)
+    assert reply.pulled is False
+
+
+async def test_ensure_image_that_cannot_be_pulled_is_a_clear_error(stub):
+    image = f"bae-no-such-image-{uuid.uuid4().hex[:8]}:never"
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.EnsureImage(sandbox_pb2.EnsureImageRequest(image=image), timeout=60)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.details().startswith(f'cannot pull image "{image}": ')
+
+
+async def test_start_exec_stop_lifecycle(stub, host):
+    sandbox_id = await _start(stub, "ses_lifecycle")
+    listed = await stub.List(sandbox_pb2.ListRequest(), timeout=10)
+    assert [(s.sandbox_id, s.session_id, s.state) for s in listed.sandboxes] == [
+        (sandbox_id, "ses_lifecycle", "running")
+    ]
+
+    reply = await _exec(stub, sandbox_id, "echo hello; echo $((6 * 7)) > /tmp/x; cat /tmp/x")
+    assert (reply.stdout, reply.stderr, reply.exit_code) == ("hello\n42\n", "", 0)
+
+    stopped = await stub.Stop(sandbox_pb2.StopRequest(sandbox_id=sandbox_id), timeout=30)
+    assert stopped.was_running is True
+    assert containers_with(host.label) == []
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _exec(stub, sandbox_id, "true")
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert caught.value.details() == f"no such sandbox: {sandbox_id}"
+
+
+async def test_exec_stderr_and_nonzero_exit_are_a_result(stub):
+    sandbox_id = await _start(stub)
+    reply = await _exec(stub, sandbox_id, "echo out; echo oops >&2; exit 3")
+    assert (reply.stdout, reply.stderr, reply.exit_code) == ("out\n", "oops\n", 3)
+    reply = await _exec(stub, sandbox_id, "no-such-command-here")
+    assert reply.exit_code == 127 and "not found" in reply.stderr
+    await stub.Stop(sandbox_pb2.StopRequest(sandbox_id=sandbox_id), timeout=30)
+
+
+async def test_exec_timeout_is_a_clear_error_and_kills_the_command(stub):
+    sandbox_id = await _start(stub)
+    started = time.monotonic()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _exec(stub, sandbox_id, "sleep 30; echo never", timeout=1)
+    assert time.monotonic() - started < 6
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert caught.value.details() == "command timed out after 1s"
+    # The sandbox still works, and the timed-out command is gone.
+    reply = await _exec(stub, sandbox_id, "ps -o args | grep -c '^sleep 30' || true")
+    assert reply.stdout.strip() == "0"
+    await stub.Stop(sandbox_pb2.StopRequest(sandbox_id=sandbox_id), timeout=30)
+
+
+async def test_host_default_exec_timeout_applies(start_host):
+    host = start_host(BAE_SANDBOX_EXEC_TIMEOUT="1")
+    channel, stub = await _stub(host.address)
+    sandbox_id = await _start(stub)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _exec(stub, sandbox_id, "sleep 20")
+    assert caught.value.details() == "command timed out after 1s"
+    await channel.close()
+
+
+async def test_stop_of_a_gone_sandbox_is_success(stub):
+    sandbox_id = await _start(stub)
+    assert (await stub.Stop(sandbox_pb2.StopRequest(sandbox_id=sandbox_id), timeout=30)).was_running
+    again = await stub.Stop(sandbox_pb2.StopRequest(sandbox_id=sandbox_id), timeout=30)
+    assert again.was_running is False
+    never = await stub.Stop(sandbox_pb2.StopRequest(sandbox_id="0" * 64), timeout=30)
+    assert never.was_running is False
+
+
+async def test_container_has_labels_and_limits_and_no_mounts(stub, host):
+    sandbox_id = await _start(stub, "ses_labels")
+    client = docker_client()
+    try:
+        attrs = client.containers.get(sandbox_id).attrs
+    finally:
+        client.close()
+    assert attrs["Config"]["Labels"] == {"bae.sandbox": "1", "bae.session_id": "ses_labels", "bae.host": host.host_id}
+    config = attrs["HostConfig"]
+    assert config["Memory"] == 512 * 1024 * 1024
+    assert config["NanoCpus"] == 1_000_000_000
+    assert config["PidsLimit"] == 256
+    assert config["NetworkMode"] == "bridge"
+    assert config["AutoRemove"] is True
+    assert not config.get("Binds") and attrs["Mounts"] == []
+    assert attrs["Config"]["Cmd"] == ["sleep", "infinity"]
+    await stub.Stop(sandbox_pb2.StopRequest(sandbox_id=sandbox_id), timeout=30)
+
+
+async def test_limits_and_network_follow_the_environment(start_host):
+    host = start_host(
+        BAE_SANDBOX_MEMORY="64m", BAE_SANDBOX_CPUS="0.5", BAE_SANDBOX_PIDS_LIMIT="32", BAE_SANDBOX_NETWORK="none"
+    )
+    channel, stub = await _stub(host.address)
+    sandbox_id = await _start(stub)
+    client = docker_client()
+    try:
+        config = client.containers.get(sandbox_id).attrs["HostConfig"]
+    finally:
+        client.close()
+    assert (config["Memory"], config["NanoCpus"], config["PidsLimit"], config["NetworkMode"]) == (
+        64 * 1024 * 1024, 500_000_000, 32, "none"
+    )
+    await channel.close()
+
+
+async def test_orphans_of_this_host_are_removed_at_start_up():
+    require_docker()
+    host_id = f"test-{uuid.uuid4().hex[:12]}"
+    other_id = f"test-{uuid.uuid4().hex[:12]}"
+    client = docker_client()
+    try:
+        for owner in (host_id, other_id):
+            client.containers.run(
+                TEST_IMAGE, ["sleep", "infinity"], detach=True, auto_remove=True,
+                labels={"bae.sandbox": "1", "bae.session_id": "ses_orphan", "bae.host": owner},
+            )
+    finally:
+        client.close()
+    host = SandboxHostProcess(ROOT, host_id)
+    try:
+        assert len(containers_with(f"bae.host={host_id}")) == 1
+        host.wait_serving()
+        assert containers_with(f"bae.host={host_id}") == []
+        assert len(containers_with(f"bae.host={other_id}")) == 1
+    finally:
+        host.stop()
+        remove_containers(f"bae.host={other_id}")
+
+
+def test_unknown_driver_exits_2():
+    result = subprocess.run(
+        [sys.executable, "-m", "services.sandbox"],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "BAE_SANDBOX_DRIVER": "podman"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith(
+        'BAE_SANDBOX_DRIVER: "podman" is not a supported sandbox driver (expected "docker" or "apple-container")'
+    )
+
+
+def test_invalid_limit_exits_2():
+    result = subprocess.run(
+        [sys.executable, "-m", "services.sandbox"],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "BAE_SANDBOX_MEMORY": "lots"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert 'BAE_SANDBOX_MEMORY: "lots" is not a memory size' in result.stderr
+
+
+async def test_apple_container_driver_fails_every_call_as_unsupported(tmp_path):
+    host = SandboxHostProcess(ROOT, "test-apple", BAE_SANDBOX_DRIVER="apple-container")
+    try:
+        host.wait_serving()
+        channel, stub = await _stub(host.address)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _start(stub)
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert caught.value.details() == 'the "apple-container" sandbox driver is not supported on this host'
+        await channel.close()
+    finally:
+        host.process.terminate()
+        host.process.wait(10)
+        host.process.stdout.close()
+
+
+async def test_unreachable_engine_reports_not_serving_and_fails_calls(tmp_path):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    host = SandboxHostProcess(ROOT, "test-no-engine", DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock")
+    try:
+        channel, stub = await _stub(host.address)
+        health = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service="baeproto.v1.Sandbox")
+        async with asyncio.timeout(20):
+            while True:
+                try:
+                    reply = await health.Check(request, timeout=1)
+                    break
+                except grpc.aio.AioRpcError:
+                    await asyncio.sleep(0.1)
+        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _start(stub)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert caught.value.details().startswith("docker engine is not reachable: ")
+        await channel.close()
+    finally:
+        host.process.terminate()
+        host.process.wait(10)
+        host.process.stdout.close()
