@@ -54,7 +54,12 @@ class Stack:
             self._spawn(
                 f"sandbox-{index}" if index else "sandbox",
                 ["-m", "services.sandbox"],
-                {"BAE_SANDBOX_LISTEN_ADDR": address},
+                {
+                    "BAE_SANDBOX_LISTEN_ADDR": address,
+                    # Each host removes its own labelled containers at start: ids must differ.
+                    **({"BAE_SANDBOX_HOST_ID": f"{self.env['BAE_SANDBOX_HOST_ID']}-{index}"}
+                       if "BAE_SANDBOX_HOST_ID" in self.env and index else {}),
+                },
             )
         deadline = time.monotonic() + timeout
         self._wait_grpc("session", settings.session_grpc_addr, deadline)
