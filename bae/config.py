@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from bae import serde
 from bae.errors import UsageError
 
 REDACTED = "\u2022" * 8
@@ -201,25 +202,8 @@ class _SchemaError(ValueError):
     """A schema violation; reported as `invalid config file "<path>": <message>`."""
 
 
-def _describe(value: Any) -> str:
-    """The found value in serde's wording, e.g. integer `5`, string "x"."""
-    if isinstance(value, bool):
-        return f"boolean `{str(value).lower()}`"
-    if isinstance(value, int):
-        return f"integer `{value}`"
-    if isinstance(value, float):
-        return f"floating point `{value}`"
-    if isinstance(value, str):
-        return f'string "{value}"'
-    if isinstance(value, list):
-        return "sequence"
-    if isinstance(value, dict):
-        return "map"
-    return type(value).__name__  # dates and times
-
-
 def _invalid_type(where: str, value: Any, expected: str) -> _SchemaError:
-    return _SchemaError(f"{where}: invalid type: {_describe(value)}, expected {expected}")
+    return _SchemaError(f"{where}: {serde.invalid_type(value, expected)}")
 
 
 def _table(value: Any, where: str) -> dict[str, Any]:

@@ -85,32 +85,35 @@ class Stack:
         if code is not None:
             raise RuntimeError(f"{name} exited with code {code} during start-up")
 
+    def _wait(self, name: str, ready, what: str, deadline: float) -> None:
+        """Poll `ready()` until it is true; fail fast if the process died."""
+        while not ready():
+            self._check_alive(name)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not become healthy at {what}")
+            time.sleep(0.05)
+
     def _wait_grpc(self, name: str, address: str, deadline: float) -> None:
         with grpc.insecure_channel(address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                self._check_alive(name)
+
+            def serving() -> bool:
                 try:
                     reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
                 except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{name} did not become healthy at {address}")
-                time.sleep(0.05)
+                    return False
+                return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+            self._wait(name, serving, address, deadline)
 
     def _wait_http(self, name: str, url: str, deadline: float) -> None:
-        while True:
-            self._check_alive(name)
+        def answering() -> bool:
             try:
-                if httpx.get(url, timeout=1).status_code == 200:
-                    return
+                return httpx.get(url, timeout=1).status_code == 200
             except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not answer {url}")
-            time.sleep(0.05)
+                return False
+
+        self._wait(name, answering, url, deadline)
 
     def stop(self, timeout: float = 35.0) -> dict[str, int]:
         """SIGTERM every process (gateway first), wait, then kill what is left."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from bae import API_VERSIONS, __version__
 from bae.config import load_config
 from bae.errors import UsageError
 from bae.grpcutil import configure_logging, serve
@@ -20,9 +21,6 @@ from bae.settings import Settings, load_settings
 from services.session.admin_key import AdminKeyError, AdminKeyOptions, bootstrap_admin_key
 from services.session.store import Store
 
-
-VERSION = "0.1.0"
-API_VERSIONS = ("v1",)
 COMMANDS = ("serve", "migrate", "version", "help")
 VALUE_FLAGS = ("--config", "--admin-key-file", "--admin-key-hash-file")
 SWITCHES = ("--rotate-admin-key", "--dangerously-disable-admin-auth")
@@ -158,7 +156,7 @@ def main(argv: list[str], env: dict[str, str] | None = None) -> int:
             print(USAGE, end="")
             return 0
         if command.name == "version":
-            print(f"bae {VERSION} (api {', '.join(API_VERSIONS)})")
+            print(f"bae {__version__} (api {', '.join(API_VERSIONS)})")
             return 0
         settings = load_settings(os.environ if env is None else env)
         configure_logging(settings.log)

@@ -6,21 +6,16 @@ Handlers take the gateway's RestRequest and return the response body text
 
 from __future__ import annotations
 
-
 from sqlalchemy import Connection
 
 from bae import config as config_views
 from bae.errors import Problem, bad_request, not_found
-from bae.ids import new_token, token_digest
 from services.session import bodies
 from services.session.auth import Authenticator
 from services.session.pagination import events_page, page_json, page_request
 from services.session.store import events, keys, profiles, sessions
 from services.session.store.jsontext import dump
 from services.session.store.store import Store
-
-
-CLIENT_TOKEN_PREFIX = "bae_"
 
 
 def key_view(key) -> dict:
@@ -109,21 +104,13 @@ class AdminApi:
     async def create_key(self, request) -> str:
         await self._admin(request)
         name, profile_id = bodies.parse_key_body(request.body, request.content_type)
-        token = new_token(CLIENT_TOKEN_PREFIX)
 
         def _create(conn: Connection):
             if profiles.active(conn, profile_id) is None:
                 raise Problem(422, "profile_unavailable", f"no active profile {profile_id}")
-            return keys.insert_key(
-                conn,
-                name=name,
-                key_hash=token_digest(token),
-                prefix=token[:8],
-                role="client",
-                profile_id=profile_id,
-            )
+            return keys.mint(conn, role="client", name=name, profile_id=profile_id)
 
-        key = await self.store.call(_create)
+        token, key = await self.store.call(_create)
         return dump(
             {
                 "id": key.id,

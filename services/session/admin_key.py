@@ -19,13 +19,11 @@ from argon2.exceptions import InvalidHashError
 from sqlalchemy import Connection
 
 from bae.errors import BaeError, UsageError
-from bae.ids import new_token, token_digest
 from services.session.store import keys
 from services.session.store.store import Store
 
 log = logging.getLogger("bae.session.admin_key")
 
-ADMIN_TOKEN_PREFIX = "bae_admin_"
 BOOTSTRAP_NAME = "bootstrap-admin"
 PROVISIONED_NAME = "provisioned-admin"
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -106,10 +104,7 @@ def write_key_file(path: Path, token: str) -> None:
 
 
 def _self_generate(conn: Connection, key_file: Path) -> None:
-    token = new_token(ADMIN_TOKEN_PREFIX)
-    keys.insert_key(
-        conn, name=BOOTSTRAP_NAME, key_hash=token_digest(token), prefix=token[:8], role="admin"
-    )
+    token, _ = keys.mint(conn, role="admin", name=BOOTSTRAP_NAME)
     # Written inside the transaction: a failed write rolls the row back, so
     # there is never an active admin row whose plaintext nobody has.
     write_key_file(key_file, token)

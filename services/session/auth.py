@@ -32,12 +32,9 @@ def bearer_token(authorization: str, has_authorization: bool) -> str:
     """The token of a `Bearer <token>` header; 401 with the §2.2 texts otherwise."""
     if not has_authorization or not authorization.isascii():
         raise unauthorized("missing Authorization header")
-    if authorization.startswith("Bearer "):
-        token = authorization[7:]
-    elif authorization.startswith("bearer "):
-        token = authorization[7:]
-    else:
+    if authorization[:7] not in ("Bearer ", "bearer "):
         raise unauthorized("Authorization header must be a Bearer token")
+    token = authorization[7:]
     if not token:
         raise unauthorized("empty bearer token")
     return token

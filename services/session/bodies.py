@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from bae import serde
 from bae.errors import Problem, bad_request
 
 CONTENT_TYPE_REJECTION = "Expected request with `Content-Type: application/json`"
@@ -24,25 +25,8 @@ class ShapeError(ValueError):
     """A body field has the wrong shape; the message is the serde-style text."""
 
 
-def unexpected(value: Any) -> str:
-    """serde's description of a JSON value that did not fit."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"boolean `{'true' if value else 'false'}`"
-    if isinstance(value, int):
-        return f"integer `{value}`"
-    if isinstance(value, float):
-        return f"floating point `{value}`"
-    if isinstance(value, str):
-        return f"string {json.dumps(value, ensure_ascii=False)}"
-    if isinstance(value, list):
-        return "sequence"
-    return "map"
-
-
 def invalid_type(value: Any, expected: str) -> ShapeError:
-    return ShapeError(f"invalid type: {unexpected(value)}, expected {expected}")
+    return ShapeError(serde.invalid_type(value, expected))
 
 
 def is_json_content_type(content_type: str) -> bool:
@@ -246,7 +230,25 @@ def validate_subagent_tools(tools: list[dict]) -> None:
 
 # Admin bodies (SERVER-SPEC §4.2, §4.3): every malformed body is a 400 (O-6).
 
-PROFILE_LIST_FIELDS = ("fallback_providers", "mcp_servers", "available_sandboxes")
+# Profile list fields and how an item that is not a string is explained.
+PROFILE_LIST_FIELDS = {
+    "fallback_providers": " (a bae-config.toml registry name)",
+    "mcp_servers": " (a bae-config.toml registry name)",
+    "available_sandboxes": " (a bae-config.toml registry name)",
+    "allowed_tools": "",
+}
+
+
+def _string_list(obj: dict, field: str, item_hint: str) -> list[str]:
+    value = obj.get(field)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise bad_request(f"{field} must be an array")
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise bad_request(f"{field}[{index}] must be a string{item_hint}")
+    return value
 
 
 def parse_profile_body(body: bytes, content_type: str) -> dict:
@@ -261,27 +263,8 @@ def parse_profile_body(body: bytes, content_type: str) -> dict:
     if not primary.strip():
         raise bad_request("primary_provider must not be empty")
     fields = {"name": name, "primary_provider": primary}
-    for field in PROFILE_LIST_FIELDS:
-        value = obj.get(field)
-        if value is None:
-            value = []
-        if not isinstance(value, list):
-            raise bad_request(f"{field} must be an array")
-        for index, item in enumerate(value):
-            if not isinstance(item, str):
-                raise bad_request(
-                    f"{field}[{index}] must be a string (a bae-config.toml registry name)"
-                )
-        fields[field] = value
-    allowed = obj.get("allowed_tools")
-    if allowed is None:
-        allowed = []
-    if not isinstance(allowed, list):
-        raise bad_request("allowed_tools must be an array")
-    for index, item in enumerate(allowed):
-        if not isinstance(item, str):
-            raise bad_request(f"allowed_tools[{index}] must be a string")
-    fields["allowed_tools"] = allowed
+    for field, item_hint in PROFILE_LIST_FIELDS.items():
+        fields[field] = _string_list(obj, field, item_hint)
     return fields
 
 

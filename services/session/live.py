@@ -13,12 +13,12 @@ import json
 import logging
 from typing import AsyncIterator
 
-from bae import grpcutil
+from bae import grpcutil, serde
 from bae.protos import runner_pb2_grpc, session_pb2
 from services.session.feed import Lagged, Watcher
 from services.session.gate import Claim, ParkedTurn
 from services.session.history import History
-from services.session.sandbox_calls import available_images, stop_sandbox
+from services.session.sandbox_calls import available_images, exec_in_sandbox, start_sandbox, stop_sandbox
 from services.session.sandboxes import SandboxError
 from services.session.merge import (
     MergeInvalid,
@@ -36,6 +36,7 @@ ORPHAN_RESULT = (
     "tool result merge invalid: no paused turn is awaiting tool results "
     "(it may have timed out and been retired)"
 )
+SANDBOX_NOT_RUNNING = "sandbox_not_running: no remote sandbox is running for this session"
 PROFILE_GONE = "profile_unavailable: the profile bound to this session is no longer available"
 
 
@@ -70,22 +71,8 @@ def parse_params(request) -> dict:
     if params is None:
         return {}
     if not isinstance(params, dict):
-        raise InvalidParams(f"Invalid params: invalid type: {json_kind(params)}, expected a map")
+        raise InvalidParams(f"Invalid params: {serde.invalid_type(params, 'a map')}")
     return params
-
-
-def json_kind(value) -> str:
-    if isinstance(value, bool):
-        return f"boolean `{str(value).lower()}`"
-    if isinstance(value, (int, float)):
-        return f"number `{value}`"
-    if isinstance(value, str):
-        return f'string "{value}"'
-    if isinstance(value, list):
-        return "sequence"
-    if value is None:
-        return "null"
-    return "map"
 
 
 def parse_message(params: dict) -> dict:
@@ -93,18 +80,18 @@ def parse_message(params: dict) -> dict:
         raise InvalidParams('Invalid params: missing "message"')
     message = params["message"]
     if not isinstance(message, dict):
-        raise InvalidParams(f"Invalid params: invalid type: {json_kind(message)}, expected struct Message")
+        raise InvalidParams(f"Invalid params: {serde.invalid_type(message, 'struct Message')}")
     if "content" not in message:
         raise InvalidParams("Invalid params: missing field `content`")
     role = message.get("role", "user")
     if role is None:
         role = "user"
     if not isinstance(role, str):
-        raise InvalidParams(f"Invalid params: invalid type: {json_kind(role)}, expected a string")
+        raise InvalidParams(f"Invalid params: {serde.invalid_type(role, 'a string')}")
     content = message["content"]
     if not isinstance(content, (str, list)):
         raise InvalidParams(
-            f"Invalid params: invalid type: {json_kind(content)}, expected a string or an array of content blocks"
+            f"Invalid params: {serde.invalid_type(content, 'a string or an array of content blocks')}"
         )
     return {"role": role, "content": content}
 
@@ -132,12 +119,19 @@ class LiveApi:
             return None, f"session is {session.state}, not open"
         return session, None
 
-    async def _append(self, session_id: str, actor: str | None, items, new_state=None) -> list[dict]:
-        views = await self.store.append_events(
-            session_id, [(actor, kind, payload) for kind, payload in items], new_state=new_state
-        )
-        await self.runtime.publish(session_id, views)
-        return views
+    async def _gate(self, request, method: str, *, needs_open: bool = False):
+        """Auth (a Problem), then the -32001 driver gate and, when asked, the -32000 state gate.
+
+        Returns (acting client key, session record or None, refusal (code, message) or None).
+        """
+        principal = await self._principal(request)
+        actor = principal.client_key_id
+        if actor not in self.runtime.drivers(request.session_id):
+            return actor, None, (-32001, f"call session.registerDriver before {method}")
+        if not needs_open:
+            return actor, None, None
+        session, problem = await self._open_session(request.session_id)
+        return actor, session, (-32000, problem) if problem else None
 
     # -- registration and tools -------------------------------------------------
 
@@ -157,7 +151,7 @@ class LiveApi:
                 images = available_images(self.runtime.sandboxes, profile)
                 items.append(("session.sandbox.available", {"images": images}))
             try:
-                await self._append(request.session_id, actor, items)
+                await self.runtime.append(request.session_id, actor, items)
             except Exception:
                 log.exception("registering a driver on %s failed", request.session_id)
                 return error_reply(-32603, "Internal error")
@@ -165,20 +159,16 @@ class LiveApi:
         return result_reply({"registered": True})
 
     async def update_client_tools(self, request, context) -> session_pb2.RpcReply:
-        principal = await self._principal(request)
-        actor = principal.client_key_id
-        if actor not in self.runtime.drivers(request.session_id):
-            return error_reply(-32001, "call session.registerDriver before session.updateClientTools")
-        session, problem = await self._open_session(request.session_id)
-        if problem:
-            return error_reply(-32000, problem)
+        actor, session, refusal = await self._gate(request, "session.updateClientTools", needs_open=True)
+        if refusal:
+            return error_reply(*refusal)
         try:
             params = parse_params(request)
             if "tools" not in params:
                 raise InvalidParams('Invalid params: missing "tools"')
             tools = params["tools"]
             if not isinstance(tools, list):
-                raise InvalidParams(f"Invalid params: invalid type: {json_kind(tools)}, expected a sequence")
+                raise InvalidParams(f"Invalid params: {serde.invalid_type(tools, 'a sequence')}")
             normalized = []
             for tool in tools:
                 if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or not tool["name"].strip():
@@ -267,15 +257,10 @@ class LiveApi:
     # -- turns ------------------------------------------------------------------
 
     async def send_message(self, request, context) -> AsyncIterator[session_pb2.RpcFrame]:
-        principal = await self._principal(request)
+        actor, _, refusal = await self._gate(request, "session.sendMessage", needs_open=True)
         yield ACCEPTED
-        actor = principal.client_key_id
-        if actor not in self.runtime.drivers(request.session_id):
-            yield error_frame(-32001, "call session.registerDriver before session.sendMessage")
-            return
-        session, problem = await self._open_session(request.session_id)
-        if problem:
-            yield error_frame(-32000, problem)
+        if refusal:
+            yield error_frame(*refusal)
             return
         try:
             message = parse_message(parse_params(request))
@@ -392,21 +377,10 @@ class LiveApi:
         await self._principal(request)
         return error_reply(-32601, f"Method not found: {method}")
 
-    async def _driver_call(self, request, method: str):
-        """Auth, the -32001 driver gate and the -32000 state gate shared by the sandbox methods."""
-        principal = await self._principal(request)
-        actor = principal.client_key_id
-        if actor not in self.runtime.drivers(request.session_id):
-            return actor, None, error_reply(-32001, f"call session.registerDriver before {method}")
-        session, problem = await self._open_session(request.session_id)
-        if problem:
-            return actor, None, error_reply(-32000, problem)
-        return actor, session, None
-
     async def start_remote_sandbox(self, request, context) -> session_pb2.RpcReply:
-        actor, session, failure = await self._driver_call(request, "session.startRemoteSandbox")
-        if failure:
-            return failure
+        actor, session, refusal = await self._gate(request, "session.startRemoteSandbox", needs_open=True)
+        if refusal:
+            return error_reply(*refusal)
         try:
             image = parse_params(request).get("image")
         except InvalidParams as exc:
@@ -428,47 +402,29 @@ class LiveApi:
                     -32000,
                     "a remote sandbox is already running for this session; call session.stopRemoteSandbox first",
                 )
-            await self._append(request.session_id, actor, [("session.sandbox.start", {"image": image, "dispatch": "remote"})])
             try:
-                if self.runtime.sandboxes is None:
-                    raise SandboxError("no sandbox hosts are configured (BAE_SANDBOX_GRPC_ADDRS is empty)")
-                handle = await self.runtime.sandboxes.start(request.session_id, image)
+                handle, running = await start_sandbox(self.runtime, live, actor, image)
             except SandboxError as exc:
-                await self._append(
-                    request.session_id,
-                    actor,
-                    [("session.sandbox.error", {"image": image, "phase": "start", "detail": exc.detail,
-                                                "dispatch": "remote", "unsandboxed": False})],
-                )
                 return error_reply(-32012, f"sandbox_start_failed: {exc.detail}")
-            live.sandbox = handle
-            views = await self._append(
-                request.session_id,
-                actor,
-                [("session.sandbox.running", {"image": image, "sandbox_id": handle.sandbox_id,
-                                              "dispatch": "remote", "unsandboxed": False})],
-            )
-        return result_reply({"sandbox_id": handle.sandbox_id, "image": image, "started_at": views[0]["created_at"]})
+        return result_reply({"sandbox_id": handle.sandbox_id, "image": image, "started_at": running["created_at"]})
 
     async def stop_remote_sandbox(self, request, context) -> session_pb2.RpcReply:
-        principal = await self._principal(request)
-        actor = principal.client_key_id
-        if actor not in self.runtime.drivers(request.session_id):
-            return error_reply(-32001, "call session.registerDriver before session.stopRemoteSandbox")
+        actor, _, refusal = await self._gate(request, "session.stopRemoteSandbox")
+        if refusal:
+            return error_reply(*refusal)
         live = self.runtime.sessions.get(request.session_id)
         handle = live.sandbox if live else None
         if handle is None:
-            return error_reply(-32013, "sandbox_not_running: no remote sandbox is running for this session")
+            return error_reply(-32013, SANDBOX_NOT_RUNNING)
         detail = await stop_sandbox(self.runtime, live, actor, reason="explicit")
         if detail is not None:
             return error_reply(-32000, f"sandbox stop failed: {detail}")
         return result_reply({"stopped": True, "image": handle.image, "sandbox_id": handle.sandbox_id})
 
     async def exec_remote_sandbox(self, request, context) -> session_pb2.RpcReply:
-        principal = await self._principal(request)
-        actor = principal.client_key_id
-        if actor not in self.runtime.drivers(request.session_id):
-            return error_reply(-32001, "call session.registerDriver before session.execRemoteSandbox")
+        actor, _, refusal = await self._gate(request, "session.execRemoteSandbox")
+        if refusal:
+            return error_reply(*refusal)
         try:
             command = parse_params(request).get("command")
         except InvalidParams as exc:
@@ -478,24 +434,17 @@ class LiveApi:
         live = self.runtime.sessions.get(request.session_id)
         handle = live.sandbox if live else None
         if handle is None:
-            return error_reply(-32013, "sandbox_not_running: no remote sandbox is running for this session")
+            return error_reply(-32013, SANDBOX_NOT_RUNNING)
         try:
-            result = await self.runtime.sandboxes.exec(handle, command)
+            result = await exec_in_sandbox(self.runtime, live, actor, handle, command)
         except SandboxError as exc:
-            await self._append(
-                request.session_id,
-                actor,
-                [("session.sandbox.error", {"image": handle.image, "sandbox_id": handle.sandbox_id, "phase": "exec",
-                                            "detail": exc.detail, "dispatch": "remote", "unsandboxed": False})],
-            )
             return error_reply(-32000, f"sandbox exec failed: {exc.detail}")
         return result_reply({"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code})
 
     async def report_local_sandbox(self, request, context) -> session_pb2.RpcReply:
-        principal = await self._principal(request)
-        actor = principal.client_key_id
-        if actor not in self.runtime.drivers(request.session_id):
-            return error_reply(-32001, "call session.registerDriver before session.reportLocalSandbox")
+        actor, _, refusal = await self._gate(request, "session.reportLocalSandbox")
+        if refusal:
+            return error_reply(*refusal)
         try:
             params = parse_params(request)
         except InvalidParams as exc:
@@ -506,8 +455,6 @@ class LiveApi:
         unsandboxed = params.get("unsandboxed", False)
         if not isinstance(unsandboxed, bool):
             return error_reply(-32602, 'Invalid params: "unsandboxed" must be a boolean')
-        if "image" not in params and not unsandboxed:
-            return error_reply(-32602, 'Invalid params: missing "image"')
         image = params.get("image")
         if image is not None and not isinstance(image, str):
             return error_reply(-32602, 'Invalid params: "image" must be a string or null')
@@ -523,7 +470,7 @@ class LiveApi:
             "detail": params.get("detail"),
         }
         try:
-            await self._append(request.session_id, actor, [(f"session.sandbox.{state}", payload)])
+            await self.runtime.append(request.session_id, actor, [(f"session.sandbox.{state}", payload)])
         except Exception:
             log.exception("recording a local sandbox report on %s failed", request.session_id)
             return error_reply(-32603, "Internal error")

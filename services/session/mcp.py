@@ -39,13 +39,14 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter
 
+from bae import __version__
 from bae.config import Config, McpServer, resolve_env
 
 log = logging.getLogger("bae.session.mcp")
 
 # §9.2 handshake: the protocol version BAE offers and the clientInfo it sends.
 PROTOCOL_VERSION = "2024-11-05"
-CLIENT_INFO = types.Implementation(name="bae", version="0.1.0")
+CLIENT_INFO = types.Implementation(name="bae", version=__version__)
 
 DEFAULT_CALL_TIMEOUT = 30.0
 # How long a graceful close may take (stdio: stdin EOF, then SIGTERM/SIGKILL of the

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from sqlalchemy import Connection
 
 from bae.errors import Problem, not_found
-from bae.ids import new_token, token_digest
 from services.session import bodies
 from services.session.auth import Authenticator, bearer_token
 from services.session.bodies import RESERVED_TOOL, SessionBody
@@ -25,8 +24,6 @@ from services.session.store.records import KeyRecord, ProfileRecord
 from services.session.store.store import Store
 
 log = logging.getLogger("bae.session.rest")
-
-SESSION_TOKEN_PREFIX = "bae_ses_"
 
 
 @dataclass(frozen=True)
@@ -206,16 +203,8 @@ class ClientRestApi:
         events.append(conn, session_id, [(key.id, "session.error", payload)])
 
     def _mint_session_key(self, conn: Connection, session_id: str, key: KeyRecord) -> str:
-        token = new_token(SESSION_TOKEN_PREFIX)
-        keys.insert_key(
-            conn,
-            name=session_id,
-            key_hash=token_digest(token),
-            prefix=token[:8],
-            role="session",
-            profile_id=key.profile_id,
-            client_id=key.id,
-        )
+        """A session key bound to `session_id` (its row name) for the acting client key."""
+        token, _ = keys.mint(conn, role="session", name=session_id, profile_id=key.profile_id, client_id=key.id)
         return token
 
     def _created(self, opened: Opened) -> str:

@@ -17,6 +17,7 @@ from bae.settings import Settings
 from services.session.feed import SessionFeed
 from services.session.gate import TurnGate
 from services.session.history import History
+from services.session.sandbox_calls import stop_sandbox
 from services.session.sandboxes import SandboxPool
 
 log = logging.getLogger("bae.session.runtime")
@@ -56,6 +57,20 @@ class SessionRuntime:
         live = self.sessions.get(session_id)
         return sorted(live.drivers) if live else []
 
+    async def append(
+        self,
+        session_id: str,
+        actor: str | None,
+        items: list[tuple[str, dict]],
+        new_state: str | None = None,
+    ) -> list[dict]:
+        """Persist events (one transaction), then publish them: the one write path of live code."""
+        views = await self.store.append_events(
+            session_id, [(actor, kind, payload) for kind, payload in items], new_state=new_state
+        )
+        await self.publish(session_id, views)
+        return views
+
     async def publish(self, session_id: str, events: list[dict]) -> None:
         """Fan committed events out to the session's watchers and its history cache."""
         live = self.sessions.get(session_id)
@@ -68,20 +83,22 @@ class SessionRuntime:
     async def on_open(self, session_id: str, profile) -> None:
         """A session was created: connect its MCP servers in the background."""
         live = self.get(session_id)
-        live.mcp_task = asyncio.create_task(self._connect_mcp(session_id, list(profile.mcp_servers)))
+        live.mcp_task = asyncio.create_task(self._connect_mcp(session_id, profile))
 
-    async def ensure_mcp(self, live: LiveSession, server_names: list[str]):
+    async def ensure_mcp(self, live: LiveSession, profile):
         """The session's MCP connections; (re)connects after a restart of this service."""
         if live.mcp_task is None:
-            live.mcp_task = asyncio.create_task(self._connect_mcp(live.session_id, server_names))
+            live.mcp_task = asyncio.create_task(self._connect_mcp(live.session_id, profile))
         return await asyncio.shield(live.mcp_task)
 
-    async def _connect_mcp(self, session_id: str, server_names: list[str]):
+    async def _connect_mcp(self, session_id: str, profile):
         from services.session.mcp import McpSessionConnections
 
-        if not server_names:
+        if not profile.mcp_servers:
             return None
-        connections = await McpSessionConnections.connect(session_id, server_names, self.config)
+        connections = await McpSessionConnections.connect(
+            session_id, list(profile.mcp_servers), self.config, profile_id=profile.id, profile_name=profile.name
+        )
         live = self.sessions.get(session_id)
         if live is None:  # closed while connecting
             await connections.close()
@@ -92,12 +109,15 @@ class SessionRuntime:
     async def close(self, session_id: str, attribute_to: str | None) -> None:
         """Tear a closed session down: sandbox, subscribers, MCP, drivers, gate."""
         live = self.sessions.pop(session_id, None)
-        if live is None:
-            return
-        if live.sandbox is not None and self.sandboxes is not None:
-            from services.session.sandbox_calls import stop_sandbox
+        if live is not None:
+            await self._teardown(live, attribute_to)
 
-            await stop_sandbox(self, live, attribute_to, reason="session_close")
+    async def _teardown(self, live: LiveSession, attribute_to: str | None) -> None:
+        if live.sandbox is not None:
+            try:
+                await stop_sandbox(self, live, attribute_to, reason="session_close")
+            except Exception:  # logged; never blocks a close
+                log.exception("stopping the sandbox of %s failed", live.session_id)
         live.feed.close()
         live.gate.clear()
         live.drivers.clear()
@@ -107,7 +127,7 @@ class SessionRuntime:
             try:
                 await live.mcp.close()
             except Exception:
-                log.exception("closing MCP connections of %s failed", session_id)
+                log.exception("closing MCP connections of %s failed", live.session_id)
 
     def sandbox_status(self) -> dict:
         if self.sandboxes is None:
@@ -116,36 +136,20 @@ class SessionRuntime:
 
     def provision(self, profile) -> None:
         """Profile created or replaced: (re)provision its sandbox images in the background (§10.2)."""
-        if self.sandboxes is None:
-            return
-        if profile.available_sandboxes:
-            self.sandboxes.provision(profile.id, profile.available_sandboxes)
-        else:
-            self.sandboxes.forget(profile.id)
+        if self.sandboxes is not None:
+            self.sandboxes.provision(profile.id, profile.available_sandboxes)  # [] forgets the profile
 
     async def start(self) -> None:
         """Re-provision the images of every live profile that declares any."""
-        if self.sandboxes is None:
-            return
-        for profile in await self.store.live_profiles():
-            if profile.available_sandboxes:
-                self.sandboxes.provision(profile.id, profile.available_sandboxes)
+        if self.sandboxes is not None:
+            for profile in await self.store.live_profiles():
+                if profile.available_sandboxes:
+                    self.provision(profile)
 
     async def stop(self) -> None:
-        """Shutdown: stop every remote sandbox this replica started, then drop the rest."""
-        for session_id, live in list(self.sessions.items()):
-            if live.sandbox is not None and self.sandboxes is not None:
-                from services.session.sandbox_calls import stop_sandbox
-
-                try:
-                    await stop_sandbox(self, live, None, reason="session_close")
-                except Exception:
-                    log.exception("stopping the sandbox of %s failed", session_id)
-        for session_id in list(self.sessions):
-            live = self.sessions.pop(session_id)
-            live.feed.close()
-            if live.mcp is not None:
-                try:
-                    await live.mcp.close()
-                except Exception:
-                    log.exception("closing MCP connections of %s failed", session_id)
+        """Shutdown: tear every live session down, so no sandbox outlives this replica."""
+        while self.sessions:
+            _, live = self.sessions.popitem()
+            await self._teardown(live, None)
+        if self.sandboxes is not None:
+            await self.sandboxes.close()

@@ -1,13 +1,15 @@
 """Remote sandboxes of a session (SERVER-SPEC §10.4–10.6).
 
 One sandbox per session, shared by all its drivers, placed by the
-`SandboxPool` on a sandbox host. These functions write the lifecycle events;
-the JSON-RPC checks live in `live.py`.
+`SandboxPool` on a sandbox host. These functions drive the pool and write
+the lifecycle events; the JSON-RPC parameter checks live in `live.py`.
 """
 
 from __future__ import annotations
 
-from services.session.sandboxes import SandboxError
+from services.session.sandboxes import ExecResult, SandboxError, SandboxHandle
+
+NO_HOSTS = "no sandbox hosts are configured (BAE_SANDBOX_GRPC_ADDRS is empty)"
 
 
 def available_images(pool, profile) -> list[dict]:
@@ -20,36 +22,54 @@ def available_images(pool, profile) -> list[dict]:
     return images
 
 
+def _remote(payload: dict) -> dict:
+    return {**payload, "dispatch": "remote", "unsandboxed": False}
+
+
+def _error(image: str, sandbox_id: str | None, phase: str, detail: str) -> tuple[str, dict]:
+    payload = {"image": image, "sandbox_id": sandbox_id} if sandbox_id is not None else {"image": image}
+    return "session.sandbox.error", _remote({**payload, "phase": phase, "detail": detail})
+
+
+async def start_sandbox(runtime, live, actor: str, image: str) -> tuple[SandboxHandle, dict]:
+    """Start the session's sandbox; returns its handle and `running` event. Raises SandboxError."""
+    await runtime.append(live.session_id, actor, [("session.sandbox.start", {"image": image, "dispatch": "remote"})])
+    try:
+        if runtime.sandboxes is None:
+            raise SandboxError(NO_HOSTS)
+        handle = await runtime.sandboxes.start(live.session_id, image)
+    except SandboxError as exc:
+        await runtime.append(live.session_id, actor, [_error(image, None, "start", exc.detail)])
+        raise
+    live.sandbox = handle
+    running = _remote({"image": image, "sandbox_id": handle.sandbox_id})
+    views = await runtime.append(live.session_id, actor, [("session.sandbox.running", running)])
+    return handle, views[0]
+
+
+async def exec_in_sandbox(runtime, live, actor: str, handle: SandboxHandle, command: str) -> ExecResult:
+    """Run one command; a driver failure is logged as `session.sandbox.error` and re-raised."""
+    try:
+        return await runtime.sandboxes.exec(handle, command)
+    except SandboxError as exc:
+        await runtime.append(live.session_id, actor, [_error(handle.image, handle.sandbox_id, "exec", exc.detail)])
+        raise
+
+
 async def stop_sandbox(runtime, live, actor: str | None, *, reason: str) -> str | None:
     """Stop the session's sandbox; the handle goes first, so no phantom remains. Returns the error detail."""
     handle, live.sandbox = live.sandbox, None
     if handle is None:
         return None
-    base = {"image": handle.image, "sandbox_id": handle.sandbox_id}
-    await _append(runtime, live.session_id, actor, [("session.sandbox.stop", {**base, "reason": reason, "dispatch": "remote"})])
+    stop = {"image": handle.image, "sandbox_id": handle.sandbox_id, "reason": reason}
+    await runtime.append(live.session_id, actor, [("session.sandbox.stop", {**stop, "dispatch": "remote"})])
     try:
         await runtime.sandboxes.stop(handle)
     except SandboxError as exc:
-        await _append(
-            runtime,
-            live.session_id,
-            actor,
-            [("session.sandbox.error", {**base, "phase": "stop", "detail": exc.detail, "dispatch": "remote", "unsandboxed": False})],
-        )
+        await runtime.append(live.session_id, actor, [_error(handle.image, handle.sandbox_id, "stop", exc.detail)])
         return exc.detail
-    await _append(
-        runtime,
-        live.session_id,
-        actor,
-        [("session.sandbox.stopped", {**base, "reason": reason, "dispatch": "remote", "unsandboxed": False})],
-    )
+    await runtime.append(live.session_id, actor, [("session.sandbox.stopped", _remote(stop))])
     return None
-
-
-async def _append(runtime, session_id: str, actor: str | None, items) -> list[dict]:
-    views = await runtime.store.append_events(session_id, [(actor, kind, payload) for kind, payload in items])
-    await runtime.publish(session_id, views)
-    return views
 
 
 def render_exec(stdout: str, stderr: str, exit_code: int) -> str:
@@ -71,18 +91,17 @@ async def dispatch_sandbox_tool(turn, block: dict) -> dict:
     name = block["name"]
     tool_input = block.get("input") or {}
     command = tool_input.get("command") if isinstance(tool_input, dict) else None
-    await turn.emit(
-        [("sandbox.request", {"tool": name, "input": tool_input, "command": command if isinstance(command, str) else None})]
-    )
+    if not isinstance(command, str):
+        command = None
+    await turn.emit([("sandbox.request", {"tool": name, "input": tool_input, "command": command})])
     handle = turn.live.sandbox
-    pool = turn.runtime.sandboxes
-    if handle is None or pool is None:
+    if handle is None:
         response = {
             "sandbox_id": None,
             "ok": False,
             "error": f"no remote sandbox is running for tool '{name}'; call session.startRemoteSandbox first",
         }
-    elif not isinstance(command, str):
+    elif command is None:
         response = {
             "sandbox_id": None,
             "ok": False,
@@ -90,26 +109,18 @@ async def dispatch_sandbox_tool(turn, block: dict) -> dict:
         }
     else:
         try:
-            result = await pool.exec(handle, command)
+            result = await turn.runtime.sandboxes.exec(handle, command)
+        except SandboxError as exc:
+            await turn.emit([_error(handle.image, handle.sandbox_id, "exec", exc.detail)])
+            response = {"sandbox_id": handle.sandbox_id, "ok": False, "error": exc.detail}
+        else:
             response = {
                 "sandbox_id": handle.sandbox_id,
                 "ok": result.exit_code == 0,
                 "result": {"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code},
             }
-        except SandboxError as exc:
-            await turn.emit(
-                [
-                    (
-                        "session.sandbox.error",
-                        {"image": handle.image, "sandbox_id": handle.sandbox_id, "phase": "exec",
-                         "detail": exc.detail, "dispatch": "remote", "unsandboxed": False},
-                    )
-                ]
-            )
-            response = {"sandbox_id": handle.sandbox_id, "ok": False, "error": exc.detail}
     if "result" in response:
-        r = response["result"]
-        text = render_exec(r["stdout"], r["stderr"], r["exit_code"])
+        text = render_exec(**response["result"])
     else:
         text = f"sandbox error: {response['error']}"
     content = [{"type": "text", "text": text}]

@@ -25,7 +25,7 @@ from bae.protos import sandbox_pb2, sandbox_pb2_grpc
 
 log = logging.getLogger("bae.session.sandboxes")
 
-SERVICE_NAME = "baeproto.v1.Sandbox"
+SERVICE_NAME = sandbox_pb2.DESCRIPTOR.services_by_name["Sandbox"].full_name
 
 
 class SandboxError(BaeError):

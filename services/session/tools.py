@@ -12,6 +12,8 @@ import asyncio
 import json
 from dataclasses import dataclass
 
+from services.session.sandbox_calls import dispatch_sandbox_tool
+
 
 def _provider_tool(tool: dict) -> dict:
     return {
@@ -98,8 +100,6 @@ async def dispatch_server_tools(turn, blocks: list[dict], dispatch: dict[str, st
             await turn.emit([("mcp.response", response), ("tool.result", result)])
             results.append(_as_result_block(result))
         elif kind == "sandbox":
-            from services.session.sandbox_calls import dispatch_sandbox_tool
-
             results.append(await dispatch_sandbox_tool(turn, block))
         else:
             result = error_result(

@@ -8,7 +8,6 @@ event before it is broadcast, and dispatches server-side tools itself.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -66,11 +65,11 @@ class Turn:
         in_result: bool = True,
     ) -> list[dict]:
         """Persist, then broadcast. `echo` marks the caller's own input (never sent back to it)."""
-        actor = attribute_to or self.actor
         views = await self.runtime.store.append_events(
-            self.session_id, [(actor, kind, payload) for kind, payload in items], new_state=new_state
+            self.session_id, [(attribute_to or self.actor, kind, payload) for kind, payload in items],
+            new_state=new_state,
         )
-        if echo:
+        if echo:  # before publishing, so the caller's own stream never sees them
             self.watcher.echo_ids.update(view["id"] for view in views)
         if in_result:
             self.events.extend(views)
@@ -82,7 +81,7 @@ class Turn:
         for _ in range(MAX_ITERATIONS):
             # Re-read: updateClientTools applies from the next provider call.
             session = await self.runtime.store.get_session(self.session_id) or session
-            mcp = await self.runtime.ensure_mcp(self.live, list(profile.mcp_servers))
+            mcp = await self.runtime.ensure_mcp(self.live, profile)
             declared = toolset.ActingTools.of(session, self.actor, mcp)
             result = await self._provider_step(profile, self.live.history.messages + extensions, declared.advertised())
             if result is None:
@@ -159,7 +158,6 @@ class Turn:
         if result is None:
             raise TurnFailed("runner ended the step without a result")
         if result.outcome == runner_pb2.StepResult.OK:
-            self.last_usage = (result.input_tokens, result.output_tokens) if result.has_usage else None
             return result
         if result.outcome == runner_pb2.StepResult.PROVIDER_CONFIG:
             payload = {"reason": "provider_config", "detail": result.detail}

@@ -11,7 +11,7 @@ import pytest
 from bae.errors import Problem
 from bae.protos import session_pb2, session_pb2_grpc
 from bae.stack import Stack
-from conftest import free_port, stack_env
+from conftest import stack_env
 
 CONFIG = """
 [[providers.entries]]

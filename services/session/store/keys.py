@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, Row, and_, bindparam, func, insert, select, update
 
-from bae.ids import new_id
+from bae.ids import new_id, new_token, token_digest
 from bae.timefmt import now
 from services.session.store.records import KeyRecord
 from services.session.store.schema import keys
@@ -86,6 +86,26 @@ def insert_key(
     }
     conn.execute(_INSERT, row)
     return KeyRecord(**row)
+
+
+TOKEN_PREFIXES = {"client": "bae_", "session": "bae_ses_", "admin": "bae_admin_"}
+
+
+def mint(
+    conn: Connection, *, role: str, name: str, profile_id: str | None = None, client_id: str | None = None
+) -> tuple[str, KeyRecord]:
+    """A new key of `role`: its plaintext (returned once, never stored) and its row."""
+    token = new_token(TOKEN_PREFIXES[role])
+    row = insert_key(
+        conn,
+        name=name,
+        key_hash=token_digest(token),
+        prefix=token[:8],
+        role=role,
+        profile_id=profile_id,
+        client_id=client_id,
+    )
+    return token, row
 
 
 def client_page(conn: Connection, after_seq: int, limit: int) -> list[tuple[int, KeyRecord]]:

@@ -117,11 +117,5 @@ def page(conn: Connection, after_seq: int, limit: int) -> list[tuple[int, Profil
 
 def all_active(conn: Connection) -> list[ProfileRecord]:
     """Every non-deleted profile, in insertion order (start-up image provisioning)."""
-    profiles: list[ProfileRecord] = []
-    after = 0
-    while True:
-        batch = page(conn, after, 200)
-        profiles += [profile for _, profile in batch]
-        if len(batch) < 200:
-            return profiles
-        after = batch[-1][0]
+    rows = conn.execute(select(profiles).where(profiles.c.deleted_at.is_(None)).order_by(profiles.c.seq))
+    return [record(row) for row in rows]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, Row, and_, bindparam, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, insert, select, update
 
 from bae.ids import new_id
 from bae.timefmt import now

@@ -17,7 +17,7 @@ from typing import Any, Callable, TypeVar
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
-from services.session.store import events, keys, profiles, sessions
+from services.session.store import events, profiles, sessions
 from services.session.store.migrations import migrate
 from services.session.store.records import ProfileRecord, SessionRecord
 
