@@ -17,6 +17,9 @@ log = logging.getLogger("bae")
 
 # Registers servicers on a server; returns the service names to report healthy.
 Registrar = Callable[[grpc.aio.Server], Iterable[str]]
+# Takes over health reporting from serve(): sets the first statuses before the server
+# starts, and may keep reporting in a task of its own.
+HealthReporter = Callable[[health.aio.HealthServicer], Awaitable[None]]
 
 
 class ProblemInterceptor(grpc.aio.ServerInterceptor):
@@ -74,17 +77,24 @@ async def serve(
     register: Registrar,
     shutdown_timeout: float,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
+    report_health: HealthReporter | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT, then drain within `shutdown_timeout` seconds."""
+    """Serve until SIGTERM/SIGINT, then drain within `shutdown_timeout` seconds.
+
+    Without `report_health`, every registered service reports SERVING from the start.
+    """
     server = grpc.aio.server(interceptors=[ProblemInterceptor()])
     services = list(register(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if server.add_insecure_port(address) == 0:
         raise OSError(f"{name}: cannot bind gRPC address {address}")
+    if report_health is None:
+        for service in ["", *services]:
+            await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    else:
+        await report_health(health_servicer)
     await server.start()
-    for service in ["", *services]:
-        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     log.info("%s serving gRPC on %s", name, address)
 
     stop = asyncio.Event()

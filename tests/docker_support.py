@@ -8,8 +8,15 @@ from __future__ import annotations
 
 import functools
 import os
+import subprocess
+import sys
+import time
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from conftest import free_port
 
 TEST_IMAGE = "bae-busybox:test"
 SETUP_HINT = "run `bash .ci/docker-setup.sh` as root to set Docker up"
@@ -79,15 +86,7 @@ class SandboxHostProcess:
     """`python -m services.sandbox` as a child process on a free loopback port."""
 
     def __init__(self, root, host_id: str, **env: str) -> None:
-        import os
-        import socket
-        import subprocess
-        import sys
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        self.address = f"127.0.0.1:{port}"
+        self.address = f"127.0.0.1:{free_port()}"
         self.host_id = host_id
         self.label = f"bae.host={host_id}"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("BAE_")}
@@ -109,11 +108,6 @@ class SandboxHostProcess:
         )
 
     def wait_serving(self, timeout: float = 20.0) -> None:
-        import time
-
-        import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
-
         deadline = time.monotonic() + timeout
         with grpc.insecure_channel(self.address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
@@ -138,10 +132,8 @@ class SandboxHostProcess:
         self.process.kill()
         self.process.wait(10)
 
-    def stop(self) -> None:
-        """SIGTERM (SIGKILL after 10 s), then remove whatever the host left behind."""
-        import subprocess
-
+    def terminate(self) -> None:
+        """SIGTERM (SIGKILL after 10 s); needs no Docker."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -150,4 +142,8 @@ class SandboxHostProcess:
                 self.kill()
         if self.process.stdout:
             self.process.stdout.close()
+
+    def stop(self) -> None:
+        """terminate(), then remove whatever the host left behind."""
+        self.terminate()
         remove_containers(self.label)

@@ -6,12 +6,13 @@ import os
 import re
 import socket
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping, TypeVar
 
 from bae.errors import UsageError
 from bae.settings import Settings
 
 _MEMORY = re.compile(r"^[0-9]+[bkmg]?$")
+N = TypeVar("N", int, float)
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,8 @@ class SandboxConfig:
     health_interval: float
 
 
-def _positive(var: str, value: str, kind: type) -> float | int:
+def _positive(env: Mapping[str, str], var: str, default: str, kind: Callable[[str], N]) -> N:
+    value = env.get(var, default)
     try:
         number = kind(value.strip())
     except ValueError:
@@ -57,11 +59,9 @@ def load_sandbox_config(settings: Settings, env: Mapping[str, str] | None = None
         listen_addr=listen_addr,
         host_id=get("BAE_SANDBOX_HOST_ID", "").strip() or f"{socket.gethostname()}-{listen_addr}",
         memory=memory,
-        cpus=float(_positive("BAE_SANDBOX_CPUS", get("BAE_SANDBOX_CPUS", "1"), float)),
-        pids_limit=int(_positive("BAE_SANDBOX_PIDS_LIMIT", get("BAE_SANDBOX_PIDS_LIMIT", "256"), int)),
+        cpus=_positive(env, "BAE_SANDBOX_CPUS", "1", float),
+        pids_limit=_positive(env, "BAE_SANDBOX_PIDS_LIMIT", "256", int),
         network=network,
-        exec_timeout=float(_positive("BAE_SANDBOX_EXEC_TIMEOUT", get("BAE_SANDBOX_EXEC_TIMEOUT", "300"), float)),
-        health_interval=float(
-            _positive("BAE_SANDBOX_HEALTH_INTERVAL", get("BAE_SANDBOX_HEALTH_INTERVAL", "2"), float)
-        ),
+        exec_timeout=_positive(env, "BAE_SANDBOX_EXEC_TIMEOUT", "300", float),
+        health_interval=_positive(env, "BAE_SANDBOX_HEALTH_INTERVAL", "2", float),
     )

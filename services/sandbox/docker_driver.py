@@ -71,6 +71,8 @@ class DockerDriver:
         self._control: docker.DockerClient | None = None
         self._long: docker.DockerClient | None = None
         self._clients_lock = threading.Lock()
+        # This host's containers: the only ones it lists, and its orphans at start.
+        self._own_filters = {"label": [f"{LABEL_SANDBOX}=1", f"{LABEL_HOST}={config.host_id}"]}
         self._prepared = False
         self._prepare_lock = asyncio.Lock()
 
@@ -80,17 +82,16 @@ class DockerDriver:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._threads, functools.partial(call, *args, **kwargs))
 
-    def _clients(self) -> tuple[docker.DockerClient, docker.DockerClient]:
-        """Created on first use (runs in a worker thread): creating one asks the engine for its API version."""
+    def _connect(self) -> None:
+        """Runs in a worker thread: creating a client asks the engine for its API version."""
         with self._clients_lock:
-            if self._control is None or self._long is None:
+            if self._control is None:
                 try:
                     control = docker.from_env(timeout=CONTROL_TIMEOUT)
                     self._long = docker.from_env(timeout=None, version=control.api.api_version)
-                    self._control = control
+                    self._control = control  # last: once it is set, both clients are
                 except docker.errors.DockerException as exc:
                     raise _unreachable(exc) from None
-            return self._control, self._long
 
     async def _engine(self, call: Callable[..., T], *args, **kwargs) -> T:
         """Run an SDK call in a thread; connection failures become UNAVAILABLE."""
@@ -100,8 +101,17 @@ class DockerDriver:
             raise _unreachable(exc) from None
 
     async def _api(self):
-        control, _ = await self._run(self._clients)
-        return control.api
+        """The control client's API; both clients are created on first use."""
+        if self._control is None:
+            await self._run(self._connect)
+        return self._control.api
+
+    async def _long_api(self):
+        await self._api()
+        return self._long.api
+
+    async def _own_containers(self, api) -> list[dict]:
+        return await self._engine(api.containers, all=True, filters=self._own_filters)
 
     # -- health and start-up ----------------------------------------------------------------
 
@@ -118,8 +128,7 @@ class DockerDriver:
             if self._prepared:
                 return
             api = await self._api()
-            filters = {"label": [f"{LABEL_SANDBOX}=1", f"{LABEL_HOST}={self._config.host_id}"]}
-            orphans = await self._engine(api.containers, all=True, filters=filters)
+            orphans = await self._own_containers(api)
             for orphan in orphans:
                 await self._remove(api, orphan["Id"])
             if orphans:
@@ -142,9 +151,8 @@ class DockerDriver:
             pass
         except docker.errors.APIError as exc:
             raise SandboxFailure(grpc.StatusCode.FAILED_PRECONDITION, f'invalid image "{image}": {_explain(exc)}') from None
-        _, long_client = await self._run(self._clients)
         try:
-            error = await self._engine(self._pull, long_client.api, image)
+            error = await self._engine(self._pull, await self._long_api(), image)
         except docker.errors.APIError as exc:
             error = _explain(exc)
         if error is not None:
@@ -203,8 +211,7 @@ class DockerDriver:
             raise SandboxFailure(grpc.StatusCode.NOT_FOUND, f"no such sandbox: {sandbox_id}") from None
         except docker.errors.APIError as exc:
             raise SandboxFailure(grpc.StatusCode.FAILED_PRECONDITION, f"cannot exec in sandbox: {_explain(exc)}") from None
-        _, long_client = await self._run(self._clients)
-        output = self._engine(long_client.api.exec_start, exec_id, demux=True)
+        output = self._engine((await self._long_api()).exec_start, exec_id, demux=True)
         try:
             stdout, stderr = await asyncio.wait_for(output, timeout)
         except TimeoutError:
@@ -255,9 +262,7 @@ class DockerDriver:
             raise SandboxFailure(grpc.StatusCode.INTERNAL, f"cannot stop sandbox: {_explain(exc)}") from None
 
     async def list(self) -> list[SandboxInfo]:
-        api = await self._ready_api()
-        filters = {"label": [f"{LABEL_SANDBOX}=1", f"{LABEL_HOST}={self._config.host_id}"]}
-        containers = await self._engine(api.containers, all=True, filters=filters)
+        containers = await self._own_containers(await self._ready_api())
         return [
             SandboxInfo(
                 sandbox_id=item["Id"],

@@ -1,21 +1,21 @@
-"""The Sandbox gRPC service, its engine health reporting, and the serving loop."""
+"""The Sandbox gRPC service and its engine health reporting."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 
+from bae.grpcutil import serve
 from bae.protos import sandbox_pb2, sandbox_pb2_grpc
 from services.sandbox.config import SandboxConfig
 from services.sandbox.driver import Driver, SandboxFailure
 
 log = logging.getLogger("bae.sandbox")
 
-SERVICE_NAME = "baeproto.v1.Sandbox"
+SERVICE_NAME = sandbox_pb2.DESCRIPTOR.services_by_name["Sandbox"].full_name
 
 
 class SandboxService(sandbox_pb2_grpc.SandboxServicer):
@@ -70,13 +70,23 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
 class EngineMonitor:
     """Reports SERVING only while the engine answers and this host's orphans are gone."""
 
-    def __init__(self, driver: Driver, health_servicer: health.aio.HealthServicer, interval: float) -> None:
+    def __init__(self, driver: Driver, interval: float) -> None:
         self._driver = driver
-        self._health = health_servicer
         self._interval = interval
         self._serving: bool | None = None
+        self._task: asyncio.Task | None = None
 
-    async def check(self) -> None:
+    async def start(self, health_servicer: health.aio.HealthServicer) -> None:
+        """serve()'s health reporter: checks once before the server starts, then every interval."""
+        # Orphans go before the first request can start a container of ours.
+        await self._check(health_servicer)
+        self._task = asyncio.create_task(self._run(health_servicer))
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _check(self, health_servicer: health.aio.HealthServicer) -> None:
         serving = await self._driver.ping()
         if serving:
             try:
@@ -92,42 +102,31 @@ class EngineMonitor:
             self._serving = serving
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for service in ("", SERVICE_NAME):
-            await self._health.set(service, status)
+            await health_servicer.set(service, status)
 
-    async def run(self) -> None:
+    async def _run(self, health_servicer: health.aio.HealthServicer) -> None:
         while True:
             await asyncio.sleep(self._interval)
-            await self.check()
+            await self._check(health_servicer)
 
 
 async def serve_sandbox(config: SandboxConfig, driver: Driver, shutdown_timeout: float) -> None:
-    """Serve until SIGTERM/SIGINT. Like bae.grpcutil.serve, but health follows the engine."""
-    server = grpc.aio.server()
-    sandbox_pb2_grpc.add_SandboxServicer_to_server(SandboxService(driver, config), server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if server.add_insecure_port(config.listen_addr) == 0:
-        raise OSError(f"sandbox: cannot bind gRPC address {config.listen_addr}")
-    monitor = EngineMonitor(driver, health_servicer, config.health_interval)
-    # Orphans go before the first request can start a container of ours.
-    await monitor.check()
-    await server.start()
-    monitor_task = asyncio.create_task(monitor.run())
-    log.info("sandbox host %s (driver %s) serving gRPC on %s", config.host_id, config.driver, config.listen_addr)
+    """Serve until SIGTERM/SIGINT, with health following the container engine."""
+    monitor = EngineMonitor(driver, config.health_interval)
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    def register(server: grpc.aio.Server) -> list[str]:
+        sandbox_pb2_grpc.add_SandboxServicer_to_server(SandboxService(driver, config), server)
+        return [SERVICE_NAME]
 
-    log.info("sandbox shutting down (budget %ss)", shutdown_timeout)
-    monitor_task.cancel()
-    await health_servicer.enter_graceful_shutdown()
-    try:
-        async with asyncio.timeout(shutdown_timeout):
-            await server.stop(grace=max(shutdown_timeout - 1, 0))
-    except TimeoutError:
-        log.warning("sandbox: shutdown budget exhausted; exiting anyway")
-    await driver.close()
-    log.info("sandbox stopped")
+    async def shut_down() -> None:
+        monitor.stop()
+        await driver.close()
+
+    await serve(
+        f"sandbox host {config.host_id} (driver {config.driver})",
+        config.listen_addr,
+        register,
+        shutdown_timeout,
+        on_shutdown=shut_down,
+        report_health=monitor.start,
+    )

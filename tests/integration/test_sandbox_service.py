@@ -205,15 +205,20 @@ async def test_orphans_of_this_host_are_removed_at_start_up():
         remove_containers(f"bae.host={other_id}")
 
 
-def test_unknown_driver_exits_2():
-    result = subprocess.run(
+def _run_host(**env: str) -> subprocess.CompletedProcess:
+    """Run a sandbox host with only `env` (and PATH) set; for start-up failures."""
+    return subprocess.run(
         [sys.executable, "-m", "services.sandbox"],
         cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", "BAE_SANDBOX_DRIVER": "podman"},
+        env={"PATH": "/usr/bin:/bin", **env},
         capture_output=True,
         text=True,
         timeout=30,
     )
+
+
+def test_unknown_driver_exits_2():
+    result = _run_host(BAE_SANDBOX_DRIVER="podman")
     assert result.returncode == 2
     assert result.stderr.strip().endswith(
         'BAE_SANDBOX_DRIVER: "podman" is not a supported sandbox driver (expected "docker" or "apple-container")'
@@ -221,14 +226,7 @@ def test_unknown_driver_exits_2():
 
 
 def test_invalid_limit_exits_2():
-    result = subprocess.run(
-        [sys.executable, "-m", "services.sandbox"],
-        cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", "BAE_SANDBOX_MEMORY": "lots"},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    result = _run_host(BAE_SANDBOX_MEMORY="lots")
     assert result.returncode == 2
     assert 'BAE_SANDBOX_MEMORY: "lots" is not a memory size' in result.stderr
 
@@ -244,9 +242,7 @@ async def test_apple_container_driver_fails_every_call_as_unsupported(tmp_path):
         assert caught.value.details() == 'the "apple-container" sandbox driver is not supported on this host'
         await channel.close()
     finally:
-        host.process.terminate()
-        host.process.wait(10)
-        host.process.stdout.close()
+        host.terminate()
 
 
 async def test_unreachable_engine_reports_not_serving_and_fails_calls(tmp_path):
@@ -271,6 +267,4 @@ async def test_unreachable_engine_reports_not_serving_and_fails_calls(tmp_path):
         assert caught.value.details().startswith("docker engine is not reachable: ")
         await channel.close()
     finally:
-        host.process.terminate()
-        host.process.wait(10)
-        host.process.stdout.close()
+        host.terminate()
