@@ -147,7 +147,6 @@ class MockLLM:
 
     def __post_init__(self) -> None:
         self._queue: deque[Reply] = deque()
-        self._received = threading.Condition()
         self._serial = itertools.count(1)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -160,14 +159,7 @@ class MockLLM:
     def reset(self) -> None:
         """Forget scripted replies and received requests (a server shared by several tests)."""
         self._queue.clear()
-        with self._received:
-            self.requests.clear()
-
-    def wait_for_requests(self, count: int, timeout: float = 5.0) -> list[dict]:
-        with self._received:
-            if not self._received.wait_for(lambda: len(self.requests) >= count, timeout):
-                raise TimeoutError(f"mock LLM saw {len(self.requests)} requests, expected {count}")
-            return list(self.requests)
+        self.requests.clear()
 
     @property
     def base_url(self) -> str:
@@ -248,9 +240,8 @@ class MockLLM:
         except ValueError:
             body = raw.decode(errors="replace")
         headers = {key.decode().lower(): value.decode() for key, value in scope["headers"]}
-        with self._received:
-            self.requests.append({"path": path, "headers": headers, "body": body})
-            self._received.notify_all()
+        # Runs on the server thread; a list append is atomic, so readers need no lock.
+        self.requests.append({"path": path, "headers": headers, "body": body})
 
         if scope["method"] != "POST" or path not in (ANTHROPIC_PATH, OPENAI_PATH):
             await _respond(send, 404, b'{"error":"not found"}')

@@ -7,13 +7,7 @@ must alternate (SERVER-SPEC §8.5).
 
 from __future__ import annotations
 
-from services.runner.canonical import (
-    Message,
-    Usage,
-    WireFormatError,
-    content_blocks,
-    is_int,
-)
+from services.runner.canonical import Message, Usage, WireFormatError, content_blocks, read_usage
 
 COMPACTED_PREAMBLE = "The earlier part of this conversation was compacted. A summary follows."
 
@@ -60,18 +54,12 @@ def request_body(model: str, max_tokens: int, messages: list[Message], tools: li
 
 def usage(body: dict) -> Usage | None:
     """Input counts cached tokens too (cache read + creation); partial usage counts as none."""
-    raw = body.get("usage")
-    if not isinstance(raw, dict):
-        return None
-    input_tokens, output_tokens = raw.get("input_tokens"), raw.get("output_tokens")
-    if not is_int(input_tokens) or not is_int(output_tokens):
-        return None
-    cached = sum(
-        value
-        for value in (raw.get("cache_read_input_tokens"), raw.get("cache_creation_input_tokens"))
-        if is_int(value)
+    return read_usage(
+        body,
+        "input_tokens",
+        "output_tokens",
+        ("cache_read_input_tokens", "cache_creation_input_tokens"),
     )
-    return Usage(input_tokens + cached, output_tokens)
 
 
 def assistant_message(body: dict) -> Message:

@@ -62,6 +62,23 @@ def content_blocks(content: Any) -> list[Block]:
     return list(content) if isinstance(content, list) else []
 
 
-def is_int(value: Any) -> bool:
+def read_usage(
+    body: dict, input_key: str, output_key: str, extra_input_keys: tuple[str, ...] = ()
+) -> Usage | None:
+    """`body["usage"]` under the kind's field names; partial usage counts as none.
+
+    `extra_input_keys` name optional counts added to the input (missing ones count 0).
+    """
+    raw = body.get("usage")
+    if not isinstance(raw, dict):
+        return None
+    input_tokens, output_tokens = raw.get(input_key), raw.get(output_key)
+    if not _is_int(input_tokens) or not _is_int(output_tokens):
+        return None
+    extra = sum(value for key in extra_input_keys if _is_int(value := raw.get(key)))
+    return Usage(input_tokens + extra, output_tokens)
+
+
+def _is_int(value: Any) -> bool:
     """A JSON integer (bool is an int subclass in Python, but not in JSON)."""
     return isinstance(value, int) and not isinstance(value, bool)

@@ -42,13 +42,14 @@ class ProviderClients:
         self._clients: dict[tuple[str, str], anthropic.AsyncAnthropic | openai.AsyncOpenAI] = {}
 
     async def post(self, kind: str, base_url: str, token: str, body: dict) -> WireResponse:
-        """POST `body` to the kind's endpoint under `base_url`."""
+        """POST `body` to the kind's endpoint under `base_url` (no trailing `/`, as
+        `ProviderEntry.effective_base_url` gives it)."""
         try:
             # httpx's timeout bounds each read; this bounds the whole attempt.
             async with asyncio.timeout(self.timeout):
                 return await self._send(kind, base_url, token, body)
         except TimeoutError:
-            raise TransportError(f"request timed out after {self.timeout:g} s") from None
+            raise self._timed_out() from None
 
     async def _send(self, kind: str, base_url: str, token: str, body: dict) -> WireResponse:
         try:
@@ -56,21 +57,22 @@ class ProviderClients:
                 raw = await self._anthropic(base_url).messages.with_raw_response.create(
                     **body,
                     extra_headers={"X-Api-Key": token, "Authorization": anthropic.omit},
-                    timeout=self.timeout,
                 )
             else:
                 raw = await self._openai(base_url).chat.completions.with_raw_response.create(
                     **body,
                     extra_headers={"Authorization": f"Bearer {token}"},
-                    timeout=self.timeout,
                 )
         except (anthropic.APIStatusError, openai.APIStatusError) as error:
             return WireResponse(error.response.status_code, error.response.text)
         except (anthropic.APITimeoutError, openai.APITimeoutError):
-            raise TransportError(f"request timed out after {self.timeout:g} s") from None
+            raise self._timed_out() from None
         except (anthropic.APIConnectionError, openai.APIConnectionError) as error:
             raise TransportError(_connection_detail(error)) from None
         return WireResponse(raw.http_response.status_code, raw.http_response.text)
+
+    def _timed_out(self) -> TransportError:
+        return TransportError(f"request timed out after {self.timeout:g} s")
 
     def _anthropic(self, base_url: str) -> anthropic.AsyncAnthropic:
         client = self._clients.get((ANTHROPIC, base_url))
@@ -91,7 +93,7 @@ class ProviderClients:
             # The registry's base_url excludes the API version; the SDK's includes it.
             client = openai.AsyncOpenAI(
                 api_key=_UNUSED_CREDENTIAL,
-                base_url=f"{base_url.rstrip('/')}/v1",
+                base_url=f"{base_url}/v1",
                 max_retries=0,
                 timeout=self.timeout,
             )

@@ -11,7 +11,7 @@ from services.runner.canonical import (
     Usage,
     WireFormatError,
     content_blocks,
-    is_int,
+    read_usage,
 )
 
 
@@ -110,13 +110,7 @@ def _tool_result_text(content: Any) -> str:
 
 
 def usage(body: dict) -> Usage | None:
-    raw = body.get("usage")
-    if not isinstance(raw, dict):
-        return None
-    prompt, completion = raw.get("prompt_tokens"), raw.get("completion_tokens")
-    if not is_int(prompt) or not is_int(completion):
-        return None
-    return Usage(prompt, completion)
+    return read_usage(body, "prompt_tokens", "completion_tokens")
 
 
 def _first_choice(body: dict) -> dict | None:

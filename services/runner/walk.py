@@ -12,16 +12,14 @@ import logging
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from bae.config import Config, EnvResolutionError, ProviderEntry, resolve_env
+from bae.config import REDACTED, Config, EnvResolutionError, ProviderEntry, resolve_env
 from services.runner import anthropic_wire, openai_wire
 from services.runner.canonical import Message, Usage, WireFormatError, strip_routing_fields
-from services.runner.clients import ANTHROPIC, ProviderClients, TransportError
+from services.runner.clients import ProviderClients, TransportError
 
 log = logging.getLogger("bae.runner")
 
 COMPACTION = "compaction"
-# Stands in for the auth token if a provider echoes it back in a body or error.
-REDACTED = "\u2022" * 8
 # Shorter "tokens" (test placeholders like "x") would match ordinary text, and
 # redacting them would corrupt every body without protecting a real secret.
 MIN_REDACTED_TOKEN_LENGTH = 8
@@ -74,8 +72,10 @@ class _Failure:
 
 @dataclass(frozen=True)
 class _Wire:
-    """How one provider kind shapes a request and reads a response."""
+    """How one provider kind prepares messages, shapes a request and reads a response."""
 
+    # (messages to send, the `normalized` event field or None)
+    normalize: Callable[[list[Message]], tuple[list[Message], dict | None]]
     request_body: Callable[[str, int, list[Message], list[dict]], dict]
     usage: Callable[[dict], Usage | None]
     assistant_message: Callable[[dict], Message]
@@ -84,12 +84,15 @@ class _Wire:
 
 WIRES = {
     "anthropic": _Wire(
+        anthropic_wire.normalize,
         anthropic_wire.request_body,
         anthropic_wire.usage,
         anthropic_wire.assistant_message,
         anthropic_wire.truncation,
     ),
     "openai": _Wire(
+        # Chat Completions takes any role order: nothing to normalize (§8.5).
+        lambda messages: (messages, None),
         openai_wire.request_body,
         openai_wire.usage,
         openai_wire.assistant_message,
@@ -130,17 +133,16 @@ async def run_step(
         return
     messages = strip_routing_fields(spec.messages)
     compaction = spec.purpose == COMPACTION
+    purpose = {"purpose": spec.purpose} if spec.purpose else {}
     for attempt, entry in enumerate(chain):
         base = {
             "attempt": attempt,
             "kind": "primary" if attempt == 0 else "fallback",
             "provider": entry.provider,
         }
-        purpose = {"purpose": spec.purpose} if spec.purpose else {}
+        wire = WIRES[entry.provider]
         max_tokens = max(entry.max_tokens, spec.min_max_tokens)
-        sent_messages, normalized = (
-            anthropic_wire.normalize(messages) if entry.provider == ANTHROPIC else (messages, None)
-        )
+        sent_messages, normalized = wire.normalize(messages)
         yield StepEvent(
             "provider.request",
             {
@@ -154,7 +156,7 @@ async def run_step(
                 **purpose,
             },
         )
-        result = await _attempt(entry, max_tokens, sent_messages, spec.tools, clients)
+        result = await _attempt(entry, wire, max_tokens, sent_messages, spec.tools, clients)
         if isinstance(result, _Success):
             yield StepEvent(
                 "provider.response",
@@ -203,6 +205,7 @@ async def run_step(
 
 async def _attempt(
     entry: ProviderEntry,
+    wire: _Wire,
     max_tokens: int,
     messages: list[Message],
     tools: list[dict],
@@ -213,7 +216,6 @@ async def _attempt(
         token = resolve_env(entry.auth_token, "provider config")
     except EnvResolutionError as exc:
         return _Failure(None, str(exc), None)
-    wire = WIRES[entry.provider]
     body = wire.request_body(entry.model, max_tokens, messages, tools)
     try:
         response = await clients.post(entry.provider, entry.effective_base_url, token, body)
@@ -240,6 +242,7 @@ async def _attempt(
 
 
 def _redact(text: str, token: str) -> str:
+    """`text` with the auth token, should a provider echo it back, replaced by REDACTED."""
     if len(token) < MIN_REDACTED_TOKEN_LENGTH or token not in text:
         return text
     return text.replace(token, REDACTED)

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Iterator
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bae.protos import runner_pb2, runner_pb2_grpc
-from conftest import ROOT, free_port, mock_provider_toml
+from conftest import free_port, mock_provider_toml
 from mockllm import MockLLM, Reply
+from processes import ServiceProcess, service_env
 
 TOKEN = "sk-test-" + secrets.token_hex(12)
 REDACTED = "\u2022" * 8
@@ -48,55 +44,6 @@ def runner_config(base_url: str) -> str:
     )
 
 
-class RunnerProcess:
-    def __init__(self, config_path: Path, log_path: Path) -> None:
-        self.address = f"127.0.0.1:{free_port()}"
-        self.log_path = log_path
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BAE_")}
-        env.update(
-            BAE_RUNNER_GRPC_ADDR=self.address,
-            BAE_PROVIDER_TIMEOUT="1",
-            BAE_SHUTDOWN_TIMEOUT="5",
-            BAE_LOG="debug",
-            MOCK_LLM_TOKEN=TOKEN,
-        )
-        self.log = open(log_path, "wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "services.runner", "--config", str(config_path)],
-            cwd=ROOT,
-            env=env,
-            stdout=self.log,
-            stderr=self.log,
-        )
-        self._wait_healthy()
-
-    def _wait_healthy(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.address) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"runner exited: {self.log_path.read_text()}")
-                try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(service="baeproto.v1.Runner"), timeout=1)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("runner did not become healthy")
-                time.sleep(0.05)
-
-    def stop(self) -> int:
-        self.process.terminate()
-        try:
-            return self.process.wait(10)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-            self.log.close()
-
-
 @pytest.fixture(scope="module")
 def llm() -> Iterator[MockLLM]:
     with MockLLM() as server:
@@ -104,12 +51,28 @@ def llm() -> Iterator[MockLLM]:
 
 
 @pytest.fixture(scope="module")
-def runner(llm: MockLLM, tmp_path_factory) -> Iterator[RunnerProcess]:
+def runner(llm: MockLLM, tmp_path_factory) -> Iterator[str]:
+    """The gRPC address of a running `python -m services.runner`."""
     tmp = tmp_path_factory.mktemp("runner")
     config = tmp / "bae-config.toml"
     config.write_text(runner_config(llm.base_url))
-    process = RunnerProcess(config, tmp / "runner.log")
-    yield process
+    address = f"127.0.0.1:{free_port()}"
+    env = service_env(
+        BAE_RUNNER_GRPC_ADDR=address,
+        BAE_PROVIDER_TIMEOUT="1",
+        BAE_SHUTDOWN_TIMEOUT="5",
+        BAE_LOG="debug",
+        MOCK_LLM_TOKEN=TOKEN,
+    )
+    process = ServiceProcess(
+        "services.runner", "--config", str(config), env=env, log_path=tmp / "runner.log"
+    )
+    try:
+        process.wait_grpc_serving(address, "baeproto.v1.Runner")
+    except Exception:
+        process.stop()
+        raise
+    yield address
     assert process.stop() == 0, "SIGTERM must stop the runner cleanly"
     assert TOKEN not in process.log_path.read_text(), "the auth token leaked into the runner's log"
 
@@ -120,7 +83,7 @@ def fresh_llm(llm: MockLLM) -> None:
 
 
 async def run_step(
-    runner: RunnerProcess,
+    runner: str,
     primary: str,
     messages: list[dict],
     *,
@@ -140,7 +103,7 @@ async def run_step(
     )
     events: list[tuple[str, dict]] = []
     results = []
-    async with grpc.aio.insecure_channel(runner.address) as channel:
+    async with grpc.aio.insecure_channel(runner) as channel:
         async for update in runner_pb2_grpc.RunnerStub(channel).RunStep(request, timeout=30):
             if update.HasField("event"):
                 assert not results, "an event arrived after the result"
@@ -158,6 +121,14 @@ def types(events: list[tuple[str, dict]]) -> list[str]:
 
 
 USER_HELLO = [{"role": "user", "content": "hello"}]
+# A failed primary turn attempt, its provider_call_failed, then the fallback's attempt.
+FAILOVER_EVENTS = [
+    "provider.request",
+    "provider.response",
+    "session.error",
+    "provider.request",
+    "provider.response",
+]
 
 
 async def test_text_success_exact_payloads(runner, llm):
@@ -221,13 +192,7 @@ async def test_primary_500_then_fallback(runner, llm):
     events, result = await run_step(
         runner, "mock", USER_HELLO, fallbacks=("not-in-registry", "fallback")
     )
-    assert types(events) == [
-        "provider.request",
-        "provider.response",
-        "session.error",
-        "provider.request",
-        "provider.response",
-    ]
+    assert types(events) == FAILOVER_EVENTS
     assert events[1][1] == {
         "attempt": 0,
         "kind": "primary",
@@ -251,13 +216,7 @@ async def test_primary_500_then_fallback(runner, llm):
 async def test_all_failed(runner, llm):
     llm.enqueue(Reply.error(503, "overloaded"))
     events, result = await run_step(runner, "mock", USER_HELLO, fallbacks=("down",))
-    assert types(events) == [
-        "provider.request",
-        "provider.response",
-        "session.error",
-        "provider.request",
-        "provider.response",
-    ]
+    assert types(events) == FAILOVER_EVENTS
     assert events[1][1]["status"] == 503 and events[1][1]["body"] == "overloaded"
     down = events[4][1]
     assert down["ok"] is False and down["status"] is None and down["body"] is None
@@ -375,13 +334,7 @@ async def test_mixed_kind_fallback(runner, llm):
     history = [{"role": "assistant", "content": "summary"}, {"role": "user", "content": "go on"}]
     llm.enqueue(Reply.error(502, "bad gateway"), Reply.tool_use([("call_9", "get_weather", {})]))
     events, result = await run_step(runner, "mock", history, fallbacks=("mock-openai",), tools=(WEATHER_TOOL,))
-    assert types(events) == [
-        "provider.request",
-        "provider.response",
-        "session.error",
-        "provider.request",
-        "provider.response",
-    ]
+    assert types(events) == FAILOVER_EVENTS
     anthropic_request, openai_request = events[0][1], events[3][1]
     assert anthropic_request["normalized"] == {"prepended_user": True, "merged": []}
     assert anthropic_request["messages"][0] == {"role": "user", "content": [{"type": "text", "text": PREAMBLE}]}

@@ -1,0 +1,65 @@
+"""Service processes for tests: `python -m <module>` as a child, its output in a log file."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bae.stack import ROOT
+
+
+def service_env(**variables: str) -> dict[str, str]:
+    """This environment minus every BAE_* (a developer's own settings must not leak in), plus `variables`."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("BAE_")}
+    env.update(variables)
+    return env
+
+
+class ServiceProcess:
+    def __init__(self, module: str, *args: str, env: dict[str, str], log_path: Path) -> None:
+        self.module = module
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def wait_grpc_serving(self, address: str, service: str = "", timeout: float = 30.0) -> None:
+        """Block until `address` reports `service` SERVING ("" is the server as a whole)."""
+        deadline = time.monotonic() + timeout
+        request = health_pb2.HealthCheckRequest(service=service)
+        with grpc.insecure_channel(address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"{self.module} exited: {self.log_path.read_text()}")
+                try:
+                    if stub.Check(request, timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.module} did not become healthy at {address}")
+                time.sleep(0.05)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, then the exit code; past `timeout` it is killed and TimeoutExpired raised."""
+        try:
+            if self.process.poll() is None:
+                self.process.terminate()
+            return self.process.wait(timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+            self._log.close()
