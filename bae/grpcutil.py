@@ -62,6 +62,11 @@ async def _abort(context: grpc.aio.ServicerContext, problem: Problem) -> None:
     await context.abort(problem.grpc_code, problem.detail)
 
 
+# Client libraries whose debug output carries request headers (provider tokens)
+# or whole tool payloads; they stay at WARNING whatever BAE_LOG says.
+NOISY_LIBRARY_LOGGERS = ("anthropic", "openai", "mcp", "httpx", "httpx2", "httpcore", "httpcore2")
+
+
 def configure_logging(level: str = "info") -> None:
     levels = {"trace": logging.DEBUG, "debug": logging.DEBUG, "warn": logging.WARNING}
     logging.basicConfig(
@@ -69,6 +74,8 @@ def configure_logging(level: str = "info") -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for name in NOISY_LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 async def serve(

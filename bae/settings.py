@@ -91,6 +91,7 @@ class Settings:
     runner_grpc_addr: str
     sandbox_grpc_addrs: list[str] = field(default_factory=list)
     rpc_timeout: float = 10.0
+    provider_timeout: float = 300.0
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -133,5 +134,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         session_grpc_addr=get("BAE_SESSION_GRPC_ADDR", "127.0.0.1:50051"),
         runner_grpc_addr=get("BAE_RUNNER_GRPC_ADDR", "127.0.0.1:50052"),
         sandbox_grpc_addrs=_grpc_targets(get("BAE_SANDBOX_GRPC_ADDRS", "127.0.0.1:50053")),
-        rpc_timeout=float(get("BAE_RPC_TIMEOUT", "10")),
+        rpc_timeout=float(parse_seconds("BAE_RPC_TIMEOUT", get("BAE_RPC_TIMEOUT", "10"))),
+        provider_timeout=float(parse_seconds("BAE_PROVIDER_TIMEOUT", get("BAE_PROVIDER_TIMEOUT", "300"))),
     )

@@ -35,6 +35,18 @@ def local_defaults(data_dir: Path) -> dict[str, str]:
     }
 
 
+def grpc_serving(address: str, service: str = "") -> bool:
+    """One health probe: does `address` report `service` ("" = the whole server) SERVING?"""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=1
+            )
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
 @dataclass
 class Stack:
     env: dict[str, str]
@@ -94,17 +106,7 @@ class Stack:
             time.sleep(0.05)
 
     def _wait_grpc(self, name: str, address: str, deadline: float) -> None:
-        with grpc.insecure_channel(address) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-
-            def serving() -> bool:
-                try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                except grpc.RpcError:
-                    return False
-                return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-            self._wait(name, serving, address, deadline)
+        self._wait(name, lambda: grpc_serving(address), address, deadline)
 
     def _wait_http(self, name: str, url: str, deadline: float) -> None:
         def answering() -> bool:

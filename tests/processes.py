@@ -8,10 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from bae.stack import ROOT
+from bae.stack import ROOT, grpc_serving
 
 
 def service_env(**variables: str) -> dict[str, str]:
@@ -37,20 +34,12 @@ class ServiceProcess:
     def wait_grpc_serving(self, address: str, service: str = "", timeout: float = 30.0) -> None:
         """Block until `address` reports `service` SERVING ("" is the server as a whole)."""
         deadline = time.monotonic() + timeout
-        request = health_pb2.HealthCheckRequest(service=service)
-        with grpc.insecure_channel(address) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"{self.module} exited: {self.log_path.read_text()}")
-                try:
-                    if stub.Check(request, timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.module} did not become healthy at {address}")
-                time.sleep(0.05)
+        while not grpc_serving(address, service):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.module} exited: {self.log_path.read_text()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.module} did not become healthy at {address}")
+            time.sleep(0.05)
 
     def stop(self, timeout: float = 10.0) -> int:
         """SIGTERM, then the exit code; past `timeout` it is killed and TimeoutExpired raised."""
