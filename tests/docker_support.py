@@ -9,14 +9,13 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
-import sys
-import time
+import tempfile
+from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import free_port
+from processes import ServiceProcess, service_env
 
 TEST_IMAGE = "bae-busybox:test"
 SETUP_HINT = "run `bash .ci/docker-setup.sh` as root to set Docker up"
@@ -82,51 +81,29 @@ def containers_with(label: str) -> list:
         client.close()
 
 
-class SandboxHostProcess:
+class SandboxHostProcess(ServiceProcess):
     """`python -m services.sandbox` as a child process on a free loopback port."""
 
-    def __init__(self, root, host_id: str, **env: str) -> None:
+    def __init__(self, host_id: str, **env: str) -> None:
         self.address = f"127.0.0.1:{free_port()}"
         self.host_id = host_id
         self.label = f"bae.host={host_id}"
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("BAE_")}
-        full_env.update(
-            {
-                "BAE_SANDBOX_LISTEN_ADDR": self.address,
-                "BAE_SANDBOX_HOST_ID": host_id,
-                "BAE_SHUTDOWN_TIMEOUT": "3",
-                "BAE_SANDBOX_HEALTH_INTERVAL": "0.5",
+        log = tempfile.NamedTemporaryFile(prefix=f"sandbox-{host_id}-", suffix=".log", delete=False)
+        log.close()
+        super().__init__(
+            "services.sandbox",
+            env=service_env(
+                BAE_SANDBOX_LISTEN_ADDR=self.address,
+                BAE_SANDBOX_HOST_ID=host_id,
+                BAE_SHUTDOWN_TIMEOUT="3",
+                BAE_SANDBOX_HEALTH_INTERVAL="0.5",
                 **env,
-            }
-        )
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "services.sandbox"],
-            cwd=root,
-            env=full_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            ),
+            log_path=Path(log.name),
         )
 
     def wait_serving(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.address) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"sandbox host exited {self.process.returncode}: {self.output()}")
-                try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(service="baeproto.v1.Sandbox"), timeout=1)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.1)
-        raise TimeoutError(f"sandbox host {self.address} not serving within {timeout}s")
-
-    def output(self) -> str:
-        if self.process.poll() is None:
-            return ""
-        return self.process.stdout.read().decode(errors="replace") if self.process.stdout else ""
+        self.wait_grpc_serving(self.address, "baeproto.v1.Sandbox", timeout)
 
     def kill(self) -> None:
         self.process.kill()
@@ -134,14 +111,10 @@ class SandboxHostProcess:
 
     def terminate(self) -> None:
         """SIGTERM (SIGKILL after 10 s); needs no Docker."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        if self.process.stdout:
-            self.process.stdout.close()
+        try:
+            super().stop(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass  # killed by ServiceProcess.stop
 
     def stop(self) -> None:
         """terminate(), then remove whatever the host left behind."""

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def hosts():
     """Two serving sandbox hosts; every container they started is removed afterwards."""
     require_docker()
-    started = [SandboxHostProcess(ROOT, f"test-{uuid.uuid4().hex[:12]}") for _ in range(2)]
+    started = [SandboxHostProcess(f"test-{uuid.uuid4().hex[:12]}") for _ in range(2)]
     try:
         for host in started:
             host.wait_serving()

@@ -32,7 +32,7 @@ def start_host():
     hosts: list[SandboxHostProcess] = []
 
     def start(host_id: str | None = None, **env: str) -> SandboxHostProcess:
-        host = SandboxHostProcess(ROOT, host_id or f"test-{uuid.uuid4().hex[:12]}", **env)
+        host = SandboxHostProcess(host_id or f"test-{uuid.uuid4().hex[:12]}", **env)
         hosts.append(host)
         host.wait_serving()
         return host
@@ -194,7 +194,7 @@ async def test_orphans_of_this_host_are_removed_at_start_up():
             )
     finally:
         client.close()
-    host = SandboxHostProcess(ROOT, host_id)
+    host = SandboxHostProcess(host_id)
     try:
         assert len(containers_with(f"bae.host={host_id}")) == 1
         host.wait_serving()
@@ -232,7 +232,7 @@ def test_invalid_limit_exits_2():
 
 
 async def test_apple_container_driver_fails_every_call_as_unsupported(tmp_path):
-    host = SandboxHostProcess(ROOT, "test-apple", BAE_SANDBOX_DRIVER="apple-container")
+    host = SandboxHostProcess("test-apple", BAE_SANDBOX_DRIVER="apple-container")
     try:
         host.wait_serving()
         channel, stub = await _stub(host.address)
@@ -248,7 +248,7 @@ async def test_apple_container_driver_fails_every_call_as_unsupported(tmp_path):
 async def test_unreachable_engine_reports_not_serving_and_fails_calls(tmp_path):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    host = SandboxHostProcess(ROOT, "test-no-engine", DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock")
+    host = SandboxHostProcess("test-no-engine", DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock")
     try:
         channel, stub = await _stub(host.address)
         health = health_pb2_grpc.HealthStub(channel)
