@@ -23,10 +23,8 @@ from typing import Any, Callable, Iterator
 import httpx
 
 from bae.errors import UsageError
-from bae.settings import parse_address
+from bae.settings import DEFAULT_ADMIN_ADDR, DEFAULT_ADMIN_KEY_FILE, parse_address
 
-DEFAULT_ADMIN_ADDR = "127.0.0.1:8081"
-DEFAULT_ADMIN_KEY_FILE = "/var/lib/bae/admin-key.pem"
 PAGE_LIMIT = 200  # the server's maximum page size
 
 
@@ -38,6 +36,8 @@ class CtlError(Exception):
 class Column:
     title: str
     field: str
+    # Longer cells are cut to this many characters.
+    width: int | None = None
 
 
 PROFILE_COLUMNS = [
@@ -71,9 +71,8 @@ EVENT_COLUMNS = [
     Column("TYPE", "event_type"),
     Column("CLIENT KEY", "client_key_id"),
     Column("CREATED", "created_at"),
-    Column("PAYLOAD", "payload"),
+    Column("PAYLOAD", "payload", width=80),
 ]
-PAYLOAD_WIDTH = 80
 
 
 class AdminApi:
@@ -139,10 +138,7 @@ def cell(value: Any, width: int | None = None) -> str:
 def table(rows: list[dict], columns: list[Column]) -> str:
     cells = [[column.title for column in columns]]
     for row in rows:
-        cells.append([
-            cell(row.get(column.field), PAYLOAD_WIDTH if column.field == "payload" else None)
-            for column in columns
-        ])
+        cells.append([cell(row.get(column.field), column.width) for column in columns])
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     return "\n".join(
         "  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip() for line in cells
@@ -154,23 +150,27 @@ def record(item: dict) -> str:
     return "\n".join(f"{key.ljust(width)}  {cell(value)}" for key, value in item.items())
 
 
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
 @dataclass
 class Output:
     as_json: bool
 
     def show_list(self, items: list[dict], columns: list[Column], empty: str) -> None:
         if self.as_json:
-            print(json.dumps(items, indent=2, ensure_ascii=False))
+            print(pretty_json(items))
         elif items:
             print(table(items, columns))
         else:
             print(empty)
 
     def show_record(self, item: dict) -> None:
-        print(json.dumps(item, indent=2, ensure_ascii=False) if self.as_json else record(item))
+        print(pretty_json(item) if self.as_json else record(item))
 
     def show_done(self, item: dict, text: str) -> None:
-        print(json.dumps(item, indent=2) if self.as_json else text)
+        print(pretty_json(item) if self.as_json else text)
 
 
 # --- commands ------------------------------------------------------------------------------

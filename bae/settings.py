@@ -14,6 +14,11 @@ from typing import Mapping
 from bae.errors import UsageError
 
 
+# Shared with baectl, which finds the admin port the way the server does.
+DEFAULT_ADMIN_ADDR = "127.0.0.1:8081"
+DEFAULT_ADMIN_KEY_FILE = "/var/lib/bae/admin-key.pem"
+
+
 @dataclass(frozen=True)
 class Address:
     host: str
@@ -107,7 +112,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             f'BAE_SANDBOX_DRIVER: "{driver}" is not a supported sandbox driver '
             '(expected "docker" or "apple-container")'
         )
-    admin_addr = parse_address("BAE_ADMIN_ADDR", get("BAE_ADMIN_ADDR", "127.0.0.1:8081"))
+    admin_addr = parse_address("BAE_ADMIN_ADDR", get("BAE_ADMIN_ADDR", DEFAULT_ADMIN_ADDR))
     if not admin_addr.is_loopback:
         raise UsageError(
             f"BAE_ADMIN_ADDR: {admin_addr} is not a loopback address; "
@@ -123,7 +128,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         shutdown_timeout=parse_seconds("BAE_SHUTDOWN_TIMEOUT", get("BAE_SHUTDOWN_TIMEOUT", "30")),
         turn_timeout=parse_seconds("BAE_TURN_TIMEOUT", get("BAE_TURN_TIMEOUT", "120")),
         config_path=get("BAE_CONFIG") or None,
-        admin_key_file=get("BAE_ADMIN_KEY_FILE", "/var/lib/bae/admin-key.pem"),
+        admin_key_file=get("BAE_ADMIN_KEY_FILE", DEFAULT_ADMIN_KEY_FILE),
         admin_key_hash_file=get("BAE_ADMIN_KEY_HASH_FILE", "/var/lib/bae/admin-key-hash.pem"),
         disable_admin_auth=is_truthy(get("BAE_DANGEROUSLY_DISABLE_ADMIN_AUTH")),
         sandbox_driver=driver,

@@ -2,42 +2,48 @@
 
 from __future__ import annotations
 
-from services.gateway import http
-from services.gateway.http import Request, Send
+import json
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Router
+
+from bae import API_VERSIONS, __version__
+from services.gateway.responses import JSON
 from services.gateway.rest import forward
-from services.gateway.router import Router
+from services.gateway.router import build_router
 from services.gateway.rpc import RpcEndpoint
 from services.gateway.upstream import Upstream
 
-VERSION = "0.1.0"
-META = b'{"version":"' + VERSION.encode() + b'","api_versions":["v1"]}'
+META = json.dumps({"version": __version__, "api_versions": list(API_VERSIONS)}, separators=(",", ":"))
 
 
-async def healthz(request: Request, send: Send) -> None:
-    await http.respond(send, 200, b"", None)
+async def healthz(request: Request) -> Response:
+    return Response()
 
 
-async def meta(request: Request, send: Send) -> None:
-    await http.respond(send, 200, META)
+async def meta(request: Request) -> Response:
+    return Response(META, media_type=JSON)
 
 
 def client_app(upstream: Upstream, rpc: RpcEndpoint) -> Router:
-    return Router(
+    # Starlette tries the routes in order (none overlap): the busiest come first.
+    return build_router(
         {
-            "/healthz": {"GET": healthz},
-            "/api/v1/meta": {"GET": meta},
+            "/api/v1/sessions/{id}/rpc": {"POST": rpc},
+            "/api/v1/sessions/{id}/events": {"GET": forward(upstream, "ListEvents")},
             "/api/v1/sessions": {"POST": forward(upstream, "OpenSession", 201)},
             "/api/v1/sessions/{id}": {"DELETE": forward(upstream, "CloseSession")},
             "/api/v1/sessions/{id}/join": {"POST": forward(upstream, "JoinSession", 201)},
             "/api/v1/sessions/{id}/participants": {"GET": forward(upstream, "ListParticipants")},
-            "/api/v1/sessions/{id}/events": {"GET": forward(upstream, "ListEvents")},
-            "/api/v1/sessions/{id}/rpc": {"POST": rpc},
+            "/healthz": {"GET": healthz},
+            "/api/v1/meta": {"GET": meta},
         }
     )
 
 
 def admin_app(upstream: Upstream) -> Router:
-    return Router(
+    return build_router(
         {
             "/admin/v1/profiles": {
                 "POST": forward(upstream, "CreateProfile", 201),

@@ -12,6 +12,7 @@ from bae.protos import session_pb2
 
 RpcError = session_pb2.RpcError
 
+NDJSON = "application/x-ndjson"
 INTERNAL_ERROR = -32603
 
 
@@ -48,3 +49,15 @@ def rpc_error_frame(request_id_json: str | None, error: RpcError) -> bytes | Non
 
 def internal_error_frame(request_id_json: str) -> bytes:
     return error_frame(request_id_json, INTERNAL_ERROR, "Internal error")
+
+
+def reply_frame(reply: session_pb2.RpcFrame | session_pb2.RpcReply, request_id_json: str | None) -> bytes | None:
+    """The line for a unary reply or one frame of a stream; None when the client gets none."""
+    kind = reply.WhichOneof("kind")
+    if kind == "event_json":
+        return event_frame(reply.event_json)
+    if kind == "result_json":
+        return None if request_id_json is None else result_frame(request_id_json, reply.result_json)
+    if kind == "error":
+        return rpc_error_frame(request_id_json, reply.error)
+    return None  # `accepted` carries no output of its own

@@ -3,37 +3,34 @@
 from __future__ import annotations
 
 import grpc
+from starlette.requests import Request
+from starlette.responses import Response
 
 from bae.protos import session_pb2
-from services.gateway import http
-from services.gateway.http import Request, Send
-from services.gateway.router import Handler
-from services.gateway.upstream import Upstream
+from services.gateway.responses import JSON, problem_response
+from services.gateway.router import Endpoint
+from services.gateway.upstream import Upstream, credentials
 
 
-def forward(upstream: Upstream, rpc_name: str, status: int = 200) -> Handler:
-    """A handler that hands the request to `rpc_name` and answers its JSON with `status`."""
+def forward(upstream: Upstream, rpc_name: str, status: int = 200) -> Endpoint:
+    """An endpoint that hands the request to `rpc_name` and answers its JSON with `status`."""
     rpc = getattr(upstream.stub, rpc_name)
     timeout = upstream.timeout
 
-    async def handle(request: Request, send: Send) -> None:
-        authorization = request.header(b"authorization")
+    async def handle(request: Request) -> Response:
         message = session_pb2.RestRequest(
-            authorization=authorization or "",
-            has_authorization=authorization is not None,
-            path_id=request.path_id,
+            **credentials(request),
+            path_id=request.path_params.get("id", ""),
             body=await request.body(),
-            content_type=request.header(b"content-type") or "",
-            query=request.query(),
+            content_type=request.headers.get("content-type", ""),
+            query=request.query_params,
         )
         try:
             reply = await rpc(message, timeout=timeout)
         except grpc.aio.AioRpcError as error:
-            await http.respond_problem(send, upstream.failure(error))
-            return
+            return problem_response(upstream.failure(error))
         if status == 204:
-            await http.respond(send, 204, b"", None)
-        else:
-            await http.respond(send, status, reply.json.encode())
+            return Response(status_code=204)
+        return Response(reply.json, status, media_type=JSON)
 
     return handle

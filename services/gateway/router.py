@@ -1,85 +1,66 @@
-"""Path + method dispatch for one port, with RFC 7807 404/405 (SERVER-SPEC §17 O-6)."""
+"""A port's route table on Starlette's Router, with RFC 7807 404/405 (SERVER-SPEC §17 O-6).
+
+Each path is one Route that takes every method and hands the request to the
+path's own method table: Starlette's 404 and 405 are plain text, and its
+Allow header would name HEAD and come in set order. No middleware stack:
+the gateway sits on every request's latency path.
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Awaitable, Callable
 
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route, Router
+from starlette.types import Receive, Scope, Send
+
 from bae.errors import Problem, internal, not_found
-from services.gateway.http import Receive, Request, Scope, Send, respond_problem
+from services.gateway.responses import problem_response
 
 log = logging.getLogger("bae.gateway")
 
-Handler = Callable[[Request, Send], Awaitable[None]]
-
-# The one placeholder a route template may hold; its value becomes Request.path_id.
-ID = "{id}"
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-class Router:
-    """An ASGI app serving a fixed table of routes: {template: {method: handler}}."""
+class MethodTable:
+    """The ASGI app of one path: the endpoint for the request's method, else a 405 problem."""
 
-    def __init__(self, routes: dict[str, dict[str, Handler]]) -> None:
-        self._static: dict[str, dict[str, Handler]] = {}
-        # Templates with an `{id}` segment, grouped by segment count.
-        self._dynamic: dict[int, list[tuple[list[str], dict[str, Handler]]]] = {}
-        for template, methods in routes.items():
-            if ID in template:
-                segments = template.split("/")
-                self._dynamic.setdefault(len(segments), []).append((segments, methods))
-            else:
-                self._static[template] = methods
-
-    def match(self, path: str) -> tuple[dict[str, Handler], str] | None:
-        methods = self._static.get(path)
-        if methods is not None:
-            return methods, ""
-        segments = path.split("/")
-        for template, methods in self._dynamic.get(len(segments), ()):
-            path_id = ""
-            for expected, actual in zip(template, segments):
-                if expected == ID:
-                    if not actual:
-                        break
-                    path_id = actual
-                elif expected != actual:
-                    break
-            else:
-                return methods, path_id
-        return None
+    def __init__(self, endpoints: dict[str, Endpoint]) -> None:
+        self.allow = ", ".join(sorted(endpoints))
+        self.endpoints = dict(endpoints)
+        if "GET" in endpoints:
+            # uvicorn leaves the body out of a HEAD response.
+            self.endpoints["HEAD"] = endpoints["GET"]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return  # lifespan is off and websockets are disabled; nothing else arrives
         method = scope["method"]
-        path = scope["path"]
-        matched = self.match(path)
-        if matched is None:
-            await respond_problem(send, not_found(f"no route for {method} {path}"))
-            return
-        methods, path_id = matched
-        handler = methods.get("GET" if method == "HEAD" else method)
-        if handler is None:
-            allow = ", ".join(sorted(methods))
-            await respond_problem(
-                send,
-                Problem(405, "method_not_allowed", f"method {method} is not allowed on {path}; allowed: {allow}"),
-                [(b"allow", allow.encode())],
-            )
-            return
-        started = False
+        endpoint = self.endpoints.get(method)
+        if endpoint is None:
+            detail = f"method {method} is not allowed on {scope['path']}; allowed: {self.allow}"
+            response = problem_response(Problem(405, "method_not_allowed", detail), {"allow": self.allow})
+        else:
+            try:
+                response = await endpoint(Request(scope, receive))
+            except ClientDisconnect:
+                return  # gone before its request body arrived: nobody to answer
+            except Exception:
+                # A bug in the gateway: log it, never show the stack trace to the client.
+                log.exception("unhandled error on %s %s", method, scope["path"])
+                response = problem_response(internal())
+        await response(scope, receive, send)
 
-        async def tracked_send(message: dict) -> None:
-            nonlocal started
-            started = True
-            await send(message)
 
-        try:
-            await handler(Request(scope, receive, path_id), tracked_send)
-        except Exception:
-            # A bug in the gateway: log it, never show the stack trace to the client.
-            log.exception("unhandled error on %s %s", method, path)
-            if not started:
-                await respond_problem(send, internal())
-            else:
-                raise
+async def no_route(scope: Scope, receive: Receive, send: Send) -> None:
+    response = problem_response(not_found(f"no route for {scope['method']} {scope['path']}"))
+    await response(scope, receive, send)
+
+
+def build_router(table: dict[str, dict[str, Endpoint]]) -> Router:
+    """An ASGI app serving {path template: {method: endpoint}}; `{id}` matches one non-empty segment."""
+    return Router(
+        [Route(path, MethodTable(endpoints)) for path, endpoints in table.items()],
+        redirect_slashes=False,  # a path is a route or a 404, never a redirect
+        default=no_route,
+    )

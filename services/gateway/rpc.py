@@ -9,41 +9,84 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import AsyncIterator
 
 import grpc
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from bae.errors import internal
 from bae.protos import session_pb2
-from services.gateway import http
-from services.gateway.envelope import (
-    STREAMING_METHODS,
-    UNARY_METHODS,
-    Call,
-    Rejected,
-    parse_envelope,
-)
-from services.gateway.frames import event_frame, internal_error_frame, result_frame, rpc_error_frame
-from services.gateway.http import NDJSON, Request, Send
-from services.gateway.upstream import Upstream
+from services.gateway.envelope import STREAMING_METHODS, UNARY_METHODS, Call, Rejected, parse_envelope
+from services.gateway.frames import NDJSON, internal_error_frame, reply_frame
+from services.gateway.responses import problem_response
+from services.gateway.upstream import Upstream, credentials
 
 log = logging.getLogger("bae.gateway")
 
 SUBSCRIBE = "session.subscribe"
 
 
-class LiveStream:
-    """A streaming call in flight, and why the gateway ended it (if it did)."""
+class LiveStream(StreamingResponse):
+    """A streaming call the session service accepted, answered as a 200 NDJSON stream.
 
-    __slots__ = ("call", "ended_by")
+    Headers go out at once and each frame as it arrives. StreamingResponse also
+    listens for the client going away (uvicorn's HTTP protocols speak ASGI 2.3)
+    and then cancels the frame loop; however the response ends, the call ends too.
+    """
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
-        self.call = call
-        self.ended_by: str | None = None
+    media_type = NDJSON
 
-    def end(self, reason: str) -> None:
-        if self.ended_by is None:
-            self.ended_by = reason
-            self.call.cancel()
+    def __init__(
+        self,
+        rpc_name: str,
+        grpc_call: grpc.aio.UnaryStreamCall,
+        first: session_pb2.RpcFrame,
+        request_id_json: str | None,
+        registry: set[LiveStream] | None,
+    ) -> None:
+        self.grpc_call = grpc_call
+        # Where the stream is listed while it runs (subscriptions, which shutdown ends).
+        self.registry = registry
+        self.ended_by_gateway = False
+        super().__init__(self._frames(rpc_name, first, request_id_json))
+
+    def end(self) -> None:
+        """Stop reading; the response ends cleanly, without a terminal frame."""
+        self.ended_by_gateway = True
+        self.grpc_call.cancel()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.registry is not None:
+            self.registry.add(self)
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.registry is not None:
+                self.registry.discard(self)
+            # Only the reading stops: the session service keeps a turn running without its client.
+            self.grpc_call.cancel()
+
+    async def _frames(
+        self, rpc_name: str, first: session_pb2.RpcFrame, request_id_json: str | None
+    ) -> AsyncIterator[bytes]:
+        frame = first
+        try:
+            while frame is not grpc.aio.EOF:
+                if line := reply_frame(frame, request_id_json):
+                    yield line
+                frame = await self.grpc_call.read()
+        except asyncio.CancelledError:
+            # The cancelled call raises this too; only a cancelled task goes on cancelling.
+            task = asyncio.current_task()
+            if not self.ended_by_gateway or (task is not None and task.cancelling()):
+                raise
+        except grpc.aio.AioRpcError as error:
+            if not self.ended_by_gateway:
+                log.warning("%s stream failed: %s %s", rpc_name, error.code().name, error.details())
+                if request_id_json is not None:
+                    yield internal_error_frame(request_id_json)
 
 
 class RpcEndpoint:
@@ -54,109 +97,48 @@ class RpcEndpoint:
     def end_subscriptions(self) -> None:
         """On shutdown: observers' streams never end by themselves, so end them (clean tail)."""
         for stream in list(self.subscriptions):
-            stream.end("shutdown")
+            stream.end()
 
-    async def __call__(self, request: Request, send: Send) -> None:
-        authorization = request.header(b"authorization")
-        body = await request.body()
-        envelope = parse_envelope(body)
+    async def __call__(self, request: Request) -> Response:
+        envelope = parse_envelope(await request.body())
         rpc_request = session_pb2.RpcRequest(
-            authorization=authorization or "",
-            has_authorization=authorization is not None,
-            session_id=request.path_id,
+            **credentials(request),
+            session_id=request.path_params["id"],
             params_json=envelope.params_json if isinstance(envelope, Call) else "{}",
         )
         if isinstance(envelope, Rejected):
-            await self._reject(rpc_request, envelope, send)
-        elif envelope.method in STREAMING_METHODS:
-            await self._stream(STREAMING_METHODS[envelope.method], rpc_request, envelope, request, send)
-        else:
-            await self._unary(rpc_request, envelope, send)
+            return await self._reject(rpc_request, envelope)
+        if envelope.method in STREAMING_METHODS:
+            return await self._stream(STREAMING_METHODS[envelope.method], rpc_request, envelope)
+        return await self._unary(rpc_request, envelope)
 
-    async def _reject(self, rpc_request: session_pb2.RpcRequest, rejected: Rejected, send: Send) -> None:
+    async def _reject(self, rpc_request: session_pb2.RpcRequest, rejected: Rejected) -> Response:
         try:
             await self.upstream.stub.CheckSessionKey(rpc_request, timeout=self.upstream.timeout)
         except grpc.aio.AioRpcError as error:
-            await http.respond_problem(send, self.upstream.failure(error))
-            return
-        await http.respond(send, 200, rejected.frame, NDJSON)
+            return problem_response(self.upstream.failure(error))
+        return Response(rejected.frame, media_type=NDJSON)
 
-    async def _unary(self, rpc_request: session_pb2.RpcRequest, call: Call, send: Send) -> None:
+    async def _unary(self, rpc_request: session_pb2.RpcRequest, call: Call) -> Response:
         method = getattr(self.upstream.stub, UNARY_METHODS[call.method])
         try:
             reply = await method(rpc_request, timeout=self.upstream.timeout)
         except grpc.aio.AioRpcError as error:
-            await http.respond_problem(send, self.upstream.failure(error))
-            return
-        if reply.WhichOneof("kind") == "error":
-            frame = rpc_error_frame(call.id_json, reply.error)
-        elif call.id_json is not None:
-            frame = result_frame(call.id_json, reply.result_json)
-        else:
-            frame = None
-        await http.respond(send, 200, frame or b"", NDJSON)
+            return problem_response(self.upstream.failure(error))
+        return Response(reply_frame(reply, call.id_json), media_type=NDJSON)
 
-    async def _stream(
-        self,
-        rpc_name: str,
-        rpc_request: session_pb2.RpcRequest,
-        call: Call,
-        request: Request,
-        send: Send,
-    ) -> None:
+    async def _stream(self, rpc_name: str, rpc_request: session_pb2.RpcRequest, call: Call) -> Response:
         # Live calls carry no deadline: a turn or a subscription lasts as long as it lasts.
         grpc_call = getattr(self.upstream.stub, rpc_name)(rpc_request)
         try:
             first = await grpc_call.read()
         except grpc.aio.AioRpcError as error:
-            await http.respond_problem(send, self.upstream.failure(error))
-            return
+            return problem_response(self.upstream.failure(error))
         except BaseException:
             grpc_call.cancel()
             raise
         if first is grpc.aio.EOF:
             log.error("session service ended %s before accepting it", rpc_name)
-            await http.respond_problem(send, internal())
-            return
-
-        # Accepted: open the 200 stream now; frames follow as they arrive.
-        await http.start(send, 200, NDJSON)
-        stream = LiveStream(grpc_call)
-        watcher = asyncio.create_task(request.disconnected())
-        # The client went away: stop reading (the session service keeps the turn running).
-        watcher.add_done_callback(lambda task: task.cancelled() or stream.end("disconnect"))
-        if call.method == SUBSCRIBE:
-            self.subscriptions.add(stream)
-        try:
-            if first.WhichOneof("kind") != "accepted":
-                await self._write(send, first, call.id_json)
-            while (frame := await grpc_call.read()) is not grpc.aio.EOF:
-                await self._write(send, frame, call.id_json)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if stream.ended_by is None or (task is not None and task.cancelling()):
-                raise
-        except grpc.aio.AioRpcError as error:
-            if stream.ended_by is None:
-                log.warning("%s stream failed: %s %s", rpc_name, error.code().name, error.details())
-                if call.id_json is not None:
-                    await http.write(send, internal_error_frame(call.id_json))
-        finally:
-            watcher.cancel()
-            self.subscriptions.discard(stream)
-            grpc_call.cancel()
-        await http.finish(send)
-
-    @staticmethod
-    async def _write(send: Send, frame: session_pb2.RpcFrame, id_json: str | None) -> None:
-        kind = frame.WhichOneof("kind")
-        if kind == "event_json":
-            chunk = event_frame(frame.event_json)
-        elif kind == "result_json":
-            chunk = None if id_json is None else result_frame(id_json, frame.result_json)
-        elif kind == "error":
-            chunk = rpc_error_frame(id_json, frame.error)
-        else:
-            chunk = None
-        if chunk:
-            await http.write(send, chunk)
+            return problem_response(internal())
+        registry = self.subscriptions if call.method == SUBSCRIBE else None
+        return LiveStream(rpc_name, grpc_call, first, call.id_json, registry)

@@ -8,6 +8,7 @@ import signal
 import socket
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from bae.settings import Address, Settings
 from services.gateway.app import admin_app, client_app
@@ -34,7 +35,7 @@ def bind(address: Address) -> socket.socket:
     return sock
 
 
-def _uvicorn(app, settings: Settings) -> uvicorn.Server:
+def _uvicorn(app: ASGIApp, settings: Settings) -> uvicorn.Server:
     config = uvicorn.Config(
         app,
         lifespan="off",
@@ -42,6 +43,7 @@ def _uvicorn(app, settings: Settings) -> uvicorn.Server:
         http="auto",  # httptools when installed, h11 otherwise
         access_log=False,
         server_header=False,
+        proxy_headers=False,  # nothing reads the client address or scheme: skip the per-request rewrite
         log_config=None,  # keep the process-wide logging set up from BAE_LOG
         # In-flight requests may drain for the budget less a second kept for the teardown.
         timeout_graceful_shutdown=max(settings.shutdown_timeout - 1, 0),

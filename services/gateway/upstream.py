@@ -6,12 +6,19 @@ import logging
 from dataclasses import dataclass
 
 import grpc
+from starlette.requests import Request
 
 from bae.errors import Problem, internal
 from bae.grpcutil import channel
 from bae.protos import session_pb2_grpc
 
 log = logging.getLogger("bae.gateway")
+
+
+def credentials(request: Request) -> dict[str, str | bool]:
+    """The request's credentials as RestRequest/RpcRequest fields: the session service authenticates."""
+    authorization = request.headers.get("authorization")
+    return {"authorization": authorization or "", "has_authorization": authorization is not None}
 
 
 @dataclass

@@ -1,15 +1,17 @@
-"""Gateway pieces that need no sockets: envelope parsing, frame bytes, route matching."""
+"""Gateway pieces that need no sockets: envelope parsing, frame bytes, routing and dispatch."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from starlette.responses import Response
+from starlette.routing import Match
 
 from bae.protos import session_pb2
 from services.gateway.envelope import STREAMING_METHODS, UNARY_METHODS, Call, Rejected, parse_envelope
 from services.gateway.frames import error_frame, event_frame, internal_error_frame, result_frame, rpc_error_frame
-from services.gateway.router import Router
+from services.gateway.router import build_router
 
 RpcError = session_pb2.RpcError
 
@@ -82,15 +84,30 @@ def test_rpc_error_frame_per_id_mode():
 
 
 def handler(name):
-    async def handle(request, send):
+    async def handle(request):
         return name
 
     handle.route_name = name
     return handle
 
 
+class RouteTable:
+    """The gateway's router for a table, asked which endpoints and `{id}` a path reaches."""
+
+    def __init__(self, table):
+        self.routes = build_router(table).routes
+
+    def match(self, path):
+        scope = {"type": "http", "method": "GET", "path": path}
+        for route in self.routes:
+            matched, child_scope = route.matches(scope)
+            if matched is Match.FULL:
+                return route.app.endpoints, child_scope["path_params"].get("id", "")
+        return None
+
+
 def test_router_matches_static_and_id_routes():
-    router = Router({
+    router = RouteTable({
         "/a": {"GET": handler("a")},
         "/a/{id}": {"DELETE": handler("a-id")},
         "/a/{id}/b": {"GET": handler("a-id-b")},
@@ -103,3 +120,35 @@ def test_router_matches_static_and_id_routes():
     assert (methods["GET"].route_name, path_id) == ("a-id-b", "x%2Fy")
     for path in ("/a/", "/a//b", "/a/x/c", "/b", "/a/x/b/", ""):
         assert router.match(path) is None, path
+
+
+async def asgi_call(app, method, path):
+    """One request through an ASGI app: (status, headers, body)."""
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "query_string": b"", "headers": [], "root_path": ""}
+    await app(scope, receive, send)
+    return sent[0]["status"], dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+
+async def test_head_reaches_get_and_a_gateway_bug_is_a_bare_500():
+    async def ok(request):
+        return Response(b"{}", media_type="application/json")
+
+    async def broken(request):
+        raise RuntimeError("secret detail")
+
+    app = build_router({"/ok": {"GET": ok}, "/post": {"POST": ok}, "/broken": {"GET": broken}})
+    assert await asgi_call(app, "HEAD", "/ok") == (200, {b"content-length": b"2", b"content-type": b"application/json"}, b"{}")
+    status, headers, _ = await asgi_call(app, "HEAD", "/post")
+    assert (status, headers[b"allow"]) == (405, b"POST")
+    status, headers, body = await asgi_call(app, "GET", "/broken")
+    assert (status, headers[b"content-type"]) == (500, b"application/json")
+    assert json.loads(body) == {"type": "internal", "title": "Internal Server Error", "status": 500,
+                                "detail": "internal server error"}
