@@ -138,6 +138,22 @@ class Stack:
         self.processes.clear()
         return codes
 
+    def restart(self, name: str, timeout: float = 30.0) -> None:
+        """Stop one gRPC service (SIGTERM, then kill) and start it again; the others keep running."""
+        process = self.processes[name]
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        settings = self.settings
+        modules = {"session": ("services.session", ["serve", *self.session_args], settings.session_grpc_addr),
+                   "runner": ("services.runner", [], settings.runner_grpc_addr)}
+        module, args, address = modules[name]
+        self._spawn(name, ["-m", module, *args])
+        self._wait_grpc(name, address, time.monotonic() + timeout)
+
     def wait_any(self) -> tuple[str, int]:
         """Block until one child exits; returns its name and exit code."""
         while True:

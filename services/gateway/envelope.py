@@ -25,6 +25,11 @@ UNARY_METHODS = {
     "session.reportLocalSubagent": "ReportLocalSubagent",
     "session.cancelSubagent": "CancelSubagent",
 }
+# Unary methods that do container work (an image pull, a long command): the
+# session service bounds them itself, so the gateway sets no deadline of its own.
+UNBOUNDED_METHODS = frozenset(
+    {"session.startRemoteSandbox", "session.stopRemoteSandbox", "session.execRemoteSandbox"}
+)
 
 
 @dataclass(frozen=True)

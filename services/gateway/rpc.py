@@ -18,7 +18,14 @@ from starlette.types import Receive, Scope, Send
 
 from bae.errors import internal
 from bae.protos import session_pb2
-from services.gateway.envelope import STREAMING_METHODS, UNARY_METHODS, Call, Rejected, parse_envelope
+from services.gateway.envelope import (
+    STREAMING_METHODS,
+    UNARY_METHODS,
+    UNBOUNDED_METHODS,
+    Call,
+    Rejected,
+    parse_envelope,
+)
 from services.gateway.frames import NDJSON, internal_error_frame, reply_frame
 from services.gateway.responses import problem_response
 from services.gateway.upstream import Upstream, credentials
@@ -121,8 +128,9 @@ class RpcEndpoint:
 
     async def _unary(self, rpc_request: session_pb2.RpcRequest, call: Call) -> Response:
         method = getattr(self.upstream.stub, UNARY_METHODS[call.method])
+        timeout = None if call.method in UNBOUNDED_METHODS else self.upstream.timeout
         try:
-            reply = await method(rpc_request, timeout=self.upstream.timeout)
+            reply = await method(rpc_request, timeout=timeout)
         except grpc.aio.AioRpcError as error:
             return problem_response(self.upstream.failure(error))
         return Response(reply_frame(reply, call.id_json), media_type=NDJSON)
