@@ -1,7 +1,9 @@
 """One HTTP attempt through the official SDKs, as raw status + body text.
 
 Clients are cached per (kind, base_url) so connections are reused across
-steps. The auth token is resolved per attempt, so it never lives on a client:
+steps. The body is serialized here and sent through the SDK client's generic
+`post`: the typed `create` methods deep-copy every request, which costs more
+than the HTTP call itself once a history holds a few hundred messages. The auth token is resolved per attempt, so it never lives on a client:
 each call carries it in its own headers. The SDKs' retries are off, so every
 attempt the walk makes is exactly one HTTP request (and one logged event pair).
 """
@@ -9,14 +11,18 @@ attempt the walk makes is exactly one HTTP request (and one logged event pair).
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 
 import anthropic
+import httpx2
 import openai
 
 ANTHROPIC = "anthropic"
 OPENAI = "openai"
 ANTHROPIC_VERSION = "2023-06-01"
+ANTHROPIC_PATH = "/v1/messages"
+OPENAI_PATH = "/chat/completions"  # under the client's base URL, which ends in /v1
 
 # The SDKs refuse to build a client without a credential (and would otherwise
 # pick one up from the environment or an on-disk profile). This placeholder is
@@ -52,16 +58,21 @@ class ProviderClients:
             raise self._timed_out() from None
 
     async def _send(self, kind: str, base_url: str, token: str, body: dict) -> WireResponse:
+        content = json.dumps(body).encode()
         try:
             if kind == ANTHROPIC:
-                raw = await self._anthropic(base_url).messages.with_raw_response.create(
-                    **body,
-                    extra_headers={"X-Api-Key": token, "Authorization": anthropic.omit},
+                response = await self._anthropic(base_url).post(
+                    ANTHROPIC_PATH,
+                    cast_to=httpx2.Response,
+                    content=content,
+                    options={"headers": {"X-Api-Key": token, "Authorization": anthropic.omit}},
                 )
             else:
-                raw = await self._openai(base_url).chat.completions.with_raw_response.create(
-                    **body,
-                    extra_headers={"Authorization": f"Bearer {token}"},
+                response = await self._openai(base_url).post(
+                    OPENAI_PATH,
+                    cast_to=httpx2.Response,
+                    content=content,
+                    options={"headers": {"Authorization": f"Bearer {token}"}},
                 )
         except (anthropic.APIStatusError, openai.APIStatusError) as error:
             return WireResponse(error.response.status_code, error.response.text)
@@ -69,7 +80,7 @@ class ProviderClients:
             raise self._timed_out() from None
         except (anthropic.APIConnectionError, openai.APIConnectionError) as error:
             raise TransportError(_connection_detail(error)) from None
-        return WireResponse(raw.http_response.status_code, raw.http_response.text)
+        return WireResponse(response.status_code, response.text)
 
     def _timed_out(self) -> TransportError:
         return TransportError(f"request timed out after {self.timeout:g} s")

@@ -172,6 +172,7 @@ async def test_text_success_exact_payloads(runner, llm):
     assert seen["headers"]["x-api-key"] == TOKEN
     assert seen["headers"]["anthropic-version"] == "2023-06-01"
     assert "authorization" not in seen["headers"]
+    assert seen["headers"]["content-type"] == "application/json"
     assert seen["body"] == {
         "model": "mock-model",
         "max_tokens": 4096,
