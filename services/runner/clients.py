@@ -11,12 +11,13 @@ attempt the walk makes is exactly one HTTP request (and one logged event pair).
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 
 import anthropic
 import httpx2
 import openai
+
+from bae.jsontext import dump
 
 ANTHROPIC = "anthropic"
 OPENAI = "openai"
@@ -58,7 +59,7 @@ class ProviderClients:
             raise self._timed_out() from None
 
     async def _send(self, kind: str, base_url: str, token: str, body: dict) -> WireResponse:
-        content = json.dumps(body).encode()
+        content = dump(body).encode()
         try:
             if kind == ANTHROPIC:
                 response = await self._anthropic(base_url).post(

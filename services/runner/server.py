@@ -9,6 +9,7 @@ import grpc
 
 from bae.config import Config
 from bae.errors import bad_request
+from bae.jsontext import RawJson, dump
 from bae.protos import runner_pb2, runner_pb2_grpc
 from services.runner.clients import ProviderClients
 from services.runner.walk import StepEvent, StepOutcome, StepSpec, run_step
@@ -35,7 +36,7 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
             if isinstance(item, StepEvent):
                 yield runner_pb2.StepUpdate(
                     event=runner_pb2.StepEvent(
-                        event_type=item.event_type, payload_json=json.dumps(item.payload)
+                        event_type=item.event_type, payload_json=dump(item.payload)
                     )
                 )
             else:
@@ -49,6 +50,7 @@ def step_spec(request: runner_pb2.StepRequest) -> StepSpec:
         fallbacks=list(request.fallback_providers),
         messages=_json_array(request.messages_json, "messages_json"),
         tools=_json_array(request.tools_json, "tools_json"),
+        tools_json=RawJson(request.tools_json or "[]"),
         purpose=request.purpose,
         min_max_tokens=request.min_max_tokens,
     )
@@ -74,7 +76,7 @@ def step_result(outcome: StepOutcome) -> runner_pb2.StepResult:
         truncated=outcome.truncated,
     )
     if outcome.message is not None:
-        result.message_json = json.dumps(outcome.message)
+        result.message_json = dump(outcome.message)
     if outcome.usage is not None:
         result.has_usage = True
         result.input_tokens = outcome.usage.input_tokens

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 from bae.config import REDACTED, Config, EnvResolutionError, ProviderEntry, resolve_env
+from bae.jsontext import RawJson, dump
 from services.runner import anthropic_wire, openai_wire
 from services.runner.canonical import Message, Usage, WireFormatError, strip_routing_fields
 from services.runner.clients import ProviderClients, TransportError
@@ -32,6 +33,7 @@ class StepSpec:
     fallbacks: list[str]
     messages: list[Message]
     tools: list[dict]
+    tools_json: RawJson  # `tools` as the session sent it, passed on without re-serializing
     purpose: str = ""  # "" for a turn, "compaction"
     min_max_tokens: int = 0
 
@@ -71,12 +73,26 @@ class _Failure:
 
 
 @dataclass(frozen=True)
+class _Prepared:
+    """One attempt's canonical messages and tools, as values and as JSON text made once.
+
+    The text goes into the `provider.request` event and, for Anthropic (whose
+    wire shape is the canonical one), into the request body as well.
+    """
+
+    messages: list[Message]
+    messages_json: RawJson
+    tools: list[dict]
+    tools_json: RawJson
+
+
+@dataclass(frozen=True)
 class _Wire:
     """How one provider kind prepares messages, shapes a request and reads a response."""
 
     # (messages to send, the `normalized` event field or None)
     normalize: Callable[[list[Message]], tuple[list[Message], dict | None]]
-    request_body: Callable[[str, int, list[Message], list[dict]], dict]
+    request_body: Callable[[str, int, _Prepared], dict]
     usage: Callable[[dict], Usage | None]
     assistant_message: Callable[[dict], Message]
     truncation: Callable[[dict], str]
@@ -85,7 +101,9 @@ class _Wire:
 WIRES = {
     "anthropic": _Wire(
         anthropic_wire.normalize,
-        anthropic_wire.request_body,
+        lambda model, max_tokens, prepared: anthropic_wire.request_body(
+            model, max_tokens, prepared.messages_json, prepared.tools_json
+        ),
         anthropic_wire.usage,
         anthropic_wire.assistant_message,
         anthropic_wire.truncation,
@@ -93,7 +111,9 @@ WIRES = {
     "openai": _Wire(
         # Chat Completions takes any role order: nothing to normalize (§8.5).
         lambda messages: (messages, None),
-        openai_wire.request_body,
+        lambda model, max_tokens, prepared: openai_wire.request_body(
+            model, max_tokens, prepared.messages, prepared.tools
+        ),
         openai_wire.usage,
         openai_wire.assistant_message,
         openai_wire.truncation,
@@ -143,6 +163,7 @@ async def run_step(
         wire = WIRES[entry.provider]
         max_tokens = max(entry.max_tokens, spec.min_max_tokens)
         sent_messages, normalized = wire.normalize(messages)
+        prepared = _Prepared(sent_messages, RawJson(dump(sent_messages)), spec.tools, spec.tools_json)
         yield StepEvent(
             "provider.request",
             {
@@ -150,13 +171,13 @@ async def run_step(
                 "base_url": entry.effective_base_url,
                 "model": entry.model,
                 "max_tokens": max_tokens,
-                "messages": sent_messages,
-                "tools": spec.tools,
+                "messages": prepared.messages_json,
+                "tools": prepared.tools_json,
                 **({"normalized": normalized} if normalized is not None else {}),
                 **purpose,
             },
         )
-        result = await _attempt(entry, wire, max_tokens, sent_messages, spec.tools, clients)
+        result = await _attempt(entry, wire, max_tokens, prepared, clients)
         if isinstance(result, _Success):
             yield StepEvent(
                 "provider.response",
@@ -207,8 +228,7 @@ async def _attempt(
     entry: ProviderEntry,
     wire: _Wire,
     max_tokens: int,
-    messages: list[Message],
-    tools: list[dict],
+    prepared: _Prepared,
     clients: ProviderClients,
 ) -> _Success | _Failure:
     """One HTTP call; every way it can go wrong becomes a `_Failure` for the walk to log."""
@@ -216,7 +236,7 @@ async def _attempt(
         token = resolve_env(entry.auth_token, "provider config")
     except EnvResolutionError as exc:
         return _Failure(None, str(exc), None)
-    body = wire.request_body(entry.model, max_tokens, messages, tools)
+    body = wire.request_body(entry.model, max_tokens, prepared)
     try:
         response = await clients.post(entry.provider, entry.effective_base_url, token, body)
     except TransportError as exc:

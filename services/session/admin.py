@@ -14,7 +14,7 @@ from services.session import bodies
 from services.session.auth import Authenticator
 from services.session.pagination import events_page, page_json, page_request
 from services.session.store import events, keys, profiles, sessions
-from services.session.store.jsontext import dump
+from bae.jsontext import dump
 from services.session.store.store import Store
 
 

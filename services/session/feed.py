@@ -2,7 +2,11 @@
 
 Every event is persisted before it is published here. Each watcher has its
 own bounded buffer, so a slow one never slows the turn or the others: one
-that falls `LAG_LIMIT` events behind is cut off with the `lagged` error.
+that has not come back for `LAG_LIMIT` queued items when more arrive is cut
+off with the `lagged` error. Lag is judged per published batch, and a reader
+takes everything queued at once: a batch is committed and published before
+any reader can run, so a reader that keeps coming back receives it whole,
+however large it is.
 """
 
 from __future__ import annotations
@@ -28,27 +32,30 @@ class Watcher:
     _ended: bool = False
     _lagged: bool = False
 
-    def push(self, item: object) -> None:
+    def push(self, *items: object) -> None:
+        """Queue one published batch (or a terminal frame), unless this watcher has fallen behind."""
         if self._ended:
             return
         if len(self._items) >= LAG_LIMIT:
             self._lagged = True
             self._ended = True
         else:
-            self._items.append(item)
+            self._items.extend(items)
         self._ready.set()
 
     def end(self) -> None:
         self._ended = True
         self._ready.set()
 
-    async def next(self) -> object | None:
-        """The next item, None once ended; raises Lagged when cut off."""
+    async def take(self) -> list[object] | None:
+        """Every queued item (waits for one), None once ended; raises Lagged when cut off."""
         while True:
             if self._lagged:
                 raise Lagged
             if self._items:
-                return self._items.popleft()
+                items = list(self._items)
+                self._items.clear()
+                return items
             if self._ended:
                 return None
             self._ready.clear()
@@ -74,9 +81,9 @@ class SessionFeed:
 
     def publish(self, events: list[dict]) -> None:
         for watcher in list(self.watchers):
-            for event in events:
-                if watcher.wants(event):
-                    watcher.push(event)
+            wanted = [event for event in events if watcher.wants(event)]
+            if wanted:
+                watcher.push(*wanted)
 
     def end_subscriptions(self) -> int:
         ended = [w for w in self.watchers if w.subscriber]

@@ -2,10 +2,14 @@
 
 Built once from the log's message events, then extended as events are
 published, so a turn never re-reads the whole log. A compaction marker moves
-the start of the history to its preamble.
+the start of the history to its preamble. Each message is kept as JSON text
+too, made once, so a provider call's history is joined rather than
+re-serialized.
 """
 
 from __future__ import annotations
+
+from bae.jsontext import dump
 
 MESSAGE_EVENTS = ("client.message.send", "server.message.send")
 DEFAULT_ROLE = {"client.message.send": "user", "server.message.send": "assistant"}
@@ -13,7 +17,7 @@ DEFAULT_ROLE = {"client.message.send": "user", "server.message.send": "assistant
 
 class History:
     def __init__(self) -> None:
-        self._entries: list[tuple[str, dict]] = []  # (event id, {role, content})
+        self._entries: list[tuple[str, dict, str]] = []  # (event id, {role, content}, its JSON text)
 
     @classmethod
     def from_events(cls, events: list[dict]) -> "History":
@@ -27,26 +31,29 @@ class History:
             payload = event["payload"]
             if kind in MESSAGE_EVENTS:
                 role = payload.get("role") or DEFAULT_ROLE[kind]
-                self._entries.append((event["id"], {"role": role, "content": payload.get("content")}))
+                message = {"role": role, "content": payload.get("content")}
+                self._entries.append((event["id"], message, dump(message)))
             elif kind == "session.compaction.completed":
                 self._restart_at(payload.get("preamble_event_id"), payload.get("summary_event_id"))
 
     def _restart_at(self, *candidates: str | None) -> None:
         for event_id in candidates:
-            for index, (entry_id, _) in enumerate(self._entries):
+            for index, (entry_id, _, _) in enumerate(self._entries):
                 if entry_id == event_id:
                     del self._entries[:index]
                     return
 
-    @property
-    def messages(self) -> list[dict]:
-        return [message for _, message in self._entries]
+    def messages_json(self, extensions: list[dict] = ()) -> str:
+        """The history, then `extensions` (this turn's messages not yet logged), as one JSON array."""
+        parts = [text for _, _, text in self._entries]
+        parts += [dump(message) for message in extensions]
+        return "[" + ",".join(parts) + "]"
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def last_assistant(self) -> dict | None:
-        for _, message in reversed(self._entries):
+        for _, message, _ in reversed(self._entries):
             if message["role"] == "assistant":
                 return message
         return None

@@ -14,6 +14,7 @@ import logging
 from typing import AsyncIterator
 
 from bae import grpcutil, serde
+from bae.jsontext import RawJson, dump
 from bae.protos import runner_pb2_grpc, session_pb2
 from services.session.feed import Lagged, Watcher
 from services.session.gate import Claim, ParkedTurn
@@ -40,12 +41,8 @@ SANDBOX_NOT_RUNNING = "sandbox_not_running: no remote sandbox is running for thi
 PROFILE_GONE = "profile_unavailable: the profile bound to this session is no longer available"
 
 
-def dumps(value) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
 def result_reply(value) -> session_pb2.RpcReply:
-    return session_pb2.RpcReply(result_json=dumps(value))
+    return session_pb2.RpcReply(result_json=dump(value))
 
 
 def error_reply(code: int, message: str) -> session_pb2.RpcReply:
@@ -217,7 +214,7 @@ class LiveApi:
                         page = await self.store.list_events(request.session_id, seq, 200)
                         for seq, event in page:
                             replayed.add(event["id"])
-                            yield session_pb2.RpcFrame(event_json=dumps(event))
+                            yield session_pb2.RpcFrame(event_json=event.json)
                         if len(page) < 200:
                             break
                 except Exception:
@@ -235,17 +232,18 @@ class LiveApi:
     async def _relay(self, watcher: Watcher, skip: set[str] = frozenset()) -> AsyncIterator[session_pb2.RpcFrame]:
         while True:
             try:
-                item = await watcher.next()
+                items = await watcher.take()
             except Lagged:
                 yield error_frame(-32000, "lagged; reconnect with since_event_id", RpcError.NO_ID)
                 return
-            if item is None:
+            if items is None:
                 return
-            if isinstance(item, session_pb2.RpcFrame):
-                yield item
-                return
-            if item["id"] not in skip:
-                yield session_pb2.RpcFrame(event_json=dumps(item))
+            for item in items:
+                if isinstance(item, session_pb2.RpcFrame):
+                    yield item
+                    return
+                if item["id"] not in skip:
+                    yield session_pb2.RpcFrame(event_json=item.json)
 
     async def unsubscribe(self, request, context) -> session_pb2.RpcReply:
         await self._principal(request)
@@ -363,7 +361,8 @@ class LiveApi:
             watcher.push(error_frame(-32000, PROFILE_GONE))
             return None
         outcome = await turn.run(session, profile)
-        watcher.push(session_pb2.RpcFrame(result_json=dumps({"message": outcome.message, "events": turn.events})))
+        events = RawJson("[" + ",".join(view.json for view in turn.events) + "]")
+        watcher.push(session_pb2.RpcFrame(result_json=dump({"message": outcome.message, "events": events})))
         return outcome
 
     # -- methods of later issues -------------------------------------------------

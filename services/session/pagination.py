@@ -14,7 +14,7 @@ from sqlalchemy import Connection
 
 from bae.errors import bad_request
 from services.session.store import events
-from services.session.store.jsontext import dump
+from bae.jsontext import dump
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200

@@ -19,7 +19,7 @@ from services.session.auth import Authenticator, bearer_token
 from services.session.bodies import RESERVED_TOOL, SessionBody
 from services.session.pagination import events_page, page_request
 from services.session.store import events, keys, profiles, sessions
-from services.session.store.jsontext import dump
+from bae.jsontext import dump
 from services.session.store.records import KeyRecord, ProfileRecord
 from services.session.store.store import Store
 

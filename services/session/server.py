@@ -11,7 +11,7 @@ from bae.protos import session_pb2, session_pb2_grpc
 from services.session.admin import AdminApi
 from services.session.auth import Authenticator
 from services.session.rest import ClientRestApi
-from services.session.store.jsontext import dump
+from bae.jsontext import dump
 
 log = logging.getLogger("bae.session.server")
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from bae.jsontext import RawJson, dump
 from bae.protos import runner_pb2
 from services.session.feed import Watcher
 from services.session.gate import ParkedTurn
@@ -83,7 +84,9 @@ class Turn:
             session = await self.runtime.store.get_session(self.session_id) or session
             mcp = await self.runtime.ensure_mcp(self.live, profile)
             declared = toolset.ActingTools.of(session, self.actor, mcp)
-            result = await self._provider_step(profile, self.live.history.messages + extensions, declared.advertised())
+            result = await self._provider_step(
+                profile, self.live.history.messages_json(extensions), declared.advertised()
+            )
             if result is None:
                 return Outcome(UNAVAILABLE_MESSAGE)
             assistant = json.loads(result.message_json)
@@ -136,20 +139,21 @@ class Turn:
         )
         return Outcome(UNAVAILABLE_MESSAGE)
 
-    async def _provider_step(self, profile, messages: list[dict], tools: list[dict]):
+    async def _provider_step(self, profile, messages_json: str, tools: list[dict]):
         """One runner call; records its events as they stream. None when the turn ends unavailable."""
         request = runner_pb2.StepRequest(
             session_id=self.session_id,
             primary_provider=profile.primary_provider,
             fallback_providers=list(profile.fallback_providers),
-            messages_json=json.dumps(messages),
-            tools_json=json.dumps(tools),
+            messages_json=messages_json,
+            tools_json=dump(tools),
         )
         result = None
         try:
             async for update in self.runner.RunStep(request, timeout=STEP_DEADLINE):
                 if update.HasField("event"):
-                    await self.emit([(update.event.event_type, json.loads(update.event.payload_json))])
+                    # Stored and sent as the runner wrote it: never re-serialized here.
+                    await self.emit([(update.event.event_type, RawJson(update.event.payload_json))])
                 else:
                     result = update.result
         except grpc.aio.AioRpcError as exc:

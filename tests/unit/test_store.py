@@ -7,10 +7,10 @@ import json
 import pytest
 
 from bae.errors import Problem
+from bae.jsontext import RawJson, dump
 from services.session import bodies
 from services.session.pagination import PageRequest, events_page, page_json, page_request
 from services.session.store import Store, events, keys, sessions
-from services.session.store.jsontext import dump
 
 
 @pytest.fixture
@@ -32,10 +32,12 @@ async def new_session(store: Store) -> str:
 async def test_append_list_and_state(store):
     sid = await new_session(store)
     views = await store.append_events(sid, [("key_a", "client.message.send", {"role": "user", "content": "é"}),
-                                            (None, "provider.request", {"n": 1.5})])
+                                            (None, "provider.request", RawJson('{"n":1.5}'))])
     assert [v["event_type"] for v in views] == ["client.message.send", "provider.request"]
+    assert json.loads(views[1].json)["payload"] == {"n": 1.5}  # raw payload text spliced in as is
     listed = await store.list_events(sid, 0, 10)
-    assert [view for _, view in listed] == views
+    assert [view.json for _, view in listed] == [view.json for view in views]
+    assert json.loads(views[0].json) == {**views[0], "payload": {"role": "user", "content": "é"}}
     first_seq = listed[0][0]
     assert await store.event_seq(sid, views[1]["id"]) == listed[1][0] > first_seq
     assert await store.event_seq("ses_other", views[1]["id"]) is None

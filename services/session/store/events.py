@@ -6,7 +6,7 @@ from sqlalchemy import Connection, Row, and_, bindparam, insert, select, update
 
 from bae.ids import new_id
 from bae.timefmt import now
-from services.session.store.jsontext import dump, load
+from bae.jsontext import RawJson, dump, load
 from services.session.store.schema import session_events, sessions
 
 MESSAGE_EVENT_TYPES = ("client.message.send", "server.message.send", "session.compaction.completed")
@@ -56,42 +56,72 @@ _FINISH = (
 )
 
 
-def event_view(row: Row) -> dict:
-    """The EventView dict of a stored event row."""
+class EventView(dict):
+    """An event as the API shows it, plus `json`: its wire text, made once.
+
+    Every frame and result that carries the event splices `json` in, so a
+    large payload (a provider request holds the whole history) is never
+    serialized again after it was written. `payload` is a dict, or the
+    `RawJson` the event was appended with (runner events, which nothing in
+    this service reads).
+    """
+
+    __slots__ = ("json",)
+
+    def __init__(self, fields: dict, payload_text: str) -> None:
+        super().__init__(fields)
+        self.json = _wire_text(fields, payload_text)
+
+
+def _wire_text(fields: dict, payload_text: str) -> str:
+    return (
+        '{"id":' + dump(fields["id"])
+        + ',"session_id":' + dump(fields["session_id"])
+        + ',"client_key_id":' + dump(fields["client_key_id"])
+        + ',"event_type":' + dump(fields["event_type"])
+        + ',"payload":' + payload_text
+        + ',"created_at":' + dump(fields["created_at"])
+        + "}"
+    )
+
+
+def _row_fields(row: Row, payload) -> dict:
     return {
         "id": row.id,
         "session_id": row.session_id,
         "client_key_id": row.client_key_id,
         "event_type": row.event_type,
-        "payload": load(row.payload),
+        "payload": payload,
         "created_at": row.created_at,
     }
 
 
+def event_view(row: Row) -> EventView:
+    """The EventView of a stored event row, payload parsed."""
+    return EventView(_row_fields(row, load(row.payload)), row.payload)
+
+
+def unparsed_view(row: Row) -> EventView:
+    """The EventView of a stored event row, for sending only: its payload stays text."""
+    return EventView(_row_fields(row, RawJson(row.payload)), row.payload)
+
+
 def event_json(row: Row) -> str:
-    """`dump(event_view(row))`, without re-parsing the stored payload text."""
-    return (
-        '{"id":' + dump(row.id)
-        + ',"session_id":' + dump(row.session_id)
-        + ',"client_key_id":' + dump(row.client_key_id)
-        + ',"event_type":' + dump(row.event_type)
-        + ',"payload":' + row.payload
-        + ',"created_at":' + dump(row.created_at)
-        + "}"
-    )
+    """The wire text of a stored event row, without parsing its payload."""
+    return _wire_text(_row_fields(row, None), row.payload)
 
 
 def append(
     conn: Connection,
     session_id: str,
-    events: list[tuple[str | None, str, dict]],
+    events: list[tuple[str | None, str, dict | RawJson]],
     new_state: str | None = None,
-) -> list[dict]:
+) -> list[EventView]:
     """Insert events in order; `new_state` (closed/error) applies only to an open session."""
     views = []
     rows = []
     for client_key_id, event_type, payload in events:
-        view = {
+        fields = {
             "id": new_id("evt_"),
             "session_id": session_id,
             "client_key_id": client_key_id,
@@ -99,8 +129,9 @@ def append(
             "payload": payload,
             "created_at": now(),
         }
-        views.append(view)
-        rows.append({**view, "payload": dump(payload)})
+        payload_text = dump(payload)
+        views.append(EventView(fields, payload_text))
+        rows.append({**fields, "payload": payload_text})
     if rows:
         conn.execute(_INSERT, rows)
     if new_state is not None:

@@ -6,7 +6,7 @@ from sqlalchemy import Connection, Row, and_, bindparam, exists, insert, select,
 
 from bae.ids import new_id
 from bae.timefmt import now
-from services.session.store.jsontext import dump, load
+from bae.jsontext import dump, load
 from services.session.store.records import ProfileRecord
 from services.session.store.schema import profiles
 

@@ -6,7 +6,7 @@ from sqlalchemy import Connection, Row, bindparam, insert, select, update
 
 from bae.ids import new_id
 from bae.timefmt import now
-from services.session.store.jsontext import dump, load
+from bae.jsontext import dump, load
 from services.session.store.records import SessionRecord
 from services.session.store.schema import sessions
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, TypeVar
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
+from bae.jsontext import RawJson
 from services.session.store import events, profiles, sessions
 from services.session.store.migrations import migrate
 from services.session.store.records import ProfileRecord, SessionRecord
@@ -108,9 +109,9 @@ class Store:
     async def append_events(
         self,
         session_id: str,
-        items: list[tuple[str | None, str, dict]],
+        items: list[tuple[str | None, str, dict | RawJson]],
         new_state: str | None = None,
-    ) -> list[dict]:
+    ) -> list[events.EventView]:
         """Append (client_key_id, event_type, payload) events in one transaction.
 
         `new_state` ("closed"/"error") also stamps `closed_at`, and applies only
@@ -119,14 +120,15 @@ class Store:
         """
         return await self.call(events.append, session_id, items, new_state)
 
-    async def list_events(self, session_id: str, after_seq: int, limit: int) -> list[tuple[int, dict]]:
+    async def list_events(self, session_id: str, after_seq: int, limit: int) -> list[tuple[int, events.EventView]]:
+        """A page of events for sending (payloads unparsed), with their sequence numbers."""
         rows = await self.call(events.page, session_id, after_seq, limit)
-        return [(row.seq, events.event_view(row)) for row in rows]
+        return [(row.seq, events.unparsed_view(row)) for row in rows]
 
     async def event_seq(self, session_id: str, event_id: str) -> int | None:
         return await self.call(events.seq_of, session_id, event_id)
 
-    async def message_events(self, session_id: str) -> list[dict]:
+    async def message_events(self, session_id: str) -> list[events.EventView]:
         """client.message.send / server.message.send / session.compaction.completed, in order."""
         rows = await self.call(events.message_rows, session_id)
         return [events.event_view(row) for row in rows]
