@@ -19,8 +19,8 @@ from sqlalchemy import Connection
 from bae.errors import unauthorized
 from bae.ids import digests_equal, token_digest
 from bae.timefmt import now
-from services.session.store import keys
-from services.session.store.records import KeyRecord, Principal
+from services.session.store import keys, sessions
+from services.session.store.records import KeyRecord, Principal, SessionRecord
 from services.session.store.store import Store
 
 log = logging.getLogger("bae.session.auth")
@@ -122,6 +122,17 @@ class Authenticator:
     ) -> Principal:
         token = bearer_token(authorization, has_authorization)
         return await self.store.call(self.find_session_key, token, session_id)
+
+    async def session_principal_and_record(
+        self, authorization: str, has_authorization: bool, session_id: str
+    ) -> tuple[Principal, SessionRecord | None]:
+        """The principal and the session's record, read in one store call."""
+        token = bearer_token(authorization, has_authorization)
+
+        def lookup(conn: Connection) -> tuple[Principal, SessionRecord | None]:
+            return self.find_session_key(conn, token, session_id), sessions.get(conn, session_id)
+
+        return await self.store.call(lookup)
 
     async def client_key(self, authorization: str, has_authorization: bool) -> KeyRecord:
         token = bearer_token(authorization, has_authorization)

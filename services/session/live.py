@@ -56,6 +56,15 @@ def error_frame(code: int, message: str, id_mode=RpcError.REQUEST_ID) -> session
 ACCEPTED = session_pb2.RpcFrame(accepted=True)
 
 
+def not_open(session) -> str | None:
+    """The -32000 text when the session is not open, else None."""
+    if session is None:
+        return "session no longer exists"
+    if session.state != "open":
+        return f"session is {session.state}, not open"
+    return None
+
+
 class InvalidParams(Exception):
     pass
 
@@ -107,35 +116,29 @@ class LiveApi:
             request.authorization, request.has_authorization, request.session_id
         )
 
-    async def _open_session(self, session_id: str):
-        """The session record, or the -32000 text when it is not open."""
-        session = await self.store.get_session(session_id)
-        if session is None:
-            return None, "session no longer exists"
-        if session.state != "open":
-            return None, f"session is {session.state}, not open"
-        return session, None
-
     async def _gate(self, request, method: str, *, needs_open: bool = False):
         """Auth (a Problem), then the -32001 driver gate and, when asked, the -32000 state gate.
 
         Returns (acting client key, session record or None, refusal (code, message) or None).
         """
-        principal = await self._principal(request)
+        principal, session = await self.auth.session_principal_and_record(
+            request.authorization, request.has_authorization, request.session_id
+        )
         actor = principal.client_key_id
         if actor not in self.runtime.drivers(request.session_id):
             return actor, None, (-32001, f"call session.registerDriver before {method}")
         if not needs_open:
             return actor, None, None
-        session, problem = await self._open_session(request.session_id)
+        problem = not_open(session)
         return actor, session, (-32000, problem) if problem else None
 
     # -- registration and tools -------------------------------------------------
 
     async def register_driver(self, request, context) -> session_pb2.RpcReply:
-        principal = await self._principal(request)
-        session, problem = await self._open_session(request.session_id)
-        if problem:
+        principal, session = await self.auth.session_principal_and_record(
+            request.authorization, request.has_authorization, request.session_id
+        )
+        if problem := not_open(session):
             return error_reply(-32000, problem)
         live = self.runtime.get(request.session_id)
         actor = principal.client_key_id
@@ -304,8 +307,8 @@ class LiveApi:
                 attribute_to=parked.owner,
                 in_result=False,
             )
-        session, problem = await self._open_session(live.session_id)
-        if problem:
+        session, profile = await self.store.session_and_profile(live.session_id)
+        if problem := not_open(session):
             watcher.push(error_frame(-32000, problem))
             return None
         role, content = message["role"], message["content"]
@@ -352,7 +355,6 @@ class LiveApi:
                 )
         await turn.emit(items, echo=True)
 
-        profile = await self.store.get_profile(session.profile_id)
         if profile is None:
             await turn.emit(
                 [("session.error", {"reason": "profile_unavailable", "profile_id": session.profile_id})],

@@ -79,9 +79,9 @@ class Turn:
 
     async def run(self, session, profile) -> Outcome:
         extensions: list[dict] = []
-        for _ in range(MAX_ITERATIONS):
-            # Re-read: updateClientTools applies from the next provider call.
-            session = await self.runtime.store.get_session(self.session_id) or session
+        for iteration in range(MAX_ITERATIONS):
+            if iteration:  # re-read: updateClientTools applies from the next provider call
+                session = await self.runtime.store.get_session(self.session_id) or session
             mcp = await self.runtime.ensure_mcp(self.live, profile)
             declared = toolset.ActingTools.of(session, self.actor, mcp)
             result = await self._provider_step(

@@ -106,6 +106,15 @@ class Store:
         """The profile, or None when it is missing or soft-deleted."""
         return await self.call(profiles.active, profile_id)
 
+    async def session_and_profile(self, session_id: str) -> tuple[SessionRecord | None, ProfileRecord | None]:
+        """The session and its profile (None when missing or soft-deleted), in one store call."""
+
+        def read(conn: Connection) -> tuple[SessionRecord | None, ProfileRecord | None]:
+            session = sessions.get(conn, session_id)
+            return session, profiles.active(conn, session.profile_id) if session is not None else None
+
+        return await self.call(read)
+
     async def append_events(
         self,
         session_id: str,
