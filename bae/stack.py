@@ -118,23 +118,26 @@ class Stack:
         self._wait(name, answering, url, deadline)
 
     def stop(self, timeout: float = 35.0) -> dict[str, int]:
-        """SIGTERM every process (gateway first), wait, then kill what is left."""
-        order = ["gateway", *[n for n in self.processes if n not in ("gateway", "session")], "session"]
-        codes: dict[str, int] = {}
-        for name in order:
-            process = self.processes.get(name)
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
+        """SIGTERM the gateway and the session service, then the rest; kill what outlives `timeout`.
+
+        The session service stops its sessions' sandboxes on the way out, so
+        the sandbox hosts must still be up while it does.
+        """
         deadline = time.monotonic() + timeout
-        for name in order:
-            process = self.processes.get(name)
-            if process is None:
-                continue
-            try:
-                codes[name] = process.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                codes[name] = process.wait()
+        codes: dict[str, int] = {}
+        first = [name for name in ("gateway", "session") if name in self.processes]
+        rest = [name for name in self.processes if name not in first]
+        for group in (first, rest):
+            for name in group:
+                if self.processes[name].poll() is None:
+                    self.processes[name].send_signal(signal.SIGTERM)
+            for name in group:
+                process = self.processes[name]
+                try:
+                    codes[name] = process.wait(max(deadline - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    codes[name] = process.wait()
         self.processes.clear()
         return codes
 

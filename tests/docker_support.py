@@ -81,11 +81,17 @@ def containers_with(label: str) -> list:
         client.close()
 
 
+def sandboxes_of_hosts(prefix: str) -> list:
+    """Every sandbox container whose host id starts with `prefix` (labels filter on exact values only)."""
+    return [c for c in containers_with("bae.sandbox=1") if c.labels.get("bae.host", "").startswith(prefix)]
+
+
 class SandboxHostProcess(ServiceProcess):
     """`python -m services.sandbox` as a child process on a free loopback port."""
 
-    def __init__(self, host_id: str, **env: str) -> None:
-        self.address = f"127.0.0.1:{free_port()}"
+    def __init__(self, host_id: str, address: str | None = None, **env: str) -> None:
+        """`address`: listen there (e.g. to stand in for a host that was killed) instead of a free port."""
+        self.address = address or f"127.0.0.1:{free_port()}"
         self.host_id = host_id
         self.label = f"bae.host={host_id}"
         log = tempfile.NamedTemporaryFile(prefix=f"sandbox-{host_id}-", suffix=".log", delete=False)

@@ -3,6 +3,7 @@
 Several hosts may run on one machine, each with its own listen address and
 BAE_SANDBOX_HOST_ID. At start a host removes every container labelled with its
 host id: a restarted host holds no live handles, so any such container is orphaned.
+A graceful shutdown removes them too, so none outlives its host.
 """
 
 from __future__ import annotations

@@ -127,13 +127,21 @@ class DockerDriver:
         async with self._prepare_lock:
             if self._prepared:
                 return
-            api = await self._api()
-            orphans = await self._own_containers(api)
-            for orphan in orphans:
-                await self._remove(api, orphan["Id"])
-            if orphans:
-                log.info("removed %d orphaned sandbox container(s) of host %s", len(orphans), self._config.host_id)
+            removed = await self._remove_own(await self._api())
+            if removed:
+                log.info("removed %d orphaned sandbox container(s) of host %s", removed, self._config.host_id)
             self._prepared = True
+
+    async def remove_all(self) -> int:
+        """Shutdown: remove this host's containers; once it exits nothing can reach or stop them."""
+        if self._control is None:  # never connected, so never started one
+            return 0
+        return await self._remove_own(self._control.api)
+
+    async def _remove_own(self, api) -> int:
+        containers = await self._own_containers(api)
+        await asyncio.gather(*(self._remove(api, item["Id"]) for item in containers))
+        return len(containers)
 
     async def _ready_api(self):
         if not self._prepared:

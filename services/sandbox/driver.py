@@ -56,6 +56,9 @@ class Driver(Protocol):
 
     async def list(self) -> list[SandboxInfo]: ...
 
+    async def remove_all(self) -> int:
+        """At shutdown: stop and remove every sandbox of this host; returns how many."""
+
     async def close(self) -> None: ...
 
 
@@ -87,6 +90,9 @@ class UnsupportedDriver:
 
     async def list(self) -> list[SandboxInfo]:
         raise self._failure
+
+    async def remove_all(self) -> int:
+        return 0
 
     async def close(self) -> None:
         return None

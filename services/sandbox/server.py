@@ -120,6 +120,14 @@ async def serve_sandbox(config: SandboxConfig, driver: Driver, shutdown_timeout:
 
     async def shut_down() -> None:
         monitor.stop()
+        # In-flight calls have drained; a later start would remove these as orphans anyway.
+        try:
+            removed = await driver.remove_all()
+        except Exception as exc:  # the engine went away: the next start removes them
+            log.warning("could not remove this host's sandboxes at shutdown: %s", exc)
+        else:
+            if removed:
+                log.info("removed %d sandbox container(s) at shutdown", removed)
         await driver.close()
 
     await serve(

@@ -1,13 +1,39 @@
-"""Remote sandboxes through the whole stack, against a real Docker engine."""
+"""Remote and local sandboxes through the whole stack, against a real Docker engine."""
 
 from __future__ import annotations
 
+import itertools
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
-from conftest import mock_provider_toml
-from docker_support import TEST_IMAGE, docker_client, require_docker
+from bae.stack import Stack
+from conftest import RunningStack, free_port, mock_provider_toml, stack_env
+from docker_support import (
+    TEST_IMAGE,
+    SandboxHostProcess,
+    containers_with,
+    docker_client,
+    docker_skip_reason,
+    require_docker,
+    sandboxes_of_hosts,
+)
 from live import result, rpc, terminal, types
 from mockllm import MockLLM, Reply
+
+# Every sandbox host started here has an id with this prefix, so this module's containers are findable.
+RUN = f"test-live-sandbox-{uuid.uuid4().hex[:8]}"
+_stacks = itertools.count()
+MISSING_IMAGE = "bae-no-such-image:1"
+SHELL = {
+    "name": "sh",
+    "description": "run a shell command",
+    "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+}
+NOT_RUNNING = {"code": -32013, "message": "sandbox_not_running: no remote sandbox is running for this session"}
+NO_SANDBOX_FOR_SH = "no remote sandbox is running for tool 'sh'; call session.startRemoteSandbox first"
 
 
 @pytest.fixture(scope="module")
@@ -17,47 +43,444 @@ def mock():
     llm.stop()
 
 
-def test_sandbox_lifecycle_auto_dispatch_and_close(start_stack, mock):
+@pytest.fixture(autouse=True)
+def no_container_outlives_the_test():
+    """After each test: its own stacks have stopped and its sessions on the shared one are closed,
+    so no host of this module may still hold a container."""
+    yield
+    if docker_skip_reason() is not None:
+        return
+    left = sandboxes_of_hosts(RUN)
+    for container in left:
+        container.remove(force=True)
+    assert [c.labels for c in left] == [], "sandbox containers outlived their stack"
+
+
+@pytest.fixture
+def other_image():
+    """TEST_IMAGE under a second name, for a second profile's allowlist."""
     require_docker()
-    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN="t0ken-for-tests")
-    profile = stack.create_profile("sbx", available_sandboxes=[TEST_IMAGE])
-    other = stack.create_profile("other", available_sandboxes=["elsewhere:1"])
-    key = stack.create_key(profile["id"])["key"]
-    shell = {"name": "sh", "description": "run", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
-    opened = stack.open_session(key, sandbox_tools=[shell])
-    sid, skey = opened["session_id"], opened["session_key"]
-    call = lambda method, params=None: rpc(stack.client, sid, skey, method, params)  # noqa: E731
+    name = f"bae-busybox:{RUN}"
+    client = docker_client()
+    try:
+        client.images.get(TEST_IMAGE).tag(name)
+        yield name
+        client.images.remove(name)
+    finally:
+        client.close()
 
-    assert terminal(call("session.startRemoteSandbox", {"image": TEST_IMAGE}))["error"]["code"] == -32001
-    result(call("session.registerDriver"))
-    events = stack.client.get(f"/api/v1/sessions/{sid}/events", headers={"Authorization": f"Bearer {skey}"}).json()["items"]
-    available = [e for e in events if e["event_type"] == "session.sandbox.available"][0]["payload"]
-    assert [i["name"] for i in available["images"]] == [TEST_IMAGE]  # this profile's images only
-    refused = terminal(call("session.startRemoteSandbox", {"image": "elsewhere:1"}))["error"]
-    assert refused["code"] == -32011
-    assert terminal(call("session.stopRemoteSandbox"))["error"]["code"] == -32013
 
-    started = result(call("session.startRemoteSandbox", {"image": TEST_IMAGE}))
-    assert started["image"] == TEST_IMAGE
-    assert terminal(call("session.startRemoteSandbox", {"image": TEST_IMAGE}))["error"]["code"] == -32000
-    ran = result(call("session.execRemoteSandbox", {"command": "echo out; echo err >&2; exit 3"}))
-    assert ran == {"stdout": "out\n", "stderr": "err\n", "exit_code": 3}
+def sandbox_stack(start_stack, mock, **env):
+    """A stack of the test's own, for tests that stop or replace parts of it."""
+    mock.reset()
+    return start_stack(config_toml=mock_provider_toml(mock.base_url), **stack_overrides(), **env)
 
-    mock.enqueue(Reply.tool_use([("tu_1", "sh", {"command": "echo hi; echo oops >&2; exit 2"})]), Reply.text("done"))
-    outcome = result(call("session.sendMessage", {"message": {"content": "run it"}}))
+
+def stack_overrides() -> dict[str, str]:
+    return {"MOCK_LLM_TOKEN": "t0ken-for-tests", "BAE_SANDBOX_HOST_ID": f"{RUN}-{next(_stacks)}"}
+
+
+@pytest.fixture(scope="module")
+def shared(mock, tmp_path_factory):
+    """One stack for the tests that only add profiles and sessions: a stack start costs seconds."""
+    tmp = tmp_path_factory.mktemp("sandbox-stack")
+    config = tmp / "bae-config.toml"
+    config.write_text(mock_provider_toml(mock.base_url))
+    stack = Stack(env=stack_env(tmp, BAE_CONFIG=str(config), **stack_overrides()), log_dir=tmp / "logs")
+    try:
+        stack.start()
+    except Exception:
+        stack.stop()
+        raise
+    running = RunningStack(stack, tmp)
+    yield running
+    running.close()
+    if docker_skip_reason() is None:
+        assert sandboxes_of_hosts(RUN) == []
+
+
+@pytest.fixture
+def stack(shared, mock):
+    mock.reset()
+    return shared
+
+
+class Driver:
+    """One client key's session, registered or not, with shorthand for its calls."""
+
+    def __init__(self, stack, profile: dict, **session) -> None:
+        self.stack = stack
+        self.profile = profile
+        key = stack.create_key(profile["id"])["key"]
+        opened = stack.open_session(key, **session)
+        self.sid, self.skey = opened["session_id"], opened["session_key"]
+
+    def call(self, method: str, params: dict | None = None) -> list[dict]:
+        return rpc(self.stack.client, self.sid, self.skey, method, params)
+
+    def ok(self, method: str, params: dict | None = None) -> dict:
+        return result(self.call(method, params))
+
+    def error(self, method: str, params: dict | None = None) -> dict:
+        return terminal(self.call(method, params))["error"]
+
+    def register(self) -> "Driver":
+        assert self.ok("session.registerDriver") == {"registered": True}
+        return self
+
+    def events(self) -> list[dict]:
+        reply = self.stack.client.get(
+            f"/api/v1/sessions/{self.sid}/events", params={"limit": 500}, headers={"Authorization": f"Bearer {self.skey}"}
+        )
+        assert reply.status_code == 200, reply.text
+        return reply.json()["items"]
+
+    def events_after(self, count: int) -> list[dict]:
+        return self.events()[count:]
+
+    def containers(self) -> list:
+        return containers_with(f"bae.session_id={self.sid}")
+
+    def close(self) -> None:
+        closed = self.stack.client.delete(f"/api/v1/sessions/{self.sid}", headers={"Authorization": f"Bearer {self.skey}"})
+        assert closed.status_code == 200, closed.text
+
+
+def payloads(events: list[dict]) -> list[tuple[str, dict]]:
+    return [(e["event_type"], e["payload"]) for e in events]
+
+
+def wait_provisioned(stack, timeout: float = 30.0) -> list[dict]:
+    """GET /admin/v1/sandbox-status until no image is pending; returns its items."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = stack.admin.get("/admin/v1/sandbox-status")
+        assert reply.status_code == 200, reply.text
+        items = reply.json()["items"]
+        if all(image["status"] != "pending" for item in items for image in item["images"]):
+            return items
+        assert time.monotonic() < deadline, items
+        time.sleep(0.1)
+
+
+def test_every_sandbox_method_requires_a_registered_driver(stack):
+    driver = Driver(stack, stack.create_profile("gate", available_sandboxes=[TEST_IMAGE]))
+    calls = {
+        "session.startRemoteSandbox": {"image": TEST_IMAGE},
+        "session.stopRemoteSandbox": {},
+        "session.execRemoteSandbox": {"command": "true"},
+        "session.reportLocalSandbox": {"state": "running", "image": TEST_IMAGE},
+    }
+    for method, params in calls.items():
+        assert driver.error(method, params) == {"code": -32001, "message": f"call session.registerDriver before {method}"}
+    assert not any(t.startswith("session.sandbox.") for t in types(driver.events()))
+
+
+def test_provisioning_status_and_the_available_notification(stack):
+    require_docker()
+    with_images = stack.create_profile("with", available_sandboxes=[MISSING_IMAGE, TEST_IMAGE])
+    without = stack.create_profile("without")
+
+    items = wait_provisioned(stack)
+    ids = [item["profile_id"] for item in items]
+    assert ids == sorted(ids) and with_images["id"] in ids and without["id"] not in ids
+    available, failed = items[ids.index(with_images["id"])]["images"]  # sorted by name
+    assert available == {"name": TEST_IMAGE, "status": "available"}
+    assert set(failed) == {"name", "status", "detail"}
+    assert (failed["name"], failed["status"]) == (MISSING_IMAGE, "error")
+    assert failed["detail"].startswith(f'cannot pull image "{MISSING_IMAGE}": ')
+
+    driver = Driver(stack, with_images).register()
+    events = driver.events()
+    assert types(events)[-2:] == ["session.driver.register", "session.sandbox.available"]
+    # In the profile's declared order, each with the status the admin view shows.
+    assert events[-1]["payload"] == {"images": [failed, available]}
+
+    bare = Driver(stack, without).register()
+    assert types(bare.events())[-1] == "session.driver.register"
+    assert "session.sandbox.available" not in types(bare.events())
+
+
+def test_profiles_see_and_start_only_their_own_images(stack, other_image):
+    profile_a = stack.create_profile("a", available_sandboxes=[TEST_IMAGE])
+    profile_b = stack.create_profile("b", available_sandboxes=[other_image])
+    wait_provisioned(stack)
+
+    for profile, own, foreign in ((profile_a, TEST_IMAGE, other_image), (profile_b, other_image, TEST_IMAGE)):
+        driver = Driver(stack, profile).register()
+        listed = driver.events()[-1]
+        assert listed["event_type"] == "session.sandbox.available"
+        assert listed["payload"] == {"images": [{"name": own, "status": "available"}]}
+        before = len(driver.events())
+
+        assert driver.error("session.startRemoteSandbox", {"image": foreign}) == {
+            "code": -32011,
+            "message": f'sandbox_image_not_allowed: image "{foreign}" is not in this session profile\'s available_sandboxes',
+        }
+        assert driver.error("session.startRemoteSandbox", {"image": " "}) == {
+            "code": -32602, "message": 'Invalid params: missing "image"',
+        }
+        assert driver.events_after(before) == []  # refused before the lifecycle began
+        assert driver.containers() == []  # and no container was started
+
+        started = driver.ok("session.startRemoteSandbox", {"image": own})
+        (container,) = driver.containers()
+        assert container.id == started["sandbox_id"]
+        assert container.attrs["Config"]["Image"] == own
+        driver.close()
+        assert driver.containers() == []
+
+
+def test_remote_lifecycle_events_results_and_refusals(stack):
+    require_docker()
+    driver = Driver(stack, stack.create_profile("life", available_sandboxes=[TEST_IMAGE])).register()
+    assert driver.error("session.stopRemoteSandbox") == NOT_RUNNING
+    assert driver.error("session.execRemoteSandbox", {"command": "true"}) == NOT_RUNNING
+    before = len(driver.events())
+
+    started = driver.ok("session.startRemoteSandbox", {"image": TEST_IMAGE})
+    sandbox_id = started["sandbox_id"]
+    events = driver.events_after(before)
+    assert payloads(events) == [
+        ("session.sandbox.start", {"image": TEST_IMAGE, "dispatch": "remote"}),
+        ("session.sandbox.running",
+         {"image": TEST_IMAGE, "sandbox_id": sandbox_id, "dispatch": "remote", "unsandboxed": False}),
+    ]
+    assert started == {"sandbox_id": sandbox_id, "image": TEST_IMAGE, "started_at": events[1]["created_at"]}
+    (container,) = driver.containers()
+    assert container.id == sandbox_id and container.status == "running"
+
+    assert driver.error("session.startRemoteSandbox", {"image": TEST_IMAGE}) == {
+        "code": -32000,
+        "message": "a remote sandbox is already running for this session; call session.stopRemoteSandbox first",
+    }
+    assert driver.ok("session.execRemoteSandbox", {"command": "echo out; echo err >&2; exit 3"}) == {
+        "stdout": "out\n", "stderr": "err\n", "exit_code": 3,
+    }
+    assert driver.ok("session.execRemoteSandbox", {"command": "echo $((6 * 7)) > /tmp/x; cat /tmp/x"}) == {
+        "stdout": "42\n", "stderr": "", "exit_code": 0,
+    }
+    assert driver.error("session.execRemoteSandbox", {}) == {"code": -32602, "message": 'Invalid params: missing "command"'}
+    assert len(driver.events()) == before + 2  # execs are utility calls: no events
+
+    stopped = driver.ok("session.stopRemoteSandbox")
+    assert stopped == {"stopped": True, "image": TEST_IMAGE, "sandbox_id": sandbox_id}
+    stop = {"image": TEST_IMAGE, "sandbox_id": sandbox_id, "reason": "explicit", "dispatch": "remote"}
+    assert payloads(driver.events_after(before + 2)) == [
+        ("session.sandbox.stop", stop),
+        ("session.sandbox.stopped", {**stop, "unsandboxed": False}),
+    ]
+    assert driver.containers() == []
+    assert driver.error("session.stopRemoteSandbox") == NOT_RUNNING
+    assert driver.error("session.execRemoteSandbox", {"command": "true"}) == NOT_RUNNING
+
+
+def test_auto_dispatch_renders_output_and_close_stops_the_sandbox(stack, mock):
+    require_docker()
+    profile = stack.create_profile("auto", available_sandboxes=[TEST_IMAGE])
+    driver = Driver(stack, profile, sandbox_tools=[SHELL]).register()
+    sandbox_id = driver.ok("session.startRemoteSandbox", {"image": TEST_IMAGE})["sandbox_id"]
+
+    mock.enqueue(
+        Reply.tool_use([("tu_1", "sh", {"command": "echo hi; echo oops >&2; exit 2"}), ("tu_2", "sh", {"cmd": "ls"})]),
+        Reply.text("done"),
+    )
+    outcome = driver.ok("session.sendMessage", {"message": {"content": "run it"}})
+    assert outcome["message"] == {"role": "assistant", "content": [{"type": "text", "text": "done"}]}
+    assert types(outcome["events"]) == [
+        "client.message.send", "provider.request", "provider.response", "tool.call", "tool.call",
+        "sandbox.request", "sandbox.response", "tool.result",
+        "sandbox.request", "sandbox.response", "tool.result",
+        "provider.request", "provider.response", "server.message.send",
+    ]
+    dispatched = payloads(outcome["events"][5:11])
+    rendered = "hi\n[stderr]\noops\n[exit_code: 2]"
+    missing = "sandbox tool 'sh' input is missing the required string \"command\""
+    assert dispatched == [
+        ("sandbox.request", {"tool": "sh", "input": {"command": "echo hi; echo oops >&2; exit 2"},
+                             "command": "echo hi; echo oops >&2; exit 2"}),
+        ("sandbox.response", {"sandbox_id": sandbox_id, "ok": False,
+                              "result": {"stdout": "hi\n", "stderr": "oops\n", "exit_code": 2}}),
+        ("tool.result", {"tool_use_id": "tu_1", "dispatch": "sandbox", "server_name": None, "is_error": True,
+                         "content": [{"type": "text", "text": rendered}]}),
+        ("sandbox.request", {"tool": "sh", "input": {"cmd": "ls"}, "command": None}),
+        ("sandbox.response", {"sandbox_id": None, "ok": False, "error": missing}),
+        ("tool.result", {"tool_use_id": "tu_2", "dispatch": "sandbox", "server_name": None, "is_error": True,
+                         "content": [{"type": "text", "text": f"sandbox error: {missing}"}]}),
+    ]
+    answered = mock.requests[-1]["body"]["messages"][-1]["content"]
+    assert [(block["tool_use_id"], block["is_error"]) for block in answered] == [("tu_1", True), ("tu_2", True)]
+    assert answered[0]["content"] == [{"type": "text", "text": rendered}]
+
+    assert len(driver.containers()) == 1
+    driver.close()
+    assert driver.containers() == []
+    stop = {"image": TEST_IMAGE, "sandbox_id": sandbox_id, "reason": "session_close", "dispatch": "remote"}
+    closing = driver.events()[-3:]
+    assert types(closing) == ["session.close", "session.sandbox.stop", "session.sandbox.stopped"]
+    assert payloads(closing[1:]) == [("session.sandbox.stop", stop), ("session.sandbox.stopped", {**stop, "unsandboxed": False})]
+
+
+def test_auto_dispatch_without_a_sandbox_is_an_error_result(stack, mock):
+    driver = Driver(stack, stack.create_profile("nosbx", available_sandboxes=[TEST_IMAGE]), sandbox_tools=[SHELL])
+    driver.register()
+    mock.enqueue(Reply.tool_use([("tu_1", "sh", {"command": "echo hi"})]), Reply.text("no sandbox"))
+    outcome = driver.ok("session.sendMessage", {"message": {"content": "run it"}})
     assert types(outcome["events"]) == [
         "client.message.send", "provider.request", "provider.response", "tool.call", "sandbox.request",
         "sandbox.response", "tool.result", "provider.request", "provider.response", "server.message.send",
     ]
-    rendered = outcome["events"][6]["payload"]
-    assert rendered["is_error"] is True
-    assert rendered["content"] == [{"type": "text", "text": "hi\n[stderr]\noops\n[exit_code: 2]"}]
+    assert payloads(outcome["events"][4:7]) == [
+        ("sandbox.request", {"tool": "sh", "input": {"command": "echo hi"}, "command": "echo hi"}),
+        ("sandbox.response", {"sandbox_id": None, "ok": False, "error": NO_SANDBOX_FOR_SH}),
+        ("tool.result", {"tool_use_id": "tu_1", "dispatch": "sandbox", "server_name": None, "is_error": True,
+                         "content": [{"type": "text", "text": f"sandbox error: {NO_SANDBOX_FOR_SH}"}]}),
+    ]
 
-    containers = docker_client().containers.list(filters={"label": f"bae.session_id={sid}"})
-    assert len(containers) == 1
-    closed = stack.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"})
-    assert closed.status_code == 200
-    assert docker_client().containers.list(all=True, filters={"label": f"bae.session_id={sid}"}) == []
-    events = stack.client.get(f"/api/v1/sessions/{sid}/events", headers={"Authorization": f"Bearer {skey}"}).json()["items"]
-    assert types(events)[-3:] == ["session.close", "session.sandbox.stop", "session.sandbox.stopped"]
-    assert other["id"] != profile["id"]
+
+def test_manual_dispatch_round_trip(stack, mock):
+    require_docker()
+    profile = stack.create_profile("manual", allowed_tools=["sh"], available_sandboxes=[TEST_IMAGE])
+    driver = Driver(stack, profile, tools=[SHELL]).register()
+    driver.ok("session.startRemoteSandbox", {"image": TEST_IMAGE})
+
+    mock.enqueue(Reply.tool_use([("tu_1", "sh", {"command": "echo manual; exit 1"})]), Reply.text("seen it"))
+    paused = driver.ok("session.sendMessage", {"message": {"content": "run it yourself"}})
+    assert paused["message"]["content"] == [
+        {"type": "tool_use", "id": "tu_1", "name": "sh", "input": {"command": "echo manual; exit 1"}, "dispatch": "client"}
+    ]
+    assert types(paused["events"]) == [
+        "client.message.send", "provider.request", "provider.response", "tool.call", "server.message.send",
+    ]
+    ran = driver.ok("session.execRemoteSandbox", {"command": "echo manual; exit 1"})
+    assert ran == {"stdout": "manual\n", "stderr": "", "exit_code": 1}
+
+    answer = {"type": "tool_result", "tool_use_id": "tu_1", "content": "manual\n[exit_code: 1]", "is_error": True}
+    resumed = driver.ok("session.sendMessage", {"message": {"role": "user", "content": [answer]}})
+    assert resumed["message"]["content"] == [{"type": "text", "text": "seen it"}]
+    assert types(resumed["events"]) == [
+        "client.message.send", "tool.result", "provider.request", "provider.response", "server.message.send",
+    ]
+    assert "sandbox.request" not in types(driver.events())  # the server never dispatched it
+    (sent,) = mock.requests[-1]["body"]["messages"][-1]["content"]
+    assert (sent["tool_use_id"], sent["is_error"]) == ("tu_1", True)
+    assert "manual\n[exit_code: 1]" in str(sent["content"])
+    driver.close()
+
+
+def test_report_local_sandbox_maps_states_without_an_allowlist(stack):
+    driver = Driver(stack, stack.create_profile("local")).register()  # declares no images at all
+    actor = driver.events()[-1]["client_key_id"]
+    before = len(driver.events())
+
+    invalid = {
+        "state": ({"state": "paused", "image": "x:1"}, 'Invalid params: "state" must be "running", "stopped", or "error"'),
+        "no state": ({"image": "x:1"}, 'Invalid params: "state" must be "running", "stopped", or "error"'),
+        "no image": ({"state": "running"}, 'Invalid params: missing "image"'),
+        "image type": ({"state": "running", "image": 5}, 'Invalid params: "image" must be a string or null'),
+        "unsandboxed type": ({"state": "running", "image": "x:1", "unsandboxed": "yes"},
+                             'Invalid params: "unsandboxed" must be a boolean'),
+        "unsandboxed image": ({"state": "running", "image": "x:1", "unsandboxed": True},
+                              'Invalid params: "image" must be null when "unsandboxed" is true'),
+    }
+    for case, (params, message) in invalid.items():
+        assert driver.error("session.reportLocalSandbox", params) == {"code": -32602, "message": message}, case
+    assert driver.events_after(before) == []
+
+    reports = [
+        {"state": "running", "image": "never-declared:7", "container_id": "c0ffee"},
+        {"state": "error", "image": "never-declared:7", "container_id": "c0ffee", "detail": "oom"},
+        {"state": "stopped", "image": "never-declared:7"},
+        {"state": "running", "image": None, "unsandboxed": True},
+    ]
+    for params in reports:
+        assert driver.ok("session.reportLocalSandbox", params) == {"reported": True}
+    events = driver.events_after(before)
+    assert {e["client_key_id"] for e in events} == {actor}
+    local = {"dispatch": "local", "unsandboxed": False, "container_id": None, "detail": None}
+    assert payloads(events) == [
+        ("session.sandbox.running", {**local, "image": "never-declared:7", "container_id": "c0ffee"}),
+        ("session.sandbox.error", {**local, "image": "never-declared:7", "container_id": "c0ffee", "detail": "oom"}),
+        ("session.sandbox.stopped", {**local, "image": "never-declared:7"}),
+        ("session.sandbox.running", {**local, "image": None, "unsandboxed": True}),
+    ]
+
+
+def test_two_hosts_placement_a_killed_host_and_its_restart(start_stack, mock):
+    require_docker()
+    addresses = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    stack = sandbox_stack(start_stack, mock, BAE_SANDBOX_GRPC_ADDRS=",".join(addresses))
+    host_ids = [stack.stack.env["BAE_SANDBOX_HOST_ID"], stack.stack.env["BAE_SANDBOX_HOST_ID"] + "-1"]
+    profile = stack.create_profile("two", available_sandboxes=[TEST_IMAGE])
+    first, second = (Driver(stack, profile).register() for _ in range(2))
+    handles = [d.ok("session.startRemoteSandbox", {"image": TEST_IMAGE})["sandbox_id"] for d in (first, second)]
+
+    placed = {}
+    for driver, sandbox_id in zip((first, second), handles):
+        (container,) = driver.containers()
+        assert container.id == sandbox_id
+        placed[driver.sid] = container.labels["bae.host"]
+    assert sorted(placed.values()) == sorted(host_ids)  # one sandbox on each host
+
+    index = host_ids.index(placed[first.sid])
+    before = len(first.events())
+    with ThreadPoolExecutor(1) as background:
+        in_flight = background.submit(first.error, "session.execRemoteSandbox", {"command": "sleep 60"})
+        time.sleep(1)
+        started = time.monotonic()
+        stack.stack.processes["sandbox-1" if index else "sandbox"].kill()
+        cut_off = in_flight.result(timeout=10)
+    assert time.monotonic() - started < 5
+    unavailable = f"sandbox host {addresses[index]} is unavailable"
+    assert cut_off["code"] == -32000
+    assert cut_off["message"].startswith(f"sandbox exec failed: {unavailable}")
+    (cut_event,) = first.events_after(before)
+    assert cut_event["payload"]["phase"] == "exec"
+    before += 1
+
+    started = time.monotonic()
+    failed_exec = first.error("session.execRemoteSandbox", {"command": "echo still there?"})
+    failed_stop = first.error("session.stopRemoteSandbox")
+    assert time.monotonic() - started < 5
+    assert failed_exec["code"] == -32000
+    assert failed_exec["message"].startswith(f"sandbox exec failed: {unavailable}")
+    assert failed_stop["code"] == -32000
+    assert failed_stop["message"].startswith(f"sandbox stop failed: {unavailable}")
+    base = {"image": TEST_IMAGE, "sandbox_id": handles[0]}
+    events = first.events_after(before)
+    assert [(e["event_type"], e["payload"].get("phase")) for e in events] == [
+        ("session.sandbox.error", "exec"), ("session.sandbox.stop", None), ("session.sandbox.error", "stop"),
+    ]
+    assert events[0]["payload"] == {**base, "phase": "exec", "detail": failed_exec["message"].removeprefix(
+        "sandbox exec failed: "), "dispatch": "remote", "unsandboxed": False}
+    assert events[1]["payload"] == {**base, "reason": "explicit", "dispatch": "remote"}
+    assert events[2]["payload"] == {**base, "phase": "stop", "detail": failed_stop["message"].removeprefix(
+        "sandbox stop failed: "), "dispatch": "remote", "unsandboxed": False}
+    assert first.error("session.execRemoteSandbox", {"command": "true"}) == NOT_RUNNING  # the handle is gone
+
+    assert second.ok("session.execRemoteSandbox", {"command": "echo ok"}) == {"stdout": "ok\n", "stderr": "", "exit_code": 0}
+    assert len(first.containers()) == 1  # orphaned by the kill, until its host comes back
+
+    # The same host id on the same address again: its orphan goes before it serves.
+    replacement = SandboxHostProcess(host_ids[index], address=addresses[index])
+    try:
+        replacement.wait_serving()
+        assert first.containers() == []
+        again = first.ok("session.startRemoteSandbox", {"image": TEST_IMAGE})["sandbox_id"]
+        assert first.ok("session.execRemoteSandbox", {"command": "echo back"})["stdout"] == "back\n"
+        first.close()
+        second.close()
+        assert first.containers() == [] and second.containers() == []
+        assert again not in {c.id for c in sandboxes_of_hosts(RUN)}
+    finally:
+        replacement.stop()
+
+
+def test_stopping_the_stack_leaves_no_container(start_stack, mock):
+    require_docker()
+    stack = sandbox_stack(start_stack, mock)
+    driver = Driver(stack, stack.create_profile("stop", available_sandboxes=[TEST_IMAGE])).register()
+    driver.ok("session.startRemoteSandbox", {"image": TEST_IMAGE})
+    assert len(driver.containers()) == 1
+    assert stack.close() == {"gateway": 0, "runner": 0, "sandbox": 0, "session": 0}
+    assert driver.containers() == []

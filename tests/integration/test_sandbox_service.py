@@ -205,6 +205,14 @@ async def test_orphans_of_this_host_are_removed_at_start_up():
         remove_containers(f"bae.host={other_id}")
 
 
+async def test_shutdown_removes_this_hosts_sandboxes(stub, host):
+    sandbox_ids = {await _start(stub, f"ses_shutdown{n}") for n in range(2)}
+    assert {c.id for c in containers_with(host.label)} == sandbox_ids
+    host.terminate()
+    assert host.process.returncode == 0
+    assert containers_with(host.label) == []
+
+
 def _run_host(**env: str) -> subprocess.CompletedProcess:
     """Run a sandbox host with only `env` (and PATH) set; for start-up failures."""
     return subprocess.run(
