@@ -78,6 +78,14 @@ def configure_logging(level: str = "info") -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+# Conversations (so step requests, events and /rpc params) can exceed gRPC's
+# 4 MB default; servers and channels must both accept them.
+MESSAGE_SIZE_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+
+
 async def serve(
     name: str,
     address: str,
@@ -90,7 +98,7 @@ async def serve(
 
     Without `report_health`, every registered service reports SERVING from the start.
     """
-    server = grpc.aio.server(interceptors=[ProblemInterceptor()])
+    server = grpc.aio.server(interceptors=[ProblemInterceptor()], options=MESSAGE_SIZE_OPTIONS)
     services = list(register(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -138,7 +146,6 @@ def channel(target: str) -> grpc.aio.Channel:
         options=[
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.max_reconnect_backoff_ms", 2_000),
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            *MESSAGE_SIZE_OPTIONS,
         ],
     )

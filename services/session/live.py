@@ -13,14 +13,15 @@ import json
 import logging
 from typing import AsyncIterator
 
-from bae import grpcutil, serde
+from bae import serde
 from bae.jsontext import RawJson, dump
-from bae.protos import runner_pb2_grpc, session_pb2
+from bae.protos import session_pb2
 from services.session.feed import Lagged, Watcher
 from services.session.gate import Claim, ParkedTurn
 from services.session.history import History
 from services.session.sandbox_calls import available_images, exec_in_sandbox, start_sandbox, stop_sandbox
 from services.session.sandboxes import SandboxError
+from services.session.runner_client import RunnerClient
 from services.session.merge import (
     MergeInvalid,
     has_tool_result,
@@ -109,7 +110,7 @@ class LiveApi:
         self.runtime = runtime
         self.settings = settings
         self.config = config
-        self.runner = runner_pb2_grpc.RunnerStub(grpcutil.channel(settings.runner_grpc_addr))
+        self.runner = RunnerClient(settings.runner_grpc_addr, settings.rpc_timeout)
 
     async def _principal(self, request):
         return await self.auth.session_principal(

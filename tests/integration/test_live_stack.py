@@ -1,0 +1,571 @@
+"""The live loop end to end over real sockets: lag, fallback, OpenAI tools, failures, FIFO, envelope."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from bae.stack import Stack
+from conftest import RunningStack, mock_provider_toml, stack_env
+from live import notifications, result, rpc, types
+from mockllm import MockLLM, Reply
+
+TOKEN = "sk-test-secret-token-123456"
+LAGGED = {"jsonrpc": "2.0", "error": {"code": -32000, "message": "lagged; reconnect with since_event_id"}}
+
+
+@pytest.fixture(scope="module")
+def mock():
+    llm = MockLLM().start()
+    yield llm
+    llm.stop()
+
+
+def stack_toml(mock: MockLLM) -> str:
+    # "mock" speaks Anthropic Messages, "gpt" OpenAI Chat Completions; both are the same MockLLM.
+    return mock_provider_toml(mock.base_url) + mock_provider_toml(mock.base_url, name="gpt", kind="openai")
+
+
+@pytest.fixture
+def stack(start_stack, mock):
+    mock.reset()
+    return start_stack(config_toml=stack_toml(mock), MOCK_LLM_TOKEN=TOKEN, BAE_PROVIDER_TIMEOUT="2")
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, mock):
+    """One stack for the many one-request cases (envelope errors, params, auth)."""
+    tmp = tmp_path_factory.mktemp("shared")
+    config = tmp / "bae-config.toml"
+    config.write_text(stack_toml(mock))
+    env = stack_env(tmp, BAE_CONFIG=str(config), MOCK_LLM_TOKEN=TOKEN)
+    stack = Stack(env=env, log_dir=tmp / "logs")
+    try:
+        stack.start()
+    except Exception:
+        stack.stop()
+        raise
+    running = RunningStack(stack, tmp)
+    yield running
+    running.close()
+
+
+def new_session(stack, tools=("get_time",), **profile):
+    profile_row = stack.create_profile(f"p{time.monotonic_ns()}", allowed_tools=list(tools), **profile)
+    key = stack.create_key(profile_row["id"])["key"]
+    declared = [{"name": t, "description": t, "input_schema": {"type": "object"}} for t in tools]
+    opened = stack.open_session(key, tools=declared)
+    return opened["session_id"], opened["session_key"], profile_row
+
+
+def join_driver(stack, sid, profile, name: str) -> str:
+    """Another client key on the same profile joins and registers; returns its session key."""
+    key = stack.create_key(profile["id"], name=name)["key"]
+    joined = stack.client.post(
+        f"/api/v1/sessions/{sid}/join", json={"tools": []}, headers={"Authorization": f"Bearer {key}"}
+    )
+    assert joined.status_code == 201, joined.text
+    skey = joined.json()["session_key"]
+    register(stack, sid, skey)
+    return skey
+
+
+def register(stack, sid, skey):
+    assert result(rpc(stack.client, sid, skey, "session.registerDriver")) == {"registered": True}
+
+
+def send(stack, sid, skey, content):
+    return rpc(stack.client, sid, skey, "session.sendMessage", {"message": {"role": "user", "content": content}})
+
+
+def send_body(content, request_id=1) -> dict:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "session.sendMessage",
+            "params": {"message": {"role": "user", "content": content}}}
+
+
+def events(stack, sid, skey) -> list[dict]:
+    auth = {"Authorization": f"Bearer {skey}"}
+    items, cursor = [], ""
+    while True:
+        page = stack.client.get(
+            f"/api/v1/sessions/{sid}/events", params={"limit": 200, "cursor": cursor}, headers=auth
+        ).json()
+        items += page["items"]
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return items
+
+
+class PausedReader:
+    """A raw HTTP/1.1 client that sends one /rpc request and reads nothing until asked.
+
+    Its tiny receive buffer keeps the kernel from absorbing the stream on its behalf,
+    so the server side backs up the way it would for a stalled observer.
+    """
+
+    def __init__(self, base_url: str, path: str, key: str, body: dict) -> None:
+        url = urlsplit(base_url)
+        self.sock = socket.socket()
+        self.sock.connect((url.hostname, url.port))
+        payload = json.dumps(body).encode()
+        self.sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+            "Connection: close\r\n\r\n".encode() + payload
+        )
+
+    def read_to_end(self) -> tuple[bytes, list[dict]]:
+        """(status line and headers, the NDJSON lines of the chunked body)."""
+        self.sock.settimeout(30)
+        raw = b""
+        while chunk := self.sock.recv(1 << 20):
+            raw += chunk
+        self.sock.close()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        return head, [json.loads(line) for line in dechunk(body).splitlines()]
+
+
+def dechunk(body: bytes) -> bytes:
+    out = b""
+    while True:
+        size_line, _, body = body.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return out
+        out, body = out + body[:size], body[size + 2:]
+
+
+
+def post_rpc(stack, sid, key, body: bytes | dict) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    return stack.client.post(f"/api/v1/sessions/{sid}/rpc", content=content, headers=headers)
+
+
+def ndjson(response: httpx.Response) -> list[dict]:
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/x-ndjson"
+    return [json.loads(line) for line in response.text.splitlines()]
+
+
+def session_state(stack, sid) -> str:
+    listed = stack.admin.get("/admin/v1/sessions", params={"limit": 200}).json()["items"]
+    return next(row["state"] for row in listed if row["id"] == sid)
+
+
+# --- 1. subscriber lag -----------------------------------------------------------------------
+
+def test_stalled_observer_is_cut_off_with_lagged_and_the_driver_is_not(stack, mock):
+    sid, skey, _ = new_session(stack, fallback_providers=["gpt"])
+    register(stack, sid, skey)
+    observer = PausedReader(
+        stack.stack.client_url, f"/api/v1/sessions/{sid}/rpc", skey,
+        {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe"},
+    )
+    time.sleep(0.3)
+    # A failed attempt's body is logged but never enters history: each turn pushes ~3 MB at
+    # the observer while provider requests stay small. ~30 MB fills every buffer between
+    # the session service and the stalled socket; 300 tool calls then overflow its queue.
+    failure_body = "x" * 3_000_000
+    for _ in range(10):
+        mock.enqueue(Reply.error(500, failure_body), Reply.text("ok"))
+        frames = send(stack, sid, skey, "fill")
+        outcome = result(frames)
+        assert outcome["message"]["content"] == [{"type": "text", "text": "ok"}]
+        assert [e["id"] for e in notifications(frames)] == [e["id"] for e in outcome["events"][1:]]
+    mock.enqueue(Reply.tool_use([(f"tu_{i}", "get_time", {}) for i in range(300)]))
+    frames = send(stack, sid, skey, "many")
+    outcome = result(frames)
+    assert len(outcome["message"]["content"]) == 300
+    assert [e["id"] for e in notifications(frames)] == [e["id"] for e in outcome["events"][1:]]
+    assert result(rpc(stack.client, sid, skey, "session.unsubscribe")) == {"unsubscribed": True}
+
+    head, lines = observer.read_to_end()
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert lines[-1] == LAGGED  # no id: a notification-style error, and the stream ends
+    seen = [line["params"]["id"] for line in lines[:-1]]
+    recorded = [e["id"] for e in events(stack, sid, skey)]
+    first = recorded.index(seen[0])
+    assert seen == recorded[first:first + len(seen)]  # gapless up to the cut
+    assert len(seen) < len(recorded) - first
+
+
+def test_a_reader_that_keeps_up_gets_a_batch_larger_than_the_lag_limit(stack, mock):
+    """300 tool.call events are recorded and published at once; no reader may lag on that alone."""
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    watched: list[dict] = []
+
+    def watch():
+        body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe"}
+        with httpx.Client(base_url=stack.client.base_url, timeout=30) as client:
+            with client.stream("POST", f"/api/v1/sessions/{sid}/rpc", json=body,
+                               headers={"Authorization": f"Bearer {skey}"}) as response:
+                watched.extend(json.loads(line) for line in response.iter_lines())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    time.sleep(0.3)
+    mock.enqueue(Reply.tool_use([(f"tu_{i}", "get_time", {}) for i in range(300)]))
+    frames = send(stack, sid, skey, "many")
+    outcome = result(frames)
+    assert [block["id"] for block in outcome["message"]["content"]] == [f"tu_{i}" for i in range(300)]
+    assert types(outcome["events"]) == [
+        "client.message.send", "provider.request", "provider.response", *["tool.call"] * 300, "server.message.send",
+    ]
+    assert [e["id"] for e in notifications(frames)] == [e["id"] for e in outcome["events"][1:]]
+    assert result(rpc(stack.client, sid, skey, "session.unsubscribe")) == {"unsubscribed": True}
+    watcher.join(10)
+    assert [line["params"]["id"] for line in watched] == [e["id"] for e in outcome["events"]]
+
+
+# --- 2. mixed-kind fallback ------------------------------------------------------------------
+
+def test_anthropic_primary_failing_falls_back_to_openai_with_the_exact_walk(stack, mock):
+    sid, skey, _ = new_session(stack, fallback_providers=["gpt"])
+    register(stack, sid, skey)
+    tools = [{"name": "get_time", "description": "get_time", "input_schema": {"type": "object"}}]
+    cases = [
+        (Reply.error(503, "overloaded"), {"status": 503, "error": "provider returned HTTP 503", "body": "overloaded"}),
+        (Reply.hang(3), {"status": None, "error": "request timed out after 2 s", "body": None}),
+    ]
+    for number, (failure, failed) in enumerate(cases):
+        mock.reset()
+        mock.enqueue(failure, Reply.text(f"from gpt {number}"))
+        outcome = result(send(stack, sid, skey, f"hi {number}"))
+        assert outcome["message"] == {"role": "assistant", "content": [{"type": "text", "text": f"from gpt {number}"}]}
+        walk = [(e["event_type"], e["payload"]) for e in outcome["events"][1:]]
+        assert [kind for kind, _ in walk] == [
+            "provider.request", "provider.response", "session.error",
+            "provider.request", "provider.response", "server.message.send",
+        ]
+        primary_request, primary_response, error, fallback_request, fallback_response, _ = (p for _, p in walk)
+        assert {k: primary_request[k] for k in ("attempt", "kind", "provider", "base_url", "model", "max_tokens")} == {
+            "attempt": 0, "kind": "primary", "provider": "anthropic", "base_url": mock.base_url,
+            "model": "mock-model", "max_tokens": 4096,
+        }
+        assert primary_request["tools"] == tools
+        assert primary_response == {"attempt": 0, "kind": "primary", "provider": "anthropic", "ok": False, **failed}
+        assert error == {"reason": "provider_call_failed", "provider": "anthropic", "detail": failed["error"]}
+        assert {k: fallback_request[k] for k in ("attempt", "kind", "provider", "base_url")} == {
+            "attempt": 1, "kind": "fallback", "provider": "openai", "base_url": mock.base_url,
+        }
+        assert fallback_request["messages"] == primary_request["messages"]
+        assert "normalized" not in fallback_request
+        assert fallback_response["ok"] is True and fallback_response["status"] == 200
+        assert fallback_response["usage"] == {"input_tokens": 10, "output_tokens": 5}
+        assert fallback_response["body"]["choices"][0]["message"]["content"] == f"from gpt {number}"
+        assert [r["path"] for r in mock.requests] == ["/v1/messages", "/v1/chat/completions"]
+        assert mock.requests[0]["headers"]["x-api-key"] == TOKEN
+        assert mock.requests[1]["headers"]["authorization"] == f"Bearer {TOKEN}"
+        assert TOKEN not in json.dumps(outcome)
+    assert session_state(stack, sid) == "open"
+
+
+# --- 3. OpenAI-kind tool round trip ----------------------------------------------------------
+
+def test_openai_primary_client_tool_round_trip_sends_valid_chat_completions(stack, mock):
+    sid, skey, _ = new_session(stack, primary="gpt")
+    register(stack, sid, skey)
+    mock.enqueue(Reply.tool_use([("call_1", "get_time", {"tz": "UTC"})], text="Checking."), Reply.text("Noon."))
+    first = result(send(stack, sid, skey, "time?"))
+    assert first["message"] == {"role": "assistant", "content": [
+        {"type": "text", "text": "Checking."},
+        {"type": "tool_use", "id": "call_1", "name": "get_time", "input": {"tz": "UTC"}, "dispatch": "client"},
+    ]}
+    second = result(send(stack, sid, skey, [{"type": "tool_result", "tool_use_id": "call_1", "content": "12:00"}]))
+    assert second["message"] == {"role": "assistant", "content": [{"type": "text", "text": "Noon."}]}
+    assert types(second["events"]) == [
+        "client.message.send", "tool.result", "provider.request", "provider.response", "server.message.send",
+    ]
+    tools = [{"type": "function", "function": {"name": "get_time", "description": "get_time",
+                                               "parameters": {"type": "object"}}}]
+    assert [r["path"] for r in mock.requests] == ["/v1/chat/completions"] * 2
+    assert mock.requests[0]["body"] == {
+        "model": "mock-model", "max_tokens": 4096,
+        "messages": [{"role": "user", "content": "time?"}], "tools": tools,
+    }
+    assert mock.requests[1]["body"] == {
+        "model": "mock-model", "max_tokens": 4096,
+        "messages": [
+            {"role": "user", "content": "time?"},
+            {"role": "assistant", "content": "Checking.", "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"tz":"UTC"}'}},
+            ]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+        ],
+        "tools": tools,
+    }
+    assert mock.requests[1]["headers"]["authorization"] == f"Bearer {TOKEN}"
+    # The canonical history the event records is stripped of routing fields too.
+    logged = second["events"][2]["payload"]
+    assert logged["provider"] == "openai" and "normalized" not in logged
+    assert logged["messages"][1]["content"][1] == {"type": "tool_use", "id": "call_1", "name": "get_time",
+                                                   "input": {"tz": "UTC"}}
+    for sent in (json.dumps(mock.requests[1]["body"]), json.dumps(logged["messages"])):
+        assert '"dispatch"' not in sent and '"caller"' not in sent
+
+
+# --- 4. runner unreachable -------------------------------------------------------------------
+
+def test_runner_down_fails_the_turn_with_session_loop_failed_and_the_session_stays_usable(start_stack, mock):
+    mock.reset()
+    # BAE_RPC_TIMEOUT bounds how long a step waits for an unreachable runner.
+    stack = start_stack(config_toml=stack_toml(mock), MOCK_LLM_TOKEN=TOKEN, BAE_RPC_TIMEOUT="3")
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    runner = stack.stack.processes["runner"]
+    runner.terminate()
+    runner.wait(10)
+
+    began = time.monotonic()
+    frames = send(stack, sid, skey, "hi")
+    assert 3 <= time.monotonic() - began < 8
+    assert frames == [{"jsonrpc": "2.0", "id": frames[-1]["id"],
+                       "error": {"code": -32000, "message": "session loop failed"}}]
+    recorded = events(stack, sid, skey)
+    assert types(recorded)[-1] == "client.message.send"  # the input is kept; no provider event was written
+    assert session_state(stack, sid) == "open"
+    assert mock.requests == []
+
+    stack.stack.restart("runner")
+    mock.enqueue(Reply.text("back"))
+    outcome = result(send(stack, sid, skey, "again"))
+    assert outcome["message"]["content"] == [{"type": "text", "text": "back"}]
+    request = outcome["events"][1]["payload"]
+    # Both user turns reach the provider, folded into one Anthropic user message.
+    assert request["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "again"}]}
+    ]
+    assert request["normalized"] == {"prepended_user": False, "merged": [[0, 1]]}
+
+
+# --- 5. envelope and params errors through the real stack ------------------------------------
+
+@pytest.fixture(scope="module")
+def driver(shared):
+    """(session id, a registered driver's session key, an unregistered participant's session key)."""
+    sid, skey, profile = new_session(shared)
+    register(shared, sid, skey)
+    key = shared.create_key(profile["id"], name="observer")["key"]
+    joined = shared.client.post(f"/api/v1/sessions/{sid}/join", json={"tools": []},
+                                headers={"Authorization": f"Bearer {key}"})
+    assert joined.status_code == 201, joined.text
+    return sid, skey, joined.json()["session_key"]
+
+
+def error_line(request_id, code: int, message: str) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}},
+                      separators=(",", ":")).encode() + b"\n"
+
+
+ENVELOPE_CASES = [
+    (b"{not json", error_line(None, -32700, "Parse error")),
+    (b'[{"jsonrpc":"2.0","id":1,"method":"session.sendMessage"}]',
+     error_line(None, -32600, "Invalid Request: batch requests are not supported")),
+    (b"42", error_line(None, -32600, "Invalid Request")),
+    (b'{"jsonrpc":"1.0","id":"a","method":"session.sendMessage"}',
+     error_line("a", -32600, 'Invalid Request: missing or wrong "jsonrpc" version')),
+    (b'{"jsonrpc":"2.0","id":2}', error_line(2, -32600, 'Invalid Request: missing "method"')),
+    (b'{"jsonrpc":"2.0","id":3,"method":"session.nope"}', error_line(3, -32601, "Method not found: session.nope")),
+    (b'{"jsonrpc":"2.0","id":4,"method":"session.compact"}',
+     error_line(4, -32601, "Method not found: session.compact")),
+    (b'{"jsonrpc":"2.0","id":5,"method":"session.reportLocalSubagent","params":{"state":"start"}}',
+     error_line(5, -32601, "Method not found: session.reportLocalSubagent")),
+    (b'{"jsonrpc":"2.0","id":6,"method":"session.cancelSubagent","params":{"subagent_id":"sba_1"}}',
+     error_line(6, -32601, "Method not found: session.cancelSubagent")),
+]
+
+
+@pytest.mark.parametrize("body,frame", ENVELOPE_CASES)
+def test_envelope_error_is_one_exact_frame(shared, driver, body, frame):
+    sid, skey, _ = driver
+    response = post_rpc(shared, sid, skey, body)
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/x-ndjson"
+    assert response.content == frame
+
+
+PARAMS_CASES = [
+    ("session.sendMessage", {}, 'Invalid params: missing "message"'),
+    ("session.sendMessage", [1], "Invalid params: invalid type: sequence, expected a map"),
+    ("session.sendMessage", {"message": "hi"}, 'Invalid params: invalid type: string "hi", expected struct Message'),
+    ("session.sendMessage", {"message": {"role": "user"}}, "Invalid params: missing field `content`"),
+    ("session.sendMessage", {"message": {"content": 5}},
+     "Invalid params: invalid type: integer `5`, expected a string or an array of content blocks"),
+    ("session.subscribe", [1], "Invalid params: invalid type: sequence, expected a map"),
+    ("session.updateClientTools", {}, 'Invalid params: missing "tools"'),
+    ("session.updateClientTools", {"tools": {}}, "Invalid params: invalid type: map, expected a sequence"),
+    ("session.updateClientTools", {"tools": [{"name": " "}]},
+     'Invalid params: every tool requires a non-empty "name"'),
+    ("session.startRemoteSandbox", {}, 'Invalid params: missing "image"'),
+    ("session.startRemoteSandbox", {"image": " "}, 'Invalid params: missing "image"'),
+    ("session.execRemoteSandbox", {}, 'Invalid params: missing "command"'),
+    ("session.reportLocalSandbox", {"state": "paused", "image": "x"},
+     'Invalid params: "state" must be "running", "stopped", or "error"'),
+    ("session.reportLocalSandbox", {"state": "running"}, 'Invalid params: missing "image"'),
+]
+
+
+@pytest.mark.parametrize("method,params,message", PARAMS_CASES)
+def test_invalid_params_is_32602_and_records_nothing(shared, driver, method, params, message):
+    sid, skey, _ = driver
+    before = len(events(shared, sid, skey))
+    response = post_rpc(shared, sid, skey, {"jsonrpc": "2.0", "id": 9, "method": method, "params": params})
+    assert ndjson(response) == [{"jsonrpc": "2.0", "id": 9, "error": {"code": -32602, "message": message}}]
+    assert len(events(shared, sid, skey)) == before
+
+
+@pytest.mark.parametrize("method", ["session.sendMessage", "session.updateClientTools"])
+def test_driver_gate_is_checked_before_params(shared, driver, method):
+    sid, _, unregistered = driver
+    response = post_rpc(shared, sid, unregistered, {"jsonrpc": "2.0", "id": 1, "method": method, "params": [1]})
+    assert ndjson(response) == [{"jsonrpc": "2.0", "id": 1, "error": {
+        "code": -32001, "message": f"call session.registerDriver before {method}"}}]
+
+
+@pytest.fixture(scope="module")
+def other_session_key(shared) -> str:
+    """A valid session key, but for another session."""
+    return new_session(shared)[1]
+
+
+UNAUTHORIZED = {"type": "unauthorized", "title": "Unauthorized", "status": 401, "detail": "invalid session key"}
+
+
+@pytest.mark.parametrize("body", [
+    b"{not json",
+    b"[]",
+    b'{"jsonrpc":"2.0","id":1,"method":"session.nope"}',
+    b'{"jsonrpc":"2.0","id":1,"method":"session.registerDriver"}',
+    b'{"jsonrpc":"2.0","id":1,"method":"session.subscribe"}',
+    b'{"jsonrpc":"2.0","id":1,"method":"session.sendMessage","params":{"message":{"content":"hi"}}}',
+])
+def test_bad_key_is_401_before_any_stream(shared, driver, other_session_key, body):
+    sid, _, _ = driver
+    for key, detail in ((None, "missing Authorization header"), ("bae_ses_nope", "invalid session key"),
+                        (other_session_key, "invalid session key")):
+        response = post_rpc(shared, sid, key, body)
+        assert response.status_code == 401
+        assert response.headers["content-type"] == "application/json"
+        assert response.json() == {**UNAUTHORIZED, "detail": detail}
+
+
+def test_notification_send_streams_events_without_a_terminal_frame(shared, driver, mock):
+    sid, skey, _ = driver
+    mock.reset()
+    mock.enqueue(Reply.text("quiet"))
+    body = send_body("no id")
+    del body["id"]
+    lines = ndjson(post_rpc(shared, sid, skey, body))
+    assert all("id" not in line for line in lines)
+    assert types([line["params"] for line in lines]) == ["provider.request", "provider.response", "server.message.send"]
+    assert lines[-1]["params"]["payload"]["content"] == [{"type": "text", "text": "quiet"}]
+
+
+# --- 6. client disconnect mid-turn -----------------------------------------------------------
+
+def test_driver_disconnect_mid_turn_the_turn_still_finishes_and_is_durable(stack, mock):
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    mock.enqueue(Reply.hang(1))
+    with httpx.Client(base_url=stack.client.base_url, timeout=10) as client:
+        with client.stream("POST", f"/api/v1/sessions/{sid}/rpc", json=send_body("slow"),
+                           headers={"Authorization": f"Bearer {skey}"}) as response:
+            first = json.loads(next(response.iter_lines()))
+            assert first["params"]["event_type"] == "provider.request"
+    # The connection is gone; the turn keeps going inside the session service.
+    deadline = time.monotonic() + 10
+    while types(events(stack, sid, skey))[-1] != "server.message.send":
+        assert time.monotonic() < deadline, types(events(stack, sid, skey))
+        time.sleep(0.1)
+    recorded = events(stack, sid, skey)
+    assert types(recorded)[-4:] == ["client.message.send", "provider.request", "provider.response", "server.message.send"]
+    assert recorded[-1]["payload"] == {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}
+    mock.enqueue(Reply.text("next"))
+    outcome = result(send(stack, sid, skey, "again"))
+    assert outcome["message"]["content"] == [{"type": "text", "text": "next"}]
+    assert [m["role"] for m in mock.requests[-1]["body"]["messages"]] == ["user", "assistant", "user"]
+
+
+def test_queued_caller_that_disconnects_leaves_no_trace(stack, mock):
+    sid, skey_a, profile = new_session(stack)
+    register(stack, sid, skey_a)
+    skey_b = join_driver(stack, sid, profile, "b")
+    mock.enqueue(Reply.hang(1), Reply.text("after"))
+    a_frames: list = []
+    a_thread = threading.Thread(target=lambda: a_frames.extend(send(stack, sid, skey_a, "A slow")))
+    a_thread.start()
+    time.sleep(0.3)
+    with httpx.Client(base_url=stack.client.base_url, timeout=10) as client:
+        with client.stream("POST", f"/api/v1/sessions/{sid}/rpc", json=send_body("B gives up"),
+                           headers={"Authorization": f"Bearer {skey_b}"}) as response:
+            assert response.status_code == 200  # the stream opened, silent while queued
+    a_thread.join(10)
+    assert result(a_frames)["message"]["content"] == [{"type": "text", "text": "ok"}]
+    time.sleep(0.2)
+    assert "B gives up" not in json.dumps(events(stack, sid, skey_a))
+    outcome = result(send(stack, sid, skey_b, "B again"))
+    assert outcome["message"]["content"] == [{"type": "text", "text": "after"}]
+
+
+# --- 7. FIFO across gateway connections ------------------------------------------------------
+
+def test_queued_drivers_write_zero_bytes_and_run_in_arrival_order(stack, mock):
+    sid, skey_a, profile = new_session(stack)
+    register(stack, sid, skey_a)
+    queued = {"B": join_driver(stack, sid, profile, "b"), "C": join_driver(stack, sid, profile, "c")}
+    mock.enqueue(Reply.hang(1), Reply.text("for B"), Reply.text("for C"))
+    started = time.monotonic()
+    a_frames: list = []
+    a_thread = threading.Thread(target=lambda: a_frames.extend(send(stack, sid, skey_a, "A asks")))
+    a_thread.start()
+    seen: dict[str, dict] = {}
+
+    def queue_up(name: str) -> None:
+        with httpx.Client(base_url=stack.client.base_url, timeout=30) as client:
+            with client.stream("POST", f"/api/v1/sessions/{sid}/rpc", json=send_body(f"{name} asks"),
+                               headers={"Authorization": f"Bearer {queued[name]}"}) as response:
+                opened = time.monotonic() - started
+                raw = response.iter_raw()
+                first_chunk = next(raw)
+                first_byte = time.monotonic() - started
+                body = first_chunk + b"".join(raw)
+        seen[name] = {"opened": opened, "first_byte": first_byte,
+                      "frames": [json.loads(line) for line in body.splitlines()]}
+
+    threads = []
+    for name in ("B", "C"):
+        time.sleep(0.3)  # B arrives while A runs, C after B
+        threads.append(threading.Thread(target=queue_up, args=(name,)))
+        threads[-1].start()
+    for thread in (a_thread, *threads):
+        thread.join(15)
+    assert result(a_frames)["message"]["content"] == [{"type": "text", "text": "ok"}]
+    for name in ("B", "C"):
+        assert seen[name]["opened"] < 0.9  # headers at once ...
+        assert seen[name]["first_byte"] >= 1.0  # ... but no byte before A's slow provider call answered
+        assert result(seen[name]["frames"])["message"]["content"] == [{"type": "text", "text": f"for {name}"}]
+    assert seen["B"]["first_byte"] < seen["C"]["first_byte"]
+    turns = [e["payload"]["content"] for e in events(stack, sid, skey_a) if e["event_type"] == "client.message.send"]
+    assert turns == ["A asks", "B asks", "C asks"]
+    assert [r["body"]["messages"][-1]["content"] for r in mock.requests] == ["A asks", "B asks", "C asks"]
+
+
+# --- messages larger than gRPC's default 4 MB limit ------------------------------------------
+
+def test_a_turn_larger_than_four_megabytes_crosses_every_service(stack, mock):
+    """Provider requests may be far larger than 4 MB; no internal hop may refuse them."""
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    mock.enqueue(Reply.text("read it"))
+    document = "y" * 5_000_000
+    outcome = result(send(stack, sid, skey, document))
+    assert outcome["message"]["content"] == [{"type": "text", "text": "read it"}]
+    assert mock.requests[-1]["body"]["messages"] == [{"role": "user", "content": document}]
