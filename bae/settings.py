@@ -97,6 +97,7 @@ class Settings:
     sandbox_grpc_addrs: list[str] = field(default_factory=list)
     rpc_timeout: float = 10.0
     provider_timeout: float = 300.0
+    mcp_timeout: float = 30.0
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -141,4 +142,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         sandbox_grpc_addrs=_grpc_targets(get("BAE_SANDBOX_GRPC_ADDRS", "127.0.0.1:50053")),
         rpc_timeout=float(parse_seconds("BAE_RPC_TIMEOUT", get("BAE_RPC_TIMEOUT", "10"))),
         provider_timeout=float(parse_seconds("BAE_PROVIDER_TIMEOUT", get("BAE_PROVIDER_TIMEOUT", "300"))),
+        mcp_timeout=float(parse_seconds("BAE_MCP_TIMEOUT", get("BAE_MCP_TIMEOUT", "30"))),
     )

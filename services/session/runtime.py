@@ -97,7 +97,8 @@ class SessionRuntime:
         if not profile.mcp_servers:
             return None
         connections = await McpSessionConnections.connect(
-            session_id, list(profile.mcp_servers), self.config, profile_id=profile.id, profile_name=profile.name
+            session_id, list(profile.mcp_servers), self.config, profile_id=profile.id, profile_name=profile.name,
+            call_timeout=self.settings.mcp_timeout,
         )
         live = self.sessions.get(session_id)
         if live is None:  # closed while connecting

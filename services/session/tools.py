@@ -43,9 +43,13 @@ class ActingTools:
         """Recomputed before every provider call, in the spec's order."""
         tools = [_provider_tool(t) for t in (*self.client, *self.sandbox, *self.subagent)]
         if self.mcp is not None:
+            # A declared tool of the same name wins the dispatch, so the MCP copy is never
+            # reachable; listing it too would give the provider duplicate names, which it refuses.
+            declared = {t["name"] for t in tools}
             tools += [
                 {"name": t.name, "description": t.description, "input_schema": t.input_schema}
                 for t in self.mcp.tools
+                if t.name not in declared
             ]
         return tools
 
@@ -92,25 +96,28 @@ async def dispatch_server_tools(turn, blocks: list[dict], dispatch: dict[str, st
         mcp_calls = {
             b["id"]: asyncio.create_task(_call_mcp(declared, b)) for b in mcp_blocks
         }
-    results = []
-    for block in blocks:
-        kind = dispatch[block["id"]]
-        if kind == "mcp":
-            response, result = await mcp_calls[block["id"]]
-            await turn.emit([("mcp.response", response), ("tool.result", result)])
-            results.append(_as_result_block(result))
-        elif kind == "sandbox":
-            results.append(await dispatch_sandbox_tool(turn, block))
-        else:
-            result = error_result(
-                block["id"], json.dumps({"error": "remote subagents are not available on this server"})
-            )
-            await turn.emit(
-                [("tool.result", {"tool_use_id": block["id"], "dispatch": "subagent", "is_error": True,
-                                  "content": result["content"]})]
-            )
-            results.append(result)
-    return results
+    try:
+        return [await _answer(turn, block, dispatch[block["id"]], mcp_calls) for block in blocks]
+    finally:
+        # A turn that failed or was cancelled part-way leaves no MCP call running behind it.
+        for call in mcp_calls.values():
+            call.cancel()
+
+
+async def _answer(turn, block: dict, kind: str, mcp_calls: dict[str, asyncio.Task]) -> dict:
+    """Record one server-side block's outcome; its tool_result block."""
+    if kind == "mcp":
+        response, result = await mcp_calls[block["id"]]
+        await turn.emit([("mcp.response", response), ("tool.result", result)])
+        return _as_result_block(result)
+    if kind == "sandbox":
+        return await dispatch_sandbox_tool(turn, block)
+    result = error_result(block["id"], json.dumps({"error": "remote subagents are not available on this server"}))
+    await turn.emit(
+        [("tool.result", {"tool_use_id": block["id"], "dispatch": "subagent", "is_error": True,
+                          "content": result["content"]})]
+    )
+    return result
 
 
 def _as_result_block(event_payload: dict) -> dict:
