@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 
-.PHONY: run test protos venv bench clean
+.PHONY: run test protos venv bench clean compose-test
 
 venv: $(STAMP)
 
@@ -31,6 +31,10 @@ test: venv protos
 
 bench: venv protos
 	$(PY) bench/run.py $(ARGS)
+
+# The docker-compose deployment, built from local packages and tested end to end (deploy/compose-test/).
+compose-test: venv
+	bash deploy/compose-test/run.sh
 
 clean:
 	rm -rf $(VENV) baeproto .pytest_cache

@@ -18,6 +18,7 @@ from services.session.feed import SessionFeed
 from services.session.gate import TurnGate
 from services.session.history import History
 from services.session.sandbox_calls import stop_sandbox
+from services.session.sandbox_discovery import SandboxDiscovery, needs_discovery
 from services.session.sandboxes import SandboxPool
 
 log = logging.getLogger("bae.session.runtime")
@@ -45,6 +46,12 @@ class SessionRuntime:
         self.sessions: dict[str, LiveSession] = {}
         self.sandboxes: SandboxPool | None = (
             SandboxPool(settings.sandbox_grpc_addrs, settings.rpc_timeout) if settings.sandbox_grpc_addrs else None
+        )
+        # Host names (e.g. a scaled docker-compose service) are re-resolved to all their addresses.
+        self.sandbox_discovery: SandboxDiscovery | None = (
+            SandboxDiscovery(self.sandboxes, settings.sandbox_grpc_addrs)
+            if self.sandboxes is not None and needs_discovery(settings.sandbox_grpc_addrs)
+            else None
         )
 
     def get(self, session_id: str) -> LiveSession:
@@ -141,7 +148,10 @@ class SessionRuntime:
             self.sandboxes.provision(profile.id, profile.available_sandboxes)  # [] forgets the profile
 
     async def start(self) -> None:
-        """Re-provision the images of every live profile that declares any."""
+        """Resolve the sandbox hosts, then re-provision the images of every live profile that declares any."""
+        if self.sandbox_discovery is not None:
+            await self.sandbox_discovery.refresh()
+            self.sandbox_discovery.start()
         if self.sandboxes is not None:
             for profile in await self.store.live_profiles():
                 if profile.available_sandboxes:
@@ -149,6 +159,8 @@ class SessionRuntime:
 
     async def stop(self) -> None:
         """Shutdown: tear every live session down, so no sandbox outlives this replica."""
+        if self.sandbox_discovery is not None:
+            await self.sandbox_discovery.close()
         while self.sessions:
             _, live = self.sessions.popitem()
             await self._teardown(live, None)

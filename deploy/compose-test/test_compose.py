@@ -1,0 +1,262 @@
+"""End to end through docker-compose: the real images, talked to only through the published port.
+
+Run by deploy/compose-test/run.sh (`make compose-test`), which builds the images
+and sets the environment: the compose command (COMPOSE), the project name, the
+published gateway and mock LLM ports. The tests run in file order and share
+one deployment; the last one tears it down and checks nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import docker
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from live import notifications, result, rpc, terminal, types  # noqa: E402
+
+if "BAE_E2E_PROJECT" not in os.environ:
+    pytest.skip("run through `make compose-test`", allow_module_level=True)
+
+PROJECT = os.environ["BAE_E2E_PROJECT"]
+COMPOSE = [*shlex.split(os.environ.get("COMPOSE", "docker-compose")), "-p", PROJECT,
+           "-f", "docker-compose.yml", "-f", "deploy/compose-test/docker-compose.test.yml"]
+GATEWAY_URL = f"http://{os.environ['BAE_PUBLISH_ADDR']}"
+MOCK_URL = f"http://127.0.0.1:{os.environ['BAE_E2E_MOCK_PORT']}"
+IMAGE = os.environ.get("BAE_TEST_IMAGE", "bae-busybox:test")
+STOP_SECONDS = "40"
+SHELL_TOOL = {
+    "name": "sh",
+    "description": "run a shell command",
+    "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+}
+
+
+def progress(message: str) -> None:
+    print(f"compose-test: {message}", file=sys.stderr, flush=True)
+
+
+def compose(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run([*COMPOSE, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def baectl(*args: str) -> dict:
+    return json.loads(compose("exec", "-T", "gateway", "baectl", *args, "--json").stdout)
+
+
+def containers(service: str | None = None, all: bool = False) -> list:
+    labels = [f"com.docker.compose.project={PROJECT}"]
+    if service is not None:
+        labels.append(f"com.docker.compose.service={service}")
+    return docker.from_env().containers.list(all=all, filters={"label": labels})
+
+
+def wait_until(what: str, check, timeout: float = 120.0, every: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(every)
+
+
+def all_healthy(expected: dict[str, int]) -> bool:
+    for service, count in expected.items():
+        running = containers(service)
+        states = [c.attrs["State"].get("Health", {}).get("Status") for c in running]
+        if len(running) != count or any(state != "healthy" for state in states):
+            return False
+    return True
+
+
+class Deployment:
+    def __init__(self) -> None:
+        self.client = httpx.Client(base_url=GATEWAY_URL, timeout=60)
+        self.mock = httpx.Client(base_url=MOCK_URL, timeout=10)
+        self.key = ""
+        self.profile: dict = {}
+        self.session_ids: list[str] = []
+
+    def script(self, *replies: dict) -> None:
+        assert self.mock.post("/_mock/enqueue", json=list(replies)).status_code == 200
+
+    def open_session(self) -> tuple[str, str]:
+        response = self.client.post("/api/v1/sessions", json={"tools": [
+            {"name": "get_time", "description": "the time", "input_schema": {"type": "object"}}
+        ], "sandbox_tools": [SHELL_TOOL]}, headers={"Authorization": f"Bearer {self.key}"})
+        assert response.status_code == 201, response.text
+        opened = response.json()
+        self.session_ids.append(opened["session_id"])
+        sid, skey = opened["session_id"], opened["session_key"]
+        assert result(rpc(self.client, sid, skey, "session.registerDriver")) == {"registered": True}
+        return sid, skey
+
+    def events(self, sid: str, skey: str) -> list[dict]:
+        response = self.client.get(f"/api/v1/sessions/{sid}/events", headers={"Authorization": f"Bearer {skey}"},
+                                   params={"limit": 200})
+        assert response.status_code == 200, response.text
+        return response.json()["items"]
+
+    def send(self, sid: str, skey: str, content) -> list[dict]:
+        return rpc(self.client, sid, skey, "session.sendMessage", {"message": {"role": "user", "content": content}})
+
+    def sandbox_host(self, sid: str) -> str:
+        """The `bae.host` label of the session's sandbox container: which sandbox replica placed it."""
+        found = docker.from_env().containers.list(filters={"label": f"bae.session_id={sid}"})
+        assert len(found) == 1, found
+        return found[0].labels["bae.host"]
+
+
+@pytest.fixture(scope="module")
+def stack(request):
+    progress(f"docker-compose up ({PROJECT})")
+    compose("down", "-v", "--remove-orphans", "-t", "5", check=False)  # leftovers of an interrupted run
+    deployment = Deployment()
+    try:
+        compose("up", "-d")
+        wait_until("every service healthy", lambda: all_healthy(
+            {"gateway": 1, "session": 1, "runner": 1, "sandbox": 1, "mockllm": 1}))
+        progress("stack healthy")
+        yield deployment
+    finally:
+        if request.session.testsfailed:
+            print(compose("logs", "--no-color", "--tail", "150", check=False).stdout, file=sys.stderr)
+        compose("down", "-v", "--remove-orphans", "-t", STOP_SECONDS, check=False)
+        deployment.client.close()
+        deployment.mock.close()
+
+
+def test_admin_cli_in_the_gateway_creates_a_profile_and_a_key(stack):
+    profile = baectl("profiles", "create", "--name", "e2e", "--primary-provider", "mock",
+                     "--allowed-tool", "get_time", "--sandbox-image", IMAGE)
+    assert profile["name"] == "e2e" and profile["id"].startswith("pro_")
+    key = baectl("keys", "create", "--name", "e2e", "--profile-id", profile["id"])
+    assert key["key"].startswith("bae_") and key["profile_id"] == profile["id"]
+    stack.profile, stack.key = profile, key["key"]
+    # The admin port is loopback inside the gateway container: only the client port is published.
+    (gateway,) = containers("gateway")
+    assert {port for port, bindings in gateway.ports.items() if bindings} == {"8080/tcp"}
+
+
+def test_text_turn(stack):
+    sid, skey = stack.open_session()
+    stack.script({"text": "It is noon."})
+    frames = stack.send(sid, skey, "What time is it?")
+    outcome = result(frames)
+    assert outcome["message"] == {"role": "assistant", "content": [{"type": "text", "text": "It is noon."}]}
+    assert types(outcome["events"]) == [
+        "client.message.send", "provider.request", "provider.response", "server.message.send",
+    ]
+    assert types(notifications(frames)) == ["provider.request", "provider.response", "server.message.send"]
+    sent = stack.mock.get("/_mock/requests").json()[-1]
+    assert sent["headers"]["x-api-key"] == os.environ["MOCK_LLM_TOKEN"]
+    assert os.environ["MOCK_LLM_TOKEN"] not in json.dumps(stack.events(sid, skey))
+
+
+def test_client_tool_round_trip(stack):
+    sid, skey = stack.open_session()
+    stack.script({"tool_use": [["tu_1", "get_time", {}]]}, {"text": "Noon."})
+    first = result(stack.send(sid, skey, "time?"))
+    assert first["message"]["content"] == [
+        {"type": "tool_use", "id": "tu_1", "name": "get_time", "input": {}, "dispatch": "client"}
+    ]
+    second = result(stack.send(sid, skey, [{"type": "tool_result", "tool_use_id": "tu_1", "content": "12:00"}]))
+    assert types(second["events"]) == [
+        "client.message.send", "tool.result", "provider.request", "provider.response", "server.message.send",
+    ]
+    assert second["message"]["content"] == [{"type": "text", "text": "Noon."}]
+
+
+def test_remote_sandbox_auto_tool_then_session_restart_keeps_every_event(stack):
+    sid, skey = stack.open_session()
+    started = result(rpc(stack.client, sid, skey, "session.startRemoteSandbox", {"image": IMAGE}))
+    assert started["image"] == IMAGE
+    stack.script({"tool_use": [["tu_1", "sh", {"command": "echo hi from $(hostname)"}]]}, {"text": "done"})
+    outcome = result(stack.send(sid, skey, "run it"))
+    assert types(outcome["events"]) == [
+        "client.message.send", "provider.request", "provider.response", "tool.call", "sandbox.request",
+        "sandbox.response", "tool.result", "provider.request", "provider.response", "server.message.send",
+    ]
+    rendered = outcome["events"][6]["payload"]
+    assert rendered["is_error"] is False
+    assert rendered["content"][0]["text"].startswith("hi from ")
+    stack.sandbox_host(sid)  # exactly one container carries the session's label
+
+    before = stack.events(sid, skey)
+    progress("restarting the session container")
+    compose("restart", "-t", STOP_SECONDS, "session")
+    wait_until("session healthy again", lambda: all_healthy({"session": 1}))
+    after = wait_until("the gateway reaching the restarted session", lambda: _events_or_none(stack, sid, skey))
+    assert after[: len(before)] == before
+    # Shutting down tore the session's sandbox down, and said so in the log.
+    assert types(after[len(before):]) == ["session.sandbox.stop", "session.sandbox.stopped"]
+    assert docker.from_env().containers.list(all=True, filters={"label": f"bae.session_id={sid}"}) == []
+
+
+def _events_or_none(stack, sid: str, skey: str) -> list[dict] | None:
+    try:
+        return stack.events(sid, skey)
+    except (AssertionError, httpx.HTTPError):
+        return None
+
+
+def test_scaled_sandbox_hosts_share_the_placements(stack):
+    progress("scaling sandbox to 2")
+    compose("up", "-d", "--no-recreate", "--scale", "sandbox=2")
+    wait_until("two healthy sandbox replicas", lambda: all_healthy({"sandbox": 2}))
+    replicas = {c.id[:12] for c in containers("sandbox")}
+
+    def placed_on_both() -> set[str] | None:
+        # The session service re-resolves `sandbox` every few seconds; a new host,
+        # running nothing yet, is the least loaded and gets the next sandbox.
+        sid, skey = stack.open_session()
+        result(rpc(stack.client, sid, skey, "session.startRemoteSandbox", {"image": IMAGE}))
+        hosts = {stack.sandbox_host(s) for s in stack.session_ids if _has_sandbox(s)}
+        return hosts if len(hosts) == 2 else None
+
+    hosts = wait_until("sandboxes placed on both replicas", placed_on_both, timeout=60, every=2)
+    # Host ids default to `<container hostname>-<listen address>`: one per replica.
+    assert {host.split("-")[0] for host in hosts} == replicas
+
+
+def _has_sandbox(sid: str) -> bool:
+    return bool(docker.from_env().containers.list(filters={"label": f"bae.session_id={sid}"}))
+
+
+def test_down_finishes_the_turn_in_flight_and_leaves_nothing_behind(stack):
+    sid, skey = stack.open_session()
+    result(rpc(stack.client, sid, skey, "session.startRemoteSandbox", {"image": IMAGE}))
+    stack.script({"hang": 4}, {"text": "unused"})
+    received = len(stack.mock.get("/_mock/requests").json())
+    frames: list[dict] = []
+    turn = threading.Thread(target=lambda: frames.extend(stack.send(sid, skey, "slow one")))
+    turn.start()
+    wait_until("the slow provider call to start",
+               lambda: len(stack.mock.get("/_mock/requests").json()) > received, timeout=20, every=0.2)
+    progress("docker-compose down with a turn in flight")
+    compose("down", "-v", "--remove-orphans", "-t", STOP_SECONDS)
+    turn.join(30)
+    assert not turn.is_alive()
+    assert result(frames)["message"]["content"] == [{"type": "text", "text": "ok"}]  # the hang's answer
+    assert containers(all=True) == []
+    leftover = [c for s in stack.session_ids for c in docker.from_env().containers.list(
+        all=True, filters={"label": f"bae.session_id={s}"})]
+    assert leftover == []
+    names = {volume.name for volume in docker.from_env().volumes.list(filters={"label": f"com.docker.compose.project={PROJECT}"})}
+    assert names == set()
