@@ -11,11 +11,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
-import signal
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Callable, TypeVar
 
 import docker
@@ -50,18 +48,20 @@ def _explain(exc: docker.errors.APIError) -> str:
     return str(exc.explanation or exc)
 
 
-def _process_tree(pid: int) -> list[int]:
-    """`pid` and all its descendants, from /proc (only visible on the engine's own host)."""
-    tree, pending = [], [pid]
-    while pending:
-        current = pending.pop()
-        tree.append(current)
-        for children in Path(f"/proc/{current}/task").glob("*/children"):
-            try:
-                pending.extend(int(child) for child in children.read_text().split())
-            except OSError:
-                continue
-    return tree
+# Every command runs with a marker in its environment, which its children
+# inherit. A timed-out command is killed from inside its container by
+# matching that marker: this works wherever the sandbox service runs (its own
+# container included), where host PIDs would not be visible.
+EXEC_MARKER = "BAE_EXEC_ID"
+KILL_MARKED = """
+for pass in 1 2; do
+  for dir in /proc/[0-9]*; do
+    grep -q "$1" "$dir/environ" 2>/dev/null && kill -9 "${dir#/proc/}" 2>/dev/null
+  done
+done
+exit 0
+"""
+KILL_TIMEOUT = 10.0
 
 
 class DockerDriver:
@@ -213,8 +213,11 @@ class DockerDriver:
 
     async def exec(self, sandbox_id: str, command: str, timeout: float) -> ExecOutput:
         api = await self._ready_api()
+        marker = f"{EXEC_MARKER}={uuid.uuid4().hex}"
         try:
-            exec_id = (await self._engine(api.exec_create, sandbox_id, ["sh", "-c", command]))["Id"]
+            exec_id = (
+                await self._engine(api.exec_create, sandbox_id, ["sh", "-c", command], environment=[marker])
+            )["Id"]
         except docker.errors.NotFound:
             raise SandboxFailure(grpc.StatusCode.NOT_FOUND, f"no such sandbox: {sandbox_id}") from None
         except docker.errors.APIError as exc:
@@ -223,7 +226,7 @@ class DockerDriver:
         try:
             stdout, stderr = await asyncio.wait_for(output, timeout)
         except TimeoutError:
-            await self._kill_exec(api, exec_id)
+            await self._kill_marked(api, sandbox_id, marker)
             raise SandboxFailure(
                 grpc.StatusCode.DEADLINE_EXCEEDED, f"command timed out after {timeout:g}s"
             ) from None
@@ -236,20 +239,14 @@ class DockerDriver:
             exit_code=int(exit_code if exit_code is not None else -1),
         )
 
-    async def _kill_exec(self, api, exec_id: str) -> None:
+    async def _kill_marked(self, api, sandbox_id: str, marker: str) -> None:
         """Kill a timed-out command and its children so they stop using the sandbox."""
         try:
-            pid = int((await self._engine(api.exec_inspect, exec_id)).get("Pid") or 0)
-        except (SandboxFailure, docker.errors.APIError):
-            pid = 0
-        if pid <= 0 or not Path(f"/proc/{pid}").exists():
-            log.warning("timed-out exec %s: its process is not visible here; it runs on until the sandbox stops", exec_id[:12])
-            return
-        for process in _process_tree(pid):
-            try:
-                os.kill(process, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
+            killer = (await self._engine(api.exec_create, sandbox_id, ["sh", "-c", KILL_MARKED, "sh", marker]))["Id"]
+            await asyncio.wait_for(self._engine(api.exec_start, killer), KILL_TIMEOUT)
+        except (SandboxFailure, docker.errors.APIError, TimeoutError) as exc:
+            log.warning("could not kill a timed-out command in sandbox %s (%s); it runs until the sandbox stops",
+                        sandbox_id[:12], exc)
 
     async def stop(self, sandbox_id: str) -> bool:
         api = await self._ready_api()

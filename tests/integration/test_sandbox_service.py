@@ -116,12 +116,12 @@ async def test_exec_timeout_is_a_clear_error_and_kills_the_command(stub):
     sandbox_id = await _start(stub)
     started = time.monotonic()
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await _exec(stub, sandbox_id, "sleep 30; echo never", timeout=1)
+        await _exec(stub, sandbox_id, "sleep 30 & sleep 31; echo never", timeout=1)
     assert time.monotonic() - started < 6
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert caught.value.details() == "command timed out after 1s"
-    # The sandbox still works, and the timed-out command is gone.
-    reply = await _exec(stub, sandbox_id, "ps -o args | grep -c '^sleep 30' || true")
+    # The sandbox still works, and the timed-out command is gone, its children too.
+    reply = await _exec(stub, sandbox_id, "ps -o args | grep -c '^sleep 3[01]' || true")
     assert reply.stdout.strip() == "0"
     await stub.Stop(sandbox_pb2.StopRequest(sandbox_id=sandbox_id), timeout=30)
 
