@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,12 +28,36 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import mock_provider_toml, stack_env  # noqa: E402
-from mockllm import MockLLM  # noqa: E402
+from conftest import free_port, mock_provider_toml, stack_env  # noqa: E402
 
 from bae.stack import Stack  # noqa: E402
 
 TOKEN = "bench-token"
+
+
+class MockProcess:
+    """The mock LLM in a process of its own, so it shares no interpreter lock with the load generator."""
+
+    def __init__(self) -> None:
+        port = free_port()
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "mockllm.py"), "--port", str(port)], stdout=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(self.base_url, timeout=1)
+                return
+            except httpx.TransportError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("the mock LLM did not start") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -63,7 +88,7 @@ async def load(make_request, concurrency: int, total: int) -> tuple[list[float],
     return samples, time.perf_counter() - started
 
 
-def start_stack(tmp: Path, mock: MockLLM) -> tuple[Stack, str]:
+def start_stack(tmp: Path, mock: MockProcess) -> tuple[Stack, str]:
     config = tmp / "bae-config.toml"
     config.write_text(mock_provider_toml(mock.base_url))
     stack = Stack(
@@ -133,7 +158,7 @@ def print_added(samples: list[float], baseline: float, baseline_p99: float) -> N
     print(f"{'  added latency vs direct SDK call':<52} p50 {p50:7.2f} ms   p99 {p99:7.2f} ms")
 
 
-async def bench_turns(stack: Stack, key: str, mock: MockLLM) -> None:
+async def bench_turns(stack: Stack, key: str, mock: MockProcess) -> None:
     print("\n== Turns ==")
     from anthropic import AsyncAnthropic
 
@@ -145,24 +170,29 @@ async def bench_turns(stack: Stack, key: str, mock: MockLLM) -> None:
     report("mock LLM called directly with the anthropic SDK", samples, wall)
     baseline, baseline_p99 = percentile(samples, 0.5), percentile(samples, 0.99)
 
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-    async with httpx.AsyncClient(base_url=stack.client_url, limits=limits, timeout=120) as client:
+    async with httpx.AsyncClient(base_url=stack.client_url, timeout=120) as client:
         for sessions in (1, 8, 64):
-            pairs = [await open_session(client, key) for _ in range(sessions)]
-            for sid, skey in pairs:
-                await rpc(client, sid, skey, "session.registerDriver")
-            per_session = max(300 // sessions, 5)
+            # One connection per session, as separate clients would have; a shared
+            # pool makes the load generator the bottleneck at 64.
+            drivers = [httpx.AsyncClient(base_url=stack.client_url, timeout=120) for _ in range(sessions)]
+            pairs = [await open_session(driver, key) for driver in drivers]
+            for driver, (sid, skey) in zip(drivers, pairs):
+                await rpc(driver, sid, skey, "session.registerDriver")
+                await rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})  # warm-up
+            per_session = max(300 // sessions, 10)
             all_samples: list[float] = []
 
-            async def drive(sid, skey):
+            async def drive(driver, sid, skey):
                 for _ in range(per_session):
                     started = time.perf_counter()
-                    await rpc(client, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
+                    await rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
                     all_samples.append(time.perf_counter() - started)
 
             started = time.perf_counter()
-            await asyncio.gather(*(drive(s, k) for s, k in pairs))
+            await asyncio.gather(*(drive(d, s, k) for d, (s, k) in zip(drivers, pairs)))
             wall = time.perf_counter() - started
+            for driver in drivers:
+                await driver.aclose()
             report(f"text turn through the stack, {sessions} session(s)", all_samples, wall)
             print_added(all_samples, baseline, baseline_p99)
             if sessions == 1:
@@ -184,7 +214,7 @@ async def bench_turns(stack: Stack, key: str, mock: MockLLM) -> None:
 
 
 async def main(which: list[str]) -> None:
-    mock = MockLLM().start()
+    mock = MockProcess()
     with tempfile.TemporaryDirectory() as tmp:
         stack, admin_key = start_stack(Path(tmp), mock)
         try:
