@@ -19,9 +19,9 @@ from sqlalchemy import Connection
 from bae.errors import unauthorized
 from bae.ids import digests_equal, token_digest
 from bae.timefmt import now
-from services.session.store import keys, sessions
-from services.session.store.records import KeyRecord, Principal, SessionRecord
-from services.session.store.store import Store
+from services.session.store import keys
+from services.session.store.records import KeyRecord, Principal, ProfileRecord, SessionRecord
+from services.session.store.store import Store, session_and_profile
 
 log = logging.getLogger("bae.session.auth")
 
@@ -123,14 +123,14 @@ class Authenticator:
         token = bearer_token(authorization, has_authorization)
         return await self.store.call(self.find_session_key, token, session_id)
 
-    async def session_principal_and_record(
+    async def session_principal_and_records(
         self, authorization: str, has_authorization: bool, session_id: str
-    ) -> tuple[Principal, SessionRecord | None]:
-        """The principal and the session's record, read in one store call."""
+    ) -> tuple[Principal, SessionRecord | None, ProfileRecord | None]:
+        """The principal, the session's record and its live profile, read in one store call."""
         token = bearer_token(authorization, has_authorization)
 
-        def lookup(conn: Connection) -> tuple[Principal, SessionRecord | None]:
-            return self.find_session_key(conn, token, session_id), sessions.get(conn, session_id)
+        def lookup(conn: Connection) -> tuple[Principal, SessionRecord | None, ProfileRecord | None]:
+            return self.find_session_key(conn, token, session_id), *session_and_profile(conn, session_id)
 
         return await self.store.call(lookup)
 

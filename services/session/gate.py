@@ -34,6 +34,8 @@ class Claim:
     parked: ParkedTurn | None = None
     # True when the parked turn was taken from another owner after its deadline.
     reclaimed: bool = False
+    # True when the caller queued first: what it read before queuing may be stale.
+    waited: bool = False
 
 
 class TurnInProgress(Exception):
@@ -74,7 +76,9 @@ class TurnGate:
             while True:
                 poll = self._poll_interval(future, compact)
                 try:
-                    return await asyncio.wait_for(asyncio.shield(future), poll)
+                    claim = await asyncio.wait_for(asyncio.shield(future), poll)
+                    claim.waited = True
+                    return claim
                 except TimeoutError:
                     pass
                 parked = self.parked
@@ -85,7 +89,7 @@ class TurnGate:
                 if parked.owner == caller or (parked.expired and self._waiters[0] is future):
                     self._waiters.remove(future)
                     self.parked = None
-                    return Claim(parked, reclaimed=parked.owner != caller)
+                    return Claim(parked, reclaimed=parked.owner != caller, waited=True)
         except BaseException:
             if future in self._waiters:
                 self._waiters.remove(future)

@@ -120,23 +120,24 @@ class LiveApi:
     async def _gate(self, request, method: str, *, needs_open: bool = False):
         """Auth (a Problem), then the -32001 driver gate and, when asked, the -32000 state gate.
 
-        Returns (acting client key, session record or None, refusal (code, message) or None).
+        Returns (acting client key, session record, its profile, refusal (code, message) or
+        None); the records are None unless `needs_open`. All come from one store call.
         """
-        principal, session = await self.auth.session_principal_and_record(
+        principal, session, profile = await self.auth.session_principal_and_records(
             request.authorization, request.has_authorization, request.session_id
         )
         actor = principal.client_key_id
         if actor not in self.runtime.drivers(request.session_id):
-            return actor, None, (-32001, f"call session.registerDriver before {method}")
+            return actor, None, None, (-32001, f"call session.registerDriver before {method}")
         if not needs_open:
-            return actor, None, None
+            return actor, None, None, None
         problem = not_open(session)
-        return actor, session, (-32000, problem) if problem else None
+        return actor, session, profile, (-32000, problem) if problem else None
 
     # -- registration and tools -------------------------------------------------
 
     async def register_driver(self, request, context) -> session_pb2.RpcReply:
-        principal, session = await self.auth.session_principal_and_record(
+        principal, session, profile = await self.auth.session_principal_and_records(
             request.authorization, request.has_authorization, request.session_id
         )
         if problem := not_open(session):
@@ -147,7 +148,6 @@ class LiveApi:
             if actor in live.drivers:
                 return result_reply({"registered": True})
             items = [("session.driver.register", {})]
-            profile = await self.store.get_profile(session.profile_id)
             if profile is not None and profile.available_sandboxes:
                 images = available_images(self.runtime.sandboxes, profile)
                 items.append(("session.sandbox.available", {"images": images}))
@@ -160,7 +160,7 @@ class LiveApi:
         return result_reply({"registered": True})
 
     async def update_client_tools(self, request, context) -> session_pb2.RpcReply:
-        actor, session, refusal = await self._gate(request, "session.updateClientTools", needs_open=True)
+        actor, _, profile, refusal = await self._gate(request, "session.updateClientTools", needs_open=True)
         if refusal:
             return error_reply(*refusal)
         try:
@@ -183,7 +183,6 @@ class LiveApi:
                 )
         except InvalidParams as exc:
             return error_reply(-32602, str(exc))
-        profile = await self.store.get_profile(session.profile_id)
         if profile is None:
             return error_reply(-32603, "Internal error")
         for tool in normalized:
@@ -259,7 +258,7 @@ class LiveApi:
     # -- turns ------------------------------------------------------------------
 
     async def send_message(self, request, context) -> AsyncIterator[session_pb2.RpcFrame]:
-        actor, _, refusal = await self._gate(request, "session.sendMessage", needs_open=True)
+        actor, session, profile, refusal = await self._gate(request, "session.sendMessage", needs_open=True)
         yield ACCEPTED
         if refusal:
             yield error_frame(*refusal)
@@ -272,7 +271,7 @@ class LiveApi:
         live = self.runtime.get(request.session_id)
         watcher = Watcher(subscriber=False)
         holding = asyncio.Event()
-        task = asyncio.create_task(self._turn(live, actor, message, watcher, holding))
+        task = asyncio.create_task(self._turn(live, actor, message, watcher, holding, (session, profile)))
         try:
             async for frame in self._relay(watcher):
                 yield frame
@@ -281,12 +280,16 @@ class LiveApi:
             if not holding.is_set():
                 task.cancel()  # still queued: the caller gave up, nothing was recorded
 
-    async def _turn(self, live, actor: str, message: dict, watcher: Watcher, holding: asyncio.Event) -> None:
+    async def _turn(
+        self, live, actor: str, message: dict, watcher: Watcher, holding: asyncio.Event, records: tuple
+    ) -> None:
         claim: Claim = await live.gate.acquire(actor)
         holding.set()
         outcome: Outcome | None = None
         try:
-            outcome = await self._run_claimed(live, actor, message, watcher, claim)
+            if claim.waited:  # the session may have changed (closed, new tools) while queued
+                records = await self.store.session_and_profile(live.session_id)
+            outcome = await self._run_claimed(live, actor, message, watcher, claim, *records)
         except TurnFailed as exc:
             log.error("turn on %s failed: %s", live.session_id, exc)
             watcher.push(error_frame(-32000, "session loop failed"))
@@ -299,7 +302,9 @@ class LiveApi:
             else:
                 live.gate.release()
 
-    async def _run_claimed(self, live, actor, message, watcher: Watcher, claim: Claim) -> Outcome | None:
+    async def _run_claimed(
+        self, live, actor, message, watcher: Watcher, claim: Claim, session, profile
+    ) -> Outcome | None:
         turn = Turn(self.runtime, live, actor, watcher, self.runner)
         parked: ParkedTurn | None = claim.parked
         if claim.reclaimed:
@@ -308,7 +313,6 @@ class LiveApi:
                 attribute_to=parked.owner,
                 in_result=False,
             )
-        session, profile = await self.store.session_and_profile(live.session_id)
         if problem := not_open(session):
             watcher.push(error_frame(-32000, problem))
             return None
@@ -380,7 +384,7 @@ class LiveApi:
         return error_reply(-32601, f"Method not found: {method}")
 
     async def start_remote_sandbox(self, request, context) -> session_pb2.RpcReply:
-        actor, session, refusal = await self._gate(request, "session.startRemoteSandbox", needs_open=True)
+        actor, _, profile, refusal = await self._gate(request, "session.startRemoteSandbox", needs_open=True)
         if refusal:
             return error_reply(*refusal)
         try:
@@ -389,7 +393,6 @@ class LiveApi:
             return error_reply(-32602, str(exc))
         if not isinstance(image, str) or not image.strip():
             return error_reply(-32602, 'Invalid params: missing "image"')
-        profile = await self.store.get_profile(session.profile_id)
         if profile is None:
             return error_reply(-32000, PROFILE_GONE)
         if image not in profile.available_sandboxes:
@@ -411,7 +414,7 @@ class LiveApi:
         return result_reply({"sandbox_id": handle.sandbox_id, "image": image, "started_at": running["created_at"]})
 
     async def stop_remote_sandbox(self, request, context) -> session_pb2.RpcReply:
-        actor, _, refusal = await self._gate(request, "session.stopRemoteSandbox")
+        actor, _, _, refusal = await self._gate(request, "session.stopRemoteSandbox")
         if refusal:
             return error_reply(*refusal)
         live = self.runtime.sessions.get(request.session_id)
@@ -424,7 +427,7 @@ class LiveApi:
         return result_reply({"stopped": True, "image": handle.image, "sandbox_id": handle.sandbox_id})
 
     async def exec_remote_sandbox(self, request, context) -> session_pb2.RpcReply:
-        actor, _, refusal = await self._gate(request, "session.execRemoteSandbox")
+        actor, _, _, refusal = await self._gate(request, "session.execRemoteSandbox")
         if refusal:
             return error_reply(*refusal)
         try:
@@ -444,7 +447,7 @@ class LiveApi:
         return result_reply({"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code})
 
     async def report_local_sandbox(self, request, context) -> session_pb2.RpcReply:
-        actor, _, refusal = await self._gate(request, "session.reportLocalSandbox")
+        actor, _, _, refusal = await self._gate(request, "session.reportLocalSandbox")
         if refusal:
             return error_reply(*refusal)
         try:

@@ -48,6 +48,11 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
+def session_and_profile(conn: Connection, session_id: str) -> tuple[SessionRecord | None, ProfileRecord | None]:
+    session = sessions.get(conn, session_id)
+    return session, profiles.active(conn, session.profile_id) if session is not None else None
+
+
 class Store:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
@@ -102,18 +107,9 @@ class Store:
     async def get_session(self, session_id: str) -> SessionRecord | None:
         return await self.call(sessions.get, session_id)
 
-    async def get_profile(self, profile_id: str) -> ProfileRecord | None:
-        """The profile, or None when it is missing or soft-deleted."""
-        return await self.call(profiles.active, profile_id)
-
     async def session_and_profile(self, session_id: str) -> tuple[SessionRecord | None, ProfileRecord | None]:
         """The session and its profile (None when missing or soft-deleted), in one store call."""
-
-        def read(conn: Connection) -> tuple[SessionRecord | None, ProfileRecord | None]:
-            session = sessions.get(conn, session_id)
-            return session, profiles.active(conn, session.profile_id) if session is not None else None
-
-        return await self.call(read)
+        return await self.call(session_and_profile, session_id)
 
     async def append_events(
         self,
