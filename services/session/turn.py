@@ -49,8 +49,11 @@ class Turn:
     live: LiveSession
     actor: str
     watcher: Watcher
-    runner: object  # RunnerStub
+    runner: object  # RunnerClient
     events: list[dict] = field(default_factory=list)
+    # A successful provider.response, held back to be written in one store call
+    # with the events that follow it (it arrives together with the step's result).
+    carried: list[tuple[str, str, RawJson]] = field(default_factory=list)
 
     @property
     def session_id(self) -> str:
@@ -65,19 +68,28 @@ class Turn:
         attribute_to: str | None = None,
         in_result: bool = True,
     ) -> list[dict]:
-        """Persist, then broadcast. `echo` marks the caller's own input (never sent back to it)."""
+        """Persist (after any carried event), then broadcast. `echo` marks the caller's own input."""
+        carried, self.carried = self.carried, []
         views = await self.runtime.store.append_events(
-            self.session_id, [(attribute_to or self.actor, kind, payload) for kind, payload in items],
+            self.session_id,
+            carried + [(attribute_to or self.actor, kind, payload) for kind, payload in items],
             new_state=new_state,
         )
+        own = views[len(carried):]
         if echo:  # before publishing, so the caller's own stream never sees them
-            self.watcher.echo_ids.update(view["id"] for view in views)
-        if in_result:
-            self.events.extend(views)
+            self.watcher.echo_ids.update(view["id"] for view in own)
+        self.events.extend(views if in_result else views[: len(carried)])
         await self.runtime.publish(self.session_id, views)
-        return views
+        return own
 
     async def run(self, session, profile) -> Outcome:
+        try:
+            return await self._loop(session, profile)
+        finally:
+            if self.carried:  # the turn ended without writing anything after its last step
+                await self.emit([])
+
+    async def _loop(self, session, profile) -> Outcome:
         extensions: list[dict] = []
         for iteration in range(MAX_ITERATIONS):
             if iteration:  # re-read: updateClientTools applies from the next provider call
@@ -153,7 +165,11 @@ class Turn:
             async for update in self.runner.RunStep(request, timeout=STEP_DEADLINE):
                 if update.HasField("event"):
                     # Stored and sent as the runner wrote it: never re-serialized here.
-                    await self.emit([(update.event.event_type, RawJson(update.event.payload_json))])
+                    event = (update.event.event_type, RawJson(update.event.payload_json))
+                    if event[0] == "provider.response":
+                        self.carried.append((self.actor, *event))  # written with what follows
+                    else:
+                        await self.emit([event])
                 else:
                     result = update.result
         except grpc.aio.AioRpcError as exc:
