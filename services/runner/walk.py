@@ -7,6 +7,7 @@ can append and broadcast it while the next attempt runs), then exactly one
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass
@@ -164,7 +165,7 @@ async def run_step(
         max_tokens = max(entry.max_tokens, spec.min_max_tokens)
         sent_messages, normalized = wire.normalize(messages)
         prepared = _Prepared(sent_messages, RawJson(dump(sent_messages)), spec.tools, spec.tools_json)
-        yield StepEvent(
+        request_event = StepEvent(
             "provider.request",
             {
                 **base,
@@ -177,7 +178,13 @@ async def run_step(
                 **purpose,
             },
         )
-        result = await _attempt(entry, wire, max_tokens, prepared, clients)
+        # The HTTP call starts now; streaming the request event to the session overlaps it.
+        attempt_call = asyncio.ensure_future(_attempt(entry, wire, max_tokens, prepared, clients))
+        try:
+            yield request_event
+            result = await attempt_call
+        finally:
+            attempt_call.cancel()  # a no-op once done; stops the call when the step is abandoned
         if isinstance(result, _Success):
             yield StepEvent(
                 "provider.response",
