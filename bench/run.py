@@ -73,19 +73,30 @@ def report(name: str, samples: list[float], wall: float) -> None:
     )
 
 
-async def load(make_request, concurrency: int, total: int) -> tuple[list[float], float]:
+async def load(make_request, concurrency: int, total: int, base_url: str | None = None) -> tuple[list[float], float]:
+    """`total` calls of `make_request(client)` from `concurrency` workers, each with its own
+    connection when `base_url` is given (a pool shared by many workers costs the load
+    generator more than the server)."""
     samples: list[float] = []
     remaining = iter(range(total))
 
-    async def worker():
+    async def worker(client):
         for _ in remaining:
             started = time.perf_counter()
-            await make_request()
+            await make_request(client)
             samples.append(time.perf_counter() - started)
 
+    clients = [httpx.AsyncClient(base_url=base_url, timeout=30) if base_url else None for _ in range(concurrency)]
+    for client in clients:  # connect before timing
+        if client is not None:
+            await client.get("/healthz")
     started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return samples, time.perf_counter() - started
+    await asyncio.gather(*(worker(client) for client in clients))
+    wall = time.perf_counter() - started
+    for client in clients:
+        if client is not None:
+            await client.aclose()
+    return samples, wall
 
 
 def start_stack(tmp: Path, mock: MockProcess) -> tuple[Stack, str]:
@@ -124,19 +135,19 @@ async def rpc(client, sid, skey, method, params=None):
 
 async def bench_rest(stack: Stack, key: str) -> None:
     print("\n== REST ==")
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=stack.client_url, limits=limits, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=stack.client_url, timeout=30) as client:
         sid, skey = await open_session(client, key)
         auth = {"Authorization": f"Bearer {skey}"}
         for _ in range(200):  # warm up
             await client.get(f"/api/v1/sessions/{sid}/events", headers=auth)
+        url = stack.client_url
         for concurrency in (1, 16):
             samples, wall = await load(
-                lambda: client.get(f"/api/v1/sessions/{sid}/events", headers=auth), concurrency, 3000
+                lambda c: c.get(f"/api/v1/sessions/{sid}/events", headers=auth), concurrency, 3000, url
             )
             report(f"GET events (authenticated), {concurrency} client(s)", samples, wall)
         for concurrency in (1, 16):
-            samples, wall = await load(lambda: open_session(client, key), concurrency, 1000)
+            samples, wall = await load(lambda c: open_session(c, key), concurrency, 1000, url)
             report(f"POST /api/v1/sessions, {concurrency} client(s)", samples, wall)
 
     from argon2 import PasswordHasher
@@ -166,7 +177,7 @@ async def bench_turns(stack: Stack, key: str, mock: MockProcess) -> None:
     body = {"model": "mock-model", "max_tokens": 4096, "messages": [{"role": "user", "content": "hi"}]}
     for _ in range(50):
         await direct.messages.create(**body)
-    samples, wall = await load(lambda: direct.messages.create(**body), 1, 300)
+    samples, wall = await load(lambda _: direct.messages.create(**body), 1, 300)
     report("mock LLM called directly with the anthropic SDK", samples, wall)
     baseline, baseline_p99 = percentile(samples, 0.5), percentile(samples, 0.99)
 
