@@ -87,6 +87,25 @@ class RunningStack:
         return self.stack.stop()
 
 
+def launch_stack(tmp: Path, config_toml: str | None = None, session_args: list[str] | None = None,
+                 **env: str) -> RunningStack:
+    """Start a stack whose files live in `tmp`; its logs are printed if it fails to start."""
+    overrides = dict(env)
+    if config_toml is not None:
+        config = tmp / "bae-config.toml"
+        config.write_text(config_toml)
+        overrides["BAE_CONFIG"] = str(config)
+    stack = Stack(env=stack_env(tmp, **overrides), session_args=session_args or [], log_dir=tmp / "logs")
+    try:
+        stack.start()
+    except Exception:
+        stack.stop()
+        for log in sorted((tmp / "logs").glob("*.log")):
+            print(f"--- {log.name}\n{log.read_text()[-4000:]}")
+        raise
+    return RunningStack(stack, tmp)
+
+
 StackFactory = Callable[..., RunningStack]
 
 
@@ -98,20 +117,7 @@ def start_stack(tmp_path: Path) -> Iterator[StackFactory]:
     def start(config_toml: str | None = None, session_args: list[str] | None = None, **env) -> RunningStack:
         tmp = tmp_path / f"stack{len(started)}"
         tmp.mkdir()
-        overrides = dict(env)
-        if config_toml is not None:
-            config = tmp / "bae-config.toml"
-            config.write_text(config_toml)
-            overrides["BAE_CONFIG"] = str(config)
-        stack = Stack(env=stack_env(tmp, **overrides), session_args=session_args or [], log_dir=tmp / "logs")
-        try:
-            stack.start()
-        except Exception:
-            stack.stop()
-            for log in sorted((tmp / "logs").glob("*.log")):
-                print(f"--- {log.name}\n{log.read_text()[-4000:]}")
-            raise
-        running = RunningStack(stack, tmp)
+        running = launch_stack(tmp, config_toml, session_args, **env)
         started.append(running)
         return running
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -21,13 +19,12 @@ from typing import Iterator
 import httpx
 import pytest
 
-from bae.stack import Stack
-from conftest import RunningStack, free_port, mock_provider_toml, stack_env
+from conftest import RunningStack, launch_stack, mock_provider_toml
 from live import notifications, result, rpc, types
+from mcp_support import TOOLS_SERVER, http_tools_server
 from mockllm import MockLLM, Reply
 
 PYTHON = sys.executable
-TOOLS_SERVER = str(Path(__file__).resolve().parent.parent / "mcp_servers" / "tools.py")
 TOOL_NAMES = ["echo", "fail", "sleep", "request_header", "argv", "handshake"]
 WEB_TOOL_NAMES = [f"web_{name}" for name in TOOL_NAMES]
 LLM_TOKEN = "sk-test-llm-token"
@@ -50,26 +47,8 @@ def mock() -> Iterator[MockLLM]:
 @pytest.fixture(scope="module")
 def web_url() -> Iterator[str]:
     """One streamable-HTTP tools server for the module (tool names prefixed `web_`)."""
-    port = free_port()
-    process = subprocess.Popen(
-        [PYTHON, TOOLS_SERVER, "http", "--port", str(port), "--prefix", "web_"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 15
-        while True:
-            assert process.poll() is None, "MCP test server exited during startup"
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, f"MCP test server did not listen on port {port}"
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with http_tools_server("web_") as url:
+        yield url
 
 
 def registry_toml(web_url: str) -> str:
@@ -173,19 +152,11 @@ class McpStack:
 def launch(tmp: Path, mock: MockLLM, web_url: str, **env: str) -> McpStack:
     label = f"label-{uuid.uuid4().hex}"
     secret = f"secret-{uuid.uuid4().hex}"
-    config = tmp / "bae-config.toml"
-    config.write_text(mock_provider_toml(mock.base_url) + registry_toml(web_url))
-    overrides = {"BAE_CONFIG": str(config), "MOCK_LLM_TOKEN": LLM_TOKEN, "MCP_LABEL": label,
-                 "WEB_MCP_TOKEN": secret, **env}
-    stack = Stack(env=stack_env(tmp, **overrides), log_dir=tmp / "logs")
-    try:
-        stack.start()
-    except Exception:
-        stack.stop()
-        for log in sorted((tmp / "logs").glob("*.log")):
-            print(f"--- {log.name}\n{log.read_text()[-4000:]}")
-        raise
-    return McpStack(RunningStack(stack, tmp), label, secret)
+    running = launch_stack(
+        tmp, mock_provider_toml(mock.base_url) + registry_toml(web_url),
+        MOCK_LLM_TOKEN=LLM_TOKEN, MCP_LABEL=label, WEB_MCP_TOKEN=secret, **env,
+    )
+    return McpStack(running, label, secret)
 
 
 @pytest.fixture(scope="module")

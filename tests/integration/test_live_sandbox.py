@@ -9,8 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from bae.stack import Stack
-from conftest import RunningStack, free_port, mock_provider_toml, stack_env
+from conftest import free_port, launch_stack, mock_provider_toml
 from docker_support import (
     TEST_IMAGE,
     SandboxHostProcess,
@@ -83,16 +82,9 @@ def stack_overrides() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def shared(mock, tmp_path_factory):
     """One stack for the tests that only add profiles and sessions: a stack start costs seconds."""
-    tmp = tmp_path_factory.mktemp("sandbox-stack")
-    config = tmp / "bae-config.toml"
-    config.write_text(mock_provider_toml(mock.base_url))
-    stack = Stack(env=stack_env(tmp, BAE_CONFIG=str(config), **stack_overrides()), log_dir=tmp / "logs")
-    try:
-        stack.start()
-    except Exception:
-        stack.stop()
-        raise
-    running = RunningStack(stack, tmp)
+    running = launch_stack(
+        tmp_path_factory.mktemp("sandbox-stack"), mock_provider_toml(mock.base_url), **stack_overrides()
+    )
     yield running
     running.close()
     if docker_skip_reason() is None:

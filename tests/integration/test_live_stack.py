@@ -11,8 +11,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from bae.stack import Stack
-from conftest import RunningStack, mock_provider_toml, stack_env
+from conftest import launch_stack, mock_provider_toml
 from live import notifications, result, rpc, types
 from mockllm import MockLLM, Reply
 
@@ -41,17 +40,7 @@ def stack(start_stack, mock):
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory, mock):
     """One stack for the many one-request cases (envelope errors, params, auth)."""
-    tmp = tmp_path_factory.mktemp("shared")
-    config = tmp / "bae-config.toml"
-    config.write_text(stack_toml(mock))
-    env = stack_env(tmp, BAE_CONFIG=str(config), MOCK_LLM_TOKEN=TOKEN)
-    stack = Stack(env=env, log_dir=tmp / "logs")
-    try:
-        stack.start()
-    except Exception:
-        stack.stop()
-        raise
-    running = RunningStack(stack, tmp)
+    running = launch_stack(tmp_path_factory.mktemp("shared"), stack_toml(mock), MOCK_LLM_TOKEN=TOKEN)
     yield running
     running.close()
 

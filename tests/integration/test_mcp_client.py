@@ -7,8 +7,6 @@ import json
 import logging
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -18,47 +16,20 @@ from typing import Iterator
 import pytest
 
 from bae.config import Config, McpServer
+from conftest import free_port
+from mcp_support import TOOLS_SERVER, http_tools_server
 from services.session.mcp import McpSessionConnections
 
 PYTHON = sys.executable
-TOOLS_SERVER = str(Path(__file__).resolve().parent.parent / "mcp_servers" / "tools.py")
 NOT_FOUND = "configured MCP server not found in bae-config.toml; skipping"
 FAILED = "configured MCP server failed to connect; skipping"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port: int, process: subprocess.Popen, seconds: float = 15.0) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "MCP test server exited during startup"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"MCP test server did not listen on port {port}")
 
 
 @pytest.fixture(scope="module")
 def http_url() -> Iterator[str]:
     """One streamable-HTTP tools server (tool names prefixed `web_`) for the module."""
-    port = free_port()
-    process = subprocess.Popen(
-        [PYTHON, TOOLS_SERVER, "http", "--port", str(port), "--prefix", "web_"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port(port, process)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with http_tools_server("web_") as url:
+        yield url
 
 
 def stdio(name: str, *extra_args: str) -> McpServer:
