@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
+from typing import Iterator
 
 from services.session.sandbox_calls import dispatch_sandbox_tool
 
@@ -70,14 +71,14 @@ def error_result(tool_use_id: str, text: str) -> dict:
     return {"type": "tool_result", "tool_use_id": tool_use_id, "content": [{"type": "text", "text": text}], "is_error": True}
 
 
-async def dispatch_server_tools(turn, blocks: list[dict], dispatch: dict[str, str], declared: ActingTools) -> list[dict]:
-    """Answer every server-side block; results come back in the model's order.
+async def dispatch_server_tools(turn, calls: list[tuple[dict, str]], declared: ActingTools) -> list[dict]:
+    """Answer every server-side (block, kind); results come back in the model's order.
 
     MCP calls run concurrently (their requests are logged first, their
     responses in the model's order); sandbox and subagent calls run in order.
     """
-    mcp_blocks = [b for b in blocks if dispatch[b["id"]] == "mcp"]
-    mcp_calls = {}
+    mcp_blocks = [block for block, kind in calls if kind == "mcp"]
+    mcp_calls: list[asyncio.Task] = []
     if mcp_blocks:
         await turn.emit(
             [
@@ -93,21 +94,20 @@ async def dispatch_server_tools(turn, blocks: list[dict], dispatch: dict[str, st
                 for b in mcp_blocks
             ]
         )
-        mcp_calls = {
-            b["id"]: asyncio.create_task(_call_mcp(declared, b)) for b in mcp_blocks
-        }
+        mcp_calls = [asyncio.create_task(_call_mcp(declared, b)) for b in mcp_blocks]
+    pending_mcp = iter(mcp_calls)
     try:
-        return [await _answer(turn, block, dispatch[block["id"]], mcp_calls) for block in blocks]
+        return [await _answer(turn, block, kind, pending_mcp) for block, kind in calls]
     finally:
         # A turn that failed or was cancelled part-way leaves no MCP call running behind it.
-        for call in mcp_calls.values():
+        for call in mcp_calls:
             call.cancel()
 
 
-async def _answer(turn, block: dict, kind: str, mcp_calls: dict[str, asyncio.Task]) -> dict:
-    """Record one server-side block's outcome; its tool_result block."""
+async def _answer(turn, block: dict, kind: str, pending_mcp: Iterator[asyncio.Task]) -> dict:
+    """Record one server-side block's outcome; its tool_result block. MCP calls are taken in order."""
     if kind == "mcp":
-        response, result = await mcp_calls[block["id"]]
+        response, result = await next(pending_mcp)
         await turn.emit([("mcp.response", response), ("tool.result", result)])
         return _as_result_block(result)
     if kind == "sandbox":

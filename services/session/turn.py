@@ -109,7 +109,9 @@ class Turn:
                 await self.emit([("server.message.send", message)])
                 return Outcome(message)
 
-            dispatch = {block["id"]: declared.classify(block["name"]) for block in tool_uses}
+            # One kind per block, by position: a model may reuse an id, and each block is
+            # classified by its own name (the duplicate is refused when the turn resumes).
+            kinds = [declared.classify(block["name"]) for block in tool_uses]
             await self.emit(
                 [
                     (
@@ -118,21 +120,22 @@ class Turn:
                             "id": block["id"],
                             "name": block["name"],
                             "input": block.get("input", {}),
-                            "dispatch": dispatch[block["id"]],
-                            "server_name": declared.mcp_server_for(block["name"])
-                            if dispatch[block["id"]] == "mcp"
-                            else None,
+                            "dispatch": kind,
+                            "server_name": declared.mcp_server_for(block["name"]) if kind == "mcp" else None,
                         },
                     )
-                    for block in tool_uses
+                    for block, kind in zip(tool_uses, kinds)
                 ]
             )
-            server_blocks = [b for b in tool_uses if dispatch[b["id"]] != "client"]
-            results = await toolset.dispatch_server_tools(self, server_blocks, dispatch, declared)
+            server_calls = [(block, kind) for block, kind in zip(tool_uses, kinds) if kind != "client"]
+            results = await toolset.dispatch_server_tools(self, server_calls, declared)
 
-            if any(kind == "client" for kind in dispatch.values()):
+            if "client" in kinds:
+                kind_of = iter(kinds)
                 tagged = [
-                    {**block, "dispatch": dispatch[block["id"]]} if block.get("type") == "tool_use" else block
+                    {**block, "dispatch": next(kind_of)}
+                    if isinstance(block, dict) and block.get("type") == "tool_use"
+                    else block
                     for block in content
                 ]
                 message = {"role": "assistant", "content": tagged}
