@@ -29,6 +29,8 @@ RUN /opt/gen/bin/python tools/genproto.py \
  && /opt/bae/bin/python -m compileall -q /opt/bae/lib
 
 FROM ${BASE_IMAGE} AS runtime
+# Lets `make compose-test` prune this project's superseded (dangling) images.
+LABEL bae.image=1
 # A fixed uid, so files written into shared volumes (the admin key) are readable by every service.
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/bae --shell /usr/sbin/nologin bae \
  && mkdir -p /var/lib/bae /var/lib/bae-admin /etc/bae \

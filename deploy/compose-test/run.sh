@@ -33,7 +33,9 @@ if ! command -v docker-compose >/dev/null 2>&1; then
         || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >/dev/null; }
 fi
 # Whatever happens below, the test project is gone afterwards.
-trap 'compose down -v --remove-orphans -t 40 >/dev/null 2>&1 || true' EXIT
+# Images superseded by this build are pruned too, so repeated runs do not pile them up.
+trap 'compose down -v --remove-orphans -t 40 >/dev/null 2>&1 || true
+      docker image prune -f --filter label=bae.image=1 >/dev/null 2>&1 || true' EXIT
 
 log "validating docker-compose.yml"
 compose config -q
