@@ -123,6 +123,7 @@ async def serve_forever(command: Command, settings: Settings) -> None:
     from services.session.live import LiveApi
     from services.session.rest import ClientRestApi
     from services.session.runtime import SessionRuntime
+    from services.session.sandbox_methods import SandboxMethods
     from services.session.server import SessionServicer, register
 
     config = load_config(command.value("--config") or settings.config_path)
@@ -131,12 +132,13 @@ async def serve_forever(command: Command, settings: Settings) -> None:
     await bootstrap_admin_key(store, options)
     auth = Authenticator(store, admin_auth_disabled=options.disabled)
     runtime = SessionRuntime(store=store, settings=settings, config=config)
-    live = LiveApi(store=store, auth=auth, runtime=runtime, settings=settings, config=config)
+    live = LiveApi(store=store, auth=auth, runtime=runtime, settings=settings)
     servicer = SessionServicer(
         rest=ClientRestApi(store=store, auth=auth, runtime=runtime, config=config),
         admin=AdminApi(store=store, auth=auth, runtime=runtime, config=config),
         auth=auth,
         live=live,
+        sandboxes=SandboxMethods(auth=auth, runtime=runtime),
     )
     await runtime.start()
     auth.start()

@@ -1,4 +1,6 @@
-"""The JSON-RPC methods of `POST /api/v1/sessions/{id}/rpc` (SERVER-SPEC §6, §7).
+"""The live JSON-RPC methods of `POST /api/v1/sessions/{id}/rpc` (SERVER-SPEC §6, §7):
+registration, client tools, subscriptions and turns. The sandbox methods are
+in `sandbox_methods`.
 
 Each method authenticates the session key, then runs its checks in the
 spec's order. Live methods stream `RpcFrame`s: `accepted` first, then
@@ -9,7 +11,6 @@ a client that disconnects stops only the delivery, never the turn.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import AsyncIterator
 
@@ -19,9 +20,19 @@ from bae.protos import session_pb2
 from services.session.feed import Lagged, Watcher
 from services.session.gate import Claim, ParkedTurn
 from services.session.history import History
-from services.session.sandbox_calls import available_images, exec_in_sandbox, start_sandbox, stop_sandbox
-from services.session.sandboxes import SandboxError
-from services.session.runner_client import RunnerClient
+from services.session.jsonrpc import (
+    ACCEPTED,
+    PROFILE_GONE,
+    InvalidParams,
+    RpcError,
+    error_frame,
+    error_reply,
+    gate,
+    not_open,
+    parse_message,
+    parse_params,
+    result_reply,
+)
 from services.session.merge import (
     MergeInvalid,
     has_tool_result,
@@ -29,110 +40,29 @@ from services.session.merge import (
     merge_abandonment,
     merge_continuation,
 )
+from services.session.runner_client import RunnerClient
+from services.session.sandbox_calls import available_images
 from services.session.turn import Outcome, Turn, TurnFailed
 
 log = logging.getLogger("bae.session.live")
 
-RpcError = session_pb2.RpcError
 ORPHAN_RESULT = (
     "tool result merge invalid: no paused turn is awaiting tool results "
     "(it may have timed out and been retired)"
 )
-SANDBOX_NOT_RUNNING = "sandbox_not_running: no remote sandbox is running for this session"
-PROFILE_GONE = "profile_unavailable: the profile bound to this session is no longer available"
-
-
-def result_reply(value) -> session_pb2.RpcReply:
-    return session_pb2.RpcReply(result_json=dump(value))
-
-
-def error_reply(code: int, message: str) -> session_pb2.RpcReply:
-    return session_pb2.RpcReply(error=RpcError(code=code, message=message))
-
-
-def error_frame(code: int, message: str, id_mode=RpcError.REQUEST_ID) -> session_pb2.RpcFrame:
-    return session_pb2.RpcFrame(error=RpcError(code=code, message=message, id_mode=id_mode))
-
-
-ACCEPTED = session_pb2.RpcFrame(accepted=True)
-
-
-def not_open(session) -> str | None:
-    """The -32000 text when the session is not open, else None."""
-    if session is None:
-        return "session no longer exists"
-    if session.state != "open":
-        return f"session is {session.state}, not open"
-    return None
-
-
-class InvalidParams(Exception):
-    pass
-
-
-def parse_params(request) -> dict:
-    try:
-        params = json.loads(request.params_json or "{}")
-    except ValueError as exc:
-        raise InvalidParams(f"Invalid params: {exc}") from None
-    if params is None:
-        return {}
-    if not isinstance(params, dict):
-        raise InvalidParams(f"Invalid params: {serde.invalid_type(params, 'a map')}")
-    return params
-
-
-def parse_message(params: dict) -> dict:
-    if "message" not in params:
-        raise InvalidParams('Invalid params: missing "message"')
-    message = params["message"]
-    if not isinstance(message, dict):
-        raise InvalidParams(f"Invalid params: {serde.invalid_type(message, 'struct Message')}")
-    if "content" not in message:
-        raise InvalidParams("Invalid params: missing field `content`")
-    role = message.get("role", "user")
-    if role is None:
-        role = "user"
-    if not isinstance(role, str):
-        raise InvalidParams(f"Invalid params: {serde.invalid_type(role, 'a string')}")
-    content = message["content"]
-    if not isinstance(content, (str, list)):
-        raise InvalidParams(
-            f"Invalid params: {serde.invalid_type(content, 'a string or an array of content blocks')}"
-        )
-    return {"role": role, "content": content}
 
 
 class LiveApi:
-    def __init__(self, *, store, auth, runtime, settings, config) -> None:
+    def __init__(self, *, store, auth, runtime, settings) -> None:
         self.store = store
         self.auth = auth
         self.runtime = runtime
-        self.settings = settings
-        self.config = config
         self.runner = RunnerClient(settings.runner_grpc_addr, settings.rpc_timeout)
 
     async def _principal(self, request):
         return await self.auth.session_principal(
             request.authorization, request.has_authorization, request.session_id
         )
-
-    async def _gate(self, request, method: str, *, needs_open: bool = False):
-        """Auth (a Problem), then the -32001 driver gate and, when asked, the -32000 state gate.
-
-        Returns (acting client key, session record, its profile, refusal (code, message) or
-        None); the records are None unless `needs_open`. All come from one store call.
-        """
-        principal, session, profile = await self.auth.session_principal_and_records(
-            request.authorization, request.has_authorization, request.session_id
-        )
-        actor = principal.client_key_id
-        if actor not in self.runtime.drivers(request.session_id):
-            return actor, None, None, (-32001, f"call session.registerDriver before {method}")
-        if not needs_open:
-            return actor, None, None, None
-        problem = not_open(session)
-        return actor, session, profile, (-32000, problem) if problem else None
 
     # -- registration and tools -------------------------------------------------
 
@@ -160,7 +90,7 @@ class LiveApi:
         return result_reply({"registered": True})
 
     async def update_client_tools(self, request, context) -> session_pb2.RpcReply:
-        actor, _, profile, refusal = await self._gate(request, "session.updateClientTools", needs_open=True)
+        actor, _, profile, refusal = await gate(self.auth, self.runtime, request, "session.updateClientTools", needs_open=True)
         if refusal:
             return error_reply(*refusal)
         try:
@@ -258,7 +188,7 @@ class LiveApi:
     # -- turns ------------------------------------------------------------------
 
     async def send_message(self, request, context) -> AsyncIterator[session_pb2.RpcFrame]:
-        actor, session, profile, refusal = await self._gate(request, "session.sendMessage", needs_open=True)
+        actor, session, profile, refusal = await gate(self.auth, self.runtime, request, "session.sendMessage", needs_open=True)
         yield ACCEPTED
         if refusal:
             yield error_frame(*refusal)
@@ -382,104 +312,6 @@ class LiveApi:
     async def _not_available(self, request, method: str) -> session_pb2.RpcReply:
         await self._principal(request)
         return error_reply(-32601, f"Method not found: {method}")
-
-    async def start_remote_sandbox(self, request, context) -> session_pb2.RpcReply:
-        actor, _, profile, refusal = await self._gate(request, "session.startRemoteSandbox", needs_open=True)
-        if refusal:
-            return error_reply(*refusal)
-        try:
-            image = parse_params(request).get("image")
-        except InvalidParams as exc:
-            return error_reply(-32602, str(exc))
-        if not isinstance(image, str) or not image.strip():
-            return error_reply(-32602, 'Invalid params: missing "image"')
-        if profile is None:
-            return error_reply(-32000, PROFILE_GONE)
-        if image not in profile.available_sandboxes:
-            return error_reply(
-                -32011,
-                f'sandbox_image_not_allowed: image "{image}" is not in this session profile\'s available_sandboxes',
-            )
-        live = self.runtime.get(request.session_id)
-        async with live.lock:
-            if live.sandbox is not None:
-                return error_reply(
-                    -32000,
-                    "a remote sandbox is already running for this session; call session.stopRemoteSandbox first",
-                )
-            try:
-                handle, running = await start_sandbox(self.runtime, live, actor, image)
-            except SandboxError as exc:
-                return error_reply(-32012, f"sandbox_start_failed: {exc.detail}")
-        return result_reply({"sandbox_id": handle.sandbox_id, "image": image, "started_at": running["created_at"]})
-
-    async def stop_remote_sandbox(self, request, context) -> session_pb2.RpcReply:
-        actor, _, _, refusal = await self._gate(request, "session.stopRemoteSandbox")
-        if refusal:
-            return error_reply(*refusal)
-        live = self.runtime.sessions.get(request.session_id)
-        handle = live.sandbox if live else None
-        if handle is None:
-            return error_reply(-32013, SANDBOX_NOT_RUNNING)
-        detail = await stop_sandbox(self.runtime, live, actor, reason="explicit")
-        if detail is not None:
-            return error_reply(-32000, f"sandbox stop failed: {detail}")
-        return result_reply({"stopped": True, "image": handle.image, "sandbox_id": handle.sandbox_id})
-
-    async def exec_remote_sandbox(self, request, context) -> session_pb2.RpcReply:
-        actor, _, _, refusal = await self._gate(request, "session.execRemoteSandbox")
-        if refusal:
-            return error_reply(*refusal)
-        try:
-            command = parse_params(request).get("command")
-        except InvalidParams as exc:
-            return error_reply(-32602, str(exc))
-        if not isinstance(command, str):
-            return error_reply(-32602, 'Invalid params: missing "command"')
-        live = self.runtime.sessions.get(request.session_id)
-        handle = live.sandbox if live else None
-        if handle is None:
-            return error_reply(-32013, SANDBOX_NOT_RUNNING)
-        try:
-            result = await exec_in_sandbox(self.runtime, live, actor, handle, command)
-        except SandboxError as exc:
-            return error_reply(-32000, f"sandbox exec failed: {exc.detail}")
-        return result_reply({"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code})
-
-    async def report_local_sandbox(self, request, context) -> session_pb2.RpcReply:
-        actor, _, _, refusal = await self._gate(request, "session.reportLocalSandbox")
-        if refusal:
-            return error_reply(*refusal)
-        try:
-            params = parse_params(request)
-        except InvalidParams as exc:
-            return error_reply(-32602, str(exc))
-        state = params.get("state")
-        if state not in ("running", "stopped", "error"):
-            return error_reply(-32602, 'Invalid params: "state" must be "running", "stopped", or "error"')
-        unsandboxed = params.get("unsandboxed", False)
-        if not isinstance(unsandboxed, bool):
-            return error_reply(-32602, 'Invalid params: "unsandboxed" must be a boolean')
-        image = params.get("image")
-        if image is not None and not isinstance(image, str):
-            return error_reply(-32602, 'Invalid params: "image" must be a string or null')
-        if unsandboxed and image is not None:
-            return error_reply(-32602, 'Invalid params: "image" must be null when "unsandboxed" is true')
-        if image is None and not unsandboxed:
-            return error_reply(-32602, 'Invalid params: missing "image"')
-        payload = {
-            "dispatch": "local",
-            "image": image,
-            "unsandboxed": unsandboxed,
-            "container_id": params.get("container_id"),
-            "detail": params.get("detail"),
-        }
-        try:
-            await self.runtime.append(request.session_id, actor, [(f"session.sandbox.{state}", payload)])
-        except Exception:
-            log.exception("recording a local sandbox report on %s failed", request.session_id)
-            return error_reply(-32603, "Internal error")
-        return result_reply({"reported": True})
 
     async def report_local_subagent(self, request, context):
         return await self._not_available(request, "session.reportLocalSubagent")

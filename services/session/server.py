@@ -29,11 +29,12 @@ async def _json(reply: Awaitable[str]) -> session_pb2.JsonReply:
 
 
 class SessionServicer(session_pb2_grpc.SessionServiceServicer):
-    def __init__(self, *, rest: ClientRestApi, admin: AdminApi, auth: Authenticator, live) -> None:
+    def __init__(self, *, rest: ClientRestApi, admin: AdminApi, auth: Authenticator, live, sandboxes) -> None:
         self.rest = rest
         self.admin = admin
         self.auth = auth
         self.live = live
+        self.sandboxes = sandboxes
 
     # Client REST.
 
@@ -129,16 +130,16 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         return await self.live.update_client_tools(request, context)
 
     async def StartRemoteSandbox(self, request, context):
-        return await self.live.start_remote_sandbox(request, context)
+        return await self.sandboxes.start_remote_sandbox(request, context)
 
     async def StopRemoteSandbox(self, request, context):
-        return await self.live.stop_remote_sandbox(request, context)
+        return await self.sandboxes.stop_remote_sandbox(request, context)
 
     async def ExecRemoteSandbox(self, request, context):
-        return await self.live.exec_remote_sandbox(request, context)
+        return await self.sandboxes.exec_remote_sandbox(request, context)
 
     async def ReportLocalSandbox(self, request, context):
-        return await self.live.report_local_sandbox(request, context)
+        return await self.sandboxes.report_local_sandbox(request, context)
 
     async def ReportLocalSubagent(self, request, context):
         return await self.live.report_local_subagent(request, context)
