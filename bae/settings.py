@@ -61,6 +61,14 @@ def parse_seconds(var: str, value: str) -> int:
     return int(text)
 
 
+def parse_timeout(var: str, value: str) -> float:
+    """A deadline of this implementation's own (not in the spec): whole seconds, at least 1."""
+    seconds = parse_seconds(var, value)
+    if seconds < 1:
+        raise UsageError(f'{var}: "{value}" must be at least 1 second')
+    return float(seconds)
+
+
 def parse_count(var: str, value: str) -> int:
     text = value.strip()
     if not text.isdigit():
@@ -140,7 +148,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         session_grpc_addr=get("BAE_SESSION_GRPC_ADDR", "127.0.0.1:50051"),
         runner_grpc_addr=get("BAE_RUNNER_GRPC_ADDR", "127.0.0.1:50052"),
         sandbox_grpc_addrs=_grpc_targets(get("BAE_SANDBOX_GRPC_ADDRS", "127.0.0.1:50053")),
-        rpc_timeout=float(parse_seconds("BAE_RPC_TIMEOUT", get("BAE_RPC_TIMEOUT", "10"))),
-        provider_timeout=float(parse_seconds("BAE_PROVIDER_TIMEOUT", get("BAE_PROVIDER_TIMEOUT", "300"))),
-        mcp_timeout=float(parse_seconds("BAE_MCP_TIMEOUT", get("BAE_MCP_TIMEOUT", "30"))),
+        rpc_timeout=parse_timeout("BAE_RPC_TIMEOUT", get("BAE_RPC_TIMEOUT", "10")),
+        provider_timeout=parse_timeout("BAE_PROVIDER_TIMEOUT", get("BAE_PROVIDER_TIMEOUT", "300")),
+        mcp_timeout=parse_timeout("BAE_MCP_TIMEOUT", get("BAE_MCP_TIMEOUT", "30")),
     )

@@ -1,0 +1,57 @@
+"""Settings from the environment: defaults, parsing, and the one-line usage errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from bae.errors import UsageError
+from bae.settings import Address, load_settings
+
+
+def test_defaults() -> None:
+    settings = load_settings({})
+    assert settings.addr == Address("0.0.0.0", 8080)
+    assert str(settings.admin_addr) == "127.0.0.1:8081"
+    assert settings.sqlalchemy_url == "sqlite:////var/lib/bae/bae.db"
+    assert (settings.shutdown_timeout, settings.turn_timeout, settings.subagent_timeout) == (30, 120, 600)
+    assert (settings.rpc_timeout, settings.provider_timeout, settings.mcp_timeout) == (10.0, 300.0, 30.0)
+    assert settings.sandbox_driver == "docker"
+    assert settings.sandbox_grpc_addrs == ["127.0.0.1:50053"]
+    assert settings.log == "info"
+
+
+def test_values_are_trimmed_and_lists_split() -> None:
+    settings = load_settings({
+        "BAE_TURN_TIMEOUT": " 5 ",
+        "BAE_MCP_TIMEOUT": "2",
+        "BAE_SANDBOX_DRIVER": " docker ",
+        "BAE_SANDBOX_GRPC_ADDRS": "sandbox:50053, 10.0.0.5:50053,,",
+        "BAE_ADMIN_ADDR": "[::1]:9000",
+        "BAE_DATABASE_URL": "postgresql://db/bae",
+    })
+    assert settings.turn_timeout == 5
+    assert settings.mcp_timeout == 2.0
+    assert settings.sandbox_grpc_addrs == ["sandbox:50053", "10.0.0.5:50053"]
+    assert str(settings.admin_addr) == "[::1]:9000"
+    assert settings.sqlalchemy_url == "postgresql://db/bae"
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"BAE_SHUTDOWN_TIMEOUT": "1.5"}, 'BAE_SHUTDOWN_TIMEOUT: "1.5" is not a whole number of seconds'),
+    ({"BAE_TURN_TIMEOUT": "-1"}, 'BAE_TURN_TIMEOUT: "-1" is not a whole number of seconds'),
+    ({"BAE_MCP_TIMEOUT": "soon"}, 'BAE_MCP_TIMEOUT: "soon" is not a whole number of seconds'),
+    ({"BAE_MCP_TIMEOUT": "0"}, 'BAE_MCP_TIMEOUT: "0" must be at least 1 second'),
+    ({"BAE_RPC_TIMEOUT": "0"}, 'BAE_RPC_TIMEOUT: "0" must be at least 1 second'),
+    ({"BAE_MAX_SUBAGENTS_PER_SESSION": "x"}, 'BAE_MAX_SUBAGENTS_PER_SESSION: "x" is not a non-negative integer'),
+    ({"BAE_SANDBOX_DRIVER": "podman"},
+     'BAE_SANDBOX_DRIVER: "podman" is not a supported sandbox driver (expected "docker" or "apple-container")'),
+    ({"BAE_ADMIN_ADDR": "0.0.0.0:8081"},
+     "BAE_ADMIN_ADDR: 0.0.0.0:8081 is not a loopback address; the admin port must bind to localhost only"),
+    ({"BAE_ADDR": "localhost:8080"},
+     'BAE_ADDR: "localhost:8080" is not a valid host:port address '
+     "(Expected 4 octets in 'localhost')"),
+])
+def test_invalid_values_are_usage_errors(env: dict[str, str], message: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        load_settings(env)
+    assert str(caught.value) == message
