@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from bae.stack import Stack  # noqa: E402
+from mockllm import MockLLM  # noqa: E402
 
 
 def free_port() -> int:
@@ -124,6 +125,14 @@ def start_stack(tmp_path: Path) -> Iterator[StackFactory]:
     yield start
     for running in started:
         running.close()
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[MockLLM]:
+    """One scripted mock LLM per test module (tests reset or enqueue as they need)."""
+    llm = MockLLM().start()
+    yield llm
+    llm.stop()
 
 
 def mock_provider_toml(base_url: str, *, name: str = "mock", kind: str = "anthropic",

@@ -38,13 +38,6 @@ ABANDONED = "Client tool call was abandoned before returning a result."
 
 
 @pytest.fixture(scope="module")
-def mock() -> Iterator[MockLLM]:
-    llm = MockLLM().start()
-    yield llm
-    llm.stop()
-
-
-@pytest.fixture(scope="module")
 def web_url() -> Iterator[str]:
     """One streamable-HTTP tools server for the module (tool names prefixed `web_`)."""
     with http_tools_server("web_") as url:

@@ -19,10 +19,9 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from bae.stack import Stack
-from conftest import RunningStack, mock_provider_toml, stack_env
+from conftest import RunningStack, launch_stack, mock_provider_toml
 from live import notifications, result, rpc, terminal, types
-from mockllm import MockLLM, Reply
+from mockllm import Reply
 
 TOKEN = "sk-test-secret-token-merge"
 ABANDONED = "Client tool call was abandoned before returning a result."
@@ -33,28 +32,12 @@ TURN_TIMEOUT = 1.0  # seconds; BAE_TURN_TIMEOUT of the shared stack
 
 
 @pytest.fixture(scope="module")
-def mock() -> Iterator[MockLLM]:
-    llm = MockLLM().start()
-    yield llm
-    llm.stop()
-
-
-@pytest.fixture(scope="module")
 def shared(tmp_path_factory, mock) -> Iterator[RunningStack]:
     """One stack for the module: every test opens sessions of its own (a stack start costs seconds)."""
-    tmp = tmp_path_factory.mktemp("merge")
-    config = tmp / "bae-config.toml"
-    config.write_text(mock_provider_toml(mock.base_url))
-    env = stack_env(tmp, BAE_CONFIG=str(config), MOCK_LLM_TOKEN=TOKEN, BAE_TURN_TIMEOUT=str(int(TURN_TIMEOUT)))
-    stack = Stack(env=env, log_dir=tmp / "logs")
-    try:
-        stack.start()
-    except Exception:
-        stack.stop()
-        for log in sorted((tmp / "logs").glob("*.log")):
-            print(f"--- {log.name}\n{log.read_text()[-4000:]}")
-        raise
-    running = RunningStack(stack, tmp)
+    running = launch_stack(
+        tmp_path_factory.mktemp("merge"), mock_provider_toml(mock.base_url),
+        MOCK_LLM_TOKEN=TOKEN, BAE_TURN_TIMEOUT=str(int(TURN_TIMEOUT)),
+    )
     yield running
     running.close()
 

@@ -20,7 +20,7 @@ from docker_support import (
     sandboxes_of_hosts,
 )
 from live import result, rpc, terminal, types
-from mockllm import MockLLM, Reply
+from mockllm import Reply
 
 # Every sandbox host started here has an id with this prefix, so this module's containers are findable.
 RUN = f"test-live-sandbox-{uuid.uuid4().hex[:8]}"
@@ -33,13 +33,6 @@ SHELL = {
 }
 NOT_RUNNING = {"code": -32013, "message": "sandbox_not_running: no remote sandbox is running for this session"}
 NO_SANDBOX_FOR_SH = "no remote sandbox is running for tool 'sh'; call session.startRemoteSandbox first"
-
-
-@pytest.fixture(scope="module")
-def mock():
-    llm = MockLLM().start()
-    yield llm
-    llm.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -19,13 +19,6 @@ TOKEN = "sk-test-secret-token-123456"
 LAGGED = {"jsonrpc": "2.0", "error": {"code": -32000, "message": "lagged; reconnect with since_event_id"}}
 
 
-@pytest.fixture(scope="module")
-def mock():
-    llm = MockLLM().start()
-    yield llm
-    llm.stop()
-
-
 def stack_toml(mock: MockLLM) -> str:
     # "mock" speaks Anthropic Messages, "gpt" OpenAI Chat Completions; both are the same MockLLM.
     return mock_provider_toml(mock.base_url) + mock_provider_toml(mock.base_url, name="gpt", kind="openai")

@@ -11,16 +11,9 @@ import pytest
 
 from conftest import mock_provider_toml
 from live import notifications, result, rpc, terminal, types
-from mockllm import MockLLM, Reply
+from mockllm import Reply
 
 TOKEN = "sk-test-secret-token-123456"
-
-
-@pytest.fixture(scope="module")
-def mock():
-    llm = MockLLM().start()
-    yield llm
-    llm.stop()
 
 
 @pytest.fixture
