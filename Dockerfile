@@ -13,13 +13,13 @@ ARG PIP_NO_INDEX=0
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_FIND_LINKS=/wheels
 WORKDIR /src
 COPY deploy/wheels/ /wheels/
-COPY requirements.txt pyproject.toml ./
+COPY requirements.txt constraints.txt pyproject.toml ./
 # Runtime dependencies go to /opt/bae; code generation and test tools stay in this stage.
 RUN grep -vE '^(pytest|pytest-asyncio|grpcio-tools)==' requirements.txt > runtime-requirements.txt \
  && python3 -m venv /opt/bae \
- && /opt/bae/bin/pip install --quiet -r runtime-requirements.txt \
+ && /opt/bae/bin/pip install --quiet -r runtime-requirements.txt -c constraints.txt \
  && python3 -m venv /opt/gen \
- && /opt/gen/bin/pip install --quiet $(grep -E '^(grpcio-tools|protobuf)==' requirements.txt)
+ && /opt/gen/bin/pip install --quiet -c constraints.txt $(grep -E '^(grpcio-tools|protobuf)==' requirements.txt)
 COPY protos/ protos/
 COPY tools/ tools/
 COPY bae/ bae/

@@ -42,7 +42,7 @@ compose config -q
 log "base image $BAE_BASE_IMAGE"
 bash deploy/base-image.sh
 log "wheelhouse deploy/wheels"
-if ! output="$(.venv/bin/pip wheel --quiet -w deploy/wheels -r requirements.txt 'setuptools>=70.1' 2>&1)"; then
+if ! output="$(.venv/bin/pip wheel --quiet -w deploy/wheels -r requirements.txt -c constraints.txt 'setuptools>=70.1' 2>&1)"; then
     echo "$output" >&2
     exit 1
 fi
