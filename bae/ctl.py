@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 import httpx
 
 from bae.errors import UsageError
+from bae.jsontext import dump
 from bae.settings import DEFAULT_ADMIN_ADDR, DEFAULT_ADMIN_KEY_FILE, parse_address
 
 PAGE_LIMIT = 200  # the server's maximum page size
@@ -127,7 +128,7 @@ def cell(value: Any, width: int | None = None) -> str:
     elif isinstance(value, list):
         text = ",".join(str(item) for item in value) or "-"
     elif isinstance(value, dict):
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        text = dump(value)
     else:
         text = str(value)
     if width is not None and len(text) > width:

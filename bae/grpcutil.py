@@ -130,13 +130,14 @@ async def serve(
     log.info("%s stopped", name)
 
 
-def run_main(main: Callable[[], Awaitable[None]]) -> None:
-    """Entry-point wrapper: usage errors exit 2 with a one-line reason."""
+def run_main(main: Callable[[], Awaitable[int | None]]) -> None:
+    """Entry-point wrapper: exits with main's code (None is 0); usage errors exit 2 with a one-line reason."""
     try:
-        asyncio.run(main())
+        code = asyncio.run(main())
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    raise SystemExit(code)
 
 
 def channel(target: str) -> grpc.aio.Channel:

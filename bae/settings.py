@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
 from bae.errors import UsageError
@@ -102,10 +102,10 @@ class Settings:
     max_subagents_per_session: int
     session_grpc_addr: str
     runner_grpc_addr: str
-    sandbox_grpc_addrs: list[str] = field(default_factory=list)
-    rpc_timeout: float = 10.0
-    provider_timeout: float = 300.0
-    mcp_timeout: float = 30.0
+    sandbox_grpc_addrs: list[str]
+    rpc_timeout: float
+    provider_timeout: float
+    mcp_timeout: float
 
     @property
     def sqlalchemy_url(self) -> str:

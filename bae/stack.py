@@ -8,6 +8,7 @@ passed through, so several stacks can run side by side on other ports.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -58,10 +59,18 @@ class Stack:
     def settings(self) -> Settings:
         return load_settings(self.env)
 
+    def _grpc_services(self, settings: Settings) -> dict[str, tuple[list[str], str]]:
+        """The restartable gRPC services: name -> (interpreter arguments, address to health-check)."""
+        return {
+            "session": (["-m", "services.session", "serve", *self.session_args], settings.session_grpc_addr),
+            "runner": (["-m", "services.runner"], settings.runner_grpc_addr),
+        }
+
     def start(self, timeout: float = 30.0) -> None:
         settings = self.settings
-        self._spawn("session", ["-m", "services.session", "serve", *self.session_args])
-        self._spawn("runner", ["-m", "services.runner"])
+        services = self._grpc_services(settings)
+        for name, (args, _) in services.items():
+            self._spawn(name, args)
         for index, address in enumerate(settings.sandbox_grpc_addrs):
             self._spawn(
                 f"sandbox-{index}" if index else "sandbox",
@@ -74,8 +83,8 @@ class Stack:
                 },
             )
         deadline = time.monotonic() + timeout
-        self._wait_grpc("session", settings.session_grpc_addr, deadline)
-        self._wait_grpc("runner", settings.runner_grpc_addr, deadline)
+        for name, (_, address) in services.items():
+            self._wait_grpc(name, address, deadline)
         self._spawn("gateway", ["-m", "services.gateway"])
         host = "127.0.0.1" if settings.addr.host in ("0.0.0.0", "::") else settings.addr.host
         self.client_url = f"http://{host}:{settings.addr.port}"
@@ -84,13 +93,15 @@ class Stack:
 
     def _spawn(self, name: str, args: list[str], extra: dict[str, str] | None = None) -> None:
         env = {**self.env, **(extra or {})}
-        output = None
+        log = contextlib.nullcontext()
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            output = open(self.log_dir / f"{name}.log", "ab")
-        self.processes[name] = subprocess.Popen(
-            [sys.executable, *args], cwd=ROOT, env=env, stdout=output, stderr=output
-        )
+            log = open(self.log_dir / f"{name}.log", "ab")
+        # The child holds its own copy of the log's descriptor; the parent's closes at once.
+        with log as output:
+            self.processes[name] = subprocess.Popen(
+                [sys.executable, *args], cwd=ROOT, env=env, stdout=output, stderr=output
+            )
 
     def _check_alive(self, name: str) -> None:
         code = self.processes[name].poll()
@@ -150,11 +161,8 @@ class Stack:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-        settings = self.settings
-        modules = {"session": ("services.session", ["serve", *self.session_args], settings.session_grpc_addr),
-                   "runner": ("services.runner", [], settings.runner_grpc_addr)}
-        module, args, address = modules[name]
-        self._spawn(name, ["-m", module, *args])
+        args, address = self._grpc_services(self.settings)[name]
+        self._spawn(name, args)
         self._wait_grpc(name, address, time.monotonic() + timeout)
 
     def wait_any(self) -> tuple[str, int]:

@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import sys
-
-from bae.errors import UsageError
-from bae.grpcutil import configure_logging
+from bae.grpcutil import configure_logging, run_main
 from bae.settings import load_settings
 from services.gateway.server import serve
 
 
-def main() -> int:
-    try:
-        settings = load_settings()
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+async def main() -> int:
+    settings = load_settings()
     configure_logging(settings.log)
-    return asyncio.run(serve(settings))
+    return await serve(settings)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

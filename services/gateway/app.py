@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import json
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Router
 
 from bae import API_VERSIONS, __version__
+from bae.jsontext import dump
 from services.gateway.responses import JSON
 from services.gateway.rest import forward
 from services.gateway.router import build_router
 from services.gateway.rpc import RpcEndpoint
 from services.gateway.upstream import Upstream
 
-META = json.dumps({"version": __version__, "api_versions": list(API_VERSIONS)}, separators=(",", ":"))
+META = dump({"version": __version__, "api_versions": list(API_VERSIONS)})
 
 
 async def healthz(request: Request) -> Response:

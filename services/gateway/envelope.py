@@ -6,7 +6,8 @@ import json
 import math
 from dataclasses import dataclass
 
-from services.gateway.frames import dump, error_frame
+from bae.jsontext import dump
+from services.gateway.frames import error_frame
 
 # JSON-RPC method -> SessionService RPC.
 STREAMING_METHODS = {

@@ -6,18 +6,13 @@ so event and result bodies pass through verbatim without a decode/encode.
 
 from __future__ import annotations
 
-import json
-
+from bae.jsontext import dump
 from bae.protos import session_pb2
 
 RpcError = session_pb2.RpcError
 
 NDJSON = "application/x-ndjson"
 INTERNAL_ERROR = -32603
-
-
-def dump(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def event_frame(event_json: str) -> bytes:
