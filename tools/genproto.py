@@ -16,18 +16,18 @@ from grpc_tools import protoc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bae.protodigest import proto_digest  # noqa: E402
+from bae.protodigest import PROTO_ROOT, proto_digest  # noqa: E402
 
 OUT = ROOT / "baeproto"
 
 
 def main() -> int:
-    sources = sorted((ROOT / "protos").rglob("*.proto"))
+    sources = sorted(PROTO_ROOT.rglob("*.proto"))
     shutil.rmtree(OUT, ignore_errors=True)
     include = str(Path(protoc.__file__).parent / "_proto")
     args = [
         "grpc_tools.protoc",
-        f"-I{ROOT / 'protos'}",
+        f"-I{PROTO_ROOT}",
         f"-I{include}",
         f"--python_out={ROOT}",
         f"--grpc_python_out={ROOT}",

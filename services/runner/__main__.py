@@ -12,7 +12,6 @@ from services.runner.clients import ProviderClients
 from services.runner.server import RunnerService, registrar
 
 
-
 async def main() -> None:
     settings = load_settings()
     configure_logging(settings.log)

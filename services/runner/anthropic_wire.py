@@ -7,6 +7,7 @@ must alternate (SERVER-SPEC §8.5).
 
 from __future__ import annotations
 
+from bae.jsontext import RawJson
 from services.runner.canonical import Message, Usage, WireFormatError, content_blocks, read_usage
 
 COMPACTED_PREAMBLE = "The earlier part of this conversation was compacted. A summary follows."
@@ -47,8 +48,9 @@ def normalize(messages: list[Message]) -> tuple[list[Message], dict | None]:
     return folded, {"prepended_user": prepended_user, "merged": merged}
 
 
-def request_body(model: str, max_tokens: int, messages: list[Message], tools: list[dict]) -> dict:
-    """The exact body sent; `tools` is always present (possibly empty)."""
+def request_body(model: str, max_tokens: int, messages: RawJson, tools: RawJson) -> dict:
+    """The exact body sent: the canonical messages and tools as JSON text, spliced in
+    unchanged; `tools` is always present (possibly empty)."""
     return {"model": model, "max_tokens": max_tokens, "messages": messages, "tools": tools}
 
 

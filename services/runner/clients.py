@@ -3,9 +3,10 @@
 Clients are cached per (kind, base_url) so connections are reused across
 steps. The body is serialized here and sent through the SDK client's generic
 `post`: the typed `create` methods deep-copy every request, which costs more
-than the HTTP call itself once a history holds a few hundred messages. The auth token is resolved per attempt, so it never lives on a client:
-each call carries it in its own headers. The SDKs' retries are off, so every
-attempt the walk makes is exactly one HTTP request (and one logged event pair).
+than the HTTP call itself once a history holds a few hundred messages. The
+auth token is resolved per attempt, so it never lives on a client: each call
+carries it in its own headers. The SDKs' retries are off, so every attempt the
+walk makes is exactly one HTTP request (and one logged event pair).
 """
 
 from __future__ import annotations
@@ -59,22 +60,17 @@ class ProviderClients:
             raise self._timed_out() from None
 
     async def _send(self, kind: str, base_url: str, token: str, body: dict) -> WireResponse:
-        content = dump(body).encode()
+        if kind == ANTHROPIC:
+            path, headers = ANTHROPIC_PATH, {"X-Api-Key": token, "Authorization": anthropic.omit}
+        else:
+            path, headers = OPENAI_PATH, {"Authorization": f"Bearer {token}"}
         try:
-            if kind == ANTHROPIC:
-                response = await self._anthropic(base_url).post(
-                    ANTHROPIC_PATH,
-                    cast_to=httpx2.Response,
-                    content=content,
-                    options={"headers": {"X-Api-Key": token, "Authorization": anthropic.omit}},
-                )
-            else:
-                response = await self._openai(base_url).post(
-                    OPENAI_PATH,
-                    cast_to=httpx2.Response,
-                    content=content,
-                    options={"headers": {"Authorization": f"Bearer {token}"}},
-                )
+            response = await self._client(kind, base_url).post(
+                path,
+                cast_to=httpx2.Response,
+                content=dump(body).encode(),
+                options={"headers": headers},
+            )
         except (anthropic.APIStatusError, openai.APIStatusError) as error:
             return WireResponse(error.response.status_code, error.response.text)
         except (anthropic.APITimeoutError, openai.APITimeoutError):
@@ -86,31 +82,28 @@ class ProviderClients:
     def _timed_out(self) -> TransportError:
         return TransportError(f"request timed out after {self.timeout:g} s")
 
-    def _anthropic(self, base_url: str) -> anthropic.AsyncAnthropic:
-        client = self._clients.get((ANTHROPIC, base_url))
+    def _client(self, kind: str, base_url: str) -> anthropic.AsyncAnthropic | openai.AsyncOpenAI:
+        client = self._clients.get((kind, base_url))
         if client is None:
-            client = anthropic.AsyncAnthropic(
+            client = self._clients[(kind, base_url)] = self._new_client(kind, base_url)
+        return client
+
+    def _new_client(self, kind: str, base_url: str) -> anthropic.AsyncAnthropic | openai.AsyncOpenAI:
+        if kind == ANTHROPIC:
+            return anthropic.AsyncAnthropic(
                 api_key=_UNUSED_CREDENTIAL,
                 base_url=base_url,
                 max_retries=0,
                 timeout=self.timeout,
                 default_headers={"anthropic-version": ANTHROPIC_VERSION},
             )
-            self._clients[(ANTHROPIC, base_url)] = client
-        return client  # type: ignore[return-value]
-
-    def _openai(self, base_url: str) -> openai.AsyncOpenAI:
-        client = self._clients.get((OPENAI, base_url))
-        if client is None:
-            # The registry's base_url excludes the API version; the SDK's includes it.
-            client = openai.AsyncOpenAI(
-                api_key=_UNUSED_CREDENTIAL,
-                base_url=f"{base_url}/v1",
-                max_retries=0,
-                timeout=self.timeout,
-            )
-            self._clients[(OPENAI, base_url)] = client
-        return client  # type: ignore[return-value]
+        # The registry's base_url excludes the API version; the SDK's includes it.
+        return openai.AsyncOpenAI(
+            api_key=_UNUSED_CREDENTIAL,
+            base_url=f"{base_url}/v1",
+            max_retries=0,
+            timeout=self.timeout,
+        )
 
     async def close(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
@@ -122,7 +115,5 @@ def _connection_detail(error: anthropic.APIConnectionError | openai.APIConnectio
     """The SDK's message plus its cause, without the request URL."""
     cause = str(error.__cause__ or "").strip()
     detail = f"connection error: {cause}" if cause else "connection error"
-    request = getattr(error, "request", None)
-    if request is not None:
-        detail = detail.replace(f" for url '{request.url}'", "").replace(str(request.url), "")
-    return detail
+    url = str(error.request.url)
+    return detail.replace(f" for url '{url}'", "").replace(url, "")

@@ -17,7 +17,7 @@ from bae.config import REDACTED, Config, EnvResolutionError, ProviderEntry, reso
 from bae.jsontext import RawJson, dump
 from services.runner import anthropic_wire, openai_wire
 from services.runner.canonical import Message, Usage, WireFormatError, strip_routing_fields
-from services.runner.clients import ProviderClients, TransportError
+from services.runner.clients import ANTHROPIC, OPENAI, ProviderClients, TransportError
 
 log = logging.getLogger("bae.runner")
 
@@ -100,7 +100,7 @@ class _Wire:
 
 
 WIRES = {
-    "anthropic": _Wire(
+    ANTHROPIC: _Wire(
         anthropic_wire.normalize,
         lambda model, max_tokens, prepared: anthropic_wire.request_body(
             model, max_tokens, prepared.messages_json, prepared.tools_json
@@ -109,7 +109,7 @@ WIRES = {
         anthropic_wire.assistant_message,
         anthropic_wire.truncation,
     ),
-    "openai": _Wire(
+    OPENAI: _Wire(
         # Chat Completions takes any role order: nothing to normalize (§8.5).
         lambda messages: (messages, None),
         lambda model, max_tokens, prepared: openai_wire.request_body(
