@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -46,14 +46,14 @@ serve options:
 @dataclass
 class Command:
     name: str = "serve"
-    values: dict[str, str] | None = None
-    switches: set[str] | None = None
+    values: dict[str, str] = field(default_factory=dict)
+    switches: set[str] = field(default_factory=set)
 
     def value(self, flag: str) -> str | None:
-        return (self.values or {}).get(flag)
+        return self.values.get(flag)
 
     def has(self, switch: str) -> bool:
-        return switch in (self.switches or set())
+        return switch in self.switches
 
 
 def parse_args(argv: list[str]) -> Command:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Callable, TypeVar
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
@@ -26,6 +27,8 @@ from services.session.store.store import Store, session_and_profile
 log = logging.getLogger("bae.session.auth")
 
 STAMP_FLUSH_INTERVAL = 1.0
+
+T = TypeVar("T")
 
 
 def bearer_token(authorization: str, has_authorization: bool) -> str:
@@ -68,14 +71,14 @@ class Authenticator:
     # authentication and its read in one store call.
 
     def find_client_key(self, conn: Connection, token: str) -> KeyRecord:
-        row = _active_by_token(conn, token, "client")
+        row = _active_by_digest(conn, token_digest(token), "client")
         if row is None:
             raise unauthorized("invalid client key")
         self.stamps.stamp(row.id)
         return row
 
     def find_session_key(self, conn: Connection, token: str, session_id: str) -> Principal:
-        row = _active_by_token(conn, token, "session")
+        row = _active_by_digest(conn, token_digest(token), "session")
         if row is None or row.name != session_id:
             raise unauthorized("invalid session key")
         self.stamps.stamp(row.id)
@@ -88,7 +91,7 @@ class Authenticator:
 
     def find_admin_key(self, conn: Connection, token: str) -> KeyRecord:
         digest = token_digest(token)
-        row = _active_by_token(conn, token, "admin", digest)
+        row = _active_by_digest(conn, digest, "admin")
         if row is None:
             row = self._verify_phc_admin(conn, token, digest)
         if row is None:
@@ -117,22 +120,38 @@ class Authenticator:
 
     # Async entry points.
 
+    async def with_session_key(
+        self,
+        authorization: str,
+        has_authorization: bool,
+        session_id: str,
+        fn: Callable[[Connection, Principal], T],
+    ) -> T:
+        """Authenticate a session key, then run `fn(conn, principal)` in the same store call."""
+        token = bearer_token(authorization, has_authorization)
+
+        def authenticated(conn: Connection) -> T:
+            return fn(conn, self.find_session_key(conn, token, session_id))
+
+        return await self.store.call(authenticated)
+
     async def session_principal(
         self, authorization: str, has_authorization: bool, session_id: str
     ) -> Principal:
-        token = bearer_token(authorization, has_authorization)
-        return await self.store.call(self.find_session_key, token, session_id)
+        return await self.with_session_key(
+            authorization, has_authorization, session_id, lambda _conn, principal: principal
+        )
 
     async def session_principal_and_records(
         self, authorization: str, has_authorization: bool, session_id: str
     ) -> tuple[Principal, SessionRecord | None, ProfileRecord | None]:
         """The principal, the session's record and its live profile, read in one store call."""
-        token = bearer_token(authorization, has_authorization)
-
-        def lookup(conn: Connection) -> tuple[Principal, SessionRecord | None, ProfileRecord | None]:
-            return self.find_session_key(conn, token, session_id), *session_and_profile(conn, session_id)
-
-        return await self.store.call(lookup)
+        return await self.with_session_key(
+            authorization,
+            has_authorization,
+            session_id,
+            lambda conn, principal: (principal, *session_and_profile(conn, session_id)),
+        )
 
     async def client_key(self, authorization: str, has_authorization: bool) -> KeyRecord:
         token = bearer_token(authorization, has_authorization)
@@ -175,10 +194,7 @@ class Authenticator:
                 log.exception("writing last_used_at stamps failed")
 
 
-def _active_by_token(
-    conn: Connection, token: str, role: str, digest: str | None = None
-) -> KeyRecord | None:
-    digest = digest or token_digest(token)
+def _active_by_digest(conn: Connection, digest: str, role: str) -> KeyRecord | None:
     row = keys.by_digest(conn, digest)
     if row is None or row.role != role or row.deleted_at is not None:
         return None

@@ -194,10 +194,15 @@ def _template_ok(template: str, prompt_via: str) -> bool:
     names = _PLACEHOLDER.findall(template)
     if any(name not in ("model", "prompt") for name in names):
         return False
-    if "{" in _PLACEHOLDER.sub("", template) or "}" in _PLACEHOLDER.sub("", template):
+    literal = _PLACEHOLDER.sub("", template)
+    if "{" in literal or "}" in literal:
         return False
     prompts = names.count("prompt")
     return prompts == 1 if prompt_via == "arg" else prompts == 0
+
+
+def reserved_tool_name() -> Problem:
+    return Problem(422, "reserved_tool_name", f"{RESERVED_TOOL} is reserved")
 
 
 def validate_subagent_tools(tools: list[dict]) -> None:
@@ -210,7 +215,7 @@ def validate_subagent_tools(tools: list[dict]) -> None:
         if not tool["name"].strip():
             raise invalid("tool name must be a non-empty string")
         if tool["name"] == RESERVED_TOOL:
-            raise Problem(422, "reserved_tool_name", f"{RESERVED_TOOL} is reserved")
+            raise reserved_tool_name()
         if not tool["image"].strip() or not tool["subagents"]:
             raise invalid("image and non-empty subagents are required")
         harnesses = set()
@@ -251,13 +256,17 @@ def _string_list(obj: dict, field: str, item_hint: str) -> list[str]:
     return value
 
 
-def parse_profile_body(body: bytes, content_type: str) -> dict:
-    obj = decode_object(body, content_type, "ProfileRequest")
+def _required_strings(obj: dict, *fields: str) -> list[str]:
+    """The named string fields, in order; 400 at the first missing or mistyped one."""
     try:
-        name = required_string(obj, "name")
-        primary = required_string(obj, "primary_provider")
+        return [required_string(obj, field) for field in fields]
     except ShapeError as exc:
         raise bad_request(f"invalid request body: {exc}") from None
+
+
+def parse_profile_body(body: bytes, content_type: str) -> dict:
+    obj = decode_object(body, content_type, "ProfileRequest")
+    name, primary = _required_strings(obj, "name", "primary_provider")
     if not name.strip():
         raise bad_request("name must not be empty")
     if not primary.strip():
@@ -271,11 +280,7 @@ def parse_profile_body(body: bytes, content_type: str) -> dict:
 def parse_key_body(body: bytes, content_type: str) -> tuple[str, str]:
     """(name, profile_id) of a client key create body."""
     obj = decode_object(body, content_type, "CreateKeyRequest")
-    try:
-        name = required_string(obj, "name")
-        profile_id = required_string(obj, "profile_id")
-    except ShapeError as exc:
-        raise bad_request(f"invalid request body: {exc}") from None
+    name, profile_id = _required_strings(obj, "name", "profile_id")
     if not name.strip():
         raise bad_request("name must not be empty")
     return name, profile_id

@@ -15,12 +15,12 @@ from sqlalchemy import Connection
 
 from bae.errors import Problem, not_found
 from services.session import bodies
-from services.session.auth import Authenticator, bearer_token
+from services.session.auth import Authenticator
 from services.session.bodies import RESERVED_TOOL, SessionBody
 from services.session.pagination import events_page, page_request
 from services.session.store import events, keys, profiles, sessions
 from bae.jsontext import dump
-from services.session.store.records import KeyRecord, ProfileRecord
+from services.session.store.records import KeyRecord, Principal, ProfileRecord
 from services.session.store.store import Store
 
 log = logging.getLogger("bae.session.rest")
@@ -65,10 +65,9 @@ class ClientRestApi:
         return self._created(outcome)
 
     def _open(self, conn: Connection, key: KeyRecord, body: SessionBody) -> Opened | Refused:
-        profile = profiles.active(conn, key.profile_id or "")
-        refused = self._check_profile(conn, key, key.profile_id or "", profile, body)
-        if refused is not None:
-            return refused
+        profile = self._usable_profile(conn, key, body)
+        if isinstance(profile, Refused):
+            return profile
         session_id = sessions.create(
             conn,
             client_key_id=key.id,
@@ -107,10 +106,9 @@ class ClientRestApi:
                 "profile_mismatch",
                 "the client key's profile does not match this session's profile",
             )
-        profile = profiles.active(conn, session.profile_id)
-        refused = self._check_profile(conn, key, session.profile_id, profile, body)
-        if refused is not None:
-            return refused
+        profile = self._usable_profile(conn, key, body)
+        if isinstance(profile, Refused):
+            return profile
         sessions.set_declarations(
             conn,
             session,
@@ -123,16 +121,12 @@ class ClientRestApi:
         views = events.append(conn, session_id, [(key.id, "session.join", body.names())])
         return Opened(session_id, token, profile, views)
 
-    # Shared by open and join: checks 4-8 of §5.1 (5-8 of §5.2).
+    # Shared by open and join: checks 4-8 of §5.1 (5-8 of §5.2). A join has
+    # already checked that the key's profile is the session's.
 
-    def _check_profile(
-        self,
-        conn: Connection,
-        key: KeyRecord,
-        profile_id: str,
-        profile: ProfileRecord | None,
-        body: SessionBody,
-    ) -> Refused | None:
+    def _usable_profile(self, conn: Connection, key: KeyRecord, body: SessionBody) -> ProfileRecord | Refused:
+        profile_id = key.profile_id or ""
+        profile = profiles.active(conn, profile_id)
         if profile is None:
             log.error("client key %s: profile %s is no longer available", key.id, profile_id)
             self._audit(conn, key, profile_id, body, {"reason": "profile_unavailable", "profile_id": profile_id})
@@ -171,7 +165,7 @@ class ClientRestApi:
             )
         for tool in (*body.tools, *body.sandbox_tools):
             if tool["name"] == RESERVED_TOOL:
-                raise Problem(422, "reserved_tool_name", f"{RESERVED_TOOL} is reserved")
+                raise bodies.reserved_tool_name()
         allowed = set(profile.allowed_tools)
         for tool in body.tools:
             if tool["name"] not in allowed:
@@ -181,7 +175,7 @@ class ClientRestApi:
                     f'tool "{tool["name"]}" is not in the profile\'s allowlist',
                 )
         bodies.validate_subagent_tools(body.subagent_tools)
-        return None
+        return profile
 
     def _audit(self, conn: Connection, key: KeyRecord, profile_id: str, body: SessionBody, payload: dict) -> None:
         """A separate `error` session recording a refused open/join (tool names only)."""
@@ -226,41 +220,43 @@ class ClientRestApi:
 
     # GET /api/v1/sessions/{id}/participants (§5.3)
 
-    async def participants(self, request) -> str:
-        principal = await self.auth.session_principal(
-            request.authorization, request.has_authorization, request.path_id
-        )
-        if await self.store.get_session(principal.session_id) is None:
-            raise not_found(f"no session {principal.session_id}")
-        return dump({"drivers": self.runtime.drivers(principal.session_id)})
+    # Each handler below authenticates and reads in one store call.
 
-    # GET /api/v1/sessions/{id}/events (§5.4): authentication and the read in one store call.
+    async def participants(self, request) -> str:
+        session_id = request.path_id
+        session = await self.auth.with_session_key(
+            request.authorization,
+            request.has_authorization,
+            session_id,
+            lambda conn, _principal: sessions.get(conn, session_id),
+        )
+        if session is None:
+            raise not_found(f"no session {session_id}")
+        return dump({"drivers": self.runtime.drivers(session_id)})
+
+    # GET /api/v1/sessions/{id}/events (§5.4)
 
     async def events(self, request) -> str:
-        token = bearer_token(request.authorization, request.has_authorization)
         session_id = request.path_id
         try:
             page = page_request(request.query)
         except Problem:
             # Credentials are checked before the query: a bad key beats a bad cursor.
-            await self.store.call(self.auth.find_session_key, token, session_id)
+            await self.auth.session_principal(request.authorization, request.has_authorization, session_id)
             raise
-
-        def _page(conn: Connection) -> str:
-            self.auth.find_session_key(conn, token, session_id)
-            return events_page(conn, session_id, page)
-
-        return await self.store.call(_page)
+        return await self.auth.with_session_key(
+            request.authorization,
+            request.has_authorization,
+            session_id,
+            lambda conn, _principal: events_page(conn, session_id, page),
+        )
 
     # DELETE /api/v1/sessions/{id} (§5.5)
 
     async def close_session(self, request) -> str:
-        principal = await self.auth.session_principal(
-            request.authorization, request.has_authorization, request.path_id
-        )
-        session_id = principal.session_id
+        session_id = request.path_id
 
-        def _close(conn: Connection):
+        def _close(conn: Connection, _principal: Principal):
             session = sessions.get(conn, session_id)
             if session is None:
                 raise not_found(f"no session {session_id}")
@@ -274,7 +270,9 @@ class ClientRestApi:
             )
             return session, views
 
-        session, views = await self.store.call(_close)
+        session, views = await self.auth.with_session_key(
+            request.authorization, request.has_authorization, session_id, _close
+        )
         if views:
             await self.runtime.publish(session_id, views)
         # Teardown runs whatever the previous state was (idempotent).

@@ -121,13 +121,12 @@ def active_client_count(conn: Connection, profile_id: str) -> int:
     return conn.execute(_ACTIVE_CLIENT_COUNT_FOR_PROFILE, {"profile_id": profile_id}).scalar_one()
 
 
-def soft_delete_admins(conn: Connection) -> int:
-    result = conn.execute(
+def soft_delete_admins(conn: Connection) -> None:
+    conn.execute(
         update(keys)
         .where(and_(keys.c.role == "admin", keys.c.deleted_at.is_(None)))
         .values(deleted_at=now())
     )
-    return result.rowcount
 
 
 def stamp_last_used(conn: Connection, stamps: dict[str, str]) -> None:
@@ -148,21 +147,11 @@ def revoke_client(conn: Connection, key_id: str) -> list[str] | None:
     )
     if revoked.rowcount == 0:
         return None
-    held = conn.execute(
-        select(keys.c.name)
-        .where(
-            and_(keys.c.role == "session", keys.c.client_id == key_id, keys.c.deleted_at.is_(None))
-        )
-        .distinct()
-    ).scalars()
-    session_ids = sorted(held)
-    conn.execute(
-        update(keys)
-        .where(
-            and_(keys.c.role == "session", keys.c.client_id == key_id, keys.c.deleted_at.is_(None))
-        )
-        .values(deleted_at=stamp)
+    its_session_keys = and_(
+        keys.c.role == "session", keys.c.client_id == key_id, keys.c.deleted_at.is_(None)
     )
+    session_ids = sorted(conn.execute(select(keys.c.name).where(its_session_keys).distinct()).scalars())
+    conn.execute(update(keys).where(its_session_keys).values(deleted_at=stamp))
     return session_ids
 
 

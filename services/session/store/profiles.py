@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from sqlalchemy import Connection, Row, and_, bindparam, exists, insert, select, update
 
 from bae.ids import new_id
@@ -89,21 +91,23 @@ def create(conn: Connection, fields: dict) -> ProfileRecord:
 
 def replace(conn: Connection, profile_id: str, fields: dict) -> ProfileRecord | None:
     """Full replacement of an active profile; None if there is none."""
-    if active(conn, profile_id) is None:
+    current = active(conn, profile_id)
+    if current is None:
         return None
     if _name_taken(conn, fields["name"], other_than=profile_id):
         raise DuplicateName(fields["name"])
+    stamp = now()
     conn.execute(
         update(profiles)
         .where(profiles.c.id == profile_id)
         .values(
             name=fields["name"],
             primary_provider=fields["primary_provider"],
-            updated_at=now(),
+            updated_at=stamp,
             **{name: dump(fields[name]) for name in LIST_FIELDS},
         )
     )
-    return active(conn, profile_id)
+    return dataclasses.replace(current, **fields, updated_at=stamp)
 
 
 def soft_delete(conn: Connection, profile_id: str) -> None:
