@@ -85,11 +85,9 @@ class SessionFeed:
             if wanted:
                 watcher.push(*wanted)
 
-    def end_subscriptions(self) -> int:
-        ended = [w for w in self.watchers if w.subscriber]
-        for watcher in ended:
+    def end_subscriptions(self) -> None:
+        for watcher in [w for w in self.watchers if w.subscriber]:
             self.forget(watcher)
-        return len(ended)
 
     def close(self) -> None:
         for watcher in list(self.watchers):

@@ -20,7 +20,6 @@ class ParkedTurn:
     deadline: float
     tool_uses: list[dict]
     server_results: dict[str, dict]
-    pending_compaction: int | None = None
 
     @property
     def expired(self) -> bool:
@@ -74,7 +73,7 @@ class TurnGate:
         self._waiters.append(future)
         try:
             while True:
-                poll = self._poll_interval(future, compact)
+                poll = self._poll_interval(compact)
                 try:
                     claim = await asyncio.wait_for(asyncio.shield(future), poll)
                     claim.waited = True
@@ -99,7 +98,7 @@ class TurnGate:
                 future.cancel()
             raise
 
-    def _poll_interval(self, future: asyncio.Future, compact: bool) -> float | None:
+    def _poll_interval(self, compact: bool) -> float | None:
         parked = self.parked
         if parked is None:
             # A running turn may still pause; compaction re-checks every 100 ms.

@@ -48,12 +48,3 @@ class History:
         parts = [text for _, _, text in self._entries]
         parts += [dump(message) for message in extensions]
         return "[" + ",".join(parts) + "]"
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def last_assistant(self) -> dict | None:
-        for _, message, _ in reversed(self._entries):
-            if message["role"] == "assistant":
-                return message
-        return None

@@ -88,7 +88,8 @@ async def gate(auth, runtime, request, method: str, *, needs_open: bool = False)
         request.authorization, request.has_authorization, request.session_id
     )
     actor = principal.client_key_id
-    if actor not in runtime.drivers(request.session_id):
+    live = runtime.sessions.get(request.session_id)
+    if live is None or actor not in live.drivers:
         return actor, None, None, (-32001, f"call session.registerDriver before {method}")
     if not needs_open:
         return actor, None, None, None

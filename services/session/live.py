@@ -159,7 +159,7 @@ class LiveApi:
             async for frame in self._relay(watcher, skip=replayed):
                 yield frame
         finally:
-            if watcher is not None and live is not None:
+            if watcher is not None:
                 live.feed.forget(watcher)
 
     async def _relay(self, watcher: Watcher, skip: set[str] = frozenset()) -> AsyncIterator[session_pb2.RpcFrame]:

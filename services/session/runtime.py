@@ -34,7 +34,7 @@ class LiveSession:
     mcp: object | None = None  # McpSessionConnections once connected
     mcp_task: asyncio.Task | None = None
     sandbox: object | None = None  # the remote SandboxHandle, one per session
-    # Serializes registrations so a key's first registration logs exactly once.
+    # Serializes registrations (a key's first one logs exactly once) and sandbox starts.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 

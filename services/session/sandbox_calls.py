@@ -2,7 +2,7 @@
 
 One sandbox per session, shared by all its drivers, placed by the
 `SandboxPool` on a sandbox host. These functions drive the pool and write
-the lifecycle events; the JSON-RPC parameter checks live in `live.py`.
+the lifecycle events; the JSON-RPC parameter checks live in `sandbox_methods`.
 """
 
 from __future__ import annotations

@@ -135,27 +135,16 @@ async def _call_mcp(declared: ActingTools, block: dict) -> tuple[dict, dict]:
     server = declared.mcp_server_for(name)
     if server is None:
         error = f"no MCP server is configured for tool '{name}'"
-        response = {"server_name": None, "ok": False, "error": error}
     else:
         outcome = await declared.mcp.call(name, block.get("input") or {})
         if outcome.ok and outcome.result is not None:
             is_error = bool(outcome.result.get("isError", False))
             response = {"server_name": server, "ok": not is_error, "result": outcome.result}
-            result = {
-                "tool_use_id": block["id"],
-                "dispatch": "mcp",
-                "server_name": server,
-                "is_error": is_error,
-                "content": outcome.result.get("content", []),
-            }
-            return response, result
+            return response, _mcp_result(block, server, is_error, outcome.result.get("content", []))
         error = outcome.error or "MCP call failed"
-        response = {"server_name": server, "ok": False, "error": error}
-    result = {
-        "tool_use_id": block["id"],
-        "dispatch": "mcp",
-        "server_name": server,
-        "is_error": True,
-        "content": [{"type": "text", "text": f"MCP error: {error}"}],
-    }
-    return response, result
+    response = {"server_name": server, "ok": False, "error": error}
+    return response, _mcp_result(block, server, True, [{"type": "text", "text": f"MCP error: {error}"}])
+
+
+def _mcp_result(block: dict, server: str | None, is_error: bool, content: list) -> dict:
+    return {"tool_use_id": block["id"], "dispatch": "mcp", "server_name": server, "is_error": is_error, "content": content}
