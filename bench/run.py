@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import free_port, mock_provider_toml, stack_env  # noqa: E402
+from conftest import RunningStack, free_port, launch_stack, mock_provider_toml  # noqa: E402
 
 from bae.stack import Stack  # noqa: E402
 
@@ -99,24 +99,15 @@ async def load(make_request, concurrency: int, total: int, base_url: str | None 
     return samples, wall
 
 
-def start_stack(tmp: Path, mock: MockProcess) -> tuple[Stack, str]:
-    config = tmp / "bae-config.toml"
-    config.write_text(mock_provider_toml(mock.base_url))
-    stack = Stack(
-        env=stack_env(tmp, BAE_CONFIG=str(config), MOCK_LLM_TOKEN=TOKEN, BAE_LOG="warning"),
-        log_dir=tmp / "logs",
-    )
-    stack.start()
-    admin_key = Path(stack.settings.admin_key_file).read_text().strip()
-    return stack, admin_key
+def start_stack(tmp: Path, mock) -> RunningStack:
+    """A private stack whose provider `mock` is the mock LLM (a MockProcess or a MockLLM)."""
+    return launch_stack(tmp, mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN, BAE_LOG="warning")
 
 
-def setup_client_key(stack: Stack, admin_key: str) -> str:
-    admin = httpx.Client(base_url=stack.admin_url, headers={"Authorization": f"Bearer {admin_key}"})
-    profile = admin.post("/admin/v1/profiles", json={"name": f"bench{time.time_ns()}", "primary_provider": "mock"})
-    key = admin.post("/admin/v1/keys", json={"name": "bench", "profile_id": profile.json()["id"]}).json()["key"]
-    admin.close()
-    return key
+def client_key(running: RunningStack, **profile) -> str:
+    """A client key on a new profile with `profile` fields."""
+    created = running.create_profile(f"bench{time.time_ns()}", **profile)
+    return running.create_key(created["id"], name="bench")["key"]
 
 
 async def open_session(client: httpx.AsyncClient, key: str) -> tuple[str, str]:
@@ -227,15 +218,15 @@ async def bench_turns(stack: Stack, key: str, mock: MockProcess) -> None:
 async def main(which: list[str]) -> None:
     mock = MockProcess()
     with tempfile.TemporaryDirectory() as tmp:
-        stack, admin_key = start_stack(Path(tmp), mock)
+        running = start_stack(Path(tmp), mock)
         try:
-            key = setup_client_key(stack, admin_key)
+            key = client_key(running)
             if not which or "rest" in which:
-                await bench_rest(stack, key)
+                await bench_rest(running.stack, key)
             if not which or "turns" in which:
-                await bench_turns(stack, key, mock)
+                await bench_turns(running.stack, key, mock)
         finally:
-            stack.stop()
+            running.close()
             mock.stop()
 
 

@@ -23,20 +23,12 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.run import open_session, report, rpc, start_stack  # noqa: E402
+from bench.run import client_key, open_session, report, rpc, start_stack  # noqa: E402
 from docker_support import TEST_IMAGE, docker_client, docker_skip_reason  # noqa: E402
 from mockllm import MockLLM  # noqa: E402
 
 STARTS = 30
 EXECS = 200
-
-
-def sandbox_client_key(stack, admin_key: str) -> str:
-    """A client key whose profile may start TEST_IMAGE."""
-    with httpx.Client(base_url=stack.admin_url, headers={"Authorization": f"Bearer {admin_key}"}) as admin:
-        body = {"name": f"sandbox-bench{time.time_ns()}", "primary_provider": "mock", "available_sandboxes": [TEST_IMAGE]}
-        profile = admin.post("/admin/v1/profiles", json=body).json()
-        return admin.post("/admin/v1/keys", json={"name": "bench", "profile_id": profile["id"]}).json()["key"]
 
 
 async def seconds(make_call) -> float:
@@ -124,12 +116,12 @@ async def main() -> int:
         return 1
     mock = MockLLM().start()
     with tempfile.TemporaryDirectory() as tmp:
-        stack, admin_key = start_stack(Path(tmp), mock)
+        running = start_stack(Path(tmp), mock)
         try:
             print("\n== Sandboxes ==")
-            await bench_sandboxes(stack, sandbox_client_key(stack, admin_key))
+            await bench_sandboxes(running.stack, client_key(running, available_sandboxes=[TEST_IMAGE]))
         finally:
-            stack.stop()
+            running.close()
             mock.stop()
     return 0
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 import uuid
@@ -18,6 +17,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from bae.stack import Stack  # noqa: E402
 from mockllm import MockLLM  # noqa: E402
+from processes import service_env  # noqa: E402
 
 
 def free_port() -> int:
@@ -28,26 +28,22 @@ def free_port() -> int:
 
 def stack_env(tmp: Path, **overrides: str) -> dict[str, str]:
     """An environment for one isolated stack: its own ports, store and key files."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BAE_")}
-    env.update(
-        {
-            "BAE_ADDR": f"127.0.0.1:{free_port()}",
-            "BAE_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
-            "BAE_SESSION_GRPC_ADDR": f"127.0.0.1:{free_port()}",
-            "BAE_RUNNER_GRPC_ADDR": f"127.0.0.1:{free_port()}",
-            "BAE_SANDBOX_GRPC_ADDRS": f"127.0.0.1:{free_port()}",
-            # Unique per stack: a sandbox host removes its id's containers at start-up,
-            # and other test runs may share this Docker engine.
-            "BAE_SANDBOX_HOST_ID": f"test-{uuid.uuid4().hex[:12]}",
-            "BAE_DB_PATH": str(tmp / "bae.db"),
-            "BAE_ADMIN_KEY_FILE": str(tmp / "admin-key.pem"),
-            "BAE_ADMIN_KEY_HASH_FILE": str(tmp / "admin-key-hash.pem"),
-            "BAE_SHUTDOWN_TIMEOUT": "5",
-            "BAE_LOG": "info",
-        }
-    )
-    env.update(overrides)
-    return env
+    defaults = {
+        "BAE_ADDR": f"127.0.0.1:{free_port()}",
+        "BAE_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
+        "BAE_SESSION_GRPC_ADDR": f"127.0.0.1:{free_port()}",
+        "BAE_RUNNER_GRPC_ADDR": f"127.0.0.1:{free_port()}",
+        "BAE_SANDBOX_GRPC_ADDRS": f"127.0.0.1:{free_port()}",
+        # Unique per stack: a sandbox host removes its id's containers at start-up,
+        # and other test runs may share this Docker engine.
+        "BAE_SANDBOX_HOST_ID": f"test-{uuid.uuid4().hex[:12]}",
+        "BAE_DB_PATH": str(tmp / "bae.db"),
+        "BAE_ADMIN_KEY_FILE": str(tmp / "admin-key.pem"),
+        "BAE_ADMIN_KEY_HASH_FILE": str(tmp / "admin-key-hash.pem"),
+        "BAE_SHUTDOWN_TIMEOUT": "5",
+        "BAE_LOG": "info",
+    }
+    return service_env(**{**defaults, **overrides})
 
 
 class RunningStack:

@@ -1,8 +1,14 @@
-"""Helpers for driving the JSON-RPC/NDJSON endpoint in tests."""
+"""Helpers for driving the JSON-RPC/NDJSON endpoint in tests.
+
+`stack` arguments are conftest.RunningStack objects (anything with .client,
+.admin, .create_profile, .create_key and .open_session).
+"""
 
 from __future__ import annotations
 
 import json
+import time
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -40,3 +46,49 @@ def notifications(frames: list[dict]) -> list[dict]:
 
 def types(events: list[dict]) -> list[str]:
     return [e["event_type"] for e in events]
+
+
+def payloads(events: list[dict], event_type: str) -> list[dict]:
+    return [e["payload"] for e in events if e["event_type"] == event_type]
+
+
+def at(event: dict) -> float:
+    """An event's created_at as a Unix timestamp."""
+    return datetime.fromisoformat(event["created_at"].replace("Z", "+00:00")).timestamp()
+
+
+def declared(tools: tuple[str, ...]) -> list[dict]:
+    """Client tool declarations for `tools`, each described by its own name."""
+    return [{"name": t, "description": t, "input_schema": {"type": "object"}} for t in tools]
+
+
+def new_session(stack, tools: tuple[str, ...] = ("get_time",), **profile) -> tuple[str, str, dict]:
+    """A new profile allowing `tools` (plus `profile` fields) and a key on it that opens a session
+    declaring them; returns (session id, session key, profile)."""
+    profile_row = stack.create_profile(f"p{time.monotonic_ns()}", allowed_tools=list(tools), **profile)
+    key = stack.create_key(profile_row["id"])["key"]
+    opened = stack.open_session(key, tools=declared(tools))
+    return opened["session_id"], opened["session_key"], profile_row
+
+
+def join(stack, sid: str, profile: dict, name: str = "b") -> str:
+    """A new client key on `profile` joins session `sid` declaring no tools; returns its session key."""
+    key = stack.create_key(profile["id"], name=name)["key"]
+    joined = stack.client.post(
+        f"/api/v1/sessions/{sid}/join", json={"tools": []}, headers={"Authorization": f"Bearer {key}"}
+    )
+    assert joined.status_code == 201, joined.text
+    return joined.json()["session_key"]
+
+
+def register(stack, sid: str, skey: str) -> None:
+    assert result(rpc(stack.client, sid, skey, "session.registerDriver")) == {"registered": True}
+
+
+def send(stack, sid: str, skey: str, content) -> list[dict]:
+    return rpc(stack.client, sid, skey, "session.sendMessage", {"message": {"role": "user", "content": content}})
+
+
+def session_state(stack, sid: str) -> str:
+    listed = stack.admin.get("/admin/v1/sessions", params={"limit": 200}).json()["items"]
+    return next(row["state"] for row in listed if row["id"] == sid)

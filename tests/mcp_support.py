@@ -1,7 +1,8 @@
-"""The MCP test server (tests/mcp_servers/tools.py) as a test module's HTTP fixture."""
+"""The MCP test server (tests/mcp_servers/tools.py) as a test module's HTTP fixture, and its stdio children."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -42,3 +43,30 @@ def http_tools_server(prefix: str) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def proc_stat(pid: int | str) -> list[str]:
+    """/proc/<pid>/stat after the command name: [state, ppid, ...]."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        # A zombie still answers signal 0; it is dead for our purposes.
+        return proc_stat(pid)[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+
+
+def live_children(parent: int, token: str) -> list[int]:
+    """Live processes whose parent is `parent` and whose command line contains `token`."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            state, ppid = proc_stat(entry.name)[:2]
+            if int(ppid) == parent and state != "Z" and token.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found

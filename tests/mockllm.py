@@ -227,13 +227,7 @@ class MockLLM:
     async def app(self, scope: dict, receive, send) -> None:
         if scope["type"] != "http":
             return
-        chunks = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        raw = b"".join(chunks)
+        raw = await read_body(receive)
         path = scope["path"]
         try:
             body = json.loads(raw) if raw else None
@@ -244,13 +238,13 @@ class MockLLM:
         self.requests.append({"path": path, "headers": headers, "body": body})
 
         if scope["method"] != "POST" or path not in (ANTHROPIC_PATH, OPENAI_PATH):
-            await _respond(send, 404, b'{"error":"not found"}')
+            await respond(send, 404, b'{"error":"not found"}')
             return
         reply = self._queue.popleft() if self._queue else DEFAULT_REPLY
         status, payload = self._render(reply, path, body)
         if reply.seconds:
             await asyncio.sleep(reply.seconds)
-        await _respond(send, status, payload)
+        await respond(send, status, payload)
 
     def _render(self, reply: Reply, path: str, body: Any) -> tuple[int, bytes]:
         if reply.kind == "error":
@@ -262,7 +256,17 @@ class MockLLM:
         return 200, json.dumps(render(reply, model, next(self._serial))).encode()
 
 
-async def _respond(send, status: int, payload: bytes) -> None:
+async def read_body(receive) -> bytes:
+    """The whole request body of an ASGI HTTP request."""
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def respond(send, status: int, payload: bytes) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -276,14 +280,15 @@ async def _respond(send, status: int, payload: bytes) -> None:
     await send({"type": "http.response.body", "body": payload})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Serve the mock LLM (answers 'ok' to everything).")
-    parser.add_argument("--host", default="127.0.0.1")
+def serve_from_command_line(mock_class: type[MockLLM], name: str, default_host: str) -> None:
+    """`--host`/`--port` from the command line, then serve `mock_class` in the foreground."""
+    parser = argparse.ArgumentParser(description=f"Serve the {name}.")
+    parser.add_argument("--host", default=default_host)
     parser.add_argument("--port", type=int, default=9100)
     args = parser.parse_args()
-    print(f"mock LLM listening on http://{args.host}:{args.port}", flush=True)
-    MockLLM(host=args.host, port=args.port).serve_forever()
+    print(f"{name} listening on http://{args.host}:{args.port}", flush=True)
+    mock_class(host=args.host, port=args.port).serve_forever()
 
 
 if __name__ == "__main__":
-    main()
+    serve_from_command_line(MockLLM, "mock LLM", "127.0.0.1")

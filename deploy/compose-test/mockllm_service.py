@@ -9,10 +9,9 @@ Besides the provider paths it answers, for the test driver on the host:
 
 from __future__ import annotations
 
-import argparse
 import json
 
-from mockllm import MockLLM, Reply, _respond
+from mockllm import MockLLM, Reply, read_body, respond, serve_from_command_line
 
 CONTROL_PREFIX = "/_mock/"
 
@@ -30,33 +29,19 @@ class ScriptedMockLLM(MockLLM):
         if scope["type"] != "http" or not scope["path"].startswith(CONTROL_PREFIX):
             await super().app(scope, receive, send)
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         action = scope["path"][len(CONTROL_PREFIX):]
         if action == "enqueue" and scope["method"] == "POST":
             self.enqueue(*(to_reply(item) for item in json.loads(body)))
-            await _respond(send, 200, b'{"enqueued":true}')
+            await respond(send, 200, b'{"enqueued":true}')
         elif action == "requests" and scope["method"] == "GET":
-            await _respond(send, 200, json.dumps(self.requests).encode())
+            await respond(send, 200, json.dumps(self.requests).encode())
         elif action == "reset" and scope["method"] == "POST":
             self.reset()
-            await _respond(send, 200, b'{"reset":true}')
+            await respond(send, 200, b'{"reset":true}')
         else:
-            await _respond(send, 404, b'{"error":"not found"}')
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Serve the scripted mock LLM.")
-    parser.add_argument("--host", default="0.0.0.0")
-    parser.add_argument("--port", type=int, default=9100)
-    args = parser.parse_args()
-    print(f"scripted mock LLM listening on http://{args.host}:{args.port}", flush=True)
-    ScriptedMockLLM(host=args.host, port=args.port).serve_forever()
+            await respond(send, 404, b'{"error":"not found"}')
 
 
 if __name__ == "__main__":
-    main()
+    serve_from_command_line(ScriptedMockLLM, "scripted mock LLM", "0.0.0.0")

@@ -10,8 +10,8 @@ import pytest
 
 from bae.errors import Problem
 from bae.protos import session_pb2, session_pb2_grpc
-from bae.stack import Stack
 from conftest import stack_env
+from processes import ServiceProcess
 
 CONFIG = """
 [[providers.entries]]
@@ -41,11 +41,8 @@ class Service:
         if not config.exists():
             config.write_text(CONFIG)
         self.env = stack_env(tmp, BAE_CONFIG=str(config), **env)
-        self.stack = Stack(env=self.env, session_args=list(args))
-        self.stack._spawn("session", ["-m", "services.session", "serve", *args])
-        import time
-
-        self.stack._wait_grpc("session", self.env["BAE_SESSION_GRPC_ADDR"], time.monotonic() + 30)
+        self.process = ServiceProcess("services.session", "serve", *args, env=self.env, log_path=tmp / "session.log")
+        self.process.wait_grpc_serving(self.env["BAE_SESSION_GRPC_ADDR"])
         self.channel = grpc.aio.insecure_channel(self.env["BAE_SESSION_GRPC_ADDR"])
         self.stub = session_pb2_grpc.SessionServiceStub(self.channel)
         key_file = Path(self.env["BAE_ADMIN_KEY_FILE"])
@@ -75,9 +72,9 @@ class Service:
     async def admin(self, method: str, **kwargs):
         return await self.call(method, key=self.admin_key, **kwargs)
 
-    async def stop(self) -> dict[str, int]:
+    async def stop(self) -> int:
         await self.channel.close()
-        return self.stack.stop(timeout=15)
+        return self.process.stop(timeout=15)
 
 
 async def problem_of(awaitable) -> Problem:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from bae.protos import session_pb2
 from conftest import ROOT, free_port
+from processes import service_env
 from test_gateway_envelope import double, gateway  # noqa: F401  (module-scoped fixtures)
 
 PROFILE = {
@@ -36,9 +36,7 @@ def fresh_replies(double):  # noqa: F811
 
 
 def baectl(gateway, key_file: Path, *args: str, admin_addr: str | None = None) -> subprocess.CompletedProcess:  # noqa: F811
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BAE_")}
-    env["BAE_ADMIN_ADDR"] = admin_addr or gateway.env["BAE_ADMIN_ADDR"]
-    env["BAE_ADMIN_KEY_FILE"] = str(key_file)
+    env = service_env(BAE_ADMIN_ADDR=admin_addr or gateway.env["BAE_ADMIN_ADDR"], BAE_ADMIN_KEY_FILE=str(key_file))
     return subprocess.run([sys.executable, "-m", "bae.ctl", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=30)
 
@@ -161,10 +159,8 @@ def test_problem_prints_one_error_line_and_exits_1(gateway, key_file, tmp_path):
 
     bad_key = tmp_path / "bad.pem"
     bad_key.write_text("bad")
-    denied = subprocess.run([sys.executable, "-m", "bae.ctl", "--admin-key-file", str(bad_key), "keys", "list"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=30,
-                            env={**os.environ, "BAE_ADMIN_ADDR": gateway.env["BAE_ADMIN_ADDR"],
-                                 "BAE_ADMIN_KEY_FILE": "/nonexistent"})
+    # The flag wins over BAE_ADMIN_KEY_FILE.
+    denied = baectl(gateway, Path("/nonexistent"), "--admin-key-file", str(bad_key), "keys", "list")
     assert (denied.returncode, denied.stderr) == (1, "error: 401 unauthorized: invalid admin key\n")
 
 

@@ -7,7 +7,6 @@ httpx); the gateway is the real `python -m services.gateway` subprocess.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -25,6 +24,7 @@ import pytest
 from bae.errors import PROBLEM_TRAILER, Problem, unauthorized
 from bae.protos import session_pb2, session_pb2_grpc
 from conftest import ROOT, free_port
+from processes import ServiceProcess, service_env
 
 GOOD = "Bearer good"
 RpcError = session_pb2.RpcError
@@ -169,31 +169,23 @@ def start_double(slow_seconds: float = 1.5) -> tuple[grpc.Server, SessionDouble,
 
 
 def gateway_env(session_addr: str, **overrides: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BAE_")}
-    env.update(
-        {
-            "BAE_ADDR": f"127.0.0.1:{free_port()}",
-            "BAE_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
-            "BAE_SESSION_GRPC_ADDR": session_addr,
-            "BAE_RPC_TIMEOUT": "1",
-            "BAE_SHUTDOWN_TIMEOUT": "5",
-            "BAE_LOG": "warning",
-        }
-    )
-    env.update(overrides)
-    return env
+    defaults = {
+        "BAE_ADDR": f"127.0.0.1:{free_port()}",
+        "BAE_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
+        "BAE_SESSION_GRPC_ADDR": session_addr,
+        "BAE_RPC_TIMEOUT": "1",
+        "BAE_SHUTDOWN_TIMEOUT": "5",
+        "BAE_LOG": "warning",
+    }
+    return service_env(**{**defaults, **overrides})
 
 
-class Gateway:
+class Gateway(ServiceProcess):
     """A running `python -m services.gateway` and clients for its two ports."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        super().__init__("services.gateway", env=env, log_path=log_path)
         self.env = env
-        self.log = open(log_path, "wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "services.gateway"], cwd=ROOT, env=env,
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )
         self.client_url = f"http://{env['BAE_ADDR']}"
         self.admin_url = f"http://{env['BAE_ADMIN_ADDR']}"
         self.client = httpx.Client(base_url=self.client_url, timeout=10)
@@ -212,14 +204,7 @@ class Gateway:
     def stop(self) -> int:
         self.client.close()
         self.admin.close()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(10)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-            self.log.close()
+        return super().stop(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,9 @@ a `${VAR}` header), and two entries that can never connect.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import uuid
-from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
@@ -20,8 +18,9 @@ import httpx
 import pytest
 
 from conftest import RunningStack, launch_stack, mock_provider_toml
-from live import notifications, result, rpc, types
-from mcp_support import TOOLS_SERVER, http_tools_server
+import live
+from live import at, notifications, payloads, result, types
+from mcp_support import TOOLS_SERVER, http_tools_server, live_children, pid_alive
 from mockllm import MockLLM, Reply
 
 PYTHON = sys.executable
@@ -81,34 +80,22 @@ class McpStack:
         self.opened: list[tuple[str, str]] = []
 
     def new_session(self, mcp_servers: list[str], tools: tuple[str, ...] = ("get_time",)) -> tuple[str, str, dict]:
-        profile = self.running.create_profile(
-            f"p{time.monotonic_ns()}", allowed_tools=list(tools), mcp_servers=mcp_servers
-        )
-        key = self.running.create_key(profile["id"])["key"]
-        declared = [{"name": t, "description": t, "input_schema": {"type": "object"}} for t in tools]
-        opened = self.running.open_session(key, tools=declared)
-        sid, skey = opened["session_id"], opened["session_key"]
+        """A registered session whose profile allows `tools` and the MCP servers named."""
+        sid, skey, profile = live.new_session(self.running, tools, mcp_servers=mcp_servers)
         self.opened.append((sid, skey))
         self.register(sid, skey)
         return sid, skey, profile
 
     def register(self, sid: str, skey: str) -> None:
-        assert result(rpc(self.running.client, sid, skey, "session.registerDriver")) == {"registered": True}
+        live.register(self.running, sid, skey)
 
     def join(self, sid: str, profile: dict) -> str:
-        key = self.running.create_key(profile["id"], name="b")["key"]
-        joined = self.running.client.post(
-            f"/api/v1/sessions/{sid}/join", json={"tools": []}, headers={"Authorization": f"Bearer {key}"}
-        )
-        assert joined.status_code == 201, joined.text
-        skey = joined.json()["session_key"]
+        skey = live.join(self.running, sid, profile)
         self.register(sid, skey)
         return skey
 
     def send(self, sid: str, skey: str, content) -> list[dict]:
-        return rpc(
-            self.running.client, sid, skey, "session.sendMessage", {"message": {"role": "user", "content": content}}
-        )
+        return live.send(self.running, sid, skey, content)
 
     def close(self, sid: str, skey: str) -> int:
         return self.running.client.delete(
@@ -130,16 +117,7 @@ class McpStack:
 
     def stdio_children(self) -> set[int]:
         """Live processes started by the session service with this stack's label in their argv."""
-        parent = self.running.stack.processes["session"].pid
-        found = set()
-        for entry in Path("/proc").glob("[0-9]*"):
-            try:
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(stat[1]) == parent and stat[0] != "Z" and self.label.encode() in (entry / "cmdline").read_bytes():
-                    found.add(int(entry.name))
-            except (OSError, ValueError, IndexError):
-                continue
-        return found
+        return set(live_children(self.running.stack.processes["session"].pid, self.label))
 
 
 def launch(tmp: Path, mock: MockLLM, web_url: str, **env: str) -> McpStack:
@@ -182,29 +160,12 @@ def own_stack(tmp_path, mock, web_url) -> Iterator:
         stack.running.close()
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def payloads(events: list[dict], event_type: str) -> list[dict]:
-    return [e["payload"] for e in events if e["event_type"] == event_type]
-
-
 def text_result(text: str) -> list[dict]:
     return [{"type": "text", "text": text}]
 
 
 def advertised(request: dict) -> list[str]:
     return [tool["name"] for tool in request["body"]["tools"]]
-
-
-def at(event: dict) -> float:
-    return datetime.fromisoformat(event["created_at"].replace("Z", "+00:00")).timestamp()
 
 
 # --- tool list merge ------------------------------------------------------------

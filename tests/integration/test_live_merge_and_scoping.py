@@ -13,14 +13,13 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Iterator
 
 import httpx
 import pytest
 
 from conftest import RunningStack, launch_stack, mock_provider_toml
-from live import notifications, result, rpc, terminal, types
+from live import at, declared, notifications, payloads, result, rpc, session_state, terminal, types
 from mockllm import Reply
 
 TOKEN = "sk-test-secret-token-merge"
@@ -55,10 +54,6 @@ def stack(shared, mock) -> RunningStack:
 class Driver:
     key_id: str  # the client key id every event of this driver is attributed to
     skey: str  # its session key
-
-
-def declared(tools: tuple[str, ...]) -> list[dict]:
-    return [{"name": t, "description": t, "input_schema": {"type": "object"}} for t in tools]
 
 
 def open_session(stack, tools: tuple[str, ...], allowed: tuple[str, ...] = ("get_time", "get_date")):
@@ -101,15 +96,6 @@ def log(stack, sid: str, driver: Driver) -> list[dict]:
     return page.json()["items"]
 
 
-def session_state(stack, sid: str) -> str:
-    listed = stack.admin.get("/admin/v1/sessions", params={"limit": 200}).json()["items"]
-    return next(row["state"] for row in listed if row["id"] == sid)
-
-
-def payloads(events: list[dict], event_type: str) -> list[dict]:
-    return [e["payload"] for e in events if e["event_type"] == event_type]
-
-
 def authors(events: list[dict]) -> set[str]:
     return {e["client_key_id"] for e in events}
 
@@ -128,10 +114,6 @@ def abandoned(tool_use_id: str) -> dict:
 
 def unroutable(name: str) -> str:
     return f"no MCP server is configured for tool '{name}'"
-
-
-def at(event: dict) -> float:
-    return datetime.fromisoformat(event["created_at"].replace("Z", "+00:00")).timestamp()
 
 
 # --- 1. merge rules (§7.4) -------------------------------------------------------------

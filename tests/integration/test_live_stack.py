@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from conftest import launch_stack, mock_provider_toml
-from live import notifications, result, rpc, types
+from live import join, new_session, notifications, register, result, rpc, send, session_state, types
 from mockllm import MockLLM, Reply
 
 TOKEN = "sk-test-secret-token-123456"
@@ -38,32 +38,11 @@ def shared(tmp_path_factory, mock):
     running.close()
 
 
-def new_session(stack, tools=("get_time",), **profile):
-    profile_row = stack.create_profile(f"p{time.monotonic_ns()}", allowed_tools=list(tools), **profile)
-    key = stack.create_key(profile_row["id"])["key"]
-    declared = [{"name": t, "description": t, "input_schema": {"type": "object"}} for t in tools]
-    opened = stack.open_session(key, tools=declared)
-    return opened["session_id"], opened["session_key"], profile_row
-
-
 def join_driver(stack, sid, profile, name: str) -> str:
     """Another client key on the same profile joins and registers; returns its session key."""
-    key = stack.create_key(profile["id"], name=name)["key"]
-    joined = stack.client.post(
-        f"/api/v1/sessions/{sid}/join", json={"tools": []}, headers={"Authorization": f"Bearer {key}"}
-    )
-    assert joined.status_code == 201, joined.text
-    skey = joined.json()["session_key"]
+    skey = join(stack, sid, profile, name)
     register(stack, sid, skey)
     return skey
-
-
-def register(stack, sid, skey):
-    assert result(rpc(stack.client, sid, skey, "session.registerDriver")) == {"registered": True}
-
-
-def send(stack, sid, skey, content):
-    return rpc(stack.client, sid, skey, "session.sendMessage", {"message": {"role": "user", "content": content}})
 
 
 def send_body(content, request_id=1) -> dict:
@@ -134,11 +113,6 @@ def ndjson(response: httpx.Response) -> list[dict]:
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == "application/x-ndjson"
     return [json.loads(line) for line in response.text.splitlines()]
-
-
-def session_state(stack, sid) -> str:
-    listed = stack.admin.get("/admin/v1/sessions", params={"limit": 200}).json()["items"]
-    return next(row["state"] for row in listed if row["id"] == sid)
 
 
 # --- 1. subscriber lag -----------------------------------------------------------------------

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from conftest import mock_provider_toml
-from live import notifications, result, rpc, terminal, types
+from live import join, new_session, notifications, register, result, rpc, send, terminal, types
 from mockllm import Reply
 
 TOKEN = "sk-test-secret-token-123456"
@@ -23,34 +23,8 @@ def stack(start_stack, mock, monkeypatch):
     return start_stack(config_toml=toml, MOCK_LLM_TOKEN=TOKEN, BAE_TURN_TIMEOUT="1")
 
 
-def new_session(stack, tools=("get_time",), **profile):
-    profile_row = stack.create_profile(f"p{time.monotonic_ns()}", allowed_tools=list(tools), **profile)
-    key = stack.create_key(profile_row["id"])["key"]
-    declared = [{"name": t, "description": t, "input_schema": {"type": "object"}} for t in tools]
-    opened = stack.open_session(key, tools=declared)
-    return opened["session_id"], opened["session_key"], key, profile_row
-
-
-def join_as_new_key(stack, sid, profile) -> str:
-    """A second client key on the same profile joins; returns its session key."""
-    key_b = stack.create_key(profile["id"], name="b")["key"]
-    joined = stack.client.post(
-        f"/api/v1/sessions/{sid}/join", json={"tools": []}, headers={"Authorization": f"Bearer {key_b}"}
-    )
-    assert joined.status_code == 201, joined.text
-    return joined.json()["session_key"]
-
-
-def register(stack, sid, skey):
-    assert result(rpc(stack.client, sid, skey, "session.registerDriver")) == {"registered": True}
-
-
-def send(stack, sid, skey, content):
-    return rpc(stack.client, sid, skey, "session.sendMessage", {"message": {"role": "user", "content": content}})
-
-
 def test_text_turn_records_the_exact_sequence_and_streams_all_but_the_echo(stack, mock):
-    sid, skey, _, _ = new_session(stack)
+    sid, skey, _ = new_session(stack)
     register(stack, sid, skey)
     mock.enqueue(Reply.text("It is noon."))
     frames = send(stack, sid, skey, "What time is it?")
@@ -70,13 +44,13 @@ def test_text_turn_records_the_exact_sequence_and_streams_all_but_the_echo(stack
 
 
 def test_driver_gate_comes_first(stack):
-    sid, skey, _, _ = new_session(stack)
+    sid, skey, _ = new_session(stack)
     error = terminal(send(stack, sid, skey, "hi"))["error"]
     assert error == {"code": -32001, "message": "call session.registerDriver before session.sendMessage"}
 
 
 def test_register_is_idempotent_and_lists_participants(stack):
-    sid, skey, _, _ = new_session(stack)
+    sid, skey, _ = new_session(stack)
     register(stack, sid, skey)
     register(stack, sid, skey)
     auth = {"Authorization": f"Bearer {skey}"}
@@ -87,7 +61,7 @@ def test_register_is_idempotent_and_lists_participants(stack):
 
 
 def test_client_tool_round_trip_and_dispatch_never_reaches_the_provider(stack, mock):
-    sid, skey, _, _ = new_session(stack)
+    sid, skey, _ = new_session(stack)
     register(stack, sid, skey)
     mock.enqueue(Reply.tool_use([("tu_1", "get_time", {})]), Reply.text("Noon."))
     first = result(send(stack, sid, skey, "time?"))
@@ -109,7 +83,7 @@ def test_client_tool_round_trip_and_dispatch_never_reaches_the_provider(stack, m
 
 
 def test_orphan_tool_result_is_refused_and_nothing_recorded(stack):
-    sid, skey, _, _ = new_session(stack)
+    sid, skey, _ = new_session(stack)
     register(stack, sid, skey)
     error = terminal(send(stack, sid, skey, [{"type": "tool_result", "tool_use_id": "x", "content": "?"}]))["error"]
     assert error["code"] == -32000
@@ -117,7 +91,7 @@ def test_orphan_tool_result_is_refused_and_nothing_recorded(stack):
 
 
 def test_bad_continuation_moves_the_session_to_error(stack, mock):
-    sid, skey, _, _ = new_session(stack)
+    sid, skey, _ = new_session(stack)
     register(stack, sid, skey)
     mock.enqueue(Reply.tool_use([("tu_1", "get_time", {})]))
     result(send(stack, sid, skey, "time?"))
@@ -131,7 +105,7 @@ def test_bad_continuation_moves_the_session_to_error(stack, mock):
 
 
 def test_plain_message_abandons_the_pause_with_synthetic_results(stack, mock):
-    sid, skey, _, _ = new_session(stack)
+    sid, skey, _ = new_session(stack)
     register(stack, sid, skey)
     mock.enqueue(Reply.tool_use([("tu_1", "get_time", {})]), Reply.text("ok then"))
     result(send(stack, sid, skey, "time?"))
@@ -143,7 +117,7 @@ def test_plain_message_abandons_the_pause_with_synthetic_results(stack, mock):
 
 
 def test_fallback_and_all_providers_failed(stack, mock):
-    sid, skey, _, _ = new_session(stack, fallback_providers=["backup"])
+    sid, skey, _ = new_session(stack, fallback_providers=["backup"])
     register(stack, sid, skey)
     mock.enqueue(Reply.error(500, "boom"), Reply.text("from backup"))
     outcome = result(send(stack, sid, skey, "hi"))
@@ -160,9 +134,9 @@ def test_fallback_and_all_providers_failed(stack, mock):
 
 
 def test_second_driver_waits_in_fifo_order_behind_a_pause(stack, mock):
-    sid, skey_a, _, profile = new_session(stack)
+    sid, skey_a, profile = new_session(stack)
     register(stack, sid, skey_a)
-    skey_b = join_as_new_key(stack, sid, profile)
+    skey_b = join(stack, sid, profile)
     register(stack, sid, skey_b)
     mock.enqueue(Reply.tool_use([("tu_1", "get_time", {})]), Reply.text("A done"), Reply.text("B done"))
     result(send(stack, sid, skey_a, "A asks"))
@@ -179,9 +153,9 @@ def test_second_driver_waits_in_fifo_order_behind_a_pause(stack, mock):
 
 
 def test_expired_pause_is_reclaimed_by_a_queued_driver(stack, mock):
-    sid, skey_a, _, profile = new_session(stack)
+    sid, skey_a, profile = new_session(stack)
     register(stack, sid, skey_a)
-    skey_b = join_as_new_key(stack, sid, profile)
+    skey_b = join(stack, sid, profile)
     register(stack, sid, skey_b)
     mock.enqueue(Reply.tool_use([("tu_1", "get_time", {})]), Reply.text("B served"))
     result(send(stack, sid, skey_a, "A asks"))
@@ -195,7 +169,7 @@ def test_expired_pause_is_reclaimed_by_a_queued_driver(stack, mock):
 
 
 def test_subscriber_replays_then_follows_live_and_unsubscribe_ends_it(stack, mock):
-    sid, skey, _, _ = new_session(stack)
+    sid, skey, _ = new_session(stack)
     register(stack, sid, skey)
     auth = {"Authorization": f"Bearer {skey}"}
     first_event = stack.client.get(f"/api/v1/sessions/{sid}/events", headers=auth).json()["items"][0]
@@ -225,7 +199,7 @@ def test_subscriber_replays_then_follows_live_and_unsubscribe_ends_it(stack, moc
 
 
 def test_update_client_tools_scopes_the_next_provider_call(stack, mock):
-    sid, skey, _, _ = new_session(stack, tools=("get_time", "get_date"))
+    sid, skey, _ = new_session(stack, tools=("get_time", "get_date"))
     register(stack, sid, skey)
     reply = rpc(stack.client, sid, skey, "session.updateClientTools", {"tools": [{"name": "get_date"}]})
     assert result(reply) == {"updated": True}
@@ -239,7 +213,7 @@ def test_update_client_tools_scopes_the_next_provider_call(stack, mock):
 def test_missing_env_var_fails_the_attempt_without_leaking(start_stack, mock):
     mock.reset()
     stack = start_stack(config_toml=mock_provider_toml(mock.base_url, token_var="NOT_SET_ANYWHERE"))
-    sid, skey, _, _ = new_session(stack)
+    sid, skey, _ = new_session(stack)
     register(stack, sid, skey)
     outcome = result(send(stack, sid, skey, "hi"))
     response = [e for e in outcome["events"] if e["event_type"] == "provider.response"][0]["payload"]

@@ -10,14 +10,13 @@ import signal
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from bae.config import Config, McpServer
 from conftest import free_port
-from mcp_support import TOOLS_SERVER, http_tools_server
+from mcp_support import TOOLS_SERVER, http_tools_server, live_children, pid_alive
 from services.session.mcp import McpSessionConnections
 
 PYTHON = sys.executable
@@ -40,26 +39,9 @@ def http(name: str, url: str, transport: str = "http", **headers: str) -> McpSer
     return McpServer(name=name, transport=transport, url=url, headers=headers)
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers signal 0; it is dead for our purposes.
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def children_running(token: str) -> list[int]:
     """Our child processes whose command line contains `token`."""
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == os.getpid() and token.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except (OSError, ValueError):
-            continue
-    return [pid for pid in found if pid_alive(pid)]
+    return live_children(os.getpid(), token)
 
 
 async def connect(names: list[str], *servers: McpServer, call_timeout: float = 5.0) -> McpSessionConnections:

@@ -5,14 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
 from docker_support import TEST_IMAGE, SandboxHostProcess, containers_with, require_docker
 from services.session.sandboxes import ExecResult, SandboxError, SandboxPool
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -7,12 +7,12 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import grpc
 import pytest
 
 from bae.protos import sandbox_pb2, sandbox_pb2_grpc
+from conftest import ROOT
 from docker_support import (
     TEST_IMAGE,
     SandboxHostProcess,
@@ -21,8 +21,6 @@ from docker_support import (
     remove_containers,
     require_docker,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
