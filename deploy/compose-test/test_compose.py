@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from live import notifications, result, rpc, terminal, types  # noqa: E402
+from live import notifications, result, rpc, types  # noqa: E402
 
 if "BAE_E2E_PROJECT" not in os.environ:
     pytest.skip("run through `make compose-test`", allow_module_level=True)

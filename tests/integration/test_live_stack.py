@@ -66,8 +66,8 @@ def events(stack, sid, skey) -> list[dict]:
 class PausedReader:
     """A raw HTTP/1.1 client that sends one /rpc request and reads nothing until asked.
 
-    Its tiny receive buffer keeps the kernel from absorbing the stream on its behalf,
-    so the server side backs up the way it would for a stalled observer.
+    The kernel's receive and send buffers absorb the first megabytes; after that the
+    server side backs up the way it would for a stalled observer.
     """
 
     def __init__(self, base_url: str, path: str, key: str, body: dict) -> None:
