@@ -18,7 +18,7 @@ from bae.config import load_config
 from bae.errors import UsageError
 from bae.grpcutil import configure_logging, serve
 from bae.settings import Settings, load_settings
-from services.session.admin_key import AdminKeyError, AdminKeyOptions, bootstrap_admin_key
+from services.session.api.admin_key import AdminKeyError, AdminKeyOptions, bootstrap_admin_key
 from services.session.store import Store
 
 COMMANDS = ("serve", "migrate", "version", "help")
@@ -118,13 +118,13 @@ async def migrate_only(settings: Settings) -> None:
 
 async def serve_forever(command: Command, settings: Settings) -> None:
     # Imported here so `version`/`help`/`migrate` need no generated gRPC code.
-    from services.session.admin import AdminApi
-    from services.session.auth import Authenticator
-    from services.session.live import LiveApi
-    from services.session.rest import ClientRestApi
-    from services.session.runtime import SessionRuntime
-    from services.session.sandbox_methods import SandboxMethods
-    from services.session.server import SessionServicer, register
+    from services.session.api.admin import AdminApi
+    from services.session.api.auth import Authenticator
+    from services.session.api.live import LiveApi
+    from services.session.api.rest import ClientRestApi
+    from services.session.engine.runtime import SessionRuntime
+    from services.session.api.sandbox_methods import SandboxMethods
+    from services.session.api.servicer import SessionServicer, register
 
     config = load_config(command.value("--config") or settings.config_path)
     options = admin_key_options(command, settings)

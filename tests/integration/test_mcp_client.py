@@ -17,7 +17,7 @@ import pytest
 from bae.config import Config, McpServer
 from conftest import free_port
 from mcp_support import TOOLS_SERVER, http_tools_server, live_children, pid_alive
-from services.session.mcp import McpSessionConnections
+from services.session.remote.mcp import McpSessionConnections
 
 PYTHON = sys.executable
 NOT_FOUND = "configured MCP server not found in bae-config.toml; skipping"

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from docker_support import TEST_IMAGE, SandboxHostProcess, containers_with, require_docker
-from services.session.sandboxes import ExecResult, SandboxError, SandboxPool
+from services.session.remote.sandbox_pool import ExecResult, SandboxError, SandboxPool
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from services.session.gate import ParkedTurn, TurnGate, TurnInProgress
+from services.session.engine.gate import ParkedTurn, TurnGate, TurnInProgress
 
 
 def parked(owner="a", seconds=60.0):

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from services.session.sandbox_discovery import SandboxDiscovery, needs_discovery, resolve_all
-from services.session.sandboxes import SandboxPool
+from services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery, resolve_all
+from services.session.remote.sandbox_pool import SandboxPool
 
 
 class ScriptedDns:

@@ -8,8 +8,8 @@ import pytest
 
 from bae.errors import Problem
 from bae.jsontext import RawJson, dump
-from services.session import bodies
-from services.session.pagination import PageRequest, events_page, page_json, page_request
+from services.session.api import bodies
+from services.session.api.pagination import PageRequest, events_page, page_json, page_request
 from services.session.store import Store, events, keys, sessions
 
 

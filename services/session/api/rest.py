@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from sqlalchemy import Connection
 
 from bae.errors import Problem, not_found
-from services.session import bodies
-from services.session.auth import Authenticator
-from services.session.bodies import RESERVED_TOOL, SessionBody
-from services.session.pagination import events_page, page_request
+from services.session.api import bodies
+from services.session.api.auth import Authenticator
+from services.session.api.bodies import RESERVED_TOOL, SessionBody
+from services.session.api.pagination import events_page, page_request
 from services.session.store import events, keys, profiles, sessions
 from bae.jsontext import dump
 from services.session.store.records import KeyRecord, Principal, ProfileRecord

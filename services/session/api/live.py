@@ -17,10 +17,10 @@ from typing import AsyncIterator
 from bae import serde
 from bae.jsontext import RawJson, dump
 from bae.protos import session_pb2
-from services.session.feed import Lagged, Watcher
-from services.session.gate import Claim, ParkedTurn
-from services.session.history import History
-from services.session.jsonrpc import (
+from services.session.engine.feed import Lagged, Watcher
+from services.session.engine.gate import Claim, ParkedTurn
+from services.session.engine.history import History
+from services.session.api.jsonrpc import (
     ACCEPTED,
     PROFILE_GONE,
     InvalidParams,
@@ -33,16 +33,16 @@ from services.session.jsonrpc import (
     parse_params,
     result_reply,
 )
-from services.session.merge import (
+from services.session.engine.merge import (
     MergeInvalid,
     has_tool_result,
     is_continuation,
     merge_abandonment,
     merge_continuation,
 )
-from services.session.runner_client import RunnerClient
-from services.session.sandbox_calls import available_images
-from services.session.turn import Outcome, Turn, TurnFailed
+from services.session.remote.runner import RunnerClient
+from services.session.engine.sandbox_calls import available_images
+from services.session.engine.turn import Outcome, Turn, TurnFailed
 
 log = logging.getLogger("bae.session.live")
 

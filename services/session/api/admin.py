@@ -10,9 +10,9 @@ from sqlalchemy import Connection
 
 from bae import config as config_views
 from bae.errors import Problem, bad_request, not_found
-from services.session import bodies
-from services.session.auth import Authenticator
-from services.session.pagination import events_page, page_json, page_request
+from services.session.api import bodies
+from services.session.api.auth import Authenticator
+from services.session.api.pagination import events_page, page_json, page_request
 from services.session.store import events, keys, profiles, sessions
 from bae.jsontext import dump
 from services.session.store.store import Store

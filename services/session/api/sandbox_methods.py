@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 
 from bae.protos import session_pb2
-from services.session.jsonrpc import PROFILE_GONE, InvalidParams, error_reply, gate, parse_params, result_reply
-from services.session.sandbox_calls import exec_in_sandbox, start_sandbox, stop_sandbox
-from services.session.sandboxes import SandboxError
+from services.session.api.jsonrpc import PROFILE_GONE, InvalidParams, error_reply, gate, parse_params, result_reply
+from services.session.engine.sandbox_calls import exec_in_sandbox, start_sandbox, stop_sandbox
+from services.session.remote.sandbox_pool import SandboxError
 
 log = logging.getLogger("bae.session.sandbox_methods")
 

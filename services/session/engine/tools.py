@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Iterator
 
-from services.session.sandbox_calls import dispatch_sandbox_tool
+from services.session.engine.sandbox_calls import dispatch_sandbox_tool
 
 
 def _provider_tool(tool: dict) -> dict:

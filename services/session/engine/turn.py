@@ -17,10 +17,10 @@ import grpc
 
 from bae.jsontext import RawJson, dump
 from bae.protos import runner_pb2
-from services.session.feed import Watcher
-from services.session.gate import ParkedTurn
-from services.session.runtime import LiveSession, SessionRuntime
-from services.session import tools as toolset
+from services.session.engine.feed import Watcher
+from services.session.engine.gate import ParkedTurn
+from services.session.engine.runtime import LiveSession, SessionRuntime
+from services.session.engine import tools as toolset
 
 log = logging.getLogger("bae.session.turn")
 

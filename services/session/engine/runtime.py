@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 from bae.config import Config
 from bae.settings import Settings
-from services.session.feed import SessionFeed
-from services.session.gate import TurnGate
-from services.session.history import History
-from services.session.sandbox_calls import stop_sandbox
-from services.session.sandbox_discovery import SandboxDiscovery, needs_discovery
-from services.session.sandboxes import SandboxPool
+from services.session.engine.feed import SessionFeed
+from services.session.engine.gate import TurnGate
+from services.session.engine.history import History
+from services.session.engine.sandbox_calls import stop_sandbox
+from services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery
+from services.session.remote.sandbox_pool import SandboxPool
 
 log = logging.getLogger("bae.session.runtime")
 
@@ -99,7 +99,7 @@ class SessionRuntime:
         return await asyncio.shield(live.mcp_task)
 
     async def _connect_mcp(self, session_id: str, profile):
-        from services.session.mcp import McpSessionConnections
+        from services.session.remote.mcp import McpSessionConnections
 
         if not profile.mcp_servers:
             return None

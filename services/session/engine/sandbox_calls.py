@@ -7,7 +7,7 @@ the lifecycle events; the JSON-RPC parameter checks live in `sandbox_methods`.
 
 from __future__ import annotations
 
-from services.session.sandboxes import ExecResult, SandboxError, SandboxHandle
+from services.session.remote.sandbox_pool import ExecResult, SandboxError, SandboxHandle
 
 NO_HOSTS = "no sandbox hosts are configured (BAE_SANDBOX_GRPC_ADDRS is empty)"
 

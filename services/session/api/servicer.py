@@ -8,9 +8,9 @@ from typing import Awaitable
 
 from bae.errors import Problem, internal
 from bae.protos import session_pb2, session_pb2_grpc
-from services.session.admin import AdminApi
-from services.session.auth import Authenticator
-from services.session.rest import ClientRestApi
+from services.session.api.admin import AdminApi
+from services.session.api.auth import Authenticator
+from services.session.api.rest import ClientRestApi
 from bae.jsontext import dump
 
 log = logging.getLogger("bae.session.server")
