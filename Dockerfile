@@ -13,7 +13,7 @@ ARG PIP_NO_INDEX=0
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_FIND_LINKS=/wheels
 WORKDIR /src
 COPY deploy/wheels/ /wheels/
-COPY requirements.txt constraints.txt pyproject.toml ./
+COPY requirements.txt constraints.txt pyproject.toml setup.py ./
 # Runtime dependencies go to /opt/bae; code generation and test tools stay in this stage.
 RUN grep -vE '^(pytest|pytest-asyncio|grpcio-tools)==' requirements.txt > runtime-requirements.txt \
  && python3 -m venv /opt/bae \
@@ -46,21 +46,21 @@ ENV BAE_ADDR=0.0.0.0:8080
 EXPOSE 8080
 HEALTHCHECK --interval=5s --timeout=3s --start-period=5s --retries=5 \
     CMD ["python", "/opt/bae/healthcheck.py", "gateway"]
-CMD ["python", "-m", "services.gateway"]
+CMD ["bae", "gateway"]
 
 FROM runtime AS session
 ENV BAE_SESSION_GRPC_ADDR=0.0.0.0:50051
 EXPOSE 50051
 HEALTHCHECK --interval=5s --timeout=3s --start-period=5s --retries=5 \
     CMD ["python", "/opt/bae/healthcheck.py", "session"]
-CMD ["python", "-m", "services.session", "serve"]
+CMD ["bae", "session", "serve"]
 
 FROM runtime AS runner
 ENV BAE_RUNNER_GRPC_ADDR=0.0.0.0:50052
 EXPOSE 50052
 HEALTHCHECK --interval=5s --timeout=3s --start-period=5s --retries=5 \
     CMD ["python", "/opt/bae/healthcheck.py", "runner"]
-CMD ["python", "-m", "services.runner"]
+CMD ["bae", "runner"]
 
 # Needs the Docker socket of its host (see README, "Deploy with docker-compose").
 FROM runtime AS sandbox
@@ -68,4 +68,4 @@ ENV BAE_SANDBOX_LISTEN_ADDR=0.0.0.0:50053
 EXPOSE 50053
 HEALTHCHECK --interval=5s --timeout=3s --start-period=5s --retries=5 \
     CMD ["python", "/opt/bae/healthcheck.py", "sandbox"]
-CMD ["python", "-m", "services.sandbox"]
+CMD ["bae", "sandbox"]

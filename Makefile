@@ -7,11 +7,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 
-.PHONY: run test protos venv bench clean compose-test
+.PHONY: run demo test protos venv bench clean compose-test
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt constraints.txt pyproject.toml
+$(STAMP): requirements.txt constraints.txt pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
@@ -24,7 +24,11 @@ baeproto/__init__.py: $(PROTOS) tools/genproto.py $(STAMP)
 	$(PY) tools/genproto.py
 
 run: venv protos
-	$(PY) -m bae.stack $(ARGS)
+	$(PY) -m bae run $(ARGS)
+
+# The stack with the built-in demo provider (a scripted echo model): a first session needs no API key.
+demo: venv protos
+	$(PY) -m bae run --demo $(ARGS)
 
 test: venv protos
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -137,28 +137,6 @@ def resolve_env(template: str, what: str = "provider config", env: Mapping[str, 
 # --- locating and loading (§15.1) --------------------------------------------
 
 
-def config_path_from(argv: list[str], env: Mapping[str, str]) -> str | None:
-    """`--config <p>` / `--config=<p>` (last one wins) else BAE_CONFIG; None when neither is set."""
-    path: str | None = None
-    index = 0
-    while index < len(argv):
-        arg = argv[index]
-        if arg == "--":
-            break  # everything after is positional
-        if arg == "--config":
-            value = argv[index + 1] if index + 1 < len(argv) else ""
-            if not value or value.startswith("--"):
-                raise UsageError("--config requires a value")
-            path = value
-            index += 1
-        elif arg.startswith("--config="):
-            path = arg.removeprefix("--config=")
-            if not path:
-                raise UsageError("--config requires a value")
-        index += 1
-    return path if path is not None else (env.get("BAE_CONFIG") or None)
-
-
 def load_config(path: str | None, env: Mapping[str, str] | None = None) -> Config:
     """Read and validate the config file; `env` (default os.environ) serves the telemetry header checks."""
     if path is None:

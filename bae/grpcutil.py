@@ -11,7 +11,7 @@ from typing import Awaitable, Callable, Iterable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from bae.errors import PROBLEM_TRAILER, Problem, UsageError
+from bae.errors import PROBLEM_TRAILER, Problem
 
 log = logging.getLogger("bae")
 
@@ -128,16 +128,6 @@ async def serve(
     except TimeoutError:
         log.warning("%s: shutdown budget exhausted; exiting anyway", name)
     log.info("%s stopped", name)
-
-
-def run_main(main: Callable[[], Awaitable[int | None]]) -> None:
-    """Entry-point wrapper: exits with main's code (None is 0); usage errors exit 2 with a one-line reason."""
-    try:
-        code = asyncio.run(main())
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    raise SystemExit(code)
 
 
 def channel(target: str) -> grpc.aio.Channel:

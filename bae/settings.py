@@ -106,6 +106,8 @@ class Settings:
     rpc_timeout: float
     provider_timeout: float
     mcp_timeout: float
+    # The built-in demo provider's listen address (runner); None: no demo provider.
+    demo_provider_addr: Address | None = None
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -151,4 +153,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         rpc_timeout=parse_timeout("BAE_RPC_TIMEOUT", get("BAE_RPC_TIMEOUT", "10")),
         provider_timeout=parse_timeout("BAE_PROVIDER_TIMEOUT", get("BAE_PROVIDER_TIMEOUT", "300")),
         mcp_timeout=parse_timeout("BAE_MCP_TIMEOUT", get("BAE_MCP_TIMEOUT", "30")),
+        demo_provider_addr=parse_address("BAE_DEMO_PROVIDER_ADDR", get("BAE_DEMO_PROVIDER_ADDR", ""))
+        if get("BAE_DEMO_PROVIDER_ADDR") else None,
     )

@@ -8,6 +8,7 @@ passed through, so several stacks can run side by side on other ports.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -20,11 +21,16 @@ from pathlib import Path
 import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sqlalchemy.engine import make_url
 
+from bae.entry import version_text
 from bae.errors import UsageError
 from bae.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
+# The demo provider's registry name and model (services/runner/demo.py).
+DEMO_PROVIDER = "demo"
+DEMO_MODEL = "bae-demo-echo"
 
 
 def local_defaults(data_dir: Path) -> dict[str, str]:
@@ -62,8 +68,8 @@ class Stack:
     def _grpc_services(self, settings: Settings) -> dict[str, tuple[list[str], str]]:
         """The restartable gRPC services: name -> (interpreter arguments, address to health-check)."""
         return {
-            "session": (["-m", "services.session", "serve", *self.session_args], settings.session_grpc_addr),
-            "runner": (["-m", "services.runner"], settings.runner_grpc_addr),
+            "session": (["-m", "bae", "session", "serve", *self.session_args], settings.session_grpc_addr),
+            "runner": (["-m", "bae", "runner"], settings.runner_grpc_addr),
         }
 
     def start(self, timeout: float = 30.0) -> None:
@@ -74,7 +80,7 @@ class Stack:
         for index, address in enumerate(settings.sandbox_grpc_addrs):
             self._spawn(
                 f"sandbox-{index}" if index else "sandbox",
-                ["-m", "services.sandbox"],
+                ["-m", "bae", "sandbox"],
                 {
                     "BAE_SANDBOX_LISTEN_ADDR": address,
                     # Each host removes its own labelled containers at start: ids must differ.
@@ -85,7 +91,7 @@ class Stack:
         deadline = time.monotonic() + timeout
         for name, (_, address) in services.items():
             self._wait_grpc(name, address, deadline)
-        self._spawn("gateway", ["-m", "services.gateway"])
+        self._spawn("gateway", ["-m", "bae", "gateway"])
         host = "127.0.0.1" if settings.addr.host in ("0.0.0.0", "::") else settings.addr.host
         self.client_url = f"http://{host}:{settings.addr.port}"
         self.admin_url = f"http://{settings.admin_addr}"
@@ -175,32 +181,78 @@ class Stack:
             time.sleep(0.2)
 
 
+DEMO_PROVIDER_ADDR = "127.0.0.1:8089"
+
+
+def demo_config(address: str) -> str:
+    """bae-config.toml for `--demo`: one provider, the runner's scripted echo model."""
+    return (
+        "# The built-in DEMO provider (`make demo`): a scripted echo model served by the runner\n"
+        "# on BAE_DEMO_PROVIDER_ADDR. Not a real model; never enabled unless asked for.\n"
+        "[[providers.entries]]\n"
+        f'name = "{DEMO_PROVIDER}"\nprovider = "anthropic"\nmodel = "{DEMO_MODEL}"\n'
+        f'base_url = "http://{address}"\nauth_token = "demo-needs-no-key"\n'
+    )
+
+
+def demo_env(env: dict[str, str], data_dir: Path) -> dict[str, str]:
+    """`env` with the demo provider enabled and a config naming only it."""
+    address = env.get("BAE_DEMO_PROVIDER_ADDR") or DEMO_PROVIDER_ADDR
+    config = data_dir / "demo-config.toml"
+    config.write_text(demo_config(address))
+    return {**env, "BAE_DEMO_PROVIDER_ADDR": address, "BAE_CONFIG": str(config)}
+
+
+def displayed_url(url: str) -> str:
+    """A database URL as printed: never with its password."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """`bae run` options; everything else goes to the session service (`bae session serve --help`)."""
+    parser = argparse.ArgumentParser(
+        prog="bae run",
+        description="Start the session, runner and sandbox services and the gateway in the foreground "
+        "(state under ./data unless BAE_* variables say otherwise). Other options are passed to "
+        "`bae session serve`, e.g. --rotate-admin-key.",
+    )
+    parser.add_argument("-V", "--version", action="version", version=version_text())
+    parser.add_argument("--demo", action="store_true",
+                        help=f'add the built-in demo provider "{DEMO_PROVIDER}" (a scripted echo model; no API key)')
+    return parser.parse_known_args(argv)
+
+
 def main(argv: list[str]) -> int:
-    data_dir = ROOT / "data"
+    options, session_args = parse_args(argv)
+    data_dir = ROOT / "data" if (ROOT / "pyproject.toml").is_file() else Path.cwd() / "data"
     data_dir.mkdir(exist_ok=True)
     env = {**local_defaults(data_dir), **os.environ}
+    if options.demo:
+        if env.get("BAE_CONFIG"):
+            print(f"note: --demo uses its own config; BAE_CONFIG={env['BAE_CONFIG']} is ignored", file=sys.stderr)
+        env = demo_env(env, data_dir)
     try:
         settings = load_settings(env)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    stack = Stack(env=env, session_args=argv)
-    stopping = False
+    stack = Stack(env=env, session_args=session_args)
 
-    def request_stop(signum, frame):
-        nonlocal stopping
-        stopping = True
+    def request_stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, request_stop)
     try:
         stack.start()
+        demo_line = (f"  DEMO provider: \"{DEMO_PROVIDER}\" (scripted echo model) on {settings.demo_provider_addr};"
+                     " try: .venv/bin/python examples/first_session.py\n" if options.demo else "")
         print(
             f"\nBAE is running.\n"
             f"  client API : {stack.client_url}\n"
             f"  admin API  : {stack.admin_url}  (loopback only)\n"
             f"  admin key  : {settings.admin_key_file}\n"
-            f"  store      : {settings.sqlalchemy_url}\n"
+            f"  store      : {displayed_url(settings.sqlalchemy_url)}\n"
+            f"{demo_line}"
             f"Press Ctrl-C to stop.\n",
             flush=True,
         )

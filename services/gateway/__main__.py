@@ -1,17 +1,29 @@
-"""`python -m services.gateway`: the HTTP edge (client + admin ports)."""
+"""`bae gateway` (or `python -m services.gateway`): the HTTP edge (client + admin ports)."""
 
 from __future__ import annotations
 
-from bae.grpcutil import configure_logging, run_main
+import sys
+
+from bae.entry import run_async, service_parser
+from bae.grpcutil import configure_logging
 from bae.settings import load_settings
 from services.gateway.server import serve
 
 
-async def main() -> int:
-    settings = load_settings()
-    configure_logging(settings.log)
-    return await serve(settings)
+def main(argv: list[str]) -> int:
+    service_parser(
+        "bae gateway",
+        "Serve the client API on BAE_ADDR and the admin API on BAE_ADMIN_ADDR, forwarding to the "
+        "session service at BAE_SESSION_GRPC_ADDR.",
+    ).parse_args(argv)
+
+    async def start() -> int:
+        settings = load_settings()
+        configure_logging(settings.log)
+        return await serve(settings)
+
+    return run_async(start)
 
 
 if __name__ == "__main__":
-    run_main(main)
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,30 +1,52 @@
-"""`python -m services.runner [--config PATH]`: the provider runner (gRPC)."""
+"""`bae runner [--config PATH]` (or `python -m services.runner`): the provider runner (gRPC)."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from bae.config import config_path_from, load_config
-from bae.grpcutil import configure_logging, run_main, serve
+from bae.config import load_config
+from bae.entry import run_async, service_parser
+from bae.grpcutil import configure_logging, serve
 from bae.settings import load_settings
 from services.runner.clients import ProviderClients
+from services.runner.demo import DemoProvider
 from services.runner.server import RunnerService, registrar
 
 
-async def main() -> None:
-    settings = load_settings()
-    configure_logging(settings.log)
-    config = load_config(config_path_from(sys.argv[1:], os.environ))
-    clients = ProviderClients(settings.provider_timeout)
-    await serve(
-        "runner",
-        settings.runner_grpc_addr,
-        registrar(RunnerService(config, clients)),
-        settings.shutdown_timeout,
-        on_shutdown=clients.close,
+def main(argv: list[str]) -> int:
+    parser = service_parser(
+        "bae runner", "Serve provider calls (gRPC) on BAE_RUNNER_GRPC_ADDR for the session service."
     )
+    parser.add_argument("--config", metavar="PATH", help="bae-config.toml (default: $BAE_CONFIG)")
+    args = parser.parse_args(argv)
+    if args.config == "":
+        parser.error("--config requires a value")
+
+    async def start() -> None:
+        settings = load_settings()
+        configure_logging(settings.log)
+        config = load_config(args.config or os.environ.get("BAE_CONFIG") or None)
+        clients = ProviderClients(settings.provider_timeout)
+        demo = DemoProvider(settings.demo_provider_addr) if settings.demo_provider_addr else None
+        if demo is not None:
+            await demo.start()
+
+        async def shutdown() -> None:
+            await clients.close()
+            if demo is not None:
+                await demo.stop()
+
+        await serve(
+            "runner",
+            settings.runner_grpc_addr,
+            registrar(RunnerService(config, clients)),
+            settings.shutdown_timeout,
+            on_shutdown=shutdown,
+        )
+
+    return run_async(start)
 
 
 if __name__ == "__main__":
-    run_main(main)
+    raise SystemExit(main(sys.argv[1:]))

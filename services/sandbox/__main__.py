@@ -1,4 +1,4 @@
-"""`python -m services.sandbox`: a sandbox host (gRPC) on BAE_SANDBOX_LISTEN_ADDR.
+"""`bae sandbox` (or `python -m services.sandbox`): a sandbox host (gRPC) on BAE_SANDBOX_LISTEN_ADDR.
 
 Several hosts may run on one machine, each with its own listen address and
 BAE_SANDBOX_HOST_ID. At start a host removes every container labelled with its
@@ -8,7 +8,10 @@ A graceful shutdown removes them too, so none outlives its host.
 
 from __future__ import annotations
 
-from bae.grpcutil import configure_logging, run_main
+import sys
+
+from bae.entry import run_async, service_parser
+from bae.grpcutil import configure_logging
 from bae.settings import load_settings
 from services.sandbox.config import load_sandbox_config
 from services.sandbox.docker_driver import DockerDriver
@@ -16,13 +19,20 @@ from services.sandbox.driver import Driver, UnsupportedDriver
 from services.sandbox.server import serve_sandbox
 
 
-async def main() -> None:
-    settings = load_settings()
-    configure_logging(settings.log)
-    config = load_sandbox_config(settings)
-    driver: Driver = DockerDriver(config) if config.driver == "docker" else UnsupportedDriver(config.driver)
-    await serve_sandbox(config, driver, settings.shutdown_timeout)
+def main(argv: list[str]) -> int:
+    service_parser(
+        "bae sandbox", "Run sandbox containers (gRPC on BAE_SANDBOX_LISTEN_ADDR) on this host's Docker engine."
+    ).parse_args(argv)
+
+    async def start() -> None:
+        settings = load_settings()
+        configure_logging(settings.log)
+        config = load_sandbox_config(settings)
+        driver: Driver = DockerDriver(config) if config.driver == "docker" else UnsupportedDriver(config.driver)
+        await serve_sandbox(config, driver, settings.shutdown_timeout)
+
+    return run_async(start)
 
 
 if __name__ == "__main__":
-    run_main(main)
+    raise SystemExit(main(sys.argv[1:]))

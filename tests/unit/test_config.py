@@ -14,7 +14,6 @@ from bae.config import (
     McpServer,
     ProviderEntry,
     Telemetry,
-    config_path_from,
     config_view,
     load_config,
     mcp_servers_view,
@@ -195,29 +194,6 @@ def test_effective_base_url() -> None:
     assert entry("openai", None).effective_base_url == "https://api.openai.com"
     assert entry("openai", "http://127.0.0.1:9/v/").effective_base_url == "http://127.0.0.1:9/v"
     assert entry("anthropic", "https://proxy.example").effective_base_url == "https://proxy.example"
-
-
-# --- config path ---------------------------------------------------------------
-
-
-def test_config_path_from_flag_and_env() -> None:
-    env = {"BAE_CONFIG": "/env.toml"}
-    assert config_path_from([], {}) is None
-    assert config_path_from([], {"BAE_CONFIG": ""}) is None
-    assert config_path_from([], env) == "/env.toml"
-    assert config_path_from(["--config", "/flag.toml"], env) == "/flag.toml"
-    assert config_path_from(["serve", "--config=/flag.toml"], env) == "/flag.toml"
-    assert config_path_from(["--config=/a.toml", "migrate", "--config", "/b.toml"], env) == "/b.toml"
-    assert config_path_from(["serve", "--", "--config", "/x"], env) == "/env.toml"
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [["--config"], ["serve", "--config"], ["--config="], ["--config", ""], ["--config", "--rotate-admin-key"]],
-)
-def test_config_flag_without_value(argv: list[str]) -> None:
-    with pytest.raises(UsageError, match="^--config requires a value$"):
-        config_path_from(argv, {"BAE_CONFIG": "/env.toml"})
 
 
 # --- §15.3 dedicated messages ----------------------------------------------------
