@@ -426,13 +426,19 @@ def _check_provider_registry(providers: tuple[ProviderEntry, ...]) -> None:
 # --- admin views (§4.5) -------------------------------------------------------
 
 
+def _by_name(config: Config) -> tuple[list[McpServer], list[ProviderEntry]]:
+    """The registries in the order every admin view lists them: by name."""
+    return (sorted(config.mcp_servers, key=lambda server: server.name),
+            sorted(config.providers, key=lambda entry: entry.name))
+
+
 def mcp_servers_view(config: Config) -> dict:
-    servers = sorted(config.mcp_servers, key=lambda server: server.name)
+    servers, _ = _by_name(config)
     return {"items": [{"name": server.name, "transport": server.transport} for server in servers]}
 
 
 def providers_view(config: Config) -> dict:
-    entries = sorted(config.providers, key=lambda entry: entry.name)
+    _, entries = _by_name(config)
     return {
         "items": [
             {
@@ -453,6 +459,7 @@ def _redacted(headers: Mapping[str, str]) -> dict[str, str]:
 def config_view(config: Config) -> dict:
     """GET /admin/v1/config: the loaded config with every secret value replaced by REDACTED."""
     telemetry = config.telemetry
+    servers, entries = _by_name(config)
     return {
         "mcp": {
             "servers": [
@@ -464,7 +471,7 @@ def config_view(config: Config) -> dict:
                     "url": server.url,
                     "headers": _redacted(server.headers),
                 }
-                for server in config.mcp_servers
+                for server in servers
             ]
         },
         "providers": {
@@ -476,7 +483,7 @@ def config_view(config: Config) -> dict:
                     "base_url": entry.base_url,
                     "auth_token": REDACTED,
                 }
-                for entry in config.providers
+                for entry in entries
             ]
         },
         "telemetry": {

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from sqlalchemy.engine import make_url
+
 from bae.errors import UsageError
 
 
@@ -112,6 +114,11 @@ class Settings:
     @property
     def sqlalchemy_url(self) -> str:
         return self.database_url or f"sqlite:///{self.db_path}"
+
+    @property
+    def printable_database_url(self) -> str:
+        """`sqlalchemy_url` as printed for an operator: never with its password."""
+        return make_url(self.sqlalchemy_url).render_as_string(hide_password=True)
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:

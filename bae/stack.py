@@ -21,7 +21,6 @@ from pathlib import Path
 import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from sqlalchemy.engine import make_url
 
 from bae.entry import version_text
 from bae.errors import UsageError
@@ -203,11 +202,6 @@ def demo_env(env: dict[str, str], data_dir: Path) -> dict[str, str]:
     return {**env, "BAE_DEMO_PROVIDER_ADDR": address, "BAE_CONFIG": str(config)}
 
 
-def displayed_url(url: str) -> str:
-    """A database URL as printed: never with its password."""
-    return make_url(url).render_as_string(hide_password=True)
-
-
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """`bae run` options; everything else goes to the session service (`bae session serve --help`)."""
     parser = argparse.ArgumentParser(
@@ -251,7 +245,7 @@ def main(argv: list[str]) -> int:
             f"  client API : {stack.client_url}\n"
             f"  admin API  : {stack.admin_url}  (loopback only)\n"
             f"  admin key  : {settings.admin_key_file}\n"
-            f"  store      : {displayed_url(settings.sqlalchemy_url)}\n"
+            f"  store      : {settings.printable_database_url}\n"
             f"{demo_line}"
             f"Press Ctrl-C to stop.\n",
             flush=True,

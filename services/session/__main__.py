@@ -113,7 +113,7 @@ def admin_key_options(command: Command, settings: Settings) -> AdminKeyOptions:
 async def migrate_only(settings: Settings) -> None:
     store = await Store.open(settings.sqlalchemy_url)
     await store.close()
-    print(f"database migrated: {settings.sqlalchemy_url}")
+    print(f"database migrated: {settings.printable_database_url}")
 
 
 async def serve_forever(command: Command, settings: Settings) -> None:

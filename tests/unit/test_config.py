@@ -463,21 +463,21 @@ def test_config_view_redacts_every_secret(tmp_path: Path) -> None:
     view = config_view(config)
     assert view == {
         "mcp": {
-            "servers": [
-                {"name": "search", "transport": "sse", "command": None, "args": [], "url": "https://mcp.example/sse",
-                 "headers": {"Authorization": REDACTED, "Empty": REDACTED, "X-Zeta": REDACTED}},
+            "servers": [  # sorted by name, as /admin/v1/mcp-servers lists them
                 {"name": "filesystem", "transport": "stdio", "command": "npx",
                  "args": ["-y", "@modelcontextprotocol/server-filesystem", "${DATA_DIR}"], "url": None, "headers": {}},
+                {"name": "search", "transport": "sse", "command": None, "args": [], "url": "https://mcp.example/sse",
+                 "headers": {"Authorization": REDACTED, "Empty": REDACTED, "X-Zeta": REDACTED}},
             ]
         },
         "providers": {
-            "entries": [
-                {"name": "openai-mini", "provider": "openai", "model": "gpt-4o-mini",
-                 "base_url": "http://127.0.0.1:9999/", "auth_token": REDACTED},
+            "entries": [  # sorted by name, as /admin/v1/providers lists them
                 {"name": "anthropic-sonnet", "provider": "anthropic", "model": "claude-sonnet-4-6",
                  "base_url": None, "auth_token": REDACTED},
                 {"name": "filesystem", "provider": "anthropic", "model": "m", "base_url": None,
                  "auth_token": REDACTED},
+                {"name": "openai-mini", "provider": "openai", "model": "gpt-4o-mini",
+                 "base_url": "http://127.0.0.1:9999/", "auth_token": REDACTED},
             ]
         },
         "telemetry": {
@@ -492,7 +492,7 @@ def test_config_view_redacts_every_secret(tmp_path: Path) -> None:
     }
     assert REDACTED == "••••••••" and len(REDACTED) == 8
     # Header names come out sorted, and no secret of any kind survives serialization.
-    assert list(view["mcp"]["servers"][0]["headers"]) == ["Authorization", "Empty", "X-Zeta"]
+    assert list(view["mcp"]["servers"][1]["headers"]) == ["Authorization", "Empty", "X-Zeta"]
     body = json.dumps(view, ensure_ascii=False)
     for secret in ("literal-secret", "SEARCH_MCP_TOKEN", "sk-literal", "ANTHROPIC_API_KEY", "OTEL_TOKEN", "acme"):
         assert secret not in body

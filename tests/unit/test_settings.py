@@ -55,3 +55,9 @@ def test_invalid_values_are_usage_errors(env: dict[str, str], message: str) -> N
     with pytest.raises(UsageError) as caught:
         load_settings(env)
     assert str(caught.value) == message
+
+
+def test_printed_database_url_hides_the_password() -> None:
+    settings = load_settings({"BAE_DATABASE_URL": "postgresql+asyncpg://bae:s3cret-pw@db:5432/bae"})
+    assert settings.printable_database_url == "postgresql+asyncpg://bae:***@db:5432/bae"
+    assert load_settings({"BAE_DB_PATH": "/d/bae.db"}).printable_database_url == "sqlite:////d/bae.db"
