@@ -21,6 +21,7 @@ TITLES = {
     405: "Method Not Allowed",
     409: "Conflict",
     422: "Unprocessable Entity",
+    429: "Too Many Requests",
     500: "Internal Server Error",
     502: "Bad Gateway",
     503: "Service Unavailable",
@@ -34,6 +35,8 @@ _GRPC_CODES = {
     404: grpc.StatusCode.NOT_FOUND,
     409: grpc.StatusCode.FAILED_PRECONDITION,
     422: grpc.StatusCode.FAILED_PRECONDITION,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
 }
 
 
@@ -42,13 +45,17 @@ class BaeError(Exception):
 
 
 class Problem(BaeError):
-    """An RFC 7807 error: {"type", "title", "status", "detail"}."""
+    """An RFC 7807 error: {"type", "title", "status", "detail"}.
 
-    def __init__(self, status: int, type: str, detail: str) -> None:
+    `retry_after` (seconds) becomes the HTTP `Retry-After` header.
+    """
+
+    def __init__(self, status: int, type: str, detail: str, *, retry_after: int | None = None) -> None:
         super().__init__(detail)
         self.status = status
         self.type = type
         self.detail = detail
+        self.retry_after = retry_after
 
     def body(self) -> dict:
         return {
@@ -61,6 +68,12 @@ class Problem(BaeError):
     def to_json(self) -> str:
         return json.dumps(self.body())
 
+    def trailer(self) -> str:
+        """The `bae-problem` trailer: the body plus what the gateway turns into headers."""
+        if self.retry_after is None:
+            return self.to_json()
+        return json.dumps({**self.body(), "retry_after": self.retry_after})
+
     @property
     def grpc_code(self) -> grpc.StatusCode:
         return _GRPC_CODES.get(self.status, grpc.StatusCode.INTERNAL)
@@ -72,7 +85,7 @@ class Problem(BaeError):
         for key, value in trailers:
             if key == PROBLEM_TRAILER:
                 body = json.loads(value)
-                return cls(body["status"], body["type"], body["detail"])
+                return cls(body["status"], body["type"], body["detail"], retry_after=body.get("retry_after"))
         return None
 
 

@@ -58,7 +58,7 @@ class ProblemInterceptor(grpc.aio.ServerInterceptor):
 
 
 async def _abort(context: grpc.aio.ServicerContext, problem: Problem) -> None:
-    context.set_trailing_metadata(((PROBLEM_TRAILER, problem.to_json()),))
+    context.set_trailing_metadata(((PROBLEM_TRAILER, problem.trailer()),))
     await context.abort(problem.grpc_code, problem.detail)
 
 

@@ -82,6 +82,25 @@ def is_truthy(value: str | None) -> bool:
     return value is not None and value.strip().lower() in ("1", "true")
 
 
+SQLITE_SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+def parse_sqlite_synchronous(value: str) -> str:
+    mode = value.strip().upper()
+    if mode not in SQLITE_SYNCHRONOUS_MODES:
+        raise UsageError(
+            f'BAE_SQLITE_SYNCHRONOUS: "{value}" is not one of {", ".join(SQLITE_SYNCHRONOUS_MODES)}'
+        )
+    return mode
+
+
+def _log_format(value: str) -> str:
+    text = value.strip().lower()
+    if text not in ("text", "json"):
+        raise UsageError(f'BAE_LOG_FORMAT: "{value}" is not a log format (expected "text" or "json")')
+    return text
+
+
 def _grpc_targets(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
@@ -110,6 +129,12 @@ class Settings:
     mcp_timeout: float
     # The built-in demo provider's listen address (runner); None: no demo provider.
     demo_provider_addr: Address | None = None
+    # PRAGMA synchronous of the SQLite store (BAE_SQLITE_SYNCHRONOUS).
+    sqlite_synchronous: str = "FULL"
+    # Seconds without a call after which a remote sandbox is stopped; 0 = never.
+    sandbox_idle_timeout: int = 0
+    # stderr lines as "text" or "json" (BAE_LOG_FORMAT).
+    log_format: str = "text"
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -143,6 +168,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         db_path=get("BAE_DB_PATH", "/var/lib/bae/bae.db"),
         database_url=get("BAE_DATABASE_URL") or None,
         log=log if log in ("trace", "debug", "info", "warn", "warning", "error") else "info",
+        log_format=_log_format(get("BAE_LOG_FORMAT", "text")),
         shutdown_timeout=parse_seconds("BAE_SHUTDOWN_TIMEOUT", get("BAE_SHUTDOWN_TIMEOUT", "30")),
         turn_timeout=parse_seconds("BAE_TURN_TIMEOUT", get("BAE_TURN_TIMEOUT", "120")),
         config_path=get("BAE_CONFIG") or None,
@@ -162,4 +188,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         mcp_timeout=parse_timeout("BAE_MCP_TIMEOUT", get("BAE_MCP_TIMEOUT", "30")),
         demo_provider_addr=parse_address("BAE_DEMO_PROVIDER_ADDR", get("BAE_DEMO_PROVIDER_ADDR", ""))
         if get("BAE_DEMO_PROVIDER_ADDR") else None,
+        sqlite_synchronous=parse_sqlite_synchronous(get("BAE_SQLITE_SYNCHRONOUS", "FULL")),
+        sandbox_idle_timeout=parse_seconds("BAE_SANDBOX_IDLE_TIMEOUT", get("BAE_SANDBOX_IDLE_TIMEOUT", "0")),
     )

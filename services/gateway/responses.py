@@ -13,4 +13,6 @@ JSON = "application/json"
 
 def problem_response(problem: Problem, headers: Mapping[str, str] | None = None) -> Response:
     # The spec shows RFC 7807 bodies as application/json, not application/problem+json.
+    if problem.retry_after is not None:
+        headers = {**(headers or {}), "retry-after": str(problem.retry_after)}
     return Response(problem.to_json(), problem.status, headers, media_type=JSON)

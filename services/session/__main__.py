@@ -111,7 +111,7 @@ def admin_key_options(command: Command, settings: Settings) -> AdminKeyOptions:
 
 
 async def migrate_only(settings: Settings) -> None:
-    store = await Store.open(settings.sqlalchemy_url)
+    store = await Store.open(settings.sqlalchemy_url, settings.sqlite_synchronous)
     await store.close()
     print(f"database migrated: {settings.printable_database_url}")
 
@@ -128,7 +128,7 @@ async def serve_forever(command: Command, settings: Settings) -> None:
 
     config = load_config(command.value("--config") or settings.config_path)
     options = admin_key_options(command, settings)
-    store = await Store.open(settings.sqlalchemy_url)
+    store = await Store.open(settings.sqlalchemy_url, settings.sqlite_synchronous)
     await bootstrap_admin_key(store, options)
     auth = Authenticator(store, admin_auth_disabled=options.disabled)
     runtime = SessionRuntime(store=store, settings=settings, config=config)

@@ -1,9 +1,13 @@
-"""The store: one database connection owned by one worker thread.
+"""The store: a writer thread and a reader thread, each owning one database connection.
 
-Every database call runs on a single-thread executor, so the asyncio loop
-never blocks on I/O and SQLite writes are serialized without locks. A call is
-one transaction: `await store.call(fn, *args)` runs `fn(conn, *args)` inside
-`BEGIN … COMMIT` (rolled back if it raises).
+Every database call runs on a worker thread, so the asyncio loop never blocks
+on I/O. Writes go to a single thread, so SQLite writes are serialized without
+locks; reads go to their own thread and connection (WAL lets them proceed
+while a write waits), so a write blocked on a locked database never holds up
+a read. A call is one transaction: `await store.call(fn, *args)` (writes) or
+`await store.read(fn, *args)` runs `fn(conn, *args)` inside `BEGIN … COMMIT`
+(rolled back if it raises). A locked database or a full disk raises
+`StoreUnavailable` (a 503 problem).
 """
 
 from __future__ import annotations
@@ -11,41 +15,35 @@ from __future__ import annotations
 import asyncio
 import functools
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 from bae.jsontext import RawJson
 from services.session.store import events, profiles, sessions
 from services.session.store.migrations import migrate
 from services.session.store.records import ProfileRecord, SessionRecord
+from services.session.store.sqlite import (
+    BUSY_TIMEOUT_MS,
+    LOCKED_BUSY_TIMEOUT_MS,
+    is_file_database,
+    make_sqlite_engine,
+    set_busy_timeout,
+    unavailable,
+)
 
 
 T = TypeVar("T")
 
-SQLITE_BUSY_TIMEOUT_MS = 5000
 
-
-def make_engine(url: str) -> Engine:
-    """An engine for `url`; SQLite gets its parent directory, WAL and a busy timeout."""
+def make_engine(url: str, synchronous: str = "FULL") -> Engine:
+    """An engine for `url`; SQLite gets a private directory and files, WAL, a busy timeout."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True)
-    if parsed.database and parsed.database != ":memory:":
-        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"check_same_thread": False})
-
-    @event.listens_for(engine, "connect")
-    def _pragmas(dbapi_connection, _record) -> None:
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.close()
-
-    return engine
+    return make_sqlite_engine(parsed, synchronous)
 
 
 def session_and_profile(conn: Connection, session_id: str) -> tuple[SessionRecord | None, ProfileRecord | None]:
@@ -53,16 +51,72 @@ def session_and_profile(conn: Connection, session_id: str) -> tuple[SessionRecor
     return session, profiles.active(conn, session.profile_id) if session is not None else None
 
 
+class _Worker:
+    """One thread and its connection."""
+
+    def __init__(self, engine: Engine, name: str) -> None:
+        self._engine = engine
+        self._sqlite = engine.dialect.name == "sqlite"
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._conn: Connection | None = None
+        self._impatient = False  # the last call found the database locked
+
+    def connection(self) -> Connection:
+        if self._conn is None or self._conn.closed or self._conn.invalidated:
+            self._conn = self._engine.connect()
+            self._impatient = False
+        return self._conn
+
+    def _patience(self, conn: Connection, impatient: bool) -> None:
+        if self._sqlite and impatient != self._impatient:
+            set_busy_timeout(conn.connection.driver_connection, LOCKED_BUSY_TIMEOUT_MS if impatient else BUSY_TIMEOUT_MS)
+            self._impatient = impatient
+
+    def _in_transaction(self, fn: Callable[..., T], args: tuple) -> T:
+        conn = self.connection()
+        try:
+            with conn.begin():
+                result = fn(conn, *args)
+        except OperationalError as exc:
+            problem = unavailable(exc)
+            if problem is None:
+                raise
+            if problem.busy:
+                self._patience(conn, True)
+            else:  # a failed write may leave the connection unusable: start afresh
+                self._close()
+            raise problem from None
+        self._patience(conn, False)
+        return result
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def call(self, fn: Callable[..., T], args: tuple) -> T:
+        return await self.run(functools.partial(self._in_transaction, fn, args))
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    async def close(self) -> None:
+        await self.run(self._close)
+        self._executor.shutdown(wait=True)
+
+
 class Store:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bae-store")
-        self._conn: Connection | None = None
+        self._writer = _Worker(engine, "bae-store")
+        # An in-memory database exists once per connection: reads share the writer's.
+        separate = engine.dialect.name != "sqlite" or is_file_database(engine.url)
+        self._reader = _Worker(engine, "bae-store-read") if separate else self._writer
 
     @classmethod
-    async def open(cls, url: str) -> "Store":
+    async def open(cls, url: str, synchronous: str = "FULL") -> "Store":
         """Connect and apply pending migrations."""
-        store = cls(make_engine(url))
+        store = cls(make_engine(url, synchronous))
         try:
             await store.run(store._migrate)
         except BaseException:
@@ -70,46 +124,35 @@ class Store:
             raise
         return store
 
-    def _connection(self) -> Connection:
-        if self._conn is None or self._conn.closed or self._conn.invalidated:
-            self._conn = self._engine.connect()
-        return self._conn
-
     def _migrate(self) -> list[str]:
-        return migrate(self._connection())
-
-    def _in_transaction(self, fn: Callable[..., T], args: tuple) -> T:
-        conn = self._connection()
-        with conn.begin():
-            return fn(conn, *args)
+        return migrate(self._writer.connection())
 
     async def run(self, fn: Callable[[], T]) -> T:
-        """Run `fn()` on the store thread (no transaction of its own)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        """Run `fn()` on the writer thread (no transaction of its own)."""
+        return await self._writer.run(fn)
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(conn, *args)` in one transaction on the store thread."""
-        return await asyncio.get_running_loop().run_in_executor(
-            self._executor, functools.partial(self._in_transaction, fn, args)
-        )
+        """Run `fn(conn, *args)` in one transaction on the writer thread."""
+        return await self._writer.call(fn, args)
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(conn, *args)`, which only reads, in one transaction on the reader thread."""
+        return await self._reader.call(fn, args)
 
     async def close(self) -> None:
-        def _close() -> None:
-            if self._conn is not None:
-                self._conn.close()
-            self._engine.dispose()
-
-        await self.run(_close)
-        self._executor.shutdown(wait=True)
+        if self._reader is not self._writer:
+            await self._reader.close()
+        await self._writer.close()
+        self._engine.dispose()
 
     # The turn engine's API (SERVER-SPEC §7-§12 live on top of these).
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
-        return await self.call(sessions.get, session_id)
+        return await self.read(sessions.get, session_id)
 
     async def session_and_profile(self, session_id: str) -> tuple[SessionRecord | None, ProfileRecord | None]:
         """The session and its profile (None when missing or soft-deleted), in one store call."""
-        return await self.call(session_and_profile, session_id)
+        return await self.read(session_and_profile, session_id)
 
     async def append_events(
         self,
@@ -125,17 +168,34 @@ class Store:
         """
         return await self.call(events.append, session_id, items, new_state)
 
+    async def append_compaction(
+        self,
+        session_id: str,
+        client_key_id: str | None,
+        leading: list[tuple[str | None, str, dict | RawJson]],
+        preamble: dict,
+        summary: dict,
+        completed: dict,
+    ) -> list[events.EventView]:
+        """A compaction's records in one transaction, after `leading` (carried) events."""
+        return await self.call(
+            events.append_compaction, session_id, client_key_id, leading, preamble, summary, completed
+        )
+
+    async def latest_turn_usage(self, session_id: str) -> dict | None:
+        return await self.read(events.latest_turn_usage, session_id)
+
     async def list_events(self, session_id: str, after_seq: int, limit: int) -> list[tuple[int, events.EventView]]:
         """A page of events for sending (payloads unparsed), with their sequence numbers."""
-        rows = await self.call(events.page, session_id, after_seq, limit)
+        rows = await self.read(events.page, session_id, after_seq, limit)
         return [(row.seq, events.unparsed_view(row)) for row in rows]
 
     async def event_seq(self, session_id: str, event_id: str) -> int | None:
-        return await self.call(events.seq_of, session_id, event_id)
+        return await self.read(events.seq_of, session_id, event_id)
 
     async def message_events(self, session_id: str) -> list[events.EventView]:
         """client.message.send / server.message.send / session.compaction.completed, in order."""
-        rows = await self.call(events.message_rows, session_id)
+        rows = await self.read(events.message_rows, session_id)
         return [events.event_view(row) for row in rows]
 
     async def set_client_tools(self, session_id: str, client_key_id: str, tools: list[dict]) -> None:
@@ -147,7 +207,7 @@ class Store:
         await self.call(_set)
 
     async def live_profiles(self) -> list[ProfileRecord]:
-        return await self.call(profiles.all_active)
+        return await self.read(profiles.all_active)
 
     async def list_open_session_ids(self) -> list[str]:
-        return await self.call(sessions.open_ids)
+        return await self.read(sessions.open_ids)

@@ -1,0 +1,99 @@
+"""SQLite specifics of the store: file modes, pragmas, and the errors that mean "try again".
+
+The conversation database holds every message of every session, so its
+directory is created 0700 and its files are 0600 (SQLite gives the -wal and
+-shm files the database file's mode). A database that is locked by another
+process, or a disk that is full, is a temporary outage: callers get a 503
+with Retry-After instead of a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import OperationalError
+
+from bae.errors import Problem
+
+log = logging.getLogger("bae.session.store")
+
+BUSY_TIMEOUT_MS = 2000
+# Once a write found the database locked, the next ones wait this long only, so a
+# database held by another process answers quickly instead of queueing every write.
+LOCKED_BUSY_TIMEOUT_MS = 100
+BUSY_RETRY_AFTER = 1
+STORAGE_RETRY_AFTER = 5
+PRIVATE_FILE = 0o600
+_COMPANIONS = ("-wal", "-shm", "-journal")
+_BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+_STORAGE_CODES = (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR)
+
+
+class StoreUnavailable(Problem):
+    """The database cannot serve this call now; `busy` tells a lock from a storage failure."""
+
+    def __init__(self, detail: str, *, busy: bool) -> None:
+        super().__init__(
+            503, "service_unavailable", detail, retry_after=BUSY_RETRY_AFTER if busy else STORAGE_RETRY_AFTER
+        )
+        self.busy = busy
+
+
+def is_file_database(url: URL) -> bool:
+    return url.get_backend_name() == "sqlite" and bool(url.database) and url.database != ":memory:"
+
+
+def prepare_files(database: str) -> None:
+    """Create the directory 0700 and the database file 0600; tighten an existing file to 0600."""
+    path = Path(database).expanduser()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
+    os.close(fd)
+    for name in (str(path), *(f"{path}{suffix}" for suffix in _COMPANIONS)):
+        try:
+            if stat.S_IMODE(os.stat(name).st_mode) & 0o077:
+                os.chmod(name, PRIVATE_FILE)
+        except FileNotFoundError:
+            continue
+        except PermissionError as exc:  # another owner's file: say so, the store still opens
+            log.warning("cannot restrict %s to mode 0600: %s", name, exc)
+
+
+def make_sqlite_engine(url: URL, synchronous: str) -> Engine:
+    if is_file_database(url):
+        prepare_files(url.database)
+    engine = create_engine(url, connect_args={"check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection, _record) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
+        cursor.close()
+
+    return engine
+
+
+def set_busy_timeout(driver_connection: sqlite3.Connection, milliseconds: int) -> None:
+    driver_connection.execute(f"PRAGMA busy_timeout={milliseconds}")
+
+
+def unavailable(error: OperationalError) -> StoreUnavailable | None:
+    """The 503 for a locked database or a failing disk; None for any other error."""
+    code = getattr(error.orig, "sqlite_errorcode", None)
+    if code is None:
+        return None
+    primary = code & 0xFF
+    if primary in _BUSY_CODES:
+        return StoreUnavailable("the database is busy; retry shortly", busy=True)
+    if primary in _STORAGE_CODES:
+        log.error("database write failed: %s", error.orig)
+        return StoreUnavailable("the database cannot be written right now; retry later", busy=False)
+    return None

@@ -1,0 +1,117 @@
+"""SQLite durability and availability: synchronous mode, private files, a database locked by another process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import stat
+
+import pytest
+
+from bae.errors import UsageError
+from bae.settings import load_settings
+from services.session.store import Store, sessions
+from services.session.store.sqlite import StoreUnavailable
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+async def synchronous_of(store: Store) -> int:
+    return await store.call(lambda conn: conn.exec_driver_sql("PRAGMA synchronous").scalar())
+
+
+async def new_session(store: Store) -> str:
+    return await store.call(
+        lambda conn: sessions.create(
+            conn, client_key_id="key_a", profile_id="pro_a", state="open", client_version=None,
+            client_tools=[], sandbox_tools=[], subagent_tools=[], compaction={"mode": "client", "prompt": None},
+        )
+    )
+
+
+async def test_synchronous_full_by_default_and_configurable(tmp_path):
+    assert load_settings({}).sqlite_synchronous == "FULL"
+    store = await Store.open(f"sqlite:///{tmp_path}/a.db")
+    try:
+        assert await synchronous_of(store) == 2  # FULL
+    finally:
+        await store.close()
+    chosen = load_settings({"BAE_SQLITE_SYNCHRONOUS": " normal "}).sqlite_synchronous
+    store = await Store.open(f"sqlite:///{tmp_path}/b.db", chosen)
+    try:
+        assert await synchronous_of(store) == 1  # NORMAL
+    finally:
+        await store.close()
+
+
+def test_synchronous_setting_rejects_unknown_modes():
+    with pytest.raises(UsageError, match='BAE_SQLITE_SYNCHRONOUS: "sometimes" is not one of OFF, NORMAL, FULL, EXTRA'):
+        load_settings({"BAE_SQLITE_SYNCHRONOUS": "sometimes"})
+
+
+async def test_database_directory_and_files_are_private(tmp_path):
+    directory = tmp_path / "state"
+    umask = os.umask(0o022)  # the usual one, under which files would be world-readable
+    try:
+        store = await Store.open(f"sqlite:///{directory}/bae.db")
+    finally:
+        os.umask(umask)
+    try:
+        await new_session(store)
+        files = sorted(p.name for p in directory.iterdir())
+        assert files == ["bae.db", "bae.db-shm", "bae.db-wal"]
+        assert mode(directory) == 0o700
+        assert {name: mode(directory / name) for name in files} == {name: 0o600 for name in files}
+    finally:
+        await store.close()
+
+
+async def test_an_existing_world_readable_database_is_tightened(tmp_path):
+    path = tmp_path / "bae.db"
+    store = await Store.open(f"sqlite:///{path}")
+    await store.close()
+    os.chmod(path, 0o644)
+    store = await Store.open(f"sqlite:///{path}")
+    try:
+        assert mode(path) == 0o600
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+async def locked(tmp_path):
+    """A store whose database another connection holds a write lock on (BEGIN IMMEDIATE)."""
+    path = tmp_path / "bae.db"
+    store = await Store.open(f"sqlite:///{path}")
+    sid = await new_session(store)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    yield store, sid, other
+    other.close()
+    await store.close()
+
+
+async def test_a_locked_database_is_a_503_with_retry_after(locked):
+    store, sid, other = locked
+    with pytest.raises(StoreUnavailable) as caught:
+        await store.append_events(sid, [(None, "x", {})])
+    problem = caught.value
+    assert (problem.status, problem.type, problem.retry_after, problem.busy) == (503, "service_unavailable", 1, True)
+    assert problem.detail == "the database is busy; retry shortly"
+    # Released: writes work again and nothing half-written shows.
+    other.execute("ROLLBACK")
+    await store.append_events(sid, [(None, "y", {})])
+    assert [view["event_type"] for _, view in await store.list_events(sid, 0, 10)] == ["y"]
+
+
+async def test_reads_do_not_wait_behind_a_blocked_write(locked):
+    store, sid, _ = locked
+    write = asyncio.create_task(store.append_events(sid, [(None, "x", {})]))
+    await asyncio.sleep(0.05)  # the write is now waiting for the lock on the writer thread
+    session = await store.get_session(sid)
+    assert session.id == sid and not write.done()
+    with pytest.raises(StoreUnavailable):
+        await write
