@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 from argon2 import PasswordHasher
@@ -111,3 +113,57 @@ def test_version_help_migrate(tmp_path):
                            BAE_DB_PATH=str(tmp_path / "sub" / "bae.db"))
     assert migrated.returncode == 0, migrated.stderr
     assert (tmp_path / "sub" / "bae.db").exists()
+
+
+def test_key_file_is_never_written_through_a_symlink(tmp_path):
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("untouched\n")
+    key_file = tmp_path / "admin-key.pem"
+    key_file.symlink_to(target)
+    result = run_session(tmp_path, "serve", BAE_ADMIN_KEY_FILE=str(key_file))
+    assert result.returncode == 1, result.stderr
+    assert f"admin key file {key_file} is a symbolic link; refusing to write through it" in result.stderr
+    assert target.read_text() == "untouched\n" and key_file.is_symlink()
+
+
+def provisioned_argon2_admin(tmp_path, hasher: PasswordHasher) -> str:
+    token = new_token("bae_admin_")
+    (tmp_path / "admin-key-hash.pem").write_text(
+        json.dumps({"key_hash": hasher.hash(token), "prefix": token[:14]}))
+    return token
+
+
+async def test_argon2_checks_are_throttled_after_failures(tmp_path):
+    token = provisioned_argon2_admin(tmp_path, PasswordHasher())
+    svc = Service(tmp_path)
+    try:
+        svc.admin_key = token
+        assert (await svc.admin("ListProfiles"))["items"] == []  # verified once: remembered
+        wrong = new_token("bae_admin_")
+        for _ in range(3):
+            assert (await problem_of(svc.call("ListProfiles", key=wrong))).status == 401
+        throttled = await problem_of(svc.call("ListProfiles", key=wrong))
+        assert (throttled.status, throttled.type, throttled.retry_after) == (429, "too_many_requests", 1)
+        assert throttled.detail == "too many failed admin key attempts; retry later"
+        assert (await svc.admin("ListProfiles"))["items"] == []  # the verified key is not throttled
+        time.sleep(throttled.retry_after)
+        assert (await problem_of(svc.call("ListProfiles", key=wrong))).status == 401
+        assert (await problem_of(svc.call("ListProfiles", key=wrong))).retry_after == 2  # the delay doubles
+    finally:
+        await svc.stop()
+
+
+async def test_argon2_checks_do_not_hold_up_the_store(tmp_path):
+    # Deliberately slow parameters: one check takes about a second.
+    token = provisioned_argon2_admin(tmp_path, PasswordHasher(time_cost=40))
+    svc = Service(tmp_path)
+    try:
+        svc.admin_key = token
+        await svc.admin("ListProfiles")  # verified once: remembered, so this key needs no Argon2 again
+        guess = asyncio.create_task(problem_of(svc.call("ListProfiles", key=new_token("bae_admin_"))))
+        await asyncio.sleep(0.2)  # the guess is being checked now
+        assert (await svc.admin("ListProfiles"))["items"] == []
+        assert not guess.done()
+        assert (await guess).status == 401
+    finally:
+        await svc.stop()

@@ -58,12 +58,12 @@ class AdminApi:
     async def list_profiles(self, request) -> str:
         await self._admin(request)
         page = page_request(request.query)
-        rows = await self.store.call(profiles.page, page.after_seq, page.fetch)
+        rows = await self.store.read(profiles.page, page.after_seq, page.fetch)
         return page_json([(seq, dump(profiles.view(p))) for seq, p in rows], page)
 
     async def get_profile(self, request) -> str:
         await self._admin(request)
-        profile = await self.store.call(profiles.active, request.path_id)
+        profile = await self.store.read(profiles.active, request.path_id)
         if profile is None:
             raise not_found(f"no profile {request.path_id}")
         return dump(profiles.view(profile))
@@ -171,7 +171,7 @@ class AdminApi:
         state = request.query.get("state", "") or None
         if state is not None and state not in sessions.STATES:
             raise bad_request(f'invalid state filter "{state}"; expected one of open, closed, error')
-        rows = await self.store.call(sessions.page, state, page.after_seq, page.fetch)
+        rows = await self.store.read(sessions.page, state, page.after_seq, page.fetch)
         return page_json([(row.seq, dump(sessions.summary_view(row))) for row in rows], page)
 
     async def list_session_events(self, request) -> str:
@@ -184,7 +184,7 @@ class AdminApi:
                 raise not_found(f"no session {session_id}")
             return events_page(conn, session_id, page)
 
-        return await self.store.call(_events)
+        return await self.store.read(_events)
 
     # Registries and config (§4.5): startup snapshots.
 

@@ -7,6 +7,7 @@ failures raise AdminKeyError (exit 1).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -92,14 +93,20 @@ def read_hash_file(path: Path) -> ProvisionedHash:
 
 
 def write_key_file(path: Path, token: str) -> None:
-    """Write the plaintext + newline, mode 0600 even when the file already existed."""
+    """Write the plaintext + newline, mode 0600 even when the file already existed.
+
+    Never through a symbolic link (O_NOFOLLOW): whoever can plant one in the
+    key's directory must not be able to redirect the plaintext elsewhere.
+    """
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w", encoding="ascii") as handle:
             handle.write(token + "\n")
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise AdminKeyError(f"admin key file {path} is a symbolic link; refusing to write through it") from None
         raise AdminKeyError(f"cannot write admin key file {path}: {exc}") from None
 
 

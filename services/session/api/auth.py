@@ -5,6 +5,8 @@ token is found with one lookup on a unique index. Nothing about a key's
 validity is cached: a revocation is visible to the very next request. The
 one cache holds successful Argon2id verifications of pre-provisioned admin
 hashes (digest -> row id); the row is still re-read on every request.
+Those Argon2id checks run in `admin_hash`, off the store threads and throttled.
+Lookups that only read run on the store's reader (`Store.read`).
 """
 
 from __future__ import annotations
@@ -13,13 +15,12 @@ import asyncio
 import logging
 from typing import Callable, TypeVar
 
-from argon2 import PasswordHasher
-from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 from sqlalchemy import Connection
 
 from bae.errors import unauthorized
 from bae.ids import digests_equal, token_digest
 from bae.timefmt import now
+from services.session.api.admin_hash import AdminHashVerifier
 from services.session.store import keys
 from services.session.store.records import KeyRecord, Principal, ProfileRecord, SessionRecord
 from services.session.store.store import Store, session_and_profile
@@ -62,9 +63,7 @@ class Authenticator:
         self.store = store
         self.admin_auth_disabled = admin_auth_disabled
         self.stamps = LastUsedStamps()
-        self._hasher = PasswordHasher()
-        # sha256(token) -> admin row id, for tokens that passed Argon2id verification.
-        self._verified_phc: dict[str, str] = {}
+        self._admin_hashes = AdminHashVerifier()
         self._flusher: asyncio.Task | None = None
 
     # Lookups; each is a plain function of a connection so a route can run its
@@ -89,34 +88,22 @@ class Authenticator:
             profile_id=row.profile_id,
         )
 
-    def find_admin_key(self, conn: Connection, token: str) -> KeyRecord:
-        digest = token_digest(token)
+    def find_admin_key(self, conn: Connection, digest: str) -> tuple[KeyRecord | None, list[tuple[str, str]]]:
+        """The admin row of a token digest (directly, or one that passed Argon2id before);
+        otherwise None and the (row id, PHC hash) pairs left to verify against."""
         row = _active_by_digest(conn, digest, "admin")
-        if row is None:
-            row = self._verify_phc_admin(conn, token, digest)
-        if row is None:
-            raise unauthorized("invalid admin key")
-        self.stamps.stamp(row.id)
-        return row
-
-    def _verify_phc_admin(self, conn: Connection, token: str, digest: str) -> KeyRecord | None:
-        cached = self._verified_phc.get(digest)
-        if cached is not None:
-            row = keys.by_id(conn, cached)
+        if row is not None:
+            return row, []
+        verified = self._admin_hashes.verified_row(digest)
+        if verified is not None:
+            row = keys.by_id(conn, verified)
             if row is not None and row.role == "admin" and row.deleted_at is None:
-                return row
-            del self._verified_phc[digest]
-            return None
-        for row in keys.active_admins(conn):
-            if not row.key_hash.startswith(keys.PHC_PREFIX):
-                continue
-            try:
-                self._hasher.verify(row.key_hash, token)
-            except (VerifyMismatchError, VerificationError, InvalidHashError):
-                continue  # an unparseable stored hash is a non-match, never a 500
-            self._verified_phc[digest] = row.id
-            return row
-        return None
+                return row, []
+            self._admin_hashes.forget(digest)
+            return None, []
+        return None, [
+            (row.id, row.key_hash) for row in keys.active_admins(conn) if row.key_hash.startswith(keys.PHC_PREFIX)
+        ]
 
     # Async entry points.
 
@@ -126,20 +113,23 @@ class Authenticator:
         has_authorization: bool,
         session_id: str,
         fn: Callable[[Connection, Principal], T],
+        *,
+        writes: bool = True,
     ) -> T:
-        """Authenticate a session key, then run `fn(conn, principal)` in the same store call."""
+        """Authenticate a session key, then run `fn(conn, principal)` in the same store call
+        (on the store's reader when `fn` only reads)."""
         token = bearer_token(authorization, has_authorization)
 
         def authenticated(conn: Connection) -> T:
             return fn(conn, self.find_session_key(conn, token, session_id))
 
-        return await self.store.call(authenticated)
+        return await (self.store.call if writes else self.store.read)(authenticated)
 
     async def session_principal(
         self, authorization: str, has_authorization: bool, session_id: str
     ) -> Principal:
         return await self.with_session_key(
-            authorization, has_authorization, session_id, lambda _conn, principal: principal
+            authorization, has_authorization, session_id, lambda _conn, principal: principal, writes=False
         )
 
     async def session_principal_and_records(
@@ -151,17 +141,25 @@ class Authenticator:
             has_authorization,
             session_id,
             lambda conn, principal: (principal, *session_and_profile(conn, session_id)),
+            writes=False,
         )
 
     async def client_key(self, authorization: str, has_authorization: bool) -> KeyRecord:
         token = bearer_token(authorization, has_authorization)
-        return await self.store.call(self.find_client_key, token)
+        return await self.store.read(self.find_client_key, token)
 
     async def require_admin(self, authorization: str, has_authorization: bool) -> None:
         if self.admin_auth_disabled:
             return
         token = bearer_token(authorization, has_authorization)
-        await self.store.call(self.find_admin_key, token)
+        digest = token_digest(token)
+        row, hashes = await self.store.read(self.find_admin_key, digest)
+        row_id = row.id if row is not None else None
+        if row_id is None and hashes:
+            row_id = await self._admin_hashes.verify(token, digest, hashes)
+        if row_id is None:
+            raise unauthorized("invalid admin key")
+        self.stamps.stamp(row_id)
 
     # last_used_at.
 
@@ -184,6 +182,7 @@ class Authenticator:
             except asyncio.CancelledError:
                 pass
         await self.flush()
+        self._admin_hashes.close()
 
     async def _flush_forever(self) -> None:
         while True:

@@ -229,6 +229,7 @@ class ClientRestApi:
             request.has_authorization,
             session_id,
             lambda conn, _principal: sessions.get(conn, session_id),
+            writes=False,
         )
         if session is None:
             raise not_found(f"no session {session_id}")
@@ -249,6 +250,7 @@ class ClientRestApi:
             request.has_authorization,
             session_id,
             lambda conn, _principal: events_page(conn, session_id, page),
+            writes=False,
         )
 
     # DELETE /api/v1/sessions/{id} (§5.5)
