@@ -1,183 +1,486 @@
-"""baectl as a process, against the real gateway in front of the SessionService double."""
+"""baectl as a process, against a real stack through the gateway's admin port (BAECTL.md)."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import stat
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
-from bae.protos import session_pb2
-from conftest import ROOT, free_port
+from bae.stack import Stack
+from conftest import ROOT, RunningStack, launch_stack, mock_provider_toml, stack_env
 from processes import service_env
-from test_gateway_envelope import double, gateway  # noqa: F401  (module-scoped fixtures)
 
-PROFILE = {
-    "id": "pro_1", "name": "main", "primary_provider": "anthropic-sonnet", "fallback_providers": ["openai"],
-    "mcp_servers": [], "allowed_tools": ["get_time", "run"], "available_sandboxes": [],
-    "created_at": "2026-07-06T18:26:01.000Z", "updated_at": "2026-07-06T18:26:01.000Z",
-}
+CONFIG = mock_provider_toml("http://127.0.0.1:9") + mock_provider_toml(
+    "http://127.0.0.1:9", name="another", kind="openai") + """
+[[mcp.servers]]
+name = "zeta"
+transport = "http"
+url = "http://127.0.0.1:9/mcp"
+headers = { Authorization = "Bearer ${SOME_TOKEN}" }
+
+[[mcp.servers]]
+name = "alpha"
+transport = "stdio"
+command = "true"
+"""
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    running = launch_stack(tmp_path_factory.mktemp("ctl"), CONFIG)
+    yield running
+    running.close()
+
+
+def baectl(stack: RunningStack | None, *args: str, stdin: str = "", cwd: Path = ROOT,
+           **env: str) -> subprocess.CompletedProcess:
+    """baectl with the stack's admin address and token in its environment, unless `env` says otherwise."""
+    defaults = {"BAE_ADMIN_ADDR": str(stack.stack.settings.admin_addr), "BAE_ADMIN_TOKEN": stack.admin_key} \
+        if stack is not None else {}
+    variables = {key: value for key, value in {**defaults, **env}.items() if value is not None}
+    return subprocess.run([sys.executable, "-m", "bae.ctl", *args], cwd=cwd, env=service_env(**variables),
+                          input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def ok(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def fails(result: subprocess.CompletedProcess) -> str:
+    """The runtime-error line(s): exit 1, `baectl:` first, never a JSON dump."""
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert result.stderr.startswith("baectl: "), result.stderr
+    assert "{" not in result.stderr
+    return result.stderr.removeprefix("baectl: ").rstrip("\n")
+
+
+def field(output: str, label: str) -> str:
+    return re.search(rf"^\s*{label}:\s+(\S+)", output, re.M).group(1)
+
+
+# --- conventions --------------------------------------------------------------------------------
+
+def test_version_help_and_usage_errors() -> None:
+    assert ok(baectl(None, "--version")) == "baectl 0.1.0\n"
+    assert ok(baectl(None, "-V")) == "baectl 0.1.0\n"
+    assert ok(baectl(None, "--help")).startswith("usage: baectl")
+    assert ok(baectl(None, "help", "create", "profile")).startswith("usage: baectl create profile")
+    assert ok(baectl(None, "list", "keys", "-h")).startswith("usage: baectl list keys")
+    for usage in (["list", "profiles", "--limit", "abc"], [], ["create"], ["create", "profile", "only-name"],
+                  ["frobnicate"], ["list", "profiles", "--bogus"]):
+        result = baectl(None, *usage)
+        assert result.returncode == 2, usage
+        assert "usage:" in result.stderr and not result.stderr.startswith("baectl: ")
+
+
+def test_unreachable_server() -> None:
+    result = baectl(None, "list", "profiles", "--admin-addr", "127.0.0.1:9")
+    assert fails(result) == ("could not connect to admin API at 127.0.0.1:9 — is baesrv running and is "
+                             "--admin-addr correct?")
+    assert "could not connect to admin API at not a url" in fails(baectl(None, "list", "keys",
+                                                                        "--admin-addr", "not a url"))
+
+
+# --- the lifecycle ------------------------------------------------------------------------------
+
+def test_full_lifecycle(stack: RunningStack) -> None:
+    created = ok(baectl(stack, "create", "profile", "life", "mock", "--fallback", "another", "--fallback", "x,y",
+                        "--allowed-tool", "get_time", "--sandbox", "img:1"))
+    lines = created.splitlines()
+    assert lines[0] == "created profile"
+    assert [line[:14] for line in lines[1:]] == ["  id:         ", "  name:       ", "  created_at: "]
+    profile_id = field(created, "id")
+    assert field(created, "name") == "life"
+
+    shown = ok(baectl(stack, "get", "profile", profile_id))
+    assert shown.splitlines() == [
+        f"id:               {profile_id}", "name:             life", "primary_provider: mock",
+        "fallback_providers: another, x,y", "mcp_servers: (none)", "allowed_tools: get_time",
+        f"created_at:       {field(shown, 'created_at')}", f"updated_at:       {field(shown, 'updated_at')}"]
+    as_json = json.loads(ok(baectl(stack, "get", "profile", profile_id, "--json")))
+    assert as_json["available_sandboxes"] == ["img:1"] and as_json["fallback_providers"] == ["another", "x,y"]
+
+    listed = ok(baectl(stack, "list", "profiles")).splitlines()
+    assert listed[0].split() == ["ID", "NAME", "PRIMARY_PROVIDER"]
+    assert [profile_id, "life", "mock"] in [row.split() for row in listed[1:]]
+
+    # Without --name the name is kept; without --sandbox the images are kept; lists not repeated are cleared.
+    updated = ok(baectl(stack, "update", "profile", profile_id, "another", "--mcp-server", "alpha"))
+    assert "name:             life" in updated and "primary_provider: another" in updated
+    assert "fallback_providers: (none)" in updated and "mcp_servers: alpha" in updated
+    after = json.loads(ok(baectl(stack, "get", "profile", profile_id, "--json")))
+    assert (after["name"], after["available_sandboxes"], after["allowed_tools"]) == ("life", ["img:1"], [])
+    renamed = json.loads(ok(baectl(stack, "update", "profile", "--name", "life2", profile_id, "mock",
+                                   "--sandbox", "img:2", "--json")))
+    assert (renamed["name"], renamed["available_sandboxes"]) == ("life2", ["img:2"])
+
+    key = baectl(stack, "create", "key", "laptop", profile_id)
+    assert key.returncode == 0, key.stderr
+    assert key.stdout.splitlines()[0] == "created key"
+    assert [line[:14] for line in key.stdout.splitlines()[1:]] == [
+        "  id:         ", "  name:       ", "  key:        ", "  prefix:     ", "  profile_id: ", "  created_at: "]
+    assert field(key.stdout, "key").startswith("bae_")
+    assert key.stderr == "baectl: copy the key now — it cannot be retrieved again\n"
+    key_id = field(key.stdout, "id")
+    keys = ok(baectl(stack, "list", "keys")).splitlines()
+    assert keys[0].split() == ["ID", "NAME", "PREFIX", "PROFILE_ID"]
+    assert [key_id, "laptop", field(key.stdout, "prefix"), profile_id] in [row.split() for row in keys[1:]]
+
+    assert ok(baectl(stack, "delete", "key", key_id)) == f"revoked key {key_id}\n"
+    assert ok(baectl(stack, "delete", "profile", profile_id)) == f"deleted profile {profile_id}\n"
+    assert fails(baectl(stack, "get", "profile", profile_id)) == f"no profile {profile_id}"
+
+
+def test_create_key_json_still_warns(stack: RunningStack) -> None:
+    profile_id = stack.create_profile("warned")["id"]
+    result = baectl(stack, "create", "key", "k", profile_id, "--json")
+    assert json.loads(result.stdout)["key"].startswith("bae_")
+    assert "copy the key now" in result.stderr
+    assert result.stdout.startswith('{\n  "created_at"')  # sorted keys, two-space indent
+
+
+def test_error_messages(stack: RunningStack) -> None:
+    profile_id = stack.create_profile("busy")["id"]
+    stack.create_key(profile_id)
+    assert fails(baectl(stack, "create", "profile", "busy", "mock")) == "a profile with that name already exists"
+    in_use = fails(baectl(stack, "delete", "profile", profile_id))
+    assert in_use.splitlines() == [
+        "profile has 1 active client key(s); revoke them before deleting",
+        "Revoke the profile's active keys first: run `baectl list keys` to find them, then "
+        "`baectl delete key <id>` for each, and retry the delete."]
+    missing = fails(baectl(stack, "create", "key", "k", "pro_" + "0" * 32))
+    assert missing.endswith("(the referenced profile does not exist or was deleted)")
+    assert "does not exist or was deleted" in missing
+    assert fails(baectl(stack, "get", "profile", "pro_bogus")) == "no profile pro_bogus"
+    assert fails(baectl(stack, "delete", "profile", "pro_bogus")) == "no profile pro_bogus"
+    assert fails(baectl(stack, "delete", "key", "key_bogus")) == "no active client key key_bogus"
+    assert "limit must be a positive integer" in fails(baectl(stack, "list", "profiles", "--limit", "0"))
+
+
+def test_pagination(stack: RunningStack) -> None:
+    # A session list is paginated like profiles; 51 profiles make the point with the default page of 50.
+    for index in range(51 - len(stack.admin.get("/admin/v1/profiles", params={"limit": 200}).json()["items"])):
+        stack.create_profile(f"page-{index:02d}")
+    everything = json.loads(ok(baectl(stack, "list", "profiles", "--json")))
+    assert isinstance(everything, list) and len(everything) == 51
+    first = json.loads(ok(baectl(stack, "list", "profiles", "--limit", "20", "--json")))
+    assert len(first["items"]) == 20 and isinstance(first["next_cursor"], str)
+    second = json.loads(ok(baectl(stack, "list", "profiles", "--limit", "20", "--cursor", first["next_cursor"],
+                                  "--json")))
+    assert [p["id"] for p in second["items"]] == [p["id"] for p in everything[20:40]]
+    assert set(json.loads(ok(baectl(stack, "list", "profiles", "--cursor", "", "--json")))) == {"items", "next_cursor"}
+    table = baectl(stack, "list", "profiles", "--limit", "2")
+    assert len(table.stdout.splitlines()) == 3 and "baectl: more results: --cursor " in table.stderr
+
+
+def test_empty_lists(tmp_path: Path) -> None:
+    empty = launch_stack(tmp_path)
+    try:
+        assert ok(baectl(empty, "list", "profiles")) == "no profiles found\n"
+        assert ok(baectl(empty, "list", "keys")) == "no keys found\n"
+        assert ok(baectl(empty, "list", "sessions")) == "no sessions found\n"
+        assert json.loads(ok(baectl(empty, "list", "keys", "--json"))) == []
+        assert ok(baectl(empty, "providers")) == "no providers configured\n"
+        assert ok(baectl(empty, "mcp-servers")) == "no MCP servers configured\n"
+        assert ok(baectl(empty, "sandbox-status")) == "no sandbox images\n"
+    finally:
+        empty.close()
+
+
+# --- addresses and tokens -------------------------------------------------------------------------
+
+def test_address_forms(stack: RunningStack) -> None:
+    port = stack.stack.settings.admin_addr.port
+    for address in (f"localhost:{port}", f"http://127.0.0.1:{port}/", f"http://localhost:{port}"):
+        assert ok(baectl(stack, "list", "keys", "--admin-addr", address, BAE_ADMIN_ADDR="127.0.0.1:9"))
+    # The flag wins over the variable; an empty variable counts as unset (the default port is unused here).
+    assert "127.0.0.1:8081" in fails(baectl(stack, "list", "keys", BAE_ADMIN_ADDR=""))
+    assert ok(baectl(stack, "--admin-addr", f"127.0.0.1:{port}", "list", "keys", BAE_ADMIN_ADDR="127.0.0.1:9"))
+
+
+def test_token_sources(stack: RunningStack, tmp_path: Path) -> None:
+    good, stale = tmp_path / "good.pem", tmp_path / "stale.pem"
+    good.write_text(stack.admin_key + "\n")
+    stale.write_text("bae_admin_" + "0" * 48 + "\n")
+    assert ok(baectl(stack, "list", "keys", BAE_ADMIN_TOKEN=None, BAE_ADMIN_KEY_FILE=str(good)))
+    rejected = fails(baectl(stack, "list", "keys", BAE_ADMIN_TOKEN=None, BAE_ADMIN_KEY_FILE=str(stale)))
+    assert rejected.splitlines()[0] == ("admin API rejected the request: no valid admin token was supplied "
+                                        "(401 unauthorized).")
+    assert "--admin-key-file <path> (or the BAE_ADMIN_KEY_FILE env var)" in rejected
+    assert ok(baectl(stack, "list", "keys", "--admin-token", stack.admin_key, BAE_ADMIN_TOKEN=None,
+                     BAE_ADMIN_KEY_FILE=str(stale)))
+    # BAE_ADMIN_TOKEN beats the key file; an empty one is skipped; --admin-key-file beats the variable.
+    assert ok(baectl(stack, "list", "keys", BAE_ADMIN_KEY_FILE=str(stale)))
+    assert ok(baectl(stack, "list", "keys", BAE_ADMIN_TOKEN="", BAE_ADMIN_KEY_FILE=str(good)))
+    assert ok(baectl(stack, "list", "keys", "--admin-key-file", str(good), BAE_ADMIN_TOKEN=None,
+                     BAE_ADMIN_KEY_FILE=str(stale)))
+    unreadable = fails(baectl(stack, "list", "keys", BAE_ADMIN_TOKEN=None, BAE_ADMIN_KEY_FILE=str(tmp_path / "nope")))
+    assert unreadable == f"could not read admin key file {tmp_path / 'nope'}: No such file or directory"
+    # No token at all: no header, and the 401 block.
+    assert "401 unauthorized" in fails(baectl(stack, "list", "keys", BAE_ADMIN_TOKEN=None))
+
+
+def test_auth_create_key_is_accepted_by_a_server_that_ingests_its_hash(tmp_path: Path) -> None:
+    out = tmp_path / "keys"
+    out.mkdir()
+    result = baectl(None, "auth", "create", "key", "--name", "ops", "--out-dir", str(out),
+                    "--admin-addr", "ignored:1")
+    assert result.stdout.splitlines() == [str(out / "admin-key.pem"), str(out / "admin-key-hash.pem")]
+    assert result.stderr.startswith("baectl: wrote admin key pair.\n- ")
+    token = (out / "admin-key.pem").read_text()
+    assert re.fullmatch(r"bae_admin_[0-9a-f]{48}\n", token)
+    hashed = json.loads((out / "admin-key-hash.pem").read_text())
+    assert hashed["name"] == "ops" and hashed["prefix"] == token[:14]
+    assert hashed["key_hash"].startswith("$argon2id$v=19$m=65536,t=3,p=1$")
+    for name in ("admin-key.pem", "admin-key-hash.pem"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o600
+    default = baectl(None, "auth", "create", "key", cwd=tmp_path)
+    assert default.stdout.splitlines() == ["./admin-key.pem", "./admin-key-hash.pem"]
+    assert fails(baectl(None, "auth", "create", "key", "--out-dir", str(tmp_path / "missing"))).startswith(
+        f"could not write {tmp_path / 'missing' / 'admin-key.pem'}: ")
+
+    server_dir = tmp_path / "server"
+    server_dir.mkdir()
+    server = Stack(env=stack_env(server_dir, BAE_ADMIN_KEY_HASH_FILE=str(out / "admin-key-hash.pem")))
+    server.start()
+    try:
+        assert not Path(server.settings.admin_key_file).exists()  # an ingested hash writes no key file
+        listed = baectl(None, "list", "keys", BAE_ADMIN_ADDR=str(server.settings.admin_addr),
+                        BAE_ADMIN_KEY_FILE=str(out / "admin-key.pem"))
+        assert ok(listed) == "no keys found\n"
+    finally:
+        server.stop()
+
+
+# --- operator commands beyond BAECTL.md ------------------------------------------------------------
+
+def test_registries_and_config(stack: RunningStack) -> None:
+    providers = ok(baectl(stack, "providers")).splitlines()
+    assert providers[0].split() == ["NAME", "PROVIDER", "MODEL", "BASE_URL"]
+    assert [row.split()[0] for row in providers[1:]] == ["another", "mock"]
+    assert [row.split() for row in ok(baectl(stack, "mcp-servers")).splitlines()] == [
+        ["NAME", "TRANSPORT"], ["alpha", "stdio"], ["zeta", "http"]]
+    config = json.loads(ok(baectl(stack, "config")))
+    assert [server["name"] for server in config["mcp"]["servers"]] == ["alpha", "zeta"]
+    assert [entry["name"] for entry in config["providers"]["entries"]] == ["another", "mock"]
+    assert config["mcp"]["servers"][1]["headers"] == {"Authorization": "••••••••"}
+    assert json.loads(ok(baectl(stack, "providers", "--json")))["items"][0]["name"] == "another"
+
+
+def test_sessions_and_events(stack: RunningStack) -> None:
+    profile_id = stack.create_profile("sessions")["id"]
+    opened = stack.open_session(stack.create_key(profile_id)["key"])
+    sessions = ok(baectl(stack, "list", "sessions", "--state", "open"))
+    assert [opened["session_id"], profile_id, "open"] in [row.split()[:3] for row in sessions.splitlines()[1:]]
+    events = ok(baectl(stack, "list", "events", opened["session_id"])).splitlines()
+    assert events[0].split() == ["ID", "EVENT_TYPE", "CLIENT_KEY_ID", "CREATED_AT", "PAYLOAD"]
+    assert events[1].split()[1] == "session.open"
+    as_json = json.loads(ok(baectl(stack, "list", "events", opened["session_id"], "--json")))
+    assert as_json[0]["event_type"] == "session.open"
+    assert fails(baectl(stack, "list", "events", "ses_bogus")) == "no session ses_bogus"
+    assert baectl(stack, "list", "sessions", "--state", "weird").returncode == 2
+
+
+def test_sandbox_status_watch_ends_when_no_image_is_pending(stack: RunningStack) -> None:
+    profile_id = stack.create_profile("imgs", available_sandboxes=["bae-test-no-such-image:never"])["id"]
+    watched = baectl(stack, "sandbox-status", "--watch", "--interval", "0.2")
+    assert watched.returncode == 1, watched.stderr
+    assert "sandbox image(s) failed to provision" in watched.stderr
+    rows = [row.split()[:3] for row in watched.stdout.splitlines()]
+    assert rows[0] == ["PROFILE_ID", "IMAGE", "STATUS"]
+    assert [profile_id, "bae-test-no-such-image:never", "error"] in rows
+    status = json.loads(ok(baectl(stack, "sandbox-status", "--json")))
+    assert any(item["profile_id"] == profile_id for item in status["items"])
+
+
+def test_resource_first_aliases(stack: RunningStack) -> None:
+    created = ok(baectl(stack, "profiles", "create", "--name", "alias", "--primary-provider", "mock",
+                        "--sandbox-image", "img:a"))
+    profile_id = field(created, "id")
+    assert f"{profile_id}  alias" in ok(baectl(stack, "profiles", "list"))
+    assert "name:             alias" in ok(baectl(stack, "profiles", "get", profile_id))
+    replaced = json.loads(ok(baectl(stack, "profiles", "replace", profile_id, "--primary-provider", "another",
+                                    "--json")))
+    assert (replaced["name"], replaced["primary_provider"], replaced["available_sandboxes"]) == (
+        "alias", "another", ["img:a"])
+    key = baectl(stack, "keys", "create", "--name", "k", "--profile-id", profile_id)
+    key_id = field(key.stdout, "id")
+    assert key_id in ok(baectl(stack, "keys", "list"))
+    assert ok(baectl(stack, "keys", "revoke", key_id)) == f"revoked key {key_id}\n"
+    assert ok(baectl(stack, "profiles", "delete", profile_id)) == f"deleted profile {profile_id}\n"
+    assert ok(baectl(stack, "sessions", "list")).startswith("ID")
+    assert fails(baectl(stack, "events", "ses_bogus")) == "no session ses_bogus"
+
+
+# --- responses a server of another version might give ---------------------------------------------
+
+class OddServer(BaseHTTPRequestHandler):
+    """Answers every request with the (status, body) queued for its path."""
+
+    replies: dict[str, tuple[int, bytes]] = {}
+
+    def _answer(self) -> None:
+        status, body = self.replies.get(self.path.split("?")[0], (404, b""))
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
 
 
 @pytest.fixture
-def key_file(tmp_path: Path) -> Path:
-    path = tmp_path / "admin-key.pem"
-    path.write_text("  bae_admin_secret\n")
-    return path
+def odd() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), OddServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/prefix/"
+    server.shutdown()
+    OddServer.replies.clear()
 
 
-@pytest.fixture(autouse=True)
-def fresh_replies(double):  # noqa: F811
-    double.rest_replies.clear()
-    yield
-    double.rest_replies.clear()
+def test_unexpected_responses(odd: str) -> None:
+    unexpected = "unexpected response from admin API — check that baectl and the server are the same version"
+    OddServer.replies.update({
+        "/prefix/admin/v1/profiles/pro_text": (200, b"not json"),
+        "/prefix/admin/v1/profiles/pro_empty": (200, b""),
+        "/prefix/admin/v1/profiles/pro_html": (500, b"<html>oops</html>"),
+        "/prefix/admin/v1/profiles/pro_blank": (400, b'{"type":"bad_request","detail":"  "}'),
+        "/prefix/admin/v1/profiles/pro_noname": (200, b'{"id":"pro_noname"}'),
+        "/prefix/admin/v1/keys": (200, b'{"no_items":[]}'),
+    })
+    assert fails(baectl(None, "get", "profile", "pro_text", "--admin-addr", odd)) == unexpected
+    assert fails(baectl(None, "get", "profile", "pro_empty", "--admin-addr", odd)) == unexpected
+    assert fails(baectl(None, "list", "keys", "--admin-addr", odd)) == unexpected
+    assert fails(baectl(None, "get", "profile", "pro_html", "--admin-addr", odd)) == (
+        "admin API returned HTTP 500 with an unrecognized body")
+    assert fails(baectl(None, "get", "profile", "pro_blank", "--admin-addr", odd)) == (
+        "the admin API returned an error with no detail")
+    assert fails(baectl(None, "update", "profile", "pro_noname", "mock", "--admin-addr", odd)) == (
+        "could not determine the profile's current name to preserve; pass --name explicitly")
 
 
-def baectl(gateway, key_file: Path, *args: str, admin_addr: str | None = None) -> subprocess.CompletedProcess:  # noqa: F811
-    env = service_env(BAE_ADMIN_ADDR=admin_addr or gateway.env["BAE_ADMIN_ADDR"], BAE_ADMIN_KEY_FILE=str(key_file))
-    return subprocess.run([sys.executable, "-m", "bae.ctl", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=30)
+# --- setup ----------------------------------------------------------------------------------------
 
-
-def paged(items: list[dict], page_size: int):
-    """A reply function serving `items` in pages, with the server's cursor convention."""
-    def reply(request: session_pb2.RestRequest) -> str:
-        start = int(request.query.get("cursor") or 0)
-        end = start + page_size
-        next_cursor = str(end) if end < len(items) else None
-        return json.dumps({"items": items[start:end], "next_cursor": next_cursor})
-
-    return reply
-
-
-def test_profiles_create_sends_flags_and_the_trimmed_key(gateway, double, key_file):  # noqa: F811
-    double.rest_replies["CreateProfile"] = lambda request: json.dumps(
-        {"id": "pro_1", "name": "main", "created_at": "2026-07-06T18:26:01.000Z"})
-    result = baectl(gateway, key_file, "profiles", "create", "--name", "main", "--primary-provider", "anthropic-sonnet",
-                    "--fallback", "openai", "--fallback", "local", "--allowed-tool", "get_time",
-                    "--mcp-server", "filesystem", "--sandbox-image", "python:3.12")
+def test_setup_unattended_writes_the_files_and_does_not_launch(tmp_path: Path) -> None:
+    result = baectl(None, "setup", "--dir", str(tmp_path), ANTHROPIC_API_KEY="sk-ant-from-env")
     assert result.returncode == 0, result.stderr
-    request = double.last("CreateProfile")
-    assert request.authorization == "Bearer bae_admin_secret"
-    assert json.loads(request.body) == {
-        "name": "main", "primary_provider": "anthropic-sonnet", "fallback_providers": ["openai", "local"],
-        "mcp_servers": ["filesystem"], "allowed_tools": ["get_time"], "available_sandboxes": ["python:3.12"],
-    }
-    assert result.stdout.split() == ["id", "pro_1", "name", "main", "created_at", "2026-07-06T18:26:01.000Z"]
+    assert result.stdout.splitlines() == [
+        "To launch the configuration:", "  docker compose up -d",
+        "Re-running `baectl setup` in this directory offers the launch step again without redoing the Q&A."]
+    config = (tmp_path / "bae-config.toml").read_text().splitlines()
+    assert re.fullmatch(r"# Generated by `baectl setup` \(variant: standard, flags: \(none\), unix: \d+\)\.",
+                        config[0])
+    assert config[2:] == ["", "[mcp]", "", "[providers]", "", "[[providers.entries]]", 'name = "anthropic-default"',
+                          'provider = "anthropic"', 'model = "sonnet-5"', 'auth_token = "${ANTHROPIC_API_KEY}"']
+    env = (tmp_path / ".env").read_text().splitlines()
+    assert env[2:] == ["# Holds secrets and non-default BAE_* overrides. Sourced by the launcher.", "",
+                       "ANTHROPIC_API_KEY=sk-ant-from-env"]
+    compose = (tmp_path / "docker-compose.yml").read_text()
+    assert "  baesrv:\n    image: ghcr.io/prettysmartdev/better-agent-engine:latest\n" in compose
+    assert '      - "${BAE_ADDR_PORT:-8080}:8080"\n' in compose and "8081" not in compose
+    modes = {name: stat.S_IMODE((tmp_path / name).stat().st_mode)
+             for name in ("bae-config.toml", ".env", "docker-compose.yml")}
+    assert modes == {"bae-config.toml": 0o644, ".env": 0o600, "docker-compose.yml": 0o644}
+
+    again = baectl(None, "setup", "--dir", str(tmp_path))
+    assert again.stdout.splitlines()[:4] == ["Found an existing setup:", "  image variant: standard",
+                                             "  providers:     anthropic-default", "  MCP servers:   (none)"]
+    assert "To launch the configuration:" in again.stdout
+
+    apple = baectl(None, "setup", "--apple", "--dir", str(tmp_path))
+    assert apple.returncode == 0
+    assert apple.stderr.splitlines()[0] == ("baectl: found docker-compose.yml but this run uses bae-setup.sh "
+                                            "(launcher/flag mismatch).")
+    assert apple.stderr.splitlines()[-1] == "baectl: aborted; no files were changed."
+    assert not (tmp_path / "bae-setup.sh").exists()
 
 
-def test_profiles_list_follows_every_page(gateway, double, key_file):  # noqa: F811
-    profiles = [{**PROFILE, "id": f"pro_{i}", "name": f"profile-{i}"} for i in range(5)]
-    double.rest_replies["ListProfiles"] = paged(profiles, 2)
-    result = baectl(gateway, key_file, "profiles", "list")
-    assert result.returncode == 0, result.stderr
-    rows = result.stdout.splitlines()
-    assert rows[0].split() == ["ID", "NAME", "PRIMARY", "FALLBACKS", "MCP", "SERVERS", "ALLOWED", "TOOLS",
-                               "SANDBOXES", "UPDATED"]
-    assert [row.split()[:2] for row in rows[1:]] == [[f"pro_{i}", f"profile-{i}"] for i in range(5)]
-    assert rows[1].split()[2:6] == ["anthropic-sonnet", "openai", "-", "get_time,run"]
-    assert double.last("ListProfiles").query["limit"] == "200"
-
-    as_json = baectl(gateway, key_file, "profiles", "list", "--json")
-    assert json.loads(as_json.stdout) == profiles
-
-
-def test_profiles_get_replace_delete(gateway, double, key_file):  # noqa: F811
-    double.rest_replies["GetProfile"] = lambda request: json.dumps({**PROFILE, "id": request.path_id})
-    shown = baectl(gateway, key_file, "--json", "profiles", "get", "pro_7")
-    assert json.loads(shown.stdout) == {**PROFILE, "id": "pro_7"}
-
-    double.rest_replies["ReplaceProfile"] = lambda request: json.dumps({**PROFILE, **json.loads(request.body)})
-    replaced = baectl(gateway, key_file, "profiles", "replace", "pro_1", "--name", "renamed",
-                      "--primary-provider", "openai")
-    assert replaced.returncode == 0, replaced.stderr
-    assert double.last("ReplaceProfile").path_id == "pro_1"
-    assert json.loads(double.last("ReplaceProfile").body) == {
-        "name": "renamed", "primary_provider": "openai", "fallback_providers": [], "mcp_servers": [],
-        "allowed_tools": [], "available_sandboxes": [],
-    }
-    assert "renamed" in replaced.stdout
-
-    deleted = baectl(gateway, key_file, "profiles", "delete", "pro_1")
-    assert (deleted.returncode, deleted.stdout) == (0, "deleted profile pro_1\n")
-    assert double.last("DeleteProfile").path_id == "pro_1"
+def test_setup_unresolved_secret_and_directory_errors(tmp_path: Path) -> None:
+    result = baectl(None, "setup", "--dev", "--dir", str(tmp_path), ANTHROPIC_API_KEY=None)
+    assert result.returncode == 0
+    assert result.stderr.startswith("baectl: warning — no value was supplied for: ANTHROPIC_API_KEY\n        ")
+    assert "better-agent-engine:latest" in (tmp_path / "docker-compose.yml").read_text()
+    assert "flags: --dev" in (tmp_path / ".env").read_text()
+    (tmp_path / ".env").unlink()
+    partial = baectl(None, "setup", "--dir", str(tmp_path))
+    assert partial.stderr.startswith("baectl: incomplete setup — missing .env.\n        This looks like")
+    assert fails(baectl(None, "setup", "--dir", str(tmp_path / "nope"))) == f"--dir {tmp_path / 'nope'} does not exist"
+    assert fails(baectl(None, "setup", "--dir", str(tmp_path / "bae-config.toml"))) == (
+        f"--dir {tmp_path / 'bae-config.toml'} is not a directory")
+    (tmp_path / "bae-config.toml").write_text("[[providers.entries]]\nname = 1\n")
+    (tmp_path / ".env").write_text("")
+    assert fails(baectl(None, "setup", "--dir", str(tmp_path))).startswith(
+        "existing bae-config.toml is not valid TOML (use a fresh directory or delete it): ")
 
 
-def test_keys_create_list_revoke(gateway, double, key_file):  # noqa: F811
-    double.rest_replies["CreateKey"] = lambda request: json.dumps(
-        {"id": "key_1", "name": "laptop", "key": "bae_" + "ab" * 24, "prefix": "bae_abab",
-         "profile_id": json.loads(request.body)["profile_id"], "created_at": "2026-07-06T18:26:01.000Z"})
-    created = baectl(gateway, key_file, "keys", "create", "--name", "laptop", "--profile-id", "pro_1")
-    assert created.returncode == 0, created.stderr
-    assert json.loads(double.last("CreateKey").body) == {"name": "laptop", "profile_id": "pro_1"}
-    assert "bae_" + "ab" * 24 in created.stdout
-    assert "not shown again" in created.stderr
+def run_on_terminal(args: list[str], answers: str, env: dict[str, str]) -> tuple[int, str]:
+    """baectl with a pseudo-terminal as stdin (so it asks), fed `answers`; returns (exit code, stdout+stderr)."""
+    import pty
 
-    keys = [{"id": "key_1", "name": "laptop", "prefix": "bae_abab", "profile_id": "pro_1",
-             "created_at": "2026-07-06T18:26:01.000Z", "last_used_at": None}]
-    double.rest_replies["ListKeys"] = paged(keys, 50)
-    listed = baectl(gateway, key_file, "keys", "list")
-    assert listed.stdout.splitlines()[1].split() == [
-        "key_1", "laptop", "bae_abab", "pro_1", "2026-07-06T18:26:01.000Z", "-"]
-
-    revoked = baectl(gateway, key_file, "keys", "revoke", "key_1", "--json")
-    assert json.loads(revoked.stdout) == {"id": "key_1", "revoked": True}
-    assert double.last("RevokeKey").path_id == "key_1"
+    controller, terminal = pty.openpty()
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "bae.ctl", *args], cwd=ROOT, env=env, stdin=terminal,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        os.write(controller, answers.encode())
+        output, _ = process.communicate(timeout=60)
+        return process.returncode, output
+    finally:
+        os.close(controller)
+        os.close(terminal)
 
 
-def test_sessions_list_with_state_filter(gateway, double, key_file):  # noqa: F811
-    double.rest_replies["ListSessions"] = paged([{"id": "ses_1", "profile_id": "pro_1", "state": "open",
-                                                  "client_version": None, "created_at": "t0", "closed_at": None}], 50)
-    result = baectl(gateway, key_file, "sessions", "list", "--state", "open")
-    assert result.returncode == 0, result.stderr
-    assert double.last("ListSessions").query["state"] == "open"
-    assert result.stdout.splitlines()[1].split() == ["ses_1", "pro_1", "open", "-", "t0", "-"]
-    assert baectl(gateway, key_file, "sessions", "list", "--state", "weird").returncode == 2
+def test_setup_interactive_max_with_mcp_servers(tmp_path: Path) -> None:
+    answers = "\n".join([
+        "n", "n",                                   # docker-compose, published images
+        "max",                                      # variant
+        "openai", "", "", "", "pasted-openai-key",  # provider: kind, name, model, token var, its value
+        "maybe", "n",                               # please answer y or n; no second provider
+        "y", "github", "", "",                      # an MCP server: github, default name, GITHUB_TOKEN skipped
+        "y", "custom", "notes", "sse", "http://notes:1/sse", "y", "X Key", "v\"1", "n",
+        "n",                                        # no more MCP servers
+        "127.0.0.1:9090", "debug", "030", "120", "podman",  # bad driver, asked again
+        "docker", "70000", "3100", "",             # bad port, then 3100; blank MAX password
+        "n",                                        # do not launch
+    ]) + "\n"
+    env = service_env(PATH=os.environ["PATH"])
+    env.pop("OPENAI_API_KEY", None)
+    env.pop("GITHUB_TOKEN", None)
+    code, output = run_on_terminal(["setup", "--dir", str(tmp_path)], answers, env)
+    assert code == 0, output
+    assert "  please answer y or n" in output
+    assert '"podman" is not a supported sandbox driver (choose docker or apple-container)' in output
+    assert '"70000" is not a valid port number' in output
+    assert "baectl: warning — no value was supplied for: GITHUB_TOKEN" in output
+    config = (tmp_path / "bae-config.toml").read_text()
+    assert '[[mcp.servers]]\nname = "github"\ntransport = "http"\nurl = "https://api.githubcopilot.com/mcp/"\n' \
+           'headers = { Authorization = "Bearer ${GITHUB_TOKEN}" }\n' in config
+    assert 'name = "notes"\ntransport = "sse"\nurl = "http://notes:1/sse"\nheaders = { "X Key" = "v\\"1" }' in config
+    assert 'provider = "openai"\nmodel = "gpt-5.6-luna"\nauth_token = "${OPENAI_API_KEY}"' in config
+    env_lines = (tmp_path / ".env").read_text().splitlines()[4:]
+    # "030" normalises to the default 30, so it is not an override.
+    assert env_lines == ["OPENAI_API_KEY=pasted-openai-key", "BAE_ADDR=127.0.0.1:9090", "BAE_LOG=debug"]
+    compose = (tmp_path / "docker-compose.yml").read_text()
+    assert "  bae-max:\n    image: ghcr.io/prettysmartdev/better-agent-engine:max\n" in compose
+    assert '"${BAE_ADDR_PORT:-9090}:9090"' in compose and '"3100:3000"' in compose
 
-
-def test_events_follow_next_cursor_to_the_end(gateway, double, key_file):  # noqa: F811
-    events = [{"id": f"evt_{i}", "session_id": "ses_1", "client_key_id": "key_1", "event_type": "session.open",
-               "payload": {"n": i, "text": "x" * 200}, "created_at": "t"} for i in range(7)]
-    double.rest_replies["ListSessionEvents"] = paged(events, 3)
-    result = baectl(gateway, key_file, "events", "ses_1")
-    assert result.returncode == 0, result.stderr
-    rows = result.stdout.splitlines()
-    assert [row.split()[0] for row in rows[1:]] == [f"evt_{i}" for i in range(7)]
-    assert all(len(row) < 200 for row in rows)  # long payloads are cut to keep the table readable
-    assert double.last("ListSessionEvents").path_id == "ses_1"
-    as_json = baectl(gateway, key_file, "events", "ses_1", "--json")
-    assert json.loads(as_json.stdout) == events
-
-
-def test_problem_prints_one_error_line_and_exits_1(gateway, key_file, tmp_path):  # noqa: F811
-    result = baectl(gateway, key_file, "profiles", "get", "closed")
-    assert result.returncode == 1
-    assert result.stdout == ""
-    assert result.stderr == "error: 409 session_closed: session is already closed\n"
-
-    bad_key = tmp_path / "bad.pem"
-    bad_key.write_text("bad")
-    # The flag wins over BAE_ADMIN_KEY_FILE.
-    denied = baectl(gateway, Path("/nonexistent"), "--admin-key-file", str(bad_key), "keys", "list")
-    assert (denied.returncode, denied.stderr) == (1, "error: 401 unauthorized: invalid admin key\n")
-
-
-def test_missing_key_file_sends_no_authorization(gateway, double, tmp_path):  # noqa: F811
-    double.rest_replies["ListKeys"] = paged([], 50)
-    result = baectl(gateway, tmp_path / "missing.pem", "keys", "list")
-    assert (result.returncode, result.stdout) == (0, "no client keys\n")
-    assert double.last("ListKeys").has_authorization is False
-
-
-def test_unreachable_admin_api_exits_1(gateway, key_file):  # noqa: F811
-    result = baectl(gateway, key_file, "keys", "list", admin_addr=f"127.0.0.1:{free_port()}")
-    assert result.returncode == 1
-    assert result.stderr.startswith("error: cannot reach the admin API at http://127.0.0.1:")
-
-
-def test_usage_errors_exit_2(gateway, key_file):  # noqa: F811
-    assert baectl(gateway, key_file, "profiles", "create", "--name", "x").returncode == 2
-    assert baectl(gateway, key_file, "nonsense").returncode == 2
-    assert baectl(gateway, key_file, "keys", "list", admin_addr="localhost:8081").returncode == 2
+    # Editing keeps the saved answers as defaults; launching needs the engine on PATH.
+    edit = "\n".join(["n", "n", "y"] + [""] * 40)
+    code, output = run_on_terminal(["setup", "--dir", str(tmp_path)], edit, {**env, "PATH": str(tmp_path)})
+    assert (tmp_path / "bae-config.toml.bak").read_text() == config
+    assert "  image variant: max" in output
+    assert (tmp_path / "bae-config.toml").read_text().split("\n", 2)[2] == config.split("\n", 2)[2]
+    assert code == 1 and ("docker not found on PATH — install it (or generate here and deploy elsewhere) then "
+                          "re-run `baectl setup` and choose Launch.") in output

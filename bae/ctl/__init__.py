@@ -1,0 +1,220 @@
+"""baectl: the admin CLI (BAECTL.md): the admin API on the loopback admin port, plus two local commands.
+
+    baectl create profile main anthropic-sonnet --allowed-tool get_time
+    baectl create key laptop pro_…
+    baectl list sessions --state open
+    baectl sandbox-status --watch
+
+The older resource-first forms (`baectl profiles create --name … --primary-provider …`,
+`keys create|list|revoke`, `sessions list`, `events <id>`) remain as aliases.
+Exit codes: 0 success, 1 runtime error (`baectl: <message>` on stderr), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable
+
+from bae import __version__
+from bae.ctl import commands
+from bae.ctl.api import AdminApi, CtlError
+from bae.ctl.authkey import auth_create_key
+from bae.ctl.setup import setup
+
+AdminCommand = Callable[[AdminApi, argparse.Namespace], int | None]
+LocalCommand = Callable[[argparse.Namespace], int | None]
+
+
+def u32(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {value!r}: expected an unsigned integer") from None
+    if not 0 <= number < 2**32:
+        raise argparse.ArgumentTypeError(f"invalid value {value!r}: expected an unsigned 32-bit integer")
+    return number
+
+
+def positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"invalid value {value!r}: expected a positive number of seconds")
+    return seconds
+
+
+def add_globals(parser: argparse.ArgumentParser) -> None:
+    """Accepted before or after the subcommand: SUPPRESS keeps a leaf from resetting the root's value."""
+    group = parser.add_argument_group("admin API")
+    group.add_argument("--admin-addr", metavar="HOST:PORT", default=argparse.SUPPRESS,
+                       help="admin address or URL (default: $BAE_ADMIN_ADDR, else 127.0.0.1:8081)")
+    group.add_argument("--admin-token", metavar="TOKEN", default=argparse.SUPPRESS,
+                       help="admin token (default: $BAE_ADMIN_TOKEN, else the key file)")
+    group.add_argument("--admin-key-file", metavar="PATH", default=argparse.SUPPRESS,
+                       help="admin key file (default: $BAE_ADMIN_KEY_FILE, else /var/lib/bae/admin-key.pem)")
+
+
+class Builder:
+    """Builds the command tree; every leaf takes the global options."""
+
+    def __init__(self) -> None:
+        self.root = argparse.ArgumentParser(prog="baectl", description="Operate a BAE server through its admin API.")
+        self.root.add_argument("-V", "--version", action="version", version=f"baectl {__version__}")
+        add_globals(self.root)
+        self.groups = self.root.add_subparsers(dest="command", metavar="COMMAND", required=True)
+        self.parsers: dict[tuple[str, ...], argparse.ArgumentParser] = {}
+
+    def group(self, parent: tuple[str, ...], name: str, help: str) -> argparse._SubParsersAction:
+        owner = self.groups if not parent else self.parsers[parent]._subparsers_action  # type: ignore[attr-defined]
+        parser = owner.add_parser(name, help=help, description=help)
+        parser._subparsers_action = parser.add_subparsers(dest=f"sub_{name}", metavar="RESOURCE", required=True)  # type: ignore[attr-defined]
+        self.parsers[(*parent, name)] = parser
+        return parser._subparsers_action  # type: ignore[attr-defined]
+
+    def leaf(self, path: tuple[str, ...], help: str, run: AdminCommand | None = None,
+             local: LocalCommand | None = None, json_flag: bool = True) -> argparse.ArgumentParser:
+        owner = self.groups if len(path) == 1 else self.parsers[path[:-1]]._subparsers_action  # type: ignore[attr-defined]
+        parser = owner.add_parser(path[-1], help=help, description=help)
+        add_globals(parser)
+        if json_flag:
+            parser.add_argument("--json", action="store_true", help="print the JSON document")
+        parser.set_defaults(run=run, local=local)
+        self.parsers[path] = parser
+        return parser
+
+
+def profile_lists(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--fallback", action="append", default=[], metavar="NAME", help="fallback provider (repeatable)")
+    parser.add_argument("--mcp-server", action="append", default=[], metavar="NAME", help="repeatable")
+    parser.add_argument("--allowed-tool", action="append", default=[], metavar="NAME", help="repeatable")
+    parser.add_argument("--sandbox", "--sandbox-image", action="append", metavar="IMAGE",
+                        help="sandbox image (repeatable); update keeps the current images without it")
+
+
+def paging(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--limit", type=u32, metavar="N", help="one page of at most N items")
+    parser.add_argument("--cursor", metavar="C", help="one page, starting after cursor C")
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argparse.ArgumentParser]]:
+    b = Builder()
+    b.group((), "create", "create a profile or a client key")
+    create = b.leaf(("create", "profile"), "create a profile", commands.create_profile)
+    create.add_argument("name")
+    create.add_argument("primary_provider", help="a [providers] entry name")
+    profile_lists(create)
+    key = b.leaf(("create", "key"), "create a client key (its plaintext is shown once)", commands.create_key)
+    key.add_argument("name")
+    key.add_argument("profile_id")
+
+    b.group((), "list", "list profiles, keys, sessions or a session's events")
+    paging(b.leaf(("list", "profiles"), "list profiles", commands.list_profiles))
+    paging(b.leaf(("list", "keys"), "list active client keys", commands.list_keys))
+    sessions = b.leaf(("list", "sessions"), "list sessions", commands.list_sessions)
+    paging(sessions)
+    sessions.add_argument("--state", choices=["open", "closed", "error"], help="only sessions in this state")
+    events = b.leaf(("list", "events"), "list a session's events", commands.list_events)
+    events.add_argument("session_id")
+    paging(events)
+
+    b.group((), "get", "show one profile")
+    b.leaf(("get", "profile"), "show one profile", commands.get_profile).add_argument("id")
+    b.group((), "update", "replace a profile")
+    update = b.leaf(("update", "profile"), "replace a profile: unrepeated lists become empty; the name and "
+                    "sandbox images are kept unless given", commands.update_profile)
+    update.add_argument("id")
+    update.add_argument("primary_provider")
+    update.add_argument("--name", help="new name (default: keep the current one)")
+    profile_lists(update)
+    b.group((), "delete", "delete a profile or revoke a client key")
+    b.leaf(("delete", "profile"), "delete a profile", commands.delete_profile, json_flag=False).add_argument("id")
+    b.leaf(("delete", "key"), "revoke a client key and its session keys", commands.delete_key,
+           json_flag=False).add_argument("id")
+
+    b.leaf(("config",), "show the server's loaded bae-config.toml, secrets redacted", commands.config)
+    b.leaf(("providers",), "list the provider registry", commands.providers)
+    b.leaf(("mcp-servers",), "list the MCP server registry", commands.mcp_servers)
+    status = b.leaf(("sandbox-status",), "show each profile's sandbox images", commands.sandbox_status)
+    status.add_argument("--watch", action="store_true", help="refresh until no image is pending")
+    status.add_argument("--interval", type=positive_seconds, default=1.0, metavar="SECONDS",
+                        help="refresh interval for --watch (default 1)")
+
+    b.group((), "auth", "local admin-key material")
+    b.group(("auth",), "create", "create local admin-key material")
+    authkey = b.leaf(("auth", "create", "key"), "write an admin key and its Argon2id hash (no network)",
+                     local=auth_create_key, json_flag=False)
+    authkey.add_argument("--name", default="provisioned-admin")
+    authkey.add_argument("--out-dir", default=".", metavar="DIR")
+    wizard = b.leaf(("setup",), "the quickstart wizard: write a config and a launcher, then launch",
+                    local=setup, json_flag=False)
+    wizard.add_argument("--dev", action="store_true", help="use locally built image tags")
+    wizard.add_argument("--apple", action="store_true", help="use Apple's `container` CLI")
+    wizard.add_argument("--dir", default=".", metavar="DIR")
+    helper = b.leaf(("help",), "show help for a command", json_flag=False)
+    helper.add_argument("topic", nargs="*")
+
+    aliases(b)
+    return b.root, b.parsers
+
+
+def aliases(b: Builder) -> None:
+    """The resource-first forms of earlier releases, mapped onto the same commands."""
+    b.group((), "profiles", "profiles (alias forms)")
+    create = b.leaf(("profiles", "create"), "= create profile", commands.create_profile)
+    create.add_argument("--name", required=True)
+    create.add_argument("--primary-provider", required=True)
+    profile_lists(create)
+    paging(b.leaf(("profiles", "list"), "= list profiles", commands.list_profiles))
+    b.leaf(("profiles", "get"), "= get profile", commands.get_profile).add_argument("id")
+    replace = b.leaf(("profiles", "replace"), "= update profile", commands.update_profile)
+    replace.add_argument("id")
+    replace.add_argument("--name")
+    replace.add_argument("--primary-provider", required=True)
+    profile_lists(replace)
+    b.leaf(("profiles", "delete"), "= delete profile", commands.delete_profile, json_flag=False).add_argument("id")
+    b.group((), "keys", "client keys (alias forms)")
+    key = b.leaf(("keys", "create"), "= create key", commands.create_key)
+    key.add_argument("--name", required=True)
+    key.add_argument("--profile-id", required=True)
+    paging(b.leaf(("keys", "list"), "= list keys", commands.list_keys))
+    b.leaf(("keys", "revoke"), "= delete key", commands.delete_key, json_flag=False).add_argument("id")
+    b.group((), "sessions", "sessions (alias forms)")
+    sessions = b.leaf(("sessions", "list"), "= list sessions", commands.list_sessions)
+    paging(sessions)
+    sessions.add_argument("--state", choices=["open", "closed", "error"])
+    events = b.leaf(("events",), "= list events", commands.list_events)
+    events.add_argument("session_id")
+    paging(events)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, parsers = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "help":
+        topic = tuple(args.topic)
+        if topic and topic not in parsers:
+            parser.error(f"unknown command {' '.join(topic)!r}")
+        (parsers[topic] if topic else parser).print_help()
+        return 0
+    try:
+        if args.local is not None:
+            return args.local(args) or 0
+        api = AdminApi.from_options(getattr(args, "admin_addr", None), getattr(args, "admin_token", None),
+                                    getattr(args, "admin_key_file", None), os.environ)
+        try:
+            return args.run(api, args) or 0
+        finally:
+            api.close()
+    except CtlError as exc:
+        print(f"baectl: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

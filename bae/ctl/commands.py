@@ -1,0 +1,186 @@
+"""The admin commands: one function per command, each given the API and its parsed arguments."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from bae.ctl.api import UNEXPECTED, AdminApi, CtlError
+from bae.ctl.output import as_json, created, profile, table
+
+PROFILE_COLUMNS = [("ID", "id"), ("NAME", "name"), ("PRIMARY_PROVIDER", "primary_provider")]
+KEY_COLUMNS = [("ID", "id"), ("NAME", "name"), ("PREFIX", "prefix"), ("PROFILE_ID", "profile_id")]
+SESSION_COLUMNS = [("ID", "id"), ("PROFILE_ID", "profile_id"), ("STATE", "state"),
+                   ("CLIENT_VERSION", "client_version"), ("CREATED_AT", "created_at"), ("CLOSED_AT", "closed_at")]
+EVENT_COLUMNS = [("ID", "id"), ("EVENT_TYPE", "event_type"), ("CLIENT_KEY_ID", "client_key_id"),
+                 ("CREATED_AT", "created_at"), ("PAYLOAD", "payload")]
+PROVIDER_COLUMNS = [("NAME", "name"), ("PROVIDER", "provider"), ("MODEL", "model"), ("BASE_URL", "base_url")]
+MCP_COLUMNS = [("NAME", "name"), ("TRANSPORT", "transport")]
+IMAGE_COLUMNS = [("PROFILE_ID", "profile_id"), ("IMAGE", "name"), ("STATUS", "status"), ("DETAIL", "detail")]
+PAYLOAD_WIDTH = 80  # event payloads are cut to keep the table readable; --json shows them whole
+COPY_KEY_NOW = "baectl: copy the key now — it cannot be retrieved again"
+
+
+def _object(value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise CtlError(UNEXPECTED)
+    return value
+
+
+def _emit(args: argparse.Namespace, value: Any, human: str) -> None:
+    print(as_json(value) if getattr(args, "json", False) else human)
+
+
+def listing(api: AdminApi, args: argparse.Namespace, path: str, columns: list[tuple[str, str]], empty: str,
+            params: dict[str, str] | None = None) -> None:
+    """Every page without --limit/--cursor (JSON: one flat array); otherwise exactly one request
+    (JSON: `{items, next_cursor}`; a table's next cursor goes to stderr)."""
+    params = params or {}
+    next_cursor = None
+    if args.limit is None and args.cursor is None:
+        items = api.every_item(path, params)
+        document: Any = items
+    else:
+        query = {**params, **({"limit": str(args.limit)} if args.limit is not None else {}),
+                 **({"cursor": args.cursor} if args.cursor is not None else {})}
+        page = api.page(path, query)
+        items, next_cursor = page["items"], page.get("next_cursor")
+        document = {"items": items, "next_cursor": next_cursor}
+    widths = {"payload": PAYLOAD_WIDTH}
+    _emit(args, document, table(items, columns, widths) if items else empty)
+    if isinstance(next_cursor, str) and not args.json:
+        print(f"baectl: more results: --cursor {next_cursor}", file=sys.stderr)
+
+
+# --- profiles ----------------------------------------------------------------------------------
+
+def profile_body(args: argparse.Namespace, name: str, sandboxes: list | None) -> dict:
+    body = {"name": name, "primary_provider": args.primary_provider, "fallback_providers": args.fallback,
+            "mcp_servers": args.mcp_server, "allowed_tools": args.allowed_tool}
+    if sandboxes is not None:
+        body["available_sandboxes"] = sandboxes
+    return body
+
+
+def create_profile(api: AdminApi, args: argparse.Namespace) -> None:
+    reply = _object(api.call("POST", "/profiles", body=profile_body(args, args.name, args.sandbox)))
+    _emit(args, reply, created("profile", reply, ["id", "name", "created_at"]))
+
+
+def list_profiles(api: AdminApi, args: argparse.Namespace) -> None:
+    listing(api, args, "/profiles", PROFILE_COLUMNS, "no profiles found")
+
+
+def get_profile(api: AdminApi, args: argparse.Namespace) -> None:
+    reply = _object(api.call("GET", f"/profiles/{args.id}"))
+    _emit(args, reply, profile(reply))
+
+
+def update_profile(api: AdminApi, args: argparse.Namespace) -> None:
+    """A full PUT; the name and the sandbox images are kept from the current profile unless given."""
+    name, sandboxes = args.name, args.sandbox
+    if name is None or sandboxes is None:
+        current = _object(api.call("GET", f"/profiles/{args.id}"))
+        if name is None:
+            name = current.get("name")
+            if not isinstance(name, str):
+                raise CtlError("could not determine the profile's current name to preserve; pass --name explicitly")
+        if sandboxes is None:
+            kept = current.get("available_sandboxes")
+            sandboxes = kept if isinstance(kept, list) else []
+    reply = _object(api.call("PUT", f"/profiles/{args.id}", body=profile_body(args, name, sandboxes)))
+    _emit(args, reply, profile(reply))
+
+
+def delete_profile(api: AdminApi, args: argparse.Namespace) -> None:
+    api.call("DELETE", f"/profiles/{args.id}", expect_body=False)
+    print(f"deleted profile {args.id}")
+
+
+# --- keys --------------------------------------------------------------------------------------
+
+def create_key(api: AdminApi, args: argparse.Namespace) -> None:
+    reply = _object(api.call("POST", "/keys", body={"name": args.name, "profile_id": args.profile_id}))
+    _emit(args, reply, created("key", reply, ["id", "name", "key", "prefix", "profile_id", "created_at"]))
+    print(COPY_KEY_NOW, file=sys.stderr)
+
+
+def list_keys(api: AdminApi, args: argparse.Namespace) -> None:
+    listing(api, args, "/keys", KEY_COLUMNS, "no keys found")
+
+
+def delete_key(api: AdminApi, args: argparse.Namespace) -> None:
+    api.call("DELETE", f"/keys/{args.id}", expect_body=False)
+    print(f"revoked key {args.id}")
+
+
+# --- sessions and their events ------------------------------------------------------------------
+
+def list_sessions(api: AdminApi, args: argparse.Namespace) -> None:
+    listing(api, args, "/sessions", SESSION_COLUMNS, "no sessions found",
+            {"state": args.state} if args.state else {})
+
+
+def list_events(api: AdminApi, args: argparse.Namespace) -> None:
+    listing(api, args, f"/sessions/{args.session_id}/events", EVENT_COLUMNS, "no events found")
+
+
+# --- registries, config, sandbox images ----------------------------------------------------------
+
+def _registry(api: AdminApi, args: argparse.Namespace, path: str, columns: list[tuple[str, str]],
+              empty: str) -> None:
+    reply = _object(api.call("GET", path))
+    items = reply.get("items")
+    if not isinstance(items, list):
+        raise CtlError(UNEXPECTED)
+    _emit(args, reply, table(items, columns) if items else empty)
+
+
+def providers(api: AdminApi, args: argparse.Namespace) -> None:
+    _registry(api, args, "/providers", PROVIDER_COLUMNS, "no providers configured")
+
+
+def mcp_servers(api: AdminApi, args: argparse.Namespace) -> None:
+    _registry(api, args, "/mcp-servers", MCP_COLUMNS, "no MCP servers configured")
+
+
+def config(api: AdminApi, args: argparse.Namespace) -> None:
+    """The server's loaded bae-config.toml, secrets redacted; JSON is its only sensible layout."""
+    print(as_json(_object(api.call("GET", "/config"))))
+
+
+def image_rows(status: dict) -> list[dict]:
+    items = status.get("items")
+    if not isinstance(items, list):
+        raise CtlError(UNEXPECTED)
+    return [{**image, "profile_id": item.get("profile_id")}
+            for item in items if isinstance(item, dict)
+            for image in item.get("images") or [] if isinstance(image, dict)]
+
+
+def sandbox_status(api: AdminApi, args: argparse.Namespace) -> int:
+    """Each profile's sandbox images. --watch redraws until none is pending; exit 1 if any failed."""
+    shown = None
+    while True:
+        status = _object(api.call("GET", "/sandbox-status"))
+        rows = image_rows(status)
+        view = as_json(status) if args.json else table(rows, IMAGE_COLUMNS) if rows else "no sandbox images"
+        pending = sum(1 for row in rows if row.get("status") == "pending")
+        if not args.watch:
+            print(view)
+            return 0
+        if view != shown:
+            if sys.stdout.isatty():
+                print("\x1b[H\x1b[2J", end="")  # redraw in place on a terminal; append in a log
+            print(view, flush=True)
+            shown = view
+        if pending == 0:
+            break
+        time.sleep(args.interval)
+    failed = sum(1 for row in rows if row.get("status") == "error")
+    if failed:
+        print(f"baectl: {failed} sandbox image(s) failed to provision", file=sys.stderr)
+        return 1
+    return 0
