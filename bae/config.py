@@ -78,6 +78,8 @@ class McpServer:
     url: str | None = None
     # Read-only mapping; left out of hash (mappings are unhashable) and repr (values are secrets).
     headers: Mapping[str, str] = field(default_factory=_empty_map, repr=False, hash=False)
+    # stdio only: variables added to the child's minimal environment (values may hold secrets).
+    env: Mapping[str, str] = field(default_factory=_empty_map, repr=False, hash=False)
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,11 @@ class Config:
 
 class EnvResolutionError(ValueError):
     """A `${NAME}` template that cannot be resolved; the message is the spec's text."""
+
+
+def primary_not_configured(name: str) -> str:
+    """Why a profile's primary provider cannot be resolved (the runner's and compaction's detail)."""
+    return f'primary provider "{name}" is not configured in bae-config.toml'
 
 
 def resolve_env(template: str, what: str = "provider config", env: Mapping[str, str] | None = None) -> str:
@@ -260,7 +267,7 @@ def _parse_mcp(section: Any) -> tuple[McpServer, ...]:
     servers = []
     for index, entry in enumerate(_table_list(mcp.get("servers"), "mcp.servers")):
         where = f"mcp.servers[{index}]"
-        _reject_unknown(entry, ("name", "transport", "command", "args", "url", "headers"), where)
+        _reject_unknown(entry, ("name", "transport", "command", "args", "url", "headers", "env"), where)
         servers.append(
             McpServer(
                 name=_string(entry, "name", where, required=True),
@@ -269,6 +276,7 @@ def _parse_mcp(section: Any) -> tuple[McpServer, ...]:
                 args=_string_list(entry, "args", where),
                 url=_string(entry, "url", where),
                 headers=_string_map(entry, "headers", where),
+                env=_string_map(entry, "env", where),
             )
         )
     return tuple(servers)
@@ -470,6 +478,7 @@ def config_view(config: Config) -> dict:
                     "args": list(server.args),
                     "url": server.url,
                     "headers": _redacted(server.headers),
+                    "env": _redacted(server.env),
                 }
                 for server in servers
             ]

@@ -10,16 +10,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from bae.config import REDACTED, Config, EnvResolutionError, ProviderEntry, resolve_env
+from bae.config import REDACTED, Config, EnvResolutionError, ProviderEntry, primary_not_configured, resolve_env
+from bae import telemetry
 from bae.jsontext import RawJson, dump
 from services.runner import anthropic_wire, openai_wire
+from services.runner.attempt_span import end_attempt, start_attempt
 from services.runner.canonical import Message, Usage, WireFormatError, strip_routing_fields
 from services.runner.clients import ANTHROPIC, OPENAI, ProviderClients, TransportError
 
 log = logging.getLogger("bae.runner")
+
+PROVIDER_REQUESTS = "bae.provider.requests"
+PROVIDER_LATENCY = "bae.provider.latency"
 
 COMPACTION = "compaction"
 # Shorter "tokens" (test placeholders like "x") would match ordinary text, and
@@ -122,10 +128,6 @@ WIRES = {
 }
 
 
-def primary_not_configured(name: str) -> str:
-    return f'primary provider "{name}" is not configured in bae-config.toml'
-
-
 def resolve_chain(config: Config, spec: StepSpec) -> list[ProviderEntry] | None:
     """[primary, fallbacks…] entries; None when the primary is not in the registry."""
     primary = config.provider(spec.primary)
@@ -178,6 +180,7 @@ async def run_step(
                 **purpose,
             },
         )
+        span = start_attempt(entry, attempt)
         # The HTTP call starts now; streaming the request event to the session overlaps it.
         attempt_call = asyncio.ensure_future(_attempt(entry, wire, max_tokens, prepared, clients))
         try:
@@ -185,6 +188,10 @@ async def run_step(
             result = await attempt_call
         finally:
             attempt_call.cancel()  # a no-op once done; stops the call when the step is abandoned
+            if not attempt_call.done() or attempt_call.cancelled():
+                end_attempt(span, False, None, "attempt abandoned")
+        ok = isinstance(result, _Success)
+        telemetry.count(PROVIDER_REQUESTS, {"provider": entry.provider, "outcome": "ok" if ok else "error"})
         if isinstance(result, _Success):
             yield StepEvent(
                 "provider.response",
@@ -197,6 +204,7 @@ async def run_step(
                     **purpose,
                 },
             )
+            end_attempt(span, True, result.status, "")
             yield StepOutcome(
                 "ok",
                 message=result.message,
@@ -228,6 +236,7 @@ async def run_step(
                 "session.error",
                 {"reason": "provider_call_failed", "provider": entry.provider, "detail": result.detail},
             )
+        end_attempt(span, False, result.status, result.detail)
     yield StepOutcome("all_failed", attempts=len(chain))
 
 
@@ -244,6 +253,7 @@ async def _attempt(
     except EnvResolutionError as exc:
         return _Failure(None, str(exc), None)
     body = wire.request_body(entry.model, max_tokens, prepared)
+    started = time.perf_counter()
     try:
         response = await clients.post(entry.provider, entry.effective_base_url, token, body)
     except TransportError as exc:
@@ -251,6 +261,8 @@ async def _attempt(
     except Exception as exc:  # an SDK-side failure must fail the attempt, not the stream
         log.exception("provider %r: unexpected client error", entry.name)
         return _Failure(None, _redact(f"{type(exc).__name__}: {exc}", token), None)
+    finally:
+        telemetry.record(PROVIDER_LATENCY, (time.perf_counter() - started) * 1000, {"provider": entry.provider})
 
     text = _redact(response.text, token)
     if not 200 <= response.status < 300:

@@ -14,9 +14,11 @@ from pathlib import Path
 from sqlalchemy.exc import SQLAlchemyError
 
 from bae import API_VERSIONS, __version__
+from bae import telemetry
 from bae.config import load_config
 from bae.errors import UsageError
 from bae.grpcutil import configure_logging, serve
+from bae.internal import InternalPlane
 from bae.settings import Settings, load_settings
 from services.session.api.admin_key import AdminKeyError, AdminKeyOptions, bootstrap_admin_key
 from services.session.store import Store
@@ -121,34 +123,48 @@ async def serve_forever(command: Command, settings: Settings) -> None:
     from services.session.api.admin import AdminApi
     from services.session.api.auth import Authenticator
     from services.session.api.live import LiveApi
+    from services.session.api.observability import register_gauges, session_spans
     from services.session.api.rest import ClientRestApi
-    from services.session.engine.runtime import SessionRuntime
     from services.session.api.sandbox_methods import SandboxMethods
     from services.session.api.servicer import SessionServicer, register
+    from services.session.engine.engine import TurnEngine
+    from services.session.engine.runtime import SessionRuntime
+    from services.session.remote.runner import RunnerClient
 
+    plane = InternalPlane.of(settings)
     config = load_config(command.value("--config") or settings.config_path)
+    telemetry.start(config.telemetry, "session")
     options = admin_key_options(command, settings)
     store = await Store.open(settings.sqlalchemy_url, settings.sqlite_synchronous)
     await bootstrap_admin_key(store, options)
     auth = Authenticator(store, admin_auth_disabled=options.disabled)
     runtime = SessionRuntime(store=store, settings=settings, config=config)
-    live = LiveApi(store=store, auth=auth, runtime=runtime, settings=settings)
+    engine = TurnEngine(
+        runtime=runtime, runner=RunnerClient(settings.runner_grpc_addr, settings.rpc_timeout, plane)
+    )
     servicer = SessionServicer(
         rest=ClientRestApi(store=store, auth=auth, runtime=runtime, config=config),
         admin=AdminApi(store=store, auth=auth, runtime=runtime, config=config),
         auth=auth,
-        live=live,
-        sandboxes=SandboxMethods(auth=auth, runtime=runtime),
+        live=LiveApi(store=store, runtime=runtime, engine=engine),
+        sandboxes=SandboxMethods(runtime=runtime),
     )
+    register_gauges(runtime, store)
     await runtime.start()
     auth.start()
 
+    # Shutdown phases: stop accepting and drain running turns (`engine.drain`, within
+    # BAE_SHUTDOWN_TIMEOUT), then tear down sessions, MCP, sandboxes and the store.
     async def shutdown() -> None:
+        session_spans.end_all()
         await runtime.stop()
         await auth.stop()  # writes the last coalesced last_used_at stamps
         await store.close()
 
-    await serve("session", settings.session_grpc_addr, register(servicer), settings.shutdown_timeout, shutdown)
+    await serve(
+        "session", settings.session_grpc_addr, register(servicer), settings.shutdown_timeout, shutdown, plane=plane,
+        drain=engine.drain,
+    )
 
 
 def main(argv: list[str], env: dict[str, str] | None = None) -> int:
@@ -161,7 +177,7 @@ def main(argv: list[str], env: dict[str, str] | None = None) -> int:
             print(f"bae {__version__} (api {', '.join(API_VERSIONS)})")
             return 0
         settings = load_settings(os.environ if env is None else env)
-        configure_logging(settings.log)
+        configure_logging(settings.log, settings.log_format)
         if command.name == "migrate":
             asyncio.run(migrate_only(settings))
         else:

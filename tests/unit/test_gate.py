@@ -70,3 +70,53 @@ async def test_a_cancelled_waiter_passes_the_gate_on():
     quitter.cancel()
     gate.release()
     assert (await asyncio.wait_for(stayer, 1)).parked is None
+
+
+async def test_a_queued_caller_is_woken_by_the_release_itself_not_by_a_poll():
+    gate = TurnGate()
+    await gate.acquire("a")
+    waiter = asyncio.create_task(gate.acquire("b"))
+    await asyncio.sleep(0.01)
+    gate.release()
+    # One pass of the event loop is enough: no sleep-and-check interval stands between.
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert waiter.done()
+
+
+async def test_a_queued_compaction_fails_as_soon_as_the_running_turn_pauses():
+    gate = TurnGate()
+    await gate.acquire("a")
+    compaction = asyncio.create_task(gate.acquire_for_compaction())
+    await asyncio.sleep(0.01)
+    gate.park(parked("a"))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert compaction.done()
+    with pytest.raises(TurnInProgress):
+        compaction.result()
+
+
+async def test_a_queued_owner_takes_its_own_pause_when_its_running_turn_parks():
+    gate = TurnGate()
+    await gate.acquire("a")
+    other = asyncio.create_task(gate.acquire("b"))
+    await asyncio.sleep(0.01)
+    own = asyncio.create_task(gate.acquire("a"))
+    await asyncio.sleep(0.01)
+    gate.park(parked("a"))
+    claim = await asyncio.wait_for(own, 1)
+    assert claim.parked is not None and not claim.reclaimed and claim.waited
+    assert not other.done()
+    gate.release()
+    await asyncio.wait_for(other, 1)
+
+
+async def test_closing_lets_every_waiter_through():
+    gate = TurnGate()
+    await gate.acquire("a")
+    waiters = [asyncio.create_task(gate.acquire(name)) for name in "bc"]
+    await asyncio.sleep(0.01)
+    gate.close()
+    claims = await asyncio.wait_for(asyncio.gather(*waiters), 1)
+    assert all(claim.waited and claim.parked is None for claim in claims)

@@ -4,14 +4,19 @@ JSON-RPC calls to the live API. Unexpected failures become a 500 `internal`."""
 from __future__ import annotations
 
 import logging
-from typing import Awaitable
+from functools import partial
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from bae.errors import Problem, internal
+from bae.jsontext import dump
 from bae.protos import session_pb2, session_pb2_grpc
 from services.session.api.admin import AdminApi
 from services.session.api.auth import Authenticator
+from services.session.api.faults import rpc_error
+from services.session.api.jsonrpc import ACCEPTED, RpcCall
+from services.session.api.live import LiveApi
 from services.session.api.rest import ClientRestApi
-from bae.jsontext import dump
+from services.session.api.sandbox_methods import SandboxMethods
 
 log = logging.getLogger("bae.session.server")
 
@@ -29,7 +34,9 @@ async def _json(reply: Awaitable[str]) -> session_pb2.JsonReply:
 
 
 class SessionServicer(session_pb2_grpc.SessionServiceServicer):
-    def __init__(self, *, rest: ClientRestApi, admin: AdminApi, auth: Authenticator, live, sandboxes) -> None:
+    def __init__(
+        self, *, rest: ClientRestApi, admin: AdminApi, auth: Authenticator, live: LiveApi, sandboxes: SandboxMethods
+    ) -> None:
         self.rest = rest
         self.admin = admin
         self.auth = auth
@@ -108,44 +115,90 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
 
         return await _json(check())
 
+    async def CheckCredential(self, request, context):
+        async def check() -> str:
+            kind = request.credential
+            if kind == session_pb2.CredentialCheck.SESSION_KEY:
+                await self.auth.session_principal(request.authorization, request.has_authorization, request.path_id)
+            elif kind == session_pb2.CredentialCheck.ADMIN_KEY:
+                await self.auth.require_admin(request.authorization, request.has_authorization)
+            else:
+                await self.auth.client_key(request.authorization, request.has_authorization)
+            return "{}"
+
+        return await _json(check())
+
     async def RegisterDriver(self, request, context):
-        return await self.live.register_driver(request, context)
+        return await self._unary(request, self.live.register_driver)
 
     async def SendMessage(self, request, context):
-        async for frame in self.live.send_message(request, context):
+        async for frame in self._stream(request, self.live.send_message):
             yield frame
 
     async def Compact(self, request, context):
-        async for frame in self.live.compact(request, context):
+        async for frame in self._stream(request, self.live.compact):
             yield frame
 
     async def Subscribe(self, request, context):
-        async for frame in self.live.subscribe(request, context):
+        async for frame in self._stream(request, self.live.subscribe):
             yield frame
 
     async def Unsubscribe(self, request, context):
-        return await self.live.unsubscribe(request, context)
+        return await self._unary(request, self.live.unsubscribe)
 
     async def UpdateClientTools(self, request, context):
-        return await self.live.update_client_tools(request, context)
+        return await self._unary(request, self.live.update_client_tools)
 
     async def StartRemoteSandbox(self, request, context):
-        return await self.sandboxes.start_remote_sandbox(request, context)
+        return await self._unary(request, self.sandboxes.start_remote_sandbox)
 
     async def StopRemoteSandbox(self, request, context):
-        return await self.sandboxes.stop_remote_sandbox(request, context)
+        return await self._unary(request, self.sandboxes.stop_remote_sandbox)
 
     async def ExecRemoteSandbox(self, request, context):
-        return await self.sandboxes.exec_remote_sandbox(request, context)
+        return await self._unary(request, self.sandboxes.exec_remote_sandbox)
 
     async def ReportLocalSandbox(self, request, context):
-        return await self.sandboxes.report_local_sandbox(request, context)
+        return await self._unary(request, self.sandboxes.report_local_sandbox)
 
     async def ReportLocalSubagent(self, request, context):
-        return await self.live.report_local_subagent(request, context)
+        return await self._unary(request, partial(self.live.not_available, method="session.reportLocalSubagent"))
 
     async def CancelSubagent(self, request, context):
-        return await self.live.cancel_subagent(request, context)
+        return await self._unary(request, partial(self.live.not_available, method="session.cancelSubagent"))
+
+    # JSON-RPC plumbing: authenticate once (a failure is a Problem: HTTP 401 before
+    # any streaming), then map every fault to its error in one place.
+
+    async def _call(self, request: session_pb2.RpcRequest) -> RpcCall:
+        principal, session, profile = await self.auth.session_principal_and_records(
+            request.authorization, request.has_authorization, request.session_id
+        )
+        return RpcCall(principal, session, profile, request.params_json)
+
+    async def _unary(
+        self, request: session_pb2.RpcRequest, method: Callable[[RpcCall], Awaitable[Any]]
+    ) -> session_pb2.RpcReply:
+        call = await self._call(request)
+        try:
+            return session_pb2.RpcReply(result_json=dump(await method(call)))
+        except Exception as exc:
+            return session_pb2.RpcReply(error=rpc_error(exc, _method_name(method)))
+
+    async def _stream(
+        self, request: session_pb2.RpcRequest, method: Callable[[RpcCall], AsyncIterator[session_pb2.RpcFrame]]
+    ) -> AsyncIterator[session_pb2.RpcFrame]:
+        call = await self._call(request)
+        yield ACCEPTED
+        try:
+            async for frame in method(call):
+                yield frame
+        except Exception as exc:
+            yield session_pb2.RpcFrame(error=rpc_error(exc, _method_name(method)))
+
+
+def _method_name(method: Callable[..., Any]) -> str:
+    return getattr(method, "__name__", None) or getattr(getattr(method, "func", None), "__name__", "rpc")
 
 
 def register(servicer: SessionServicer):

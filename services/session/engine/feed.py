@@ -43,6 +43,10 @@ class Watcher:
             self._items.extend(items)
         self._ready.set()
 
+    @property
+    def lagged(self) -> bool:
+        return self._lagged
+
     def end(self) -> None:
         self._ended = True
         self._ready.set()

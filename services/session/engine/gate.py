@@ -1,9 +1,11 @@
-"""The per-session turn gate: one logical turn at a time, FIFO-fair.
+"""The per-session turn gate: one logical turn at a time, FIFO-fair (SERVER-SPEC §7.3).
 
-A turn that pauses for client tools keeps the gate ("parked"). Its owner
-takes it back at once; anyone else queues behind it until it is resumed or
-its deadline passes, at which point the first queued caller reclaims it
-(SERVER-SPEC §7.3 and O-4: no waiter sleeps forever behind an absent owner).
+The gate is free, held by a running turn, or held by a parked turn (one that
+paused for client tools). The parked turn's owner takes it back at once,
+ahead of the queue; anyone else queues until it is resumed, or until its
+deadline passes and the first queued caller reclaims it. Queued callers
+sleep until the gate changes (release, park, close, a waiter leaving) or,
+for the first in line behind a parked turn, until its deadline: nobody polls.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from services.session.engine.errors import TurnInProgress
+
 
 @dataclass
 class ParkedTurn:
@@ -20,6 +24,8 @@ class ParkedTurn:
     deadline: float
     tool_uses: list[dict]
     server_results: dict[str, dict]
+    # The token count of a crossed auto-compaction threshold, honoured when the turn completes (§12.2).
+    pending_compaction: int | None = None
 
     @property
     def expired(self) -> bool:
@@ -37,94 +43,96 @@ class Claim:
     waited: bool = False
 
 
-class TurnInProgress(Exception):
-    """A live paused turn blocks the gate (session.compact never waits on one)."""
-
-
-@dataclass
 class TurnGate:
-    _busy: bool = False
-    _waiters: deque[asyncio.Future] = field(default_factory=deque)
-    parked: ParkedTurn | None = None
+    def __init__(self) -> None:
+        self.parked: ParkedTurn | None = None
+        self._running = False
+        self._closed = False
+        self._queue: deque[object] = deque()
+        self._changed = asyncio.Event()
+
+    @property
+    def busy(self) -> bool:
+        return self._running or self.parked is not None
 
     async def acquire(self, caller: str) -> Claim:
-        """Take the gate for `sendMessage`; waits in arrival order."""
-        parked = self.parked
-        if parked is not None and (parked.owner == caller or parked.expired):
-            self.parked = None
-            return Claim(parked, reclaimed=parked.owner != caller)
-        return await self._wait(caller, compact=False)
+        """Take the gate for `sendMessage`, in arrival order."""
+        claim = self._take_parked(caller, first=not self._queue)
+        if claim is not None:
+            return claim
+        if not self.busy and not self._queue:
+            self._running = True
+            return Claim()
+        return await self._queue_for(caller, compact=False)
 
     async def acquire_for_compaction(self) -> Claim:
-        """Take the gate for `session.compact`: fail fast on a live pause, never wait on one."""
-        parked = self.parked
-        if parked is not None:
-            if not parked.expired:
-                raise TurnInProgress
-            self.parked = None
-            return Claim(parked, reclaimed=True)
-        return await self._wait(None, compact=True)
-
-    async def _wait(self, caller: str | None, *, compact: bool) -> Claim:
-        if not self._busy and not self._waiters:
-            self._busy = True
+        """Take the gate for `session.compact`: a live pause fails at once, never waited on."""
+        if self.parked is not None and not self.parked.expired:
+            raise TurnInProgress
+        claim = self._take_parked(None, first=not self._queue)
+        if claim is not None:
+            return claim
+        if not self.busy and not self._queue:
+            self._running = True
             return Claim()
-        future: asyncio.Future[Claim] = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
+        return await self._queue_for(None, compact=True)
+
+    def _take_parked(self, caller: str | None, *, first: bool) -> Claim | None:
+        """The parked turn, if `caller` may take it: its owner always, anyone first in line once expired."""
+        parked = self.parked
+        if parked is None or not (parked.owner == caller or (parked.expired and first)):
+            return None
+        self.parked = None
+        self._running = True
+        return Claim(parked, reclaimed=parked.owner != caller)
+
+    async def _queue_for(self, caller: str | None, *, compact: bool) -> Claim:
+        ticket = object()
+        self._queue.append(ticket)
         try:
             while True:
-                poll = self._poll_interval(compact)
-                try:
-                    claim = await asyncio.wait_for(asyncio.shield(future), poll)
+                if self._closed:
+                    return Claim(waited=True)  # the caller re-reads the session and sees it closed
+                first = self._queue[0] is ticket
+                parked = self.parked
+                if compact and parked is not None and not parked.expired:
+                    raise TurnInProgress
+                claim = self._take_parked(caller, first=first)
+                if claim is not None:
                     claim.waited = True
                     return claim
+                if first and not self.busy:
+                    self._running = True
+                    return Claim(waited=True)
+                # Only the first in line wakes for a parked turn's deadline; the rest wait their turn.
+                timeout = max(parked.deadline - time.monotonic(), 0.0) if first and parked else None
+                changed = self._changed
+                try:
+                    await asyncio.wait_for(changed.wait(), timeout)
                 except TimeoutError:
                     pass
-                parked = self.parked
-                if parked is None:
-                    continue
-                if compact and not parked.expired:
-                    raise TurnInProgress
-                if parked.owner == caller or (parked.expired and self._waiters[0] is future):
-                    self._waiters.remove(future)
-                    self.parked = None
-                    return Claim(parked, reclaimed=parked.owner != caller, waited=True)
-        except BaseException:
-            if future in self._waiters:
-                self._waiters.remove(future)
-            if future.done() and not future.cancelled():
-                self.release()  # the gate was handed to us as we gave up: pass it on
-            else:
-                future.cancel()
-            raise
+        finally:
+            self._queue.remove(ticket)
+            self._notify()  # the next in line may now be first
 
-    def _poll_interval(self, compact: bool) -> float | None:
-        parked = self.parked
-        if parked is None:
-            # A running turn may still pause; compaction re-checks every 100 ms.
-            return 0.1 if compact else 0.5
-        if compact:
-            return 0.1
-        return max(parked.deadline - time.monotonic(), 0.0) + 0.001
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     def park(self, turn: ParkedTurn) -> None:
         """End a running turn as Paused: the gate stays held by the parked turn."""
+        self._running = False
         self.parked = turn
+        self._notify()
 
     def release(self) -> None:
-        """End a running turn: hand the gate to the next waiter, in arrival order."""
-        while self._waiters:
-            future = self._waiters.popleft()
-            if not future.done():
-                future.set_result(Claim())
-                return
-        self._busy = False
+        """End a running turn: the first queued caller goes next."""
+        self._running = False
+        self._notify()
 
-    def clear(self) -> None:
+    def close(self) -> None:
         """Session closed: drop the parked turn and let every waiter through to see it."""
+        self._closed = True
+        self._running = False
         self.parked = None
-        waiters, self._waiters = self._waiters, deque()
-        for future in waiters:
-            if not future.done():
-                future.set_result(Claim())
-        self._busy = bool(waiters)
+        self._notify()

@@ -43,6 +43,22 @@ class History:
                     del self._entries[:index]
                     return
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def messages_json_with_instruction(self, instruction: str) -> str:
+        """The history plus a compaction instruction as the last user turn (§12.4 step 5)."""
+        block = {"type": "text", "text": instruction}
+        if self._entries and self._entries[-1][1]["role"] == "user":
+            last = self._entries[-1][1]
+            content = last["content"]
+            blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+            tail = dump({**last, "content": [*blocks, block]})
+            parts = [text for _, _, text in self._entries[:-1]] + [tail]
+        else:
+            parts = [text for _, _, text in self._entries] + [dump({"role": "user", "content": [block]})]
+        return "[" + ",".join(parts) + "]"
+
     def messages_json(self, extensions: list[dict] = ()) -> str:
         """The history, then `extensions` (this turn's messages not yet logged), as one JSON array."""
         parts = [text for _, _, text in self._entries]

@@ -2,8 +2,9 @@
 
 Everything here is memory only (SERVER-SPEC §0.1): the driver registry, the
 turn gate and parked turn, the live feed, the cached provider history, MCP
-connections and the remote sandbox handle. A later multi-replica deployment
-gives each session to one replica, which then owns exactly this object.
+connections, the remote sandbox handle and the auto-compaction backoff. A
+later multi-replica deployment gives each session to one replica, which then
+owns exactly this object.
 """
 
 from __future__ import annotations
@@ -11,17 +12,34 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from bae.config import Config
+from bae.internal import InternalPlane
 from bae.settings import Settings
+from services.session.engine.domain import SessionState
+from services.session.engine.errors import SessionNotOpen
 from services.session.engine.feed import SessionFeed
 from services.session.engine.gate import TurnGate
 from services.session.engine.history import History
 from services.session.engine.sandbox_calls import stop_sandbox
+from services.session.engine.tasks import TaskOwner
+from services.session.remote.mcp import McpSessionConnections
 from services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery
-from services.session.remote.sandbox_pool import SandboxPool
+from services.session.remote.sandbox_pool import SandboxHandle, SandboxPool
+from services.session.store import Store
+from services.session.store.events import EventView
+from services.session.store.records import ProfileRecord
 
 log = logging.getLogger("bae.session.runtime")
+
+
+@dataclass
+class CompactionBackoff:
+    """After a failed auto compaction (§12.2): its token count, and turns completed since."""
+
+    failed_token_count: int
+    turns_since: int = 0
 
 
 @dataclass(eq=False)
@@ -31,21 +49,32 @@ class LiveSession:
     feed: SessionFeed = field(default_factory=SessionFeed)
     gate: TurnGate = field(default_factory=TurnGate)
     history: History | None = None  # loaded from the log on first use
-    mcp: object | None = None  # McpSessionConnections once connected
-    mcp_task: asyncio.Task | None = None
-    sandbox: object | None = None  # the remote SandboxHandle, one per session
+    mcp: McpSessionConnections | None = None
+    mcp_task: asyncio.Task[McpSessionConnections | None] | None = None
+    sandbox: SandboxHandle | None = None  # the remote sandbox, one per session
+    compaction_backoff: CompactionBackoff | None = None
+    # Background work of this session (MCP connects); cancelled when it closes.
+    tasks: TaskOwner = field(default_factory=lambda: TaskOwner("session"))
     # Serializes registrations (a key's first one logs exactly once) and sandbox starts.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
+    @property
+    def loaded_history(self) -> History:
+        if self.history is None:
+            raise RuntimeError(f"history of {self.session_id} used before it was loaded")
+        return self.history
+
 
 class SessionRuntime:
-    def __init__(self, *, store, settings: Settings, config: Config) -> None:
+    def __init__(self, *, store: Store, settings: Settings, config: Config) -> None:
         self.store = store
         self.settings = settings
         self.config = config
         self.sessions: dict[str, LiveSession] = {}
         self.sandboxes: SandboxPool | None = (
-            SandboxPool(settings.sandbox_grpc_addrs, settings.rpc_timeout) if settings.sandbox_grpc_addrs else None
+            SandboxPool(settings.sandbox_grpc_addrs, settings.rpc_timeout, InternalPlane.of(settings))
+            if settings.sandbox_grpc_addrs
+            else None
         )
         # Host names (e.g. a scaled docker-compose service) are re-resolved to all their addresses.
         self.sandbox_discovery: SandboxDiscovery | None = (
@@ -54,23 +83,48 @@ class SessionRuntime:
             else None
         )
 
-    def get(self, session_id: str) -> LiveSession:
+    def existing(self, session_id: str) -> LiveSession:
+        """The live state of a session this replica serves; SessionNotOpen once it closed."""
         live = self.sessions.get(session_id)
         if live is None:
-            live = self.sessions[session_id] = LiveSession(session_id)
+            raise SessionNotOpen.of(SessionState.CLOSED)
+        return live
+
+    async def attach(self, session_id: str) -> LiveSession:
+        """The session's live state, created on first use, and only while the session is open.
+
+        A close can land between a caller's state check and this call. Creating
+        the state first and re-reading the session after closes that window:
+        either the close (which commits, then drops the live state) removes it,
+        or this re-read sees the close and removes it.
+        """
+        live = self.sessions.get(session_id)
+        if live is not None:
+            return live
+        live = self.sessions[session_id] = LiveSession(session_id)
+        session = await self.store.get_session(session_id)
+        if session is None or session.state != SessionState.OPEN:
+            if self.sessions.get(session_id) is live:
+                del self.sessions[session_id]
+            raise SessionNotOpen.of(session.state if session else None)
         return live
 
     def drivers(self, session_id: str) -> list[str]:
         live = self.sessions.get(session_id)
         return sorted(live.drivers) if live else []
 
+    async def load_history(self, live: LiveSession) -> History:
+        if live.history is None:
+            live.history = History.from_events(await self.store.message_events(live.session_id))
+        return live.history
+
     async def append(
         self,
         session_id: str,
         actor: str | None,
-        items: list[tuple[str, dict]],
+        items: list[tuple[str, Any]],
         new_state: str | None = None,
-    ) -> list[dict]:
+    ) -> list[EventView]:
         """Persist events (one transaction), then publish them: the one write path of live code."""
         views = await self.store.append_events(
             session_id, [(actor, kind, payload) for kind, payload in items], new_state=new_state
@@ -78,7 +132,7 @@ class SessionRuntime:
         await self.publish(session_id, views)
         return views
 
-    async def publish(self, session_id: str, events: list[dict]) -> None:
+    async def publish(self, session_id: str, events: list[EventView]) -> None:
         """Fan committed events out to the session's watchers and its history cache."""
         live = self.sessions.get(session_id)
         if live is None:
@@ -87,28 +141,28 @@ class SessionRuntime:
             live.history.observe(events)
         live.feed.publish(events)
 
-    async def on_open(self, session_id: str, profile) -> None:
+    async def on_open(self, session_id: str, profile: ProfileRecord) -> None:
         """A session was created: connect its MCP servers in the background."""
-        live = self.get(session_id)
-        live.mcp_task = asyncio.create_task(self._connect_mcp(session_id, profile))
+        live = await self.attach(session_id)
+        self._start_mcp(live, profile)
 
-    async def ensure_mcp(self, live: LiveSession, profile):
+    async def ensure_mcp(self, live: LiveSession, profile: ProfileRecord) -> McpSessionConnections | None:
         """The session's MCP connections; (re)connects after a restart of this service."""
-        if live.mcp_task is None:
-            live.mcp_task = asyncio.create_task(self._connect_mcp(live.session_id, profile))
-        return await asyncio.shield(live.mcp_task)
+        task = live.mcp_task or self._start_mcp(live, profile)
+        return await asyncio.shield(task)
 
-    async def _connect_mcp(self, session_id: str, profile):
-        from services.session.remote.mcp import McpSessionConnections
+    def _start_mcp(self, live: LiveSession, profile: ProfileRecord) -> asyncio.Task[McpSessionConnections | None]:
+        live.mcp_task = live.tasks.spawn(self._connect_mcp(live, profile), name=f"mcp-connect:{live.session_id}")
+        return live.mcp_task
 
+    async def _connect_mcp(self, live: LiveSession, profile: ProfileRecord) -> McpSessionConnections | None:
         if not profile.mcp_servers:
             return None
         connections = await McpSessionConnections.connect(
-            session_id, list(profile.mcp_servers), self.config, profile_id=profile.id, profile_name=profile.name,
+            live.session_id, list(profile.mcp_servers), self.config, profile_id=profile.id, profile_name=profile.name,
             call_timeout=self.settings.mcp_timeout,
         )
-        live = self.sessions.get(session_id)
-        if live is None:  # closed while connecting
+        if self.sessions.get(live.session_id) is not live:  # closed while connecting
             await connections.close()
             return None
         live.mcp = connections
@@ -127,10 +181,9 @@ class SessionRuntime:
             except Exception:  # logged; never blocks a close
                 log.exception("stopping the sandbox of %s failed", live.session_id)
         live.feed.close()
-        live.gate.clear()
+        live.gate.close()
         live.drivers.clear()
-        if live.mcp_task is not None:
-            live.mcp_task.cancel()
+        await live.tasks.cancel()
         if live.mcp is not None:
             try:
                 await live.mcp.close()
@@ -142,7 +195,7 @@ class SessionRuntime:
             return {"items": []}
         return self.sandboxes.status_view()
 
-    def provision(self, profile) -> None:
+    def provision(self, profile: ProfileRecord) -> None:
         """Profile created or replaced: (re)provision its sandbox images in the background (§10.2)."""
         if self.sandboxes is not None:
             self.sandboxes.provision(profile.id, profile.available_sandboxes)  # [] forgets the profile
@@ -158,7 +211,7 @@ class SessionRuntime:
                     self.provision(profile)
 
     async def stop(self) -> None:
-        """Shutdown: tear every live session down, so no sandbox outlives this replica."""
+        """Last shutdown phase: tear every live session down, so no sandbox outlives this replica."""
         if self.sandbox_discovery is not None:
             await self.sandbox_discovery.close()
         while self.sessions:

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Iterator
 
+from services.session.engine.domain import Dispatch
 from services.session.engine.sandbox_calls import dispatch_sandbox_tool
 
 
@@ -54,14 +55,14 @@ class ActingTools:
             ]
         return tools
 
-    def classify(self, name: str) -> str:
+    def classify(self, name: str) -> Dispatch:
         if any(t["name"] == name for t in self.client):
-            return "client"
+            return Dispatch.CLIENT
         if any(t["name"] == name for t in self.sandbox):
-            return "sandbox"
+            return Dispatch.SANDBOX
         if name == "remote_subagent_status" or any(t["name"] == name for t in self.subagent):
-            return "subagent"
-        return "mcp"
+            return Dispatch.SUBAGENT
+        return Dispatch.MCP
 
     def mcp_server_for(self, name: str) -> str | None:
         return self.mcp.route(name) if self.mcp is not None else None
@@ -77,7 +78,7 @@ async def dispatch_server_tools(turn, calls: list[tuple[dict, str]], declared: A
     MCP calls run concurrently (their requests are logged first, their
     responses in the model's order); sandbox and subagent calls run in order.
     """
-    mcp_blocks = [block for block, kind in calls if kind == "mcp"]
+    mcp_blocks = [block for block, kind in calls if kind == Dispatch.MCP]
     mcp_calls: list[asyncio.Task] = []
     if mcp_blocks:
         await turn.emit(
@@ -106,11 +107,11 @@ async def dispatch_server_tools(turn, calls: list[tuple[dict, str]], declared: A
 
 async def _answer(turn, block: dict, kind: str, pending_mcp: Iterator[asyncio.Task]) -> dict:
     """Record one server-side block's outcome; its tool_result block. MCP calls are taken in order."""
-    if kind == "mcp":
+    if kind == Dispatch.MCP:
         response, result = await next(pending_mcp)
         await turn.emit([("mcp.response", response), ("tool.result", result)])
         return _as_result_block(result)
-    if kind == "sandbox":
+    if kind == Dispatch.SANDBOX:
         return await dispatch_sandbox_tool(turn, block)
     result = error_result(block["id"], json.dumps({"error": "remote subagents are not available on this server"}))
     await turn.emit(

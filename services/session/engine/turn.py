@@ -1,9 +1,9 @@
-"""The turn loop (SERVER-SPEC §7.6): provider step, tool dispatch, pause.
+"""One call's work on a session while it holds the gate (SERVER-SPEC §7.6).
 
-One `Turn` is one `session.sendMessage` call that holds the gate. It builds
-the provider history from the cached effective history plus this call's
-in-memory extensions, asks the runner for one step at a time, records every
-event before it is broadcast, and dispatches server-side tools itself.
+A `Turn` records every event before it is broadcast, asks the runner for one
+provider step at a time, and dispatches server-side tools itself. It knows
+no wire format: the caller's stream is only a `Watcher` whose own input echo
+the turn marks, and the turn ends with a `TurnEnd`, not a frame.
 """
 
 from __future__ import annotations
@@ -17,10 +17,14 @@ import grpc
 
 from bae.jsontext import RawJson, dump
 from bae.protos import runner_pb2
+from services.session.engine import tools as toolset
+from services.session.engine.domain import Dispatch, SessionState, TurnEnd, Usage
 from services.session.engine.feed import Watcher
 from services.session.engine.gate import ParkedTurn
 from services.session.engine.runtime import LiveSession, SessionRuntime
-from services.session.engine import tools as toolset
+from services.session.remote.runner import RunnerClient
+from services.session.store.events import EventView
+from services.session.store.records import ProfileRecord, SessionRecord
 
 log = logging.getLogger("bae.session.turn")
 
@@ -32,13 +36,16 @@ UNAVAILABLE_MESSAGE = {
     "content": [{"type": "text", "text": "The provider is currently unavailable."}],
 }
 
+EventItem = tuple[str, dict | RawJson]
 
-class TurnFailed(Exception):
-    """The loop could not run (runner unreachable, store failure): -32000 `session loop failed`."""
+
+class RunnerUnreachable(Exception):
+    """The runner call itself failed (not a provider): the step produced no result."""
 
 
 @dataclass
-class Outcome:
+class LoopResult:
+    end: TurnEnd
     message: dict
     parked: ParkedTurn | None = None
 
@@ -48,12 +55,15 @@ class Turn:
     runtime: SessionRuntime
     live: LiveSession
     actor: str
-    watcher: Watcher
-    runner: object  # RunnerClient
-    events: list[dict] = field(default_factory=list)
+    runner: RunnerClient
+    # The caller's own stream, if any: the input it recorded is not echoed back to it (§6.4).
+    echo: Watcher | None = None
+    events: list[EventView] = field(default_factory=list)
+    # Usage of the last successful provider call of this turn (§12.2); None when unreported.
+    last_usage: Usage | None = None
     # A successful provider.response, held back to be written in one store call
     # with the events that follow it (it arrives together with the step's result).
-    carried: list[tuple[str, str, RawJson]] = field(default_factory=list)
+    carried: list[tuple[str | None, str, dict | RawJson]] = field(default_factory=list)
 
     @property
     def session_id(self) -> str:
@@ -61,13 +71,13 @@ class Turn:
 
     async def emit(
         self,
-        items: list[tuple[str, dict]],
+        items: list[EventItem],
         *,
         echo: bool = False,
-        new_state: str | None = None,
+        new_state: SessionState | None = None,
         attribute_to: str | None = None,
         in_result: bool = True,
-    ) -> list[dict]:
+    ) -> list[EventView]:
         """Persist (after any carried event), then broadcast. `echo` marks the caller's own input."""
         carried, self.carried = self.carried, []
         views = await self.runtime.store.append_events(
@@ -76,38 +86,49 @@ class Turn:
             new_state=new_state,
         )
         own = views[len(carried):]
-        if echo:  # before publishing, so the caller's own stream never sees them
-            self.watcher.echo_ids.update(view["id"] for view in own)
+        if echo and self.echo is not None:  # before publishing, so the caller's stream never sees them
+            self.echo.echo_ids.update(view["id"] for view in own)
         self.events.extend(views if in_result else views[: len(carried)])
         await self.runtime.publish(self.session_id, views)
         return own
 
-    async def run(self, session, profile) -> Outcome:
-        try:
-            return await self._loop(session, profile)
-        finally:
-            if self.carried:  # the turn ended without writing anything after its last step
-                await self.emit([])
+    async def emit_compaction(self, *, preamble: dict, summary: dict, completed: dict) -> list[EventView]:
+        """A compaction's preamble, summary and `completed` marker, written together, then broadcast."""
+        carried, self.carried = self.carried, []
+        views = await self.runtime.store.append_compaction(
+            self.session_id, self.actor, carried, preamble, summary, completed
+        )
+        self.events.extend(views)
+        await self.runtime.publish(self.session_id, views)
+        return views
 
-    async def _loop(self, session, profile) -> Outcome:
+    async def flush(self) -> None:
+        """Write a provider.response still carried when the turn ends without a following event."""
+        if self.carried:
+            await self.emit([])
+
+    async def run_loop(self, session: SessionRecord, profile: ProfileRecord) -> LoopResult:
         extensions: list[dict] = []
         for iteration in range(MAX_ITERATIONS):
             if iteration:  # re-read: updateClientTools applies from the next provider call
                 session = await self.runtime.store.get_session(self.session_id) or session
             mcp = await self.runtime.ensure_mcp(self.live, profile)
             declared = toolset.ActingTools.of(session, self.actor, mcp)
-            result = await self._provider_step(
-                profile, self.live.history.messages_json(extensions), declared.advertised()
-            )
-            if result is None:
-                return Outcome(UNAVAILABLE_MESSAGE)
+            result = await self.step(profile, self.live.loaded_history.messages_json(extensions), declared.advertised())
+            if result.outcome != runner_pb2.StepResult.OK:
+                if result.outcome == runner_pb2.StepResult.PROVIDER_CONFIG:
+                    payload = {"reason": "provider_config", "detail": result.detail}
+                else:
+                    payload = {"reason": "all_providers_failed", "attempts": result.attempts}
+                await self.emit([("session.error", payload)], new_state=SessionState.ERROR)
+                return LoopResult(TurnEnd.UNAVAILABLE, UNAVAILABLE_MESSAGE)
             assistant = json.loads(result.message_json)
             content = assistant.get("content") or []
             tool_uses = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
             if not tool_uses:
                 message = {"role": "assistant", "content": content}
                 await self.emit([("server.message.send", message)])
-                return Outcome(message)
+                return LoopResult(TurnEnd.COMPLETED, message)
 
             # One kind per block, by position: a model may reuse an id, and each block is
             # classified by its own name (the duplicate is refused when the turn resumes).
@@ -121,19 +142,19 @@ class Turn:
                             "name": block["name"],
                             "input": block.get("input", {}),
                             "dispatch": kind,
-                            "server_name": declared.mcp_server_for(block["name"]) if kind == "mcp" else None,
+                            "server_name": declared.mcp_server_for(block["name"]) if kind == Dispatch.MCP else None,
                         },
                     )
                     for block, kind in zip(tool_uses, kinds)
                 ]
             )
-            server_calls = [(block, kind) for block, kind in zip(tool_uses, kinds) if kind != "client"]
+            server_calls = [(block, kind) for block, kind in zip(tool_uses, kinds) if kind != Dispatch.CLIENT]
             results = await toolset.dispatch_server_tools(self, server_calls, declared)
 
-            if "client" in kinds:
+            if Dispatch.CLIENT in kinds:
                 kind_of = iter(kinds)
                 tagged = [
-                    {**block, "dispatch": next(kind_of)}
+                    {**block, "dispatch": str(next(kind_of))}
                     if isinstance(block, dict) and block.get("type") == "tool_use"
                     else block
                     for block in content
@@ -146,22 +167,33 @@ class Turn:
                     tool_uses=[b for b in tagged if b.get("type") == "tool_use"],
                     server_results={r["tool_use_id"]: r for r in results},
                 )
-                return Outcome(message, parked=parked)
+                return LoopResult(TurnEnd.PAUSED, message, parked)
             extensions += [{"role": "assistant", "content": content}, {"role": "user", "content": results}]
 
         await self.emit(
-            [("session.error", {"reason": "loop_limit", "max_iterations": MAX_ITERATIONS})], new_state="error"
+            [("session.error", {"reason": "loop_limit", "max_iterations": MAX_ITERATIONS})],
+            new_state=SessionState.ERROR,
         )
-        return Outcome(UNAVAILABLE_MESSAGE)
+        return LoopResult(TurnEnd.UNAVAILABLE, UNAVAILABLE_MESSAGE)
 
-    async def _provider_step(self, profile, messages_json: str, tools: list[dict]):
-        """One runner call; records its events as they stream. None when the turn ends unavailable."""
+    async def step(
+        self,
+        profile: ProfileRecord,
+        messages_json: str,
+        tools: list[dict],
+        *,
+        purpose: str = "",
+        min_max_tokens: int = 0,
+    ) -> runner_pb2.StepResult:
+        """One runner call; records its events as they stream and returns the step's result."""
         request = runner_pb2.StepRequest(
             session_id=self.session_id,
             primary_provider=profile.primary_provider,
             fallback_providers=list(profile.fallback_providers),
             messages_json=messages_json,
             tools_json=dump(tools),
+            purpose=purpose,
+            min_max_tokens=min_max_tokens,
         )
         result = None
         try:
@@ -177,14 +209,9 @@ class Turn:
                     result = update.result
         except grpc.aio.AioRpcError as exc:
             log.error("runner call for session %s failed: %s %s", self.session_id, exc.code().name, exc.details())
-            raise TurnFailed(f"runner unavailable ({exc.code().name})") from exc
+            raise RunnerUnreachable(exc.code().name) from exc
         if result is None:
-            raise TurnFailed("runner ended the step without a result")
+            raise RunnerUnreachable("the step ended without a result")
         if result.outcome == runner_pb2.StepResult.OK:
-            return result
-        if result.outcome == runner_pb2.StepResult.PROVIDER_CONFIG:
-            payload = {"reason": "provider_config", "detail": result.detail}
-        else:
-            payload = {"reason": "all_providers_failed", "attempts": result.attempts}
-        await self.emit([("session.error", payload)], new_state="error")
-        return None
+            self.last_usage = Usage(result.input_tokens, result.output_tokens) if result.has_usage else None
+        return result

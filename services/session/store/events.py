@@ -141,6 +141,51 @@ def append(
     return views
 
 
+def append_compaction(
+    conn: Connection,
+    session_id: str,
+    client_key_id: str | None,
+    leading: list[tuple[str | None, str, dict | RawJson]],
+    preamble: dict,
+    summary: dict,
+    completed: dict,
+) -> list[EventView]:
+    """`leading` events, then a compaction's preamble, summary and `completed` marker (§12.4 step 8).
+
+    One transaction (the caller's): the marker names the ids of the two messages it
+    makes the new start of the history, so all three land together or not at all.
+    """
+    messages = append(
+        conn,
+        session_id,
+        [*leading, (client_key_id, "server.message.send", preamble), (client_key_id, "server.message.send", summary)],
+    )
+    marker = {"preamble_event_id": messages[-2]["id"], "summary_event_id": messages[-1]["id"], **completed}
+    return messages + append(conn, session_id, [(client_key_id, "session.compaction.completed", marker)])
+
+
+_PROVIDER_RESPONSES_NEWEST_FIRST = (
+    select(session_events.c.payload)
+    .where(
+        and_(
+            session_events.c.session_id == bindparam("session_id"),
+            session_events.c.event_type == "provider.response",
+        )
+    )
+    .order_by(session_events.c.seq.desc())
+)
+
+
+def latest_turn_usage(conn: Connection, session_id: str) -> dict | None:
+    """The usage of the session's newest successful turn (not compaction) provider response (§12.3 step 9)."""
+    for (payload_text,) in conn.execute(_PROVIDER_RESPONSES_NEWEST_FIRST, {"session_id": session_id}):
+        payload = load(payload_text)
+        if payload.get("ok") and not payload.get("purpose"):
+            usage = payload.get("usage")
+            return usage if isinstance(usage, dict) else None
+    return None
+
+
 def page(conn: Connection, session_id: str, after_seq: int, limit: int) -> list[Row]:
     return list(conn.execute(_PAGE, {"session_id": session_id, "after": after_seq, "limit": limit}))
 

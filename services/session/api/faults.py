@@ -1,0 +1,49 @@
+"""JSON-RPC faults, and the one place any failure of a method becomes an error.
+
+A method raises `RpcFault` for a refusal of its own (bad params, driver gate)
+and lets the engine's `EngineError`s through; `rpc_error` maps both, and
+anything unexpected becomes `-32603 Internal error` with the detail logged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from bae.protos import session_pb2
+from bae.rpc_codes import RpcCode
+from services.session.engine.errors import EngineError, TurnInProgress
+
+log = logging.getLogger("bae.session.rpc")
+
+RpcError = session_pb2.RpcError
+
+
+class RpcFault(Exception):
+    """A JSON-RPC error a method answers with: its code and message."""
+
+    def __init__(self, code: RpcCode, message: str, *, id_mode: int = RpcError.REQUEST_ID) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.id_mode = id_mode
+
+
+def invalid_params(detail: str) -> RpcFault:
+    return RpcFault(RpcCode.INVALID_PARAMS, f"Invalid params: {detail}")
+
+
+# Engine refusals are application errors (-32000) unless listed here.
+ENGINE_CODES: dict[type[EngineError], RpcCode] = {TurnInProgress: RpcCode.TURN_IN_PROGRESS}
+
+
+def rpc_error(exc: Exception, method: str) -> session_pb2.RpcError:
+    """The error a method's failure is answered with."""
+    if isinstance(exc, RpcFault):
+        return RpcError(code=exc.code, message=exc.message, id_mode=exc.id_mode)
+    if isinstance(exc, EngineError):
+        code = ENGINE_CODES.get(type(exc), RpcCode.APPLICATION_ERROR)
+        if code == RpcCode.APPLICATION_ERROR and str(exc) == "session loop failed":
+            log.error("%s failed: %s", method, getattr(exc, "reason", exc))
+        return RpcError(code=code, message=str(exc))
+    log.error("%s failed", method, exc_info=exc)
+    return RpcError(code=RpcCode.INTERNAL_ERROR, message="Internal error")

@@ -1,0 +1,325 @@
+"""The turn engine's entry points: run a turn, run a compaction (SERVER-SPEC §7, §12).
+
+Anything may call them: a JSON-RPC method for a client, or code with no
+client at all. They take typed requests, broadcast every event they record
+through the session's live feed (which is how callers watch), and return a
+typed outcome or raise an `EngineError`. Once a call holds the turn gate its
+work runs in a task the engine owns, so a caller that goes away stops only
+its own delivery; shutdown drains those tasks before anything is torn down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from services.session.engine import compaction
+from services.session.engine.domain import (
+    CompactionOutcome,
+    CompactionReason,
+    CompactionTrigger,
+    CompactRequest,
+    SessionState,
+    TurnEnd,
+    TurnOutcome,
+    TurnRequest,
+)
+from services.session.engine.errors import (
+    CompactionFailed,
+    LoopFailed,
+    MergeRefused,
+    OrphanToolResult,
+    ProfileUnavailable,
+    SessionNotOpen,
+    ShuttingDown,
+)
+from services.session.engine.feed import Watcher
+from services.session.engine.gate import Claim, ParkedTurn
+from services.session.engine.merge import (
+    MergeInvalid,
+    has_tool_result,
+    is_continuation,
+    merge_abandonment,
+    merge_continuation,
+    synthesize_abandoned,
+)
+from services.session.engine.runtime import LiveSession, SessionRuntime
+from services.session.engine.tasks import TaskOwner
+from services.session.engine.turn import RunnerUnreachable, Turn
+from services.session.remote.runner import RunnerClient
+from services.session.store.records import ProfileRecord, SessionRecord
+
+log = logging.getLogger("bae.session.engine")
+
+Records = tuple[SessionRecord | None, ProfileRecord | None]
+
+
+class TurnEngine:
+    def __init__(self, *, runtime: SessionRuntime, runner: RunnerClient) -> None:
+        self.runtime = runtime
+        self.runner = runner
+        self._work = TaskOwner("turn")
+        self._accepting = True
+
+    # -- entry points -----------------------------------------------------------
+
+    async def run_turn(
+        self, request: TurnRequest, *, watcher: Watcher | None = None, records: Records | None = None
+    ) -> TurnOutcome:
+        """Queue on the session's gate, then run one `sendMessage` turn to its end.
+
+        `watcher` (the caller's stream) joins the feed once the gate is held, and
+        is ended when the turn is; the input the turn records is not echoed to it.
+        `records` are the session and profile the caller already read, reused
+        when the turn did not have to queue.
+        Cancelling while queued records nothing; after that the turn runs on.
+        """
+        live = self._admit(request.session_id)
+        claim = await live.gate.acquire(request.actor)
+        work = self._work.spawn(self._turn(live, request, claim, watcher, records), name=request.session_id)
+        return await asyncio.shield(work)
+
+    async def compact(self, request: CompactRequest, *, watcher: Watcher | None = None) -> CompactionOutcome:
+        """Run one `session.compact` (§12.3): waits for a running turn, never for a paused one."""
+        live = self._admit(request.session_id)
+        claim = await live.gate.acquire_for_compaction()
+        work = self._work.spawn(self._compaction(live, request, claim, watcher), name=request.session_id)
+        return await asyncio.shield(work)
+
+    async def drain(self, timeout: float) -> None:
+        """Shutdown phases 1 and 2: take no new work, let running work finish within `timeout`."""
+        self._accepting = False
+        if not await self._work.drain(timeout):
+            log.warning("%d turn(s) still running after %.1fs; cancelling them", len(self._work), timeout)
+            await self._work.cancel()
+
+    def _admit(self, session_id: str) -> LiveSession:
+        if not self._accepting:
+            raise ShuttingDown
+        return self.runtime.existing(session_id)
+
+    # -- a turn -----------------------------------------------------------------
+
+    async def _turn(
+        self, live: LiveSession, request: TurnRequest, claim: Claim, watcher: Watcher | None, records: Records | None
+    ) -> TurnOutcome:
+        turn = Turn(self.runtime, live, request.actor, self.runner, echo=watcher)
+        parked: ParkedTurn | None = None
+        try:
+            if records is None or claim.waited:  # the session may have changed while queued
+                records = await self.runtime.store.session_and_profile(live.session_id)
+            outcome, parked = await self._claimed_turn(turn, request, claim, watcher, *records)
+            return outcome
+        except RunnerUnreachable as exc:
+            raise LoopFailed(str(exc)) from exc
+        finally:
+            await self._flush_quietly(turn)
+            if watcher is not None:
+                live.feed.forget(watcher)
+            if parked is not None:
+                live.gate.park(parked)
+            else:
+                live.gate.release()
+
+    async def _claimed_turn(
+        self,
+        turn: Turn,
+        request: TurnRequest,
+        claim: Claim,
+        watcher: Watcher | None,
+        session: SessionRecord | None,
+        profile: ProfileRecord | None,
+    ) -> tuple[TurnOutcome, ParkedTurn | None]:
+        live = turn.live
+        previous = claim.parked
+        if claim.reclaimed and previous is not None:
+            await self._abandoned(turn, previous)
+        if session is None or session.state != SessionState.OPEN:
+            raise SessionNotOpen.of(session.state if session else None)
+        role, content = request.message.role, request.message.content
+        server_ids: set[str] = set()
+        if previous is not None:
+            try:
+                if role != "user":
+                    raise MergeInvalid(f'paused tool continuation must have role "user", got "{role}"')
+                if claim.reclaimed:
+                    content = merge_abandonment(previous.tool_uses, previous.server_results, content, timed_out=True)
+                elif is_continuation(content):
+                    content = merge_continuation(previous.tool_uses, previous.server_results, content)
+                else:
+                    content = merge_abandonment(previous.tool_uses, previous.server_results, content, timed_out=False)
+            except MergeInvalid as exc:
+                await self._merge_refused(turn, exc)
+            server_ids = set(previous.server_results)
+        elif has_tool_result(content):
+            raise OrphanToolResult
+
+        await self.runtime.load_history(live)
+        if watcher is not None:
+            live.feed.watchers.add(watcher)
+        items: list[tuple[str, dict]] = [("client.message.send", {"role": role, "content": content})]
+        for block in content if isinstance(content, list) else []:
+            if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("tool_use_id") not in server_ids:
+                items.append(("tool.result", client_result(block)))
+        await turn.emit(items, echo=True)
+
+        if profile is None:
+            await turn.emit(
+                [("session.error", {"reason": "profile_unavailable", "profile_id": session.profile_id})],
+                new_state=SessionState.ERROR,
+            )
+            raise ProfileUnavailable
+        result = await turn.run_loop(session, profile)
+        pending = previous.pending_compaction if previous is not None else None
+        if result.end == TurnEnd.PAUSED and result.parked is not None:
+            result.parked.pending_compaction = self._crossed(session, turn) or pending
+            return TurnOutcome(result.end, result.message, turn.events), result.parked
+        if result.end == TurnEnd.COMPLETED:
+            await self._auto_compact(turn, session, profile, pending)
+        return TurnOutcome(result.end, result.message, turn.events), None
+
+    async def _abandoned(self, turn: Turn, parked: ParkedTurn) -> None:
+        """An expired pause was taken from its owner: say so, attributed to the owner (§7.3)."""
+        await turn.emit(
+            [("session.error", {"reason": "driver_turn_abandoned", "owner_client_key_id": parked.owner})],
+            attribute_to=parked.owner,
+            in_result=False,
+        )
+
+    async def _merge_refused(self, turn: Turn, exc: MergeInvalid) -> None:
+        await turn.emit(
+            [("session.error", {"reason": "tool_result_merge_invalid", "detail": str(exc)})],
+            new_state=SessionState.ERROR,
+        )
+        raise MergeRefused(str(exc))
+
+    # -- auto compaction (§12.2) ------------------------------------------------------
+
+    @staticmethod
+    def _crossed(session: SessionRecord, turn: Turn) -> int | None:
+        """The token count when this turn's last provider call crossed the auto threshold."""
+        size = compaction.auto_threshold(session)
+        usage = turn.last_usage
+        if size is None or usage is None or usage.token_count <= size:
+            return None
+        return usage.token_count
+
+    async def _auto_compact(
+        self, turn: Turn, session: SessionRecord, profile: ProfileRecord, pending: int | None
+    ) -> None:
+        size = compaction.auto_threshold(session)
+        if size is None:
+            return
+        usage = turn.last_usage
+        token_count = usage.token_count if usage is not None else None
+        if pending is not None and (token_count is None or token_count <= size):
+            token_count = pending  # crossed on the paused call, honoured at this boundary
+        reason = compaction.auto_reason(turn.live, token_count, size)
+        if reason is None or token_count is None:
+            return
+        try:
+            await compaction.run_compaction(
+                turn,
+                self.runtime.config,
+                profile,
+                trigger=CompactionTrigger.AUTO,
+                reason=reason,
+                token_count=token_count,
+                threshold=size,
+                instruction=compaction.DEFAULT_PROMPT,
+            )
+        except CompactionFailed as exc:
+            log.warning("auto compaction of %s failed: %s", turn.session_id, exc.detail)
+            compaction.arm_backoff(turn.live, token_count)
+        except Exception as exc:  # the records could not be written: the turn still succeeds
+            log.exception("auto compaction of %s could not be recorded", turn.session_id)
+            compaction.arm_backoff(turn.live, token_count)
+            try:
+                await turn.emit(
+                    [("session.error", {"reason": "compaction_store_failed", "detail": type(exc).__name__})]
+                )
+            except Exception:
+                log.exception("recording compaction_store_failed on %s failed", turn.session_id)
+
+    # -- a manual compaction (§12.3) --------------------------------------------------
+
+    async def _compaction(
+        self, live: LiveSession, request: CompactRequest, claim: Claim, watcher: Watcher | None
+    ) -> CompactionOutcome:
+        turn = Turn(self.runtime, live, request.actor, self.runner)
+        try:
+            if watcher is not None:
+                live.feed.watchers.add(watcher)
+            previous = claim.parked
+            if claim.reclaimed and previous is not None:
+                await self._abandoned(turn, previous)
+            session, profile = await self.runtime.store.session_and_profile(live.session_id)
+            if session is None or session.state != SessionState.OPEN:
+                raise SessionNotOpen.of(session.state if session else None)
+            await self.runtime.load_history(live)
+            if previous is not None:
+                await self._retire(turn, previous)
+            if profile is None:
+                raise ProfileUnavailable
+            usage = await self.runtime.store.latest_turn_usage(live.session_id)
+            completed = await compaction.run_compaction(
+                turn,
+                self.runtime.config,
+                profile,
+                trigger=CompactionTrigger.CLIENT,
+                reason=CompactionReason.MANUAL,
+                token_count=_token_count(usage),
+                threshold=None,
+                instruction=compaction.client_prompt(session, request.prompt),
+            )
+            return CompactionOutcome(completed, turn.events)
+        except RunnerUnreachable as exc:
+            raise CompactionFailed(f"the model runner is unreachable ({exc})") from exc
+        finally:
+            await self._flush_quietly(turn)
+            if watcher is not None:
+                live.feed.forget(watcher)
+            live.gate.release()
+
+    async def _retire(self, turn: Turn, parked: ParkedTurn) -> None:
+        """Answer a reclaimed pause's calls so the history stays valid (§12.3 step 7)."""
+        try:
+            results = synthesize_abandoned(parked.tool_uses, parked.server_results)
+        except MergeInvalid as exc:
+            await self._merge_refused(turn, exc)
+        items: list[tuple[str, dict]] = [
+            ("server.message.send", {"role": "user", "content": results, "synthetic": "abandoned_tool_results"})
+        ]
+        items += [
+            ("tool.result", client_result(block))
+            for block in results
+            if block["tool_use_id"] not in parked.server_results
+        ]
+        await turn.emit(items)
+
+    @staticmethod
+    async def _flush_quietly(turn: Turn) -> None:
+        try:
+            await turn.flush()
+        except Exception:
+            log.exception("writing the last provider response of %s failed", turn.session_id)
+
+
+def client_result(block: dict) -> dict:
+    """The `tool.result` payload of a client-answered `tool_result` block."""
+    return {
+        "tool_use_id": block.get("tool_use_id"),
+        "dispatch": "client",
+        "server_name": None,
+        "is_error": bool(block.get("is_error", False)),
+        "content": block.get("content"),
+    }
+
+
+def _token_count(usage: dict | None) -> int | None:
+    if usage is None:
+        return None
+    try:
+        return int(usage["input_tokens"]) + int(usage["output_tokens"])
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -1,0 +1,69 @@
+"""Why the engine refused or could not finish a request.
+
+Each error's text is the client-facing message the spec gives; the API layer
+maps the classes to JSON-RPC codes in one place (`api.faults`).
+"""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """A request the engine refused or could not finish; `str(error)` is the client text."""
+
+
+class SessionNotOpen(EngineError):
+    """The session is gone or no longer open."""
+
+    @classmethod
+    def of(cls, state: str | None) -> "SessionNotOpen":
+        if state is None:
+            return cls("session no longer exists")
+        return cls(f"session is {state}, not open")
+
+
+class ProfileUnavailable(EngineError):
+    def __init__(self) -> None:
+        super().__init__("profile_unavailable: the profile bound to this session is no longer available")
+
+
+class OrphanToolResult(EngineError):
+    def __init__(self) -> None:
+        super().__init__(
+            "tool result merge invalid: no paused turn is awaiting tool results "
+            "(it may have timed out and been retired)"
+        )
+
+
+class MergeRefused(EngineError):
+    """A paused turn's results did not merge; the session is now in `error` (§7.4)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"tool result merge invalid: {detail}")
+
+
+class TurnInProgress(EngineError):
+    """A live paused turn holds the gate; `session.compact` never waits on one (§12.3)."""
+
+    def __init__(self) -> None:
+        super().__init__("turn in progress: resolve the paused turn before compacting")
+
+
+class LoopFailed(EngineError):
+    """The turn loop could not run: runner unreachable, or a store write failed mid-loop."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("session loop failed")
+        self.reason = reason
+
+
+class CompactionFailed(EngineError):
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"compaction failed: {detail}")
+        self.detail = detail
+
+
+class ShuttingDown(EngineError):
+    """This replica is draining and takes no new turns."""
+
+    def __init__(self) -> None:
+        super().__init__("server is shutting down; retry on another replica or after restart")
