@@ -197,7 +197,7 @@ def demo_config(address: str) -> str:
 def demo_env(env: dict[str, str], data_dir: Path) -> dict[str, str]:
     """`env` with the demo provider enabled and a config naming only it."""
     address = env.get("BAE_DEMO_PROVIDER_ADDR") or DEMO_PROVIDER_ADDR
-    config = data_dir / "demo-config.toml"
+    config = Path(env.get("BAE_DB_PATH") or data_dir / "bae.db").parent / "demo-config.toml"
     config.write_text(demo_config(address))
     return {**env, "BAE_DEMO_PROVIDER_ADDR": address, "BAE_CONFIG": str(config)}
 

@@ -1,0 +1,121 @@
+"""The no-key first session: `bae run --demo` (what `make demo` runs), the example script, and bae.client."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from bae.client import ApiError, Client, RpcError, ToolDef
+from bae.stack import demo_config
+from conftest import ROOT, RunningStack, free_port, launch_stack, stack_env
+
+TIME = ToolDef("get_current_time", "The current time")
+
+
+def test_make_demo_then_the_first_session_script(tmp_path: Path) -> None:
+    env = stack_env(tmp_path, BAE_DEMO_PROVIDER_ADDR=f"127.0.0.1:{free_port()}")
+    stack = subprocess.Popen([sys.executable, "-m", "bae", "run", "--demo"], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        banner = []
+        for line in stack.stdout:
+            banner.append(line)
+            if line.startswith("Press Ctrl-C"):
+                break
+        assert any("DEMO provider" in line for line in banner), "".join(banner)
+        admin_url = f"http://{env['BAE_ADMIN_ADDR']}"
+        script = [sys.executable, "examples/first_session.py", "--url", f"http://{env['BAE_ADDR']}",
+                  "--admin-url", admin_url, "--admin-key-file", env["BAE_ADMIN_KEY_FILE"]]
+        for run in range(2):  # the second run finds the profile it created
+            result = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=60)
+            assert result.returncode == 0, result.stderr
+            lines = result.stdout.splitlines()
+            assert "model < [demo] you said: Hello, BAE!" in lines
+            assert "model < [demo] calling get_current_time" not in lines  # the loop answered the tool call
+            assert any(line.startswith("  (client) running get_current_time({}) -> ") for line in lines)
+            assert any(line.startswith("model < [demo] get_current_time returned: 20") for line in lines)
+            assert "    · tool.call" in lines
+    finally:
+        stack.send_signal(signal.SIGTERM)
+        stack.communicate(timeout=30)
+    assert stack.returncode == 0
+    assert (tmp_path / "demo-config.toml").read_text().count("[[providers.entries]]") == 1
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    address = f"127.0.0.1:{free_port()}"
+    running = launch_stack(tmp_path_factory.mktemp("demo"), demo_config(address), BAE_DEMO_PROVIDER_ADDR=address)
+    yield running
+    running.close()
+
+
+def new_key(demo: RunningStack, tools: list[str]) -> tuple[str, str]:
+    profile = demo.create_profile(f"client-{free_port()}", primary="demo", allowed_tools=tools)
+    return profile["id"], demo.create_key(profile["id"])["key"]
+
+
+def test_client_open_send_join_subscribe_close(demo: RunningStack) -> None:
+    profile_id, key = new_key(demo, [TIME.name])
+    with Client(str(demo.client.base_url)) as bae:
+        assert bae.meta()["api_versions"] == ["v1"]
+        session = bae.open(key, tools=[TIME], client_version="test/1")
+        assert session.profile["id"] == profile_id
+
+        watcher = bae.join(session.id, demo.create_key(profile_id, name="watcher")["key"])
+        seen: list[str] = []
+        subscribed = threading.Event()
+
+        def watch() -> None:
+            for event in watcher.subscribe(timeout=30):
+                seen.append(event["event_type"])
+                subscribed.set()
+
+        thread = threading.Thread(target=watch)
+        thread.start()
+        live: list[str] = []
+        reply = session.send("hi there", on_event=lambda event: live.append(event["event_type"]))
+        assert reply.text == "[demo] you said: hi there" and reply.client_tool_calls == []
+        assert "provider.response" in live and "client.message.send" not in live  # no echo of our own input
+        assert [event["event_type"] for event in reply.events][0] == "client.message.send"
+
+        calls: list[dict] = []
+        reply = session.send("now call get_current_time", handlers={TIME.name: lambda args: calls.append(args) or
+                                                                     "12:00"})
+        assert calls == [{}] and reply.text == "[demo] get_current_time returned: 12:00"
+        assert session.drivers() == [reply.events[0]["client_key_id"]]
+
+        unanswered = session.send("get_current_time again, no handler this time")
+        assert unanswered.text.startswith("[demo] get_current_time returned: no handler for tool")
+
+        watcher.unsubscribe()
+        thread.join(30)
+        assert "client.message.send" in seen and "server.message.send" in seen
+        history = list(session.all_events())
+        assert [event["event_type"] for event in history].count("tool.result") == 2
+        assert session.close() == {"session_id": session.id, "state": "closed"}
+
+
+def test_client_errors(demo: RunningStack) -> None:
+    _, key = new_key(demo, [])
+    with Client(str(demo.client.base_url)) as bae:
+        with pytest.raises(ApiError) as refused:
+            bae.open("bae_" + "0" * 48)
+        assert (refused.value.status, refused.value.type) == (401, "unauthorized")
+        with pytest.raises(ApiError) as not_allowed:
+            bae.open(key, tools=[TIME])
+        assert not_allowed.value.type == "tool_not_allowed"
+        session = bae.open(key)
+        with pytest.raises(RpcError) as unregistered:
+            session.call("session.sendMessage", {"message": {"content": "x"}})
+        assert unregistered.value.code == -32001
+        session.close()
+        with pytest.raises(ApiError) as closed:
+            session.close()
+        assert closed.value.type == "session_closed"
