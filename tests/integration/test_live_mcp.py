@@ -24,7 +24,7 @@ from mcp_support import TOOLS_SERVER, http_tools_server, live_children, pid_aliv
 from mockllm import MockLLM, Reply
 
 PYTHON = sys.executable
-TOOL_NAMES = ["echo", "fail", "sleep", "request_header", "argv", "handshake"]
+TOOL_NAMES = ["echo", "fail", "sleep", "request_header", "argv", "handshake", "environment"]
 WEB_TOOL_NAMES = [f"web_{name}" for name in TOOL_NAMES]
 LLM_TOKEN = "sk-test-llm-token"
 REDACTED = "\u2022" * 8
@@ -50,6 +50,7 @@ name = "local"
 transport = "stdio"
 command = "{PYTHON}"
 args = ["{TOOLS_SERVER}", "stdio", "--label", "${{MCP_LABEL}}"]
+env = {{ GREETING = "hello", WEB_TOKEN_COPY = "${{WEB_MCP_TOKEN}}" }}
 
 [[mcp.servers]]
 name = "web"
@@ -508,14 +509,15 @@ def test_admin_views_redact_secrets_that_resolve_only_when_connecting(stack, moc
     config = admin.get("/admin/v1/config")
     assert config.status_code == 200
     assert config.json()["mcp"]["servers"] == [
-        {"name": "local", "transport": "stdio", "command": PYTHON, "url": None, "headers": {},
-         "args": [TOOLS_SERVER, "stdio", "--label", "${MCP_LABEL}"]},
-        {"name": "web", "transport": "http", "command": None, "args": [], "url": web_url,
-         "headers": {"Authorization": REDACTED, "X-Static": REDACTED}},
         {"name": "broken", "transport": "stdio", "command": "/nonexistent/mcp-server", "args": [], "url": None,
-         "headers": {}},
+         "headers": {}, "env": {}},
+        {"name": "local", "transport": "stdio", "command": PYTHON, "url": None, "headers": {},
+         "args": [TOOLS_SERVER, "stdio", "--label", "${MCP_LABEL}"],
+         "env": {"GREETING": REDACTED, "WEB_TOKEN_COPY": REDACTED}},
         {"name": "unset", "transport": "sse", "command": None, "args": [], "url": web_url,
-         "headers": {"Authorization": REDACTED}},
+         "headers": {"Authorization": REDACTED}, "env": {}},
+        {"name": "web", "transport": "http", "command": None, "args": [], "url": web_url,
+         "headers": {"Authorization": REDACTED, "X-Static": REDACTED}, "env": {}},
     ]
     assert "literal-secret-value" not in config.text and stack.secret not in config.text
 
@@ -536,3 +538,16 @@ def test_admin_views_redact_secrets_that_resolve_only_when_connecting(stack, moc
     mock.enqueue(Reply.tool_use([("tu_h", "web_request_header", {"name": "authorization"})]), Reply.text("ok"))
     events = result(stack.send(sid, skey, "which header?"))["events"]
     assert payloads(events, "tool.result")[0]["content"] == text_result(f"Bearer {stack.secret}")
+
+
+def test_a_stdio_child_sees_a_minimal_environment_plus_its_declared_env(stack, mock):
+    sid, skey, _ = stack.new_session(["local"])
+    mock.enqueue(Reply.tool_use([("tu_env", "environment", {})]), Reply.text("seen"))
+    (read,) = payloads(result(stack.send(sid, skey, "what is your environment?"))["events"], "tool.result")
+    environment = json.loads(read["content"][0]["text"])
+    # The declared env, resolved; nothing of the session service's own settings or provider tokens.
+    assert environment["GREETING"] == "hello" and environment["WEB_TOKEN_COPY"] == stack.secret
+    assert [name for name in environment if name.startswith("BAE_")] == []
+    assert LLM_TOKEN not in environment.values() and "MOCK_LLM_TOKEN" not in environment
+    assert set(environment) <= {"HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LANGUAGE", "LC_ALL",
+                                "LC_CTYPE", "TZ", "GREETING", "WEB_TOKEN_COPY", "MCP_CONNECTION_ID"}

@@ -10,6 +10,7 @@ Tools (each name prefixed with P, default none):
 - request_header(name): the value of an HTTP request header ("" over stdio or when absent)
 - argv(): the server's command-line arguments after the script path, space-joined
 - handshake(): JSON of the client's initialize params (as sent, camelCase)
+- environment(): JSON of the server's environment variables
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -53,6 +55,10 @@ def build_server(prefix: str) -> MCPServer:
     def handshake(ctx: Context) -> str:
         params = ctx.request_context.session.client_params
         return json.dumps(params.model_dump(by_alias=True, mode="json", exclude_none=True) if params else None)
+
+    @server.tool(name=f"{prefix}environment", description="The server's environment variables.")
+    def environment() -> str:
+        return json.dumps(dict(os.environ))
 
     return server
 

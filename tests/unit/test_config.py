@@ -336,9 +336,9 @@ disabled = ["bae.nope"]
          "mcp.servers[0].transport: unknown variant `ws`, expected one of `stdio`, `sse`, `http`"),
         ('[[mcp.servers]]\nname = "s"\nurl = "x"\n', "mcp.servers[0]: missing field `transport`"),
         ('[[mcp.servers]]\ntransport = "stdio"\ncommand = "x"\n', "mcp.servers[0]: missing field `name`"),
-        ('[[mcp.servers]]\nname = "s"\ntransport = "stdio"\ncommand = "x"\nenv = {}\n',
-         "mcp.servers[0]: unknown field `env`, expected one of `name`, `transport`, `command`, `args`, `url`, "
-         "`headers`"),
+        ('[[mcp.servers]]\nname = "s"\ntransport = "stdio"\ncommand = "x"\ncwd = "/"\n',
+         "mcp.servers[0]: unknown field `cwd`, expected one of `name`, `transport`, `command`, `args`, `url`, "
+         "`headers`, `env`"),
         ('[mcp]\nextra = 1\n', "mcp: unknown field `extra`, expected one of `servers`"),
         ('[[mcp.servers]]\nname = "s"\ntransport = "stdio"\ncommand = "x"\nargs = ["a", 1]\n',
          "mcp.servers[0].args[1]: invalid type: integer `1`, expected a string"),
@@ -465,9 +465,10 @@ def test_config_view_redacts_every_secret(tmp_path: Path) -> None:
         "mcp": {
             "servers": [  # sorted by name, as /admin/v1/mcp-servers lists them
                 {"name": "filesystem", "transport": "stdio", "command": "npx",
-                 "args": ["-y", "@modelcontextprotocol/server-filesystem", "${DATA_DIR}"], "url": None, "headers": {}},
+                 "args": ["-y", "@modelcontextprotocol/server-filesystem", "${DATA_DIR}"], "url": None, "headers": {},
+                 "env": {}},
                 {"name": "search", "transport": "sse", "command": None, "args": [], "url": "https://mcp.example/sse",
-                 "headers": {"Authorization": REDACTED, "Empty": REDACTED, "X-Zeta": REDACTED}},
+                 "headers": {"Authorization": REDACTED, "Empty": REDACTED, "X-Zeta": REDACTED}, "env": {}},
             ]
         },
         "providers": {

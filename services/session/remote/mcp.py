@@ -13,9 +13,14 @@ groups must be exited by the task that entered them. Calls run in the
 caller's task, so any number may be in flight on one connection at once, and
 close() may be called from any task.
 
-`${ENV}` tokens in headers and stdio command/args are resolved immediately
+`${ENV}` tokens in headers and stdio command/args/env are resolved immediately
 before connecting; resolved values are handed to the transport only and never
 stored on these objects, logged or returned.
+
+A stdio child gets a minimal environment, never the session service's own
+(which holds provider tokens, the database path and the admin key file):
+the SDK's safe defaults (HOME, LOGNAME, PATH, SHELL, TERM, USER), the locale
+and time zone variables below when set, and the server's declared `env`.
 """
 
 from __future__ import annotations
@@ -63,7 +68,9 @@ MAX_TOOL_PAGES = 100
 # silent for long stretches; requests themselves are bounded by the call timeout.
 HTTP_STREAM_READ_TIMEOUT = 300.0
 # Marks a stdio child's environment so its PID can be found among our children.
-CONNECTION_MARKER_VAR = "BAE_MCP_CONNECTION"
+CONNECTION_MARKER_VAR = "MCP_CONNECTION_ID"
+# Passed to stdio children besides the SDK's defaults: how text and times render.
+INHERITED_ENV_VARS = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ")
 ENV_WHAT = "MCP server config"
 
 _RAW_RESULT = TypeAdapter(dict[str, Any])
@@ -250,8 +257,11 @@ class _Connection:
         parameters = StdioServerParameters(
             command=resolve_env(server.command, what=ENV_WHAT),
             args=[resolve_env(arg, what=ENV_WHAT) for arg in server.args],
-            # The child inherits BAE's environment (as a shell would) plus the marker.
-            env={**os.environ, CONNECTION_MARKER_VAR: marker},
+            env={
+                **{name: os.environ[name] for name in INHERITED_ENV_VARS if name in os.environ},
+                **{name: resolve_env(value, what=ENV_WHAT) for name, value in server.env.items()},
+                CONNECTION_MARKER_VAR: marker,
+            },
         )
         stderr = stack.enter_context(open(os.devnull, "w"))  # §9.2: child stderr is discarded
         loop = asyncio.get_running_loop()
