@@ -29,7 +29,7 @@ PROVIDER_DEFAULTS = {"anthropic": ("sonnet-5", "ANTHROPIC_API_KEY"), "openai": (
 MCP_CHOICES = ("filesystem", "fetch", "github", "custom")
 GITHUB_URL = "https://api.githubcopilot.com/mcp/"
 # Question order, with the documented defaults: only answers that differ are written to .env.
-BAE_DEFAULTS = {"BAE_ADDR": "0.0.0.0:8080", "BAE_LOG": "info", "BAE_SHUTDOWN_TIMEOUT": "30",
+SETTING_DEFAULTS = {"BAE_ADDR": "0.0.0.0:8080", "BAE_LOG": "info", "BAE_SHUTDOWN_TIMEOUT": "30",
                 "BAE_TURN_TIMEOUT": "120", "BAE_SANDBOX_DRIVER": "docker"}
 Check = Callable[[str], str | None]  # the validation message, or None when the answer is fine
 
@@ -211,7 +211,7 @@ class Wizard:
                                            "BAE_SANDBOX_DRIVER": one_of(
                                                ("docker", "apple-container"),
                                                '"{}" is not a supported sandbox driver (choose docker or apple-container)')}
-        for var, default in BAE_DEFAULTS.items():
+        for var, default in SETTING_DEFAULTS.items():
             value = self.ask.text(f"{var}?", old.overrides.get(var, default), checks[var])
             if checks[var] is seconds:
                 value = str(int(value))
