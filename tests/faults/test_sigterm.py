@@ -1,0 +1,103 @@
+"""SIGTERM to the session service with a turn in flight (shutdown phases, SERVER-SPEC §1.2).
+
+The service stops accepting, lets the running turn finish within
+BAE_SHUTDOWN_TIMEOUT, then tears down: every event of the turn is there
+exactly once, the session stays open, and it serves the next turn after a
+restart. A turn that outlives the budget is cancelled between events.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+from conftest import mock_provider_toml
+from live import new_session, register, result, send, session_state, types
+from mockllm import Reply
+
+TOKEN = "sk-test-secret-token-123456"
+
+
+def wait_for_event(stack, sid, skey, event_type, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        page = stack.client.get(f"/api/v1/sessions/{sid}/events", params={"limit": 200},
+                                headers={"Authorization": f"Bearer {skey}"})
+        if page.status_code == 200 and event_type in types(page.json()["items"]):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{event_type} was not recorded within {timeout}s")
+
+
+def turn_in_background(stack, sid, skey, text):
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["frames"] = send(stack, sid, skey, text)
+        except Exception as exc:  # the stream may be cut when the service stops
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def event_log(stack, sid, skey):
+    page = stack.client.get(f"/api/v1/sessions/{sid}/events", params={"limit": 200},
+                            headers={"Authorization": f"Bearer {skey}"})
+    assert page.status_code == 200, page.text
+    return page.json()["items"]
+
+
+def test_sigterm_lets_the_running_turn_finish_and_loses_nothing(start_stack, mock):
+    mock.reset()
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
+                        BAE_SHUTDOWN_TIMEOUT="10")
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    mock.enqueue(Reply.hang(1.5))
+    thread, outcome = turn_in_background(stack, sid, skey, "slow one")
+    wait_for_event(stack, sid, skey, "provider.request")
+
+    stack.stack.restart("session")  # SIGTERM; returns once the new process serves
+    thread.join(30)
+
+    events = event_log(stack, sid, skey)
+    turn = [e for e in events if e["event_type"] not in ("session.open", "session.driver.register")]
+    assert types(turn) == ["client.message.send", "provider.request", "provider.response", "server.message.send"]
+    assert max(Counter(e["id"] for e in events).values()) == 1
+    assert turn[-1]["payload"]["content"] == [{"type": "text", "text": "ok"}]
+    # The caller that was streaming got its terminal result: the gRPC stream drained too.
+    assert "frames" in outcome and result(outcome["frames"])["message"]["content"][0]["text"] == "ok"
+    assert session_state(stack, sid) == "open"
+
+    register(stack, sid, skey)  # live state is memory only: the driver registers again
+    mock.enqueue(Reply.text("after restart"))
+    after = result(send(stack, sid, skey, "next"))
+    assert after["message"]["content"][0]["text"] == "after restart"
+
+
+def test_a_turn_past_the_shutdown_budget_is_cut_between_events(start_stack, mock):
+    mock.reset()
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
+                        BAE_SHUTDOWN_TIMEOUT="2")
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    mock.enqueue(Reply.hang(20))
+    thread, _ = turn_in_background(stack, sid, skey, "too slow")
+    wait_for_event(stack, sid, skey, "provider.request")
+    started = time.monotonic()
+    stack.stack.restart("session")
+    assert time.monotonic() - started < 10  # the budget bounds the stop
+    thread.join(30)
+
+    events = event_log(stack, sid, skey)
+    turn = [e for e in events if e["event_type"] not in ("session.open", "session.driver.register")]
+    # Whole events only, each once: the provider call never answered, so none is invented.
+    assert types(turn) == ["client.message.send", "provider.request"]
+    assert session_state(stack, sid) == "open"
+    register(stack, sid, skey)
+    mock.enqueue(Reply.text("recovered"))
+    assert result(send(stack, sid, skey, "again"))["message"]["content"][0]["text"] == "recovered"
