@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, TypeVar
 
 from bae.errors import UsageError
-from bae.settings import Settings
+from bae.settings import Settings, is_truthy
 
 _MEMORY = re.compile(r"^[0-9]+[bkmg]?$")
 N = TypeVar("N", int, float)
@@ -25,6 +25,8 @@ class SandboxConfig:
     cpus: float
     pids_limit: int
     network: str
+    # Root filesystem read-only; the workspace and /tmp are then writable tmpfs mounts.
+    read_only: bool
     exec_timeout: float
     health_interval: float
 
@@ -62,6 +64,7 @@ def load_sandbox_config(settings: Settings, env: Mapping[str, str] | None = None
         cpus=_positive(env, "BAE_SANDBOX_CPUS", "1", float),
         pids_limit=_positive(env, "BAE_SANDBOX_PIDS_LIMIT", "256", int),
         network=network,
+        read_only=is_truthy(get("BAE_SANDBOX_READ_ONLY")),
         exec_timeout=_positive(env, "BAE_SANDBOX_EXEC_TIMEOUT", "300", float),
         health_interval=_positive(env, "BAE_SANDBOX_HEALTH_INTERVAL", "2", float),
     )

@@ -37,6 +37,12 @@ CONTROL_TIMEOUT = 30
 PING_TIMEOUT = 5.0
 # The long-running command of every sandbox; exec'd commands run beside it.
 KEEPALIVE_COMMAND = ["sleep", "infinity"]
+# Every sandbox drops all capabilities but these, which a shell workload as root needs to
+# manage its own files and processes (docs/security.md says why each stays and what goes).
+SHELL_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE")
+# With a read-only root filesystem: the writable places, and the directory commands start in.
+WORKSPACE = "/workspace"
+TMPFS_OPTIONS = "rw,nosuid,nodev,mode=1777"
 T = TypeVar("T")
 
 
@@ -184,17 +190,26 @@ class DockerDriver:
     async def start(self, session_id: str, image: str) -> str:
         api = await self._ready_api()
         config = self._config
+        writable = {path: f"{TMPFS_OPTIONS},size={config.memory}" for path in (WORKSPACE, "/tmp")}
         host_config = api.create_host_config(
             auto_remove=True,
             mem_limit=config.memory,
+            memswap_limit=config.memory,  # no swap beyond the memory limit
             nano_cpus=int(config.cpus * 1e9),
             pids_limit=config.pids_limit,
             network_mode=config.network,
+            cap_drop=["ALL"],
+            cap_add=list(SHELL_CAPABILITIES),
+            security_opt=["no-new-privileges:true"],
+            init=True,  # reaps the zombies of exec'd commands; forwards signals
+            read_only=config.read_only,
+            tmpfs=writable if config.read_only else None,
         )
         labels = {LABEL_SANDBOX: "1", LABEL_SESSION: session_id, LABEL_HOST: config.host_id}
         try:
             created = await self._engine(
-                api.create_container, image, KEEPALIVE_COMMAND, labels=labels, host_config=host_config
+                api.create_container, image, KEEPALIVE_COMMAND, labels=labels, host_config=host_config,
+                working_dir=WORKSPACE if config.read_only else None,
             )
         except docker.errors.ImageNotFound:
             raise SandboxFailure(

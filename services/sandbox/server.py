@@ -12,6 +12,7 @@ from bae.grpcutil import serve
 from bae.protos import sandbox_pb2, sandbox_pb2_grpc
 from services.sandbox.config import SandboxConfig
 from services.sandbox.driver import Driver, SandboxFailure
+from services.sandbox.images import ImageAllowlist
 
 log = logging.getLogger("bae.sandbox")
 
@@ -22,6 +23,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
     def __init__(self, driver: Driver, config: SandboxConfig) -> None:
         self._driver = driver
         self._config = config
+        self._images = ImageAllowlist()
 
     async def _call(self, context: grpc.aio.ServicerContext, operation):
         try:
@@ -32,15 +34,28 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
             log.exception("sandbox call failed")
             await context.abort(grpc.StatusCode.INTERNAL, f"sandbox host error: {exc}")
 
-    async def EnsureImage(self, request, context):
-        if not request.image.strip():
+    async def _allowed(self, context: grpc.aio.ServicerContext, image: str) -> None:
+        if not image.strip():
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing image")
+        try:
+            self._images.check(image)
+        except SandboxFailure as failure:
+            await context.abort(failure.code, failure.detail)
+
+    async def AllowImages(self, request, context):
+        try:
+            self._images.replace(list(request.images))
+        except SandboxFailure as failure:
+            await context.abort(failure.code, failure.detail)
+        return sandbox_pb2.AllowImagesResponse()
+
+    async def EnsureImage(self, request, context):
+        await self._allowed(context, request.image)
         pulled = await self._call(context, self._driver.ensure_image(request.image))
         return sandbox_pb2.EnsureImageResponse(pulled=pulled)
 
     async def Start(self, request, context):
-        if not request.image.strip():
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing image")
+        await self._allowed(context, request.image)
         sandbox_id = await self._call(context, self._driver.start(request.session_id, request.image))
         return sandbox_pb2.StartResponse(sandbox_id=sandbox_id, host_id=self._config.host_id)
 

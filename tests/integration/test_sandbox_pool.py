@@ -11,6 +11,8 @@ import pytest
 from docker_support import TEST_IMAGE, SandboxHostProcess, containers_with, require_docker
 from services.session.remote.sandbox_pool import ExecResult, SandboxError, SandboxPool
 
+TEST_PROFILE = "pro_tests"
+
 
 @pytest.fixture
 def hosts():
@@ -30,6 +32,8 @@ def hosts():
 @pytest.fixture
 async def pool(hosts):
     pool = SandboxPool([host.address for host in hosts], rpc_timeout=5, poll_interval=0.5)
+    # The images hosts may start are the ones some profile declares.
+    pool.provision(TEST_PROFILE, [TEST_IMAGE])
     yield pool
     await pool.close()
 
@@ -97,6 +101,7 @@ async def test_no_healthy_host_is_a_clean_error():
 
 
 async def test_provisioning_goes_from_pending_to_available_or_error(pool):
+    pool.forget(TEST_PROFILE)
     missing = f"bae-no-such-image-{uuid.uuid4().hex[:8]}:never"
     pool.provision("pro_b", [TEST_IMAGE, missing])
     pool.provision("pro_a", [TEST_IMAGE])
@@ -140,6 +145,30 @@ async def test_set_addrs_adds_and_retires_hosts(pool, hosts):
     placed = await pool.start("ses_back", TEST_IMAGE)
     assert placed.host == hosts[0].address
     await pool.stop(placed)
+
+
+async def test_hosts_start_only_images_some_profile_declares(pool, hosts):
+    other = f"bae-undeclared-{uuid.uuid4().hex[:8]}:1"
+    with pytest.raises(SandboxError) as caught:
+        await pool.start("ses_other", other)
+    assert caught.value.detail == f'image "{other}" is not allowed on this sandbox host: no profile declares it'
+    pool.forget(TEST_PROFILE)  # no profile declares TEST_IMAGE any more
+    with pytest.raises(SandboxError) as caught:
+        await pool.start("ses_gone", TEST_IMAGE)
+    assert "is not allowed on this sandbox host" in caught.value.detail
+    assert all(containers_with(host.label) == [] for host in hosts)
+
+
+async def test_a_restarted_host_is_told_the_allowed_images_again(pool, hosts):
+    pool.set_addrs([hosts[0].address])
+    await pool.stop(await pool.start("ses_before", TEST_IMAGE))
+    hosts[0].kill()
+    hosts[0] = SandboxHostProcess(hosts[0].host_id, address=hosts[0].address)
+    hosts[0].wait_serving()
+    await pool.poll()
+    handle = await pool.start("ses_after", TEST_IMAGE)  # the fresh host knows no images: the pool re-sends them
+    assert handle.host == hosts[0].address
+    await pool.stop(handle)
 
 
 async def test_provisioning_without_any_host_ends_in_error():

@@ -13,6 +13,7 @@ import pytest
 
 from bae.protos import sandbox_pb2, sandbox_pb2_grpc
 from conftest import ROOT
+from services.sandbox.docker_driver import SHELL_CAPABILITIES
 from docker_support import (
     TEST_IMAGE,
     SandboxHostProcess,
@@ -46,9 +47,12 @@ def host(start_host):
     return start_host()
 
 
-async def _stub(address: str):
+async def _stub(address: str, *images: str):
+    """A stub to the host, which is first allowed TEST_IMAGE and `images` (as the session service would)."""
     channel = grpc.aio.insecure_channel(address)
-    return channel, sandbox_pb2_grpc.SandboxStub(channel)
+    stub = sandbox_pb2_grpc.SandboxStub(channel)
+    await stub.AllowImages(sandbox_pb2.AllowImagesRequest(images=[TEST_IMAGE, *images]), timeout=10)
+    return channel, stub
 
 
 @pytest.fixture
@@ -76,6 +80,7 @@ async def test_ensure_image_present_is_ok_without_pull(stub):
 
 async def test_ensure_image_that_cannot_be_pulled_is_a_clear_error(stub):
     image = f"bae-no-such-image-{uuid.uuid4().hex[:8]}:never"
+    await stub.AllowImages(sandbox_pb2.AllowImagesRequest(images=[image]), timeout=10)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.EnsureImage(sandbox_pb2.EnsureImageRequest(image=image), timeout=60)
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -159,7 +164,104 @@ async def test_container_has_labels_and_limits_and_no_mounts(stub, host):
     assert config["AutoRemove"] is True
     assert not config.get("Binds") and attrs["Mounts"] == []
     assert attrs["Config"]["Cmd"] == ["sleep", "infinity"]
+    # Hardened by default (docs/security.md).
+    assert config["CapDrop"] == ["ALL"]
+    assert sorted(config["CapAdd"]) == sorted(SHELL_CAPABILITIES)
+    assert "NET_RAW" not in config["CapAdd"] and "MKNOD" not in config["CapAdd"]
+    assert config["SecurityOpt"] == ["no-new-privileges:true"]
+    assert config["MemorySwap"] == config["Memory"]
+    assert config["Init"] is True
+    assert config["ReadonlyRootfs"] is False and not config.get("Tmpfs")
+    # What the workload sees: the reduced capability set, and the init process as PID 1.
+    reply = await _exec(stub, sandbox_id, "grep CapEff /proc/self/status; cat /proc/1/cmdline | tr '\\0' ' '")
+    effective, init = reply.stdout.splitlines()
+    assert int(effective.split()[1], 16) == capability_mask(SHELL_CAPABILITIES)
+    assert init.startswith("/sbin/docker-init -- sleep infinity")
     await stub.Stop(sandbox_pb2.StopRequest(sandbox_id=sandbox_id), timeout=30)
+
+
+# Linux capability numbers (linux/capability.h) of the capabilities a sandbox keeps.
+CAPABILITY_BITS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5, "SETGID": 6, "SETUID": 7,
+                   "NET_BIND_SERVICE": 10}
+
+
+def capability_mask(names) -> int:
+    return sum(1 << CAPABILITY_BITS[name] for name in names)
+
+
+async def container_of(sandbox_id: str) -> dict:
+    client = docker_client()
+    try:
+        return client.containers.get(sandbox_id).attrs
+    finally:
+        client.close()
+
+
+async def test_read_only_root_with_a_writable_workspace_and_tmp(start_host):
+    host = start_host(BAE_SANDBOX_READ_ONLY="1", BAE_SANDBOX_MEMORY="64m")
+    channel, stub = await _stub(host.address)
+    sandbox_id = await _start(stub)
+    attrs = await container_of(sandbox_id)
+    assert attrs["HostConfig"]["ReadonlyRootfs"] is True
+    assert sorted(attrs["HostConfig"]["Tmpfs"]) == ["/tmp", "/workspace"]
+    assert attrs["Config"]["WorkingDir"] == "/workspace"
+    reply = await _exec(stub, sandbox_id, "pwd; echo a > file && cat file; echo b > /tmp/t && cat /tmp/t; touch /etc/x")
+    assert reply.stdout == "/workspace\na\nb\n"
+    assert reply.exit_code == 1 and "Read-only file system" in reply.stderr
+    await stub.Stop(sandbox_pb2.StopRequest(sandbox_id=sandbox_id), timeout=30)
+    await channel.close()
+
+
+async def test_a_named_network(start_host):
+    name = f"bae-test-net-{uuid.uuid4().hex[:8]}"
+    client = docker_client()
+    network = client.networks.create(name, internal=True)
+    try:
+        host = start_host(BAE_SANDBOX_NETWORK=name)
+        channel, stub = await _stub(host.address)
+        sandbox_id = await _start(stub)
+        attrs = await container_of(sandbox_id)
+        assert attrs["HostConfig"]["NetworkMode"] == name
+        assert list(attrs["NetworkSettings"]["Networks"]) == [name]
+        await stub.Stop(sandbox_pb2.StopRequest(sandbox_id=sandbox_id), timeout=30)
+        await channel.close()
+    finally:
+        network.remove()
+        client.close()
+
+
+async def test_only_allowed_images_are_pulled_or_started(start_host, host):
+    channel = internal_channel(host.address, TEST_PLANE)
+    stub = sandbox_pb2_grpc.SandboxStub(channel)
+    try:
+        # A host that was never told (fresh or restarted) refuses every image, so the caller sends the set.
+        for call in (stub.EnsureImage(sandbox_pb2.EnsureImageRequest(image=TEST_IMAGE), timeout=10),
+                     stub.Start(sandbox_pb2.StartRequest(session_id="ses_x", image=TEST_IMAGE), timeout=10)):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call
+            assert caught.value.code() == grpc.StatusCode.ABORTED
+            assert caught.value.details() == "this sandbox host has not been told which images are allowed yet"
+        await stub.AllowImages(sandbox_pb2.AllowImagesRequest(images=[TEST_IMAGE]), timeout=10)
+        # Any other name is refused before the engine is asked: nothing is pulled or run.
+        other = f"bae-not-allowed-{uuid.uuid4().hex[:8]}:1"
+        for call in (stub.EnsureImage(sandbox_pb2.EnsureImageRequest(image=other), timeout=10),
+                     stub.Start(sandbox_pb2.StartRequest(session_id="ses_x", image=other), timeout=10)):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call
+            assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert caught.value.details() == (
+                f'image "{other}" is not allowed on this sandbox host: no profile declares it'
+            )
+        assert containers_with(host.label) == []
+        sandbox_id = await _start(stub)
+        await stub.Stop(sandbox_pb2.StopRequest(sandbox_id=sandbox_id), timeout=30)
+        # The set is replaced, not extended.
+        await stub.AllowImages(sandbox_pb2.AllowImagesRequest(images=[other]), timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _start(stub)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await channel.close()
 
 
 async def test_limits_and_network_follow_the_environment(start_host):
@@ -256,7 +358,8 @@ async def test_unreachable_engine_reports_not_serving_and_fails_calls(tmp_path):
 
     host = SandboxHostProcess("test-no-engine", DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock")
     try:
-        channel, stub = await _stub(host.address)
+        channel = internal_channel(host.address, TEST_PLANE)
+        stub = sandbox_pb2_grpc.SandboxStub(channel)
         health = health_pb2_grpc.HealthStub(channel)
         request = health_pb2.HealthCheckRequest(service="baeproto.v1.Sandbox")
         async with asyncio.timeout(20):
@@ -267,6 +370,7 @@ async def test_unreachable_engine_reports_not_serving_and_fails_calls(tmp_path):
                 except grpc.aio.AioRpcError:
                     await asyncio.sleep(0.1)
         assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        await stub.AllowImages(sandbox_pb2.AllowImagesRequest(images=[TEST_IMAGE]), timeout=10)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await _start(stub)
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE

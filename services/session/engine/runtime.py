@@ -26,6 +26,7 @@ from services.session.engine.sandbox_calls import stop_sandbox
 from services.session.engine.tasks import TaskOwner
 from services.session.remote.mcp import McpSessionConnections
 from services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery
+from services.session.remote.sandbox_idle import IdleWatch
 from services.session.remote.sandbox_pool import SandboxHandle, SandboxPool
 from services.session.store import Store
 from services.session.store.events import EventView
@@ -72,7 +73,10 @@ class SessionRuntime:
         self.config = config
         self.sessions: dict[str, LiveSession] = {}
         self.sandboxes: SandboxPool | None = (
-            SandboxPool(settings.sandbox_grpc_addrs, settings.rpc_timeout, InternalPlane.of(settings))
+            SandboxPool(
+                settings.sandbox_grpc_addrs, settings.rpc_timeout, InternalPlane.of(settings),
+                idle=IdleWatch(settings.sandbox_idle_timeout, self._stop_idle_sandbox),
+            )
             if settings.sandbox_grpc_addrs
             else None
         )
@@ -189,6 +193,12 @@ class SessionRuntime:
                 await live.mcp.close()
             except Exception:
                 log.exception("closing MCP connections of %s failed", live.session_id)
+
+    async def _stop_idle_sandbox(self, session_id: str, handle: SandboxHandle) -> None:
+        """BAE_SANDBOX_IDLE_TIMEOUT passed without a command: stop it as an explicit stop would."""
+        live = self.sessions.get(session_id)
+        if live is not None and live.sandbox is handle:
+            await stop_sandbox(self, live, None, reason="idle_timeout")
 
     def sandbox_status(self) -> dict:
         if self.sandboxes is None:

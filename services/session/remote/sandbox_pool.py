@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bae.errors import BaeError
 from bae.grpcutil import channel
 from bae.protos import sandbox_pb2, sandbox_pb2_grpc
+from services.session.remote.sandbox_idle import IdleWatch
 
 log = logging.getLogger("bae.session.sandboxes")
 
@@ -58,6 +59,7 @@ class _Host:
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.up: bool | None = None  # None until the first poll answers or fails
         self.running = 0
+        self.images_version = -1  # the version of the allowed images this host last received
 
 
 class SandboxPool:
@@ -70,6 +72,7 @@ class SandboxPool:
         pull_timeout: float = 600.0,
         poll_interval: float = 2.0,
         host_wait: float = 30.0,
+        idle: IdleWatch | None = None,
     ) -> None:
         """`host_wait`: how long provisioning waits for a first healthy host (start-up races)."""
         self._rpc_timeout = rpc_timeout
@@ -77,11 +80,15 @@ class SandboxPool:
         self._pull_timeout = pull_timeout
         self._poll_interval = poll_interval
         self._host_wait = host_wait
+        self.idle = idle or IdleWatch()
         self._hosts: dict[str, _Host] = {}
         self._poller: asyncio.Task | None = None
         self._status: dict[str, dict[str, dict]] = {}
         self._provisioning: dict[str, asyncio.Task] = {}
         self._retired: list[_Host] = []
+        # The images hosts may pull and start (every image some profile declares), and its version.
+        self._images: tuple[str, ...] = ()
+        self._images_version = 0
         self.set_addrs(addrs)
 
     # -- hosts and health -------------------------------------------------------------------
@@ -155,6 +162,21 @@ class SandboxPool:
         except grpc.aio.AioRpcError as error:
             raise self._failure(host, error, timeout) from None
 
+    async def _image_call(self, host: _Host, method: str, request, timeout: float):
+        """EnsureImage or Start, once the host has the current allowed images. A host that lost
+        them (ABORTED: it restarted) is told again and the call retried once."""
+        for attempt in range(2):
+            if host.images_version != self._images_version:
+                version, images = self._images_version, self._images
+                await self._call(host, "AllowImages", sandbox_pb2.AllowImagesRequest(images=images), self._rpc_timeout)
+                host.images_version = version
+            try:
+                return await getattr(host.stub, method)(request, timeout=timeout)
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.ABORTED or attempt:
+                    raise self._failure(host, error, timeout) from None
+                host.images_version = -1
+
     # -- sandboxes ----------------------------------------------------------------------------
 
     async def ensure_image(self, image: str) -> bool:
@@ -164,7 +186,7 @@ class SandboxPool:
             raise SandboxError("no sandbox host is available")
         request = sandbox_pb2.EnsureImageRequest(image=image)
         replies = await asyncio.gather(
-            *(self._call(host, "EnsureImage", request, self._pull_timeout) for host in hosts),
+            *(self._image_call(host, "EnsureImage", request, self._pull_timeout) for host in hosts),
             return_exceptions=True,
         )
         answered = [reply for reply in replies if not isinstance(reply, BaseException)]
@@ -183,8 +205,10 @@ class SandboxPool:
         for host in sorted(hosts, key=lambda h: h.running):
             host.running += 1  # counted at once, so concurrent starts spread out
             try:
-                await self._call(host, "EnsureImage", sandbox_pb2.EnsureImageRequest(image=image), self._pull_timeout)
-                reply = await self._call(
+                await self._image_call(
+                    host, "EnsureImage", sandbox_pb2.EnsureImageRequest(image=image), self._pull_timeout
+                )
+                reply = await self._image_call(
                     host, "Start", sandbox_pb2.StartRequest(session_id=session_id, image=image), self._rpc_timeout
                 )
             except SandboxError as exc:
@@ -193,7 +217,9 @@ class SandboxPool:
                     last = exc
                     continue
                 raise
-            return SandboxHandle(host=host.address, sandbox_id=reply.sandbox_id, image=image)
+            handle = SandboxHandle(host=host.address, sandbox_id=reply.sandbox_id, image=image)
+            self.idle.started(session_id, handle)
+            return handle
         assert last is not None
         raise last
 
@@ -201,11 +227,13 @@ class SandboxPool:
         host = self._host_of(handle)
         seconds = timeout or self._exec_timeout
         request = sandbox_pb2.ExecRequest(sandbox_id=handle.sandbox_id, command=command, timeout_seconds=seconds)
-        reply = await self._call(host, "Exec", request, seconds + self._rpc_timeout)
+        with self.idle.using(handle):
+            reply = await self._call(host, "Exec", request, seconds + self._rpc_timeout)
         return ExecResult(stdout=reply.stdout, stderr=reply.stderr, exit_code=reply.exit_code)
 
     async def stop(self, handle: SandboxHandle) -> None:
         """Stop the sandbox; the pool forgets it either way (the caller already dropped its handle)."""
+        self.idle.forget(handle)
         host = self._hosts.get(handle.host)
         if host is not None:
             host.running = max(host.running - 1, 0)
@@ -228,12 +256,21 @@ class SandboxPool:
         names = list(dict.fromkeys(images))
         if not names:
             self._status.pop(profile_id, None)
+            self._images_changed()
             return
         statuses = {name: {"name": name, "status": "pending"} for name in names}
         self._status[profile_id] = statuses
+        self._images_changed()
         self._provisioning[profile_id] = asyncio.get_running_loop().create_task(
             self._provision(profile_id, statuses)
         )
+
+    def _images_changed(self) -> None:
+        """Hosts may pull and start every image some profile declares, and nothing else."""
+        images = tuple(sorted({name for statuses in self._status.values() for name in statuses}))
+        if images != self._images:
+            self._images = images
+            self._images_version += 1
 
     async def _provision(self, profile_id: str, statuses: dict[str, dict]) -> None:
         await self._wait_for_a_host()
@@ -282,5 +319,6 @@ class SandboxPool:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._provisioning.clear()
         self._poller = None
+        await self.idle.close()
         for host in [*self._hosts.values(), *self._retired]:
             await host.channel.close()

@@ -1,0 +1,77 @@
+"""Sandbox host authority and the idle lifetime, through the whole stack with real Docker."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import grpc
+import pytest
+
+from bae.grpcutil import channel as internal_channel
+from bae.protos import sandbox_pb2, sandbox_pb2_grpc
+from conftest import mock_provider_toml
+from docker_support import TEST_IMAGE, containers_with, require_docker
+from processes import TEST_PLANE
+from test_live_sandbox import Driver, payloads, wait_provisioned
+
+
+@pytest.fixture
+def idle_stack(start_stack, mock):
+    require_docker()
+    mock.reset()
+    return start_stack(
+        config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN="t0ken", BAE_SANDBOX_IDLE_TIMEOUT="2",
+        BAE_SANDBOX_HOST_ID=f"test-isolation-{uuid.uuid4().hex[:8]}",
+    )
+
+
+def wait_for(condition, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+    return value
+
+
+def test_an_unused_sandbox_is_stopped_after_the_idle_lifetime(idle_stack):
+    driver = Driver(idle_stack, idle_stack.create_profile("idle", available_sandboxes=[TEST_IMAGE])).register()
+    started = driver.ok("session.startRemoteSandbox", {"image": TEST_IMAGE})
+    sandbox_id = started["sandbox_id"]
+    # A command that runs past the lifetime keeps the sandbox in use: it is not stopped under it.
+    assert driver.ok("session.execRemoteSandbox", {"command": "sleep 3; echo done"})["stdout"] == "done\n"
+    assert "session.sandbox.stop" not in [kind for kind, _ in payloads(driver.events())]
+
+    stopped = wait_for(lambda: [p for kind, p in payloads(driver.events()) if kind == "session.sandbox.stopped"])
+    stop = {"image": TEST_IMAGE, "sandbox_id": sandbox_id, "reason": "idle_timeout", "dispatch": "remote"}
+    tail = [(e["event_type"], e["payload"], e["client_key_id"]) for e in driver.events()[-2:]]
+    assert tail == [
+        ("session.sandbox.stop", stop, None),
+        ("session.sandbox.stopped", {**stop, "unsandboxed": False}, None),
+    ]
+    assert stopped == [{**stop, "unsandboxed": False}]
+    assert driver.containers() == []
+    assert driver.error("session.execRemoteSandbox", {"command": "true"})["code"] == -32013
+    # The session stays open and can start a new one.
+    again = driver.ok("session.startRemoteSandbox", {"image": TEST_IMAGE})
+    assert again["sandbox_id"] != sandbox_id
+    driver.close()
+    assert containers_with(f"bae.session_id={driver.sid}") == []
+
+
+async def test_the_sandbox_host_refuses_images_no_profile_declares(idle_stack):
+    idle_stack.create_profile("declares", available_sandboxes=[TEST_IMAGE])
+    wait_provisioned(idle_stack)
+    address = idle_stack.stack.settings.sandbox_grpc_addrs[0]
+    channel = internal_channel(address, TEST_PLANE)
+    stub = sandbox_pb2_grpc.SandboxStub(channel)
+    try:
+        undeclared = f"bae-undeclared-{uuid.uuid4().hex[:8]}:latest"
+        for call in (stub.EnsureImage(sandbox_pb2.EnsureImageRequest(image=undeclared), timeout=10),
+                     stub.Start(sandbox_pb2.StartRequest(session_id="ses_direct", image=undeclared), timeout=10)):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call
+            assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert containers_with("bae.session_id=ses_direct") == []
+    finally:
+        await channel.close()
