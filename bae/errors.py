@@ -20,6 +20,7 @@ TITLES = {
     404: "Not Found",
     405: "Method Not Allowed",
     409: "Conflict",
+    413: "Payload Too Large",
     422: "Unprocessable Entity",
     429: "Too Many Requests",
     500: "Internal Server Error",
@@ -51,6 +52,7 @@ class Problem(BaeError):
     """
 
     def __init__(self, status: int, type: str, detail: str, *, retry_after: int | None = None) -> None:
+        detail = echo(detail, DETAIL_LIMIT)  # it travels in gRPC metadata
         super().__init__(detail)
         self.status = status
         self.type = type
@@ -103,6 +105,22 @@ def not_found(detail: str) -> Problem:
 
 def internal(detail: str = "internal server error") -> Problem:
     return Problem(500, "internal", detail)
+
+
+def payload_too_large(limit: int) -> Problem:
+    return Problem(413, "payload_too_large", f"request body exceeds the limit of {limit} bytes (BAE_MAX_BODY_BYTES)")
+
+
+# Longest client-supplied text an error message repeats back: problems travel
+# in gRPC metadata, which has a size limit of its own.
+ECHO_LIMIT = 200
+# Longest `detail` any problem carries across a service boundary.
+DETAIL_LIMIT = 2000
+
+
+def echo(value: str, limit: int = ECHO_LIMIT) -> str:
+    """`value` as an error message repeats it: cut to `limit` characters, marked with "…"."""
+    return value if len(value) <= limit else value[:limit] + "…"
 
 
 class UsageError(BaeError):

@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bae.errors import PROBLEM_TRAILER, Problem
+from bae.internal import HEALTH_METHOD_PREFIX, InternalPlane
 
 log = logging.getLogger("bae")
 
@@ -27,8 +28,9 @@ class ProblemInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
+        if handler is None or handler_call_details.method.startswith(HEALTH_METHOD_PREFIX):
+            # Health's Watch writes with context.write(), not as a generator; it raises no Problem.
+            return handler
         if handler.unary_unary:
             inner = handler.unary_unary
 
@@ -93,12 +95,18 @@ async def serve(
     shutdown_timeout: float,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     report_health: HealthReporter | None = None,
+    *,
+    plane: InternalPlane,
 ) -> None:
     """Serve until SIGTERM/SIGINT, then drain within `shutdown_timeout` seconds.
 
     Without `report_health`, every registered service reports SERVING from the start.
+    Every call but a health check must carry the internal plane's token.
     """
-    server = grpc.aio.server(interceptors=[ProblemInterceptor()], options=MESSAGE_SIZE_OPTIONS)
+    server = grpc.aio.server(
+        interceptors=[*plane.server_interceptors(), ProblemInterceptor()],
+        options=[*MESSAGE_SIZE_OPTIONS, *plane.server_options()],
+    )
     services = list(register(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -130,12 +138,13 @@ async def serve(
     log.info("%s stopped", name)
 
 
-def channel(target: str) -> grpc.aio.Channel:
-    """An internal channel; callers always pass a deadline (`timeout=`)."""
+def channel(target: str, plane: InternalPlane) -> grpc.aio.Channel:
+    """An internal channel; callers always pass a deadline (`timeout=`). Its calls carry the internal token."""
     return grpc.aio.insecure_channel(
         target,
+        interceptors=plane.client_interceptors(),
         options=[
-            ("grpc.keepalive_time_ms", 30_000),
+            *plane.channel_options(),
             ("grpc.max_reconnect_backoff_ms", 2_000),
             *MESSAGE_SIZE_OPTIONS,
         ],

@@ -101,6 +101,34 @@ def _log_format(value: str) -> str:
     return text
 
 
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+# A body travels to the session service in one gRPC message (64 MiB at most), with room to spare.
+MAX_BODY_BYTES_LIMIT = 48 * 1024 * 1024
+
+
+def parse_body_limit(value: str) -> int:
+    limit = parse_count("BAE_MAX_BODY_BYTES", value)
+    if not 1 <= limit <= MAX_BODY_BYTES_LIMIT:
+        raise UsageError(f'BAE_MAX_BODY_BYTES: "{value}" must be between 1 and {MAX_BODY_BYTES_LIMIT} bytes')
+    return limit
+
+
+MIN_INTERNAL_TOKEN_CHARS = 32
+
+
+def parse_internal_token(value: str | None) -> str | None:
+    """BAE_INTERNAL_TOKEN: unset is allowed here (baectl needs none); a weak token is not."""
+    if value is None or not value.strip():
+        return None
+    token = value.strip()
+    if len(token) < MIN_INTERNAL_TOKEN_CHARS or not token.isascii() or not token.isprintable():
+        raise UsageError(
+            f"BAE_INTERNAL_TOKEN: must be at least {MIN_INTERNAL_TOKEN_CHARS} printable ASCII characters "
+            "(e.g. `openssl rand -hex 32`)"
+        )
+    return token
+
+
 def _grpc_targets(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
@@ -133,6 +161,12 @@ class Settings:
     sqlite_synchronous: str = "FULL"
     # Seconds without a call after which a remote sandbox is stopped; 0 = never.
     sandbox_idle_timeout: int = 0
+    # Largest request body the gateway reads (BAE_MAX_BODY_BYTES).
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # The shared token of the internal gRPC plane (bae.internal); None: not configured.
+    internal_token: str | None = None
+    # Seconds between keepalive pings on internal connections (BAE_GRPC_KEEPALIVE_INTERVAL).
+    grpc_keepalive: float = 30.0
     # stderr lines as "text" or "json" (BAE_LOG_FORMAT).
     log_format: str = "text"
 
@@ -190,4 +224,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         if get("BAE_DEMO_PROVIDER_ADDR") else None,
         sqlite_synchronous=parse_sqlite_synchronous(get("BAE_SQLITE_SYNCHRONOUS", "FULL")),
         sandbox_idle_timeout=parse_seconds("BAE_SANDBOX_IDLE_TIMEOUT", get("BAE_SANDBOX_IDLE_TIMEOUT", "0")),
+        max_body_bytes=parse_body_limit(get("BAE_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES))),
+        internal_token=parse_internal_token(get("BAE_INTERNAL_TOKEN")),
+        grpc_keepalive=parse_timeout("BAE_GRPC_KEEPALIVE_INTERVAL", get("BAE_GRPC_KEEPALIVE_INTERVAL", "30")),
     )

@@ -61,6 +61,7 @@ class Command:
 def parse_args(argv: list[str]) -> Command:
     """Flags may come before or after the subcommand; any misuse is a UsageError."""
     command: str | None = None
+    asked: str | None = None  # --help / --version answer whatever command they come with
     values: dict[str, str] = {}
     switches: set[str] = set()
     index = 0
@@ -81,9 +82,9 @@ def parse_args(argv: list[str]) -> Command:
         elif arg in SWITCHES:
             switches.add(arg)
         elif arg in ("--version", "-V"):
-            command = command or "version"
+            asked = asked or "version"
         elif arg in ("--help", "-h"):
-            command = command or "help"
+            asked = "help"
         elif arg.startswith("-"):
             raise UsageError(f"unknown option {arg}\n{USAGE}")
         elif command is None and arg in COMMANDS:
@@ -93,7 +94,7 @@ def parse_args(argv: list[str]) -> Command:
         index += 1
     if "--rotate-admin-key" in switches and "--dangerously-disable-admin-auth" in switches:
         raise UsageError("--rotate-admin-key cannot be combined with --dangerously-disable-admin-auth")
-    return Command(command or "serve", values, switches)
+    return Command(asked or command or "serve", values, switches)
 
 
 def admin_key_options(command: Command, settings: Settings) -> AdminKeyOptions:
