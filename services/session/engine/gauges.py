@@ -1,0 +1,88 @@
+"""The session service's observable gauges (TELEMETRY §4, §10.4).
+
+Gauges are read by the metric reader on its own thread. The five database gauges share one
+count query per collection (cached 250 ms), run on the store's thread through this process's
+event loop; the in-memory gauges count this replica's live sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Callable
+
+from sqlalchemy import Connection, and_, func, select
+
+from bae import telemetry
+from services.session.engine.runtime import SessionRuntime
+from services.session.store import Store
+from services.session.store.schema import keys, profiles, session_events, sessions
+
+log = logging.getLogger("bae.session.telemetry")
+
+COUNTS_CACHE_SECONDS = 0.25
+COUNT_QUERY_TIMEOUT = 5.0
+DB_GAUGES = ("bae.sessions.open", "bae.sessions.total", "bae.events.total", "bae.profiles.count", "bae.keys.count")
+
+
+def _activity_counts(conn: Connection) -> tuple[int, ...]:
+    def count(table, *where) -> object:  # type: ignore[no-untyped-def]
+        query = select(func.count()).select_from(table)
+        return (query.where(and_(*where)) if where else query).scalar_subquery()
+
+    row = conn.execute(
+        select(
+            count(sessions, sessions.c.state == "open"),
+            count(sessions),
+            count(session_events),
+            count(profiles, profiles.c.deleted_at.is_(None)),
+            count(keys, keys.c.role == "client", keys.c.deleted_at.is_(None)),
+        )
+    ).one()
+    return tuple(int(value) for value in row)
+
+
+class ActivityCounts:
+    """The five database gauges' values: one query per collection, or none when it fails."""
+
+    def __init__(self, store: Store, loop: asyncio.AbstractEventLoop) -> None:
+        self._store = store
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._at = 0.0
+        self._values: tuple[int, ...] | None = None
+
+    def _refresh(self) -> None:
+        try:
+            future = asyncio.run_coroutine_threadsafe(self._store.call(_activity_counts), self._loop)
+            self._values = future.result(COUNT_QUERY_TIMEOUT)
+        except Exception as exc:  # no data point this collection, never a false zero
+            self._values = None
+            log.warning("telemetry activity gauges skipped: count query failed: %s", exc)
+        self._at = time.monotonic()
+
+    def value(self, index: int) -> int | None:
+        with self._lock:
+            if time.monotonic() - self._at > COUNTS_CACHE_SECONDS:
+                self._refresh()
+            return None if self._values is None else self._values[index]
+
+
+def register_gauges(runtime: SessionRuntime, store: Store) -> None:
+    """The session service's ten gauges (each only when metrics are on and it is not disabled)."""
+    counts = ActivityCounts(store, asyncio.get_running_loop())
+    for index, name in enumerate(DB_GAUGES):
+        telemetry.observe(name, lambda index=index: counts.value(index))
+
+    def live_count(measure: Callable[..., int]) -> Callable[[], int]:
+        # A copy of the values: the loop thread may add or drop sessions meanwhile.
+        return lambda: sum(measure(live) for live in tuple(runtime.sessions.values()))
+
+    telemetry.observe("bae.mcp.sessions.live", live_count(lambda live: live.mcp is not None))
+    telemetry.observe("bae.turns.pending", live_count(lambda live: live.gate.parked is not None))
+    telemetry.observe("bae.sandboxes.live", live_count(lambda live: live.sandbox is not None))
+    telemetry.observe("bae.drivers.registered", live_count(lambda live: len(live.drivers)))
+    # Remote subagents are not implemented: none is ever running.
+    telemetry.observe("bae.subagents.active", lambda: 0)
