@@ -1,0 +1,60 @@
+"""The reference in docs/ keeps up with the code: every route, method, event type and setting is described."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.gateway import app
+from services.gateway.envelope import STREAMING_METHODS, UNARY_METHODS
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+DOCS = ROOT / "docs"
+SOURCES = [*ROOT.joinpath("bae").rglob("*.py"), *ROOT.joinpath("services").rglob("*.py")]
+RPC_METHODS = {*STREAMING_METHODS, *UNARY_METHODS}
+
+
+def source_text() -> str:
+    return "\n".join(path.read_text() for path in SOURCES)
+
+
+class Anything:
+    """Every argument of an app factory: calling it gives an endpoint (itself)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Anything:
+        return self
+
+
+@pytest.mark.parametrize("factory", [app.client_app, app.admin_app])
+def test_every_route_is_in_the_rest_reference(factory: Any) -> None:
+    text = (DOCS / "reference" / "rest.md").read_text()
+    router = factory(*[Anything() for _ in inspect.signature(factory).parameters])
+    for route in router.routes:
+        for method in route.app.endpoints:
+            if method != "HEAD":
+                assert f"{method} {route.path}" in text, f"{method} {route.path}"
+
+
+def test_every_rpc_method_has_a_section() -> None:
+    text = (DOCS / "reference" / "rpc.md").read_text()
+    assert {name for name in RPC_METHODS if f"### `{name}`" not in text} == set()
+
+
+def test_every_event_type_is_in_the_event_reference() -> None:
+    text = (DOCS / "reference" / "events.md").read_text()
+    literals = set(re.findall(r'"((?:client|server|provider|tool|mcp|sandbox|session)\.[a-z_]+(?:\.[a-z_]+)?)"',
+                              source_text()))
+    event_types = literals - RPC_METHODS - {"session.event", "mcp.servers"}
+    assert "tool.result" in event_types and "session.compaction.completed" in event_types
+    assert {name for name in event_types if f"`{name}`" not in text} == set()
+
+
+def test_every_setting_is_documented() -> None:
+    text = "\n".join(path.read_text() for path in DOCS.rglob("*.md"))
+    settings = set(re.findall(r'get\(\s*"(BAE_[A-Z0-9_]+)"', source_text()))
+    assert "BAE_DEMO_PROVIDER_ADDR" in settings
+    assert {name for name in settings if f"`{name}`" not in text} == set()
