@@ -10,6 +10,7 @@ the store and the wire, not once per hop.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,3 +37,47 @@ def dump(value: Any) -> str:
 
 def load(text: str | None) -> Any:
     return None if text is None else json.loads(text)
+
+
+class JsonSyntaxError(ValueError):
+    """Input that is not standard JSON; the message says why (and where, when known)."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise JsonSyntaxError("number out of range")
+    return value
+
+
+def _integer(text: str) -> int:
+    # Exact, like every integer in range; but one beyond a double's range is refused
+    # like such a float (and Python would otherwise build a 5,000-digit int).
+    if len(text.lstrip("-")) > _MAX_INTEGER_DIGITS:
+        raise JsonSyntaxError("number out of range")
+    return int(text)
+
+
+def _no_constant(name: str) -> None:
+    raise JsonSyntaxError(f"{name} is not a JSON value")
+
+
+# The largest double is about 1.8e308: 309 digits.
+_MAX_INTEGER_DIGITS = 309
+_strict = json.JSONDecoder(parse_float=_finite_float, parse_int=_integer, parse_constant=_no_constant)
+
+
+def strict_load(text: str | bytes) -> Any:
+    """Client input as standard JSON only: no NaN/Infinity, no number that overflows a float,
+    no nesting deeper than the interpreter's recursion limit. Raises JsonSyntaxError."""
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        return _strict.decode(text)
+    except UnicodeDecodeError:
+        raise JsonSyntaxError("invalid UTF-8") from None
+    except json.JSONDecodeError as exc:
+        message = exc.msg[0].lower() + exc.msg[1:]
+        raise JsonSyntaxError(f"{message} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise JsonSyntaxError("nesting too deep") from None

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -59,6 +61,11 @@ class Stack:
     session_args: list[str] = field(default_factory=list)
     log_dir: Path | None = None
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # The services it starts share a fresh internal token unless one is given (bae.internal).
+        if not self.env.get("BAE_INTERNAL_TOKEN", "").strip():
+            self.env["BAE_INTERNAL_TOKEN"] = secrets.token_hex(32)
 
     @property
     def settings(self) -> Settings:
@@ -157,10 +164,13 @@ class Stack:
         self.processes.clear()
         return codes
 
-    def restart(self, name: str, timeout: float = 30.0) -> None:
-        """Stop one gRPC service (SIGTERM, then kill) and start it again; the others keep running."""
+    def restart(self, name: str, timeout: float = 30.0, *, sig: signal.Signals = signal.SIGTERM) -> None:
+        """Stop one gRPC service (`sig`, then kill) and start it again; the others keep running.
+
+        `sig=signal.SIGKILL` simulates a crash: the service gets no chance to clean up.
+        """
         process = self.processes[name]
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(sig)
         try:
             process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -202,6 +212,31 @@ def demo_env(env: dict[str, str], data_dir: Path) -> dict[str, str]:
     return {**env, "BAE_DEMO_PROVIDER_ADDR": address, "BAE_CONFIG": str(config)}
 
 
+def is_loopback_target(target: str) -> bool:
+    """Whether a gRPC `host:port` target names this machine only (a hostname counts as not)."""
+    host = target.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def require_loopback(settings: Settings) -> None:
+    """`bae run` starts every service on this machine: their gRPC ports stay on loopback."""
+    exposed = [
+        target
+        for target in (settings.session_grpc_addr, settings.runner_grpc_addr, *settings.sandbox_grpc_addrs)
+        if not is_loopback_target(target)
+    ]
+    if exposed:
+        raise UsageError(
+            f"internal gRPC addresses must be loopback under `bae run` (got {', '.join(exposed)}); "
+            "deploy the services separately (docker-compose.yml) to reach them from elsewhere"
+        )
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """`bae run` options; everything else goes to the session service (`bae session serve --help`)."""
     parser = argparse.ArgumentParser(
@@ -227,6 +262,7 @@ def main(argv: list[str]) -> int:
         env = demo_env(env, data_dir)
     try:
         settings = load_settings(env)
+        require_loopback(settings)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from bae.internal import InternalPlane
 from bae.stack import ROOT, grpc_serving
+
+
+# The internal token of every service the tests start (unless a test sets its own),
+# and the plane a test's own gRPC channels use to reach them.
+INTERNAL_TOKEN = secrets.token_hex(32)
+TEST_PLANE = InternalPlane(INTERNAL_TOKEN, keepalive=30.0)
 
 
 def service_env(**variables: str) -> dict[str, str]:
     """This environment minus every BAE_* (a developer's own settings must not leak in), plus `variables`."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("BAE_")}
+    env["BAE_INTERNAL_TOKEN"] = INTERNAL_TOKEN
     env.update(variables)
     return env
 

@@ -18,6 +18,7 @@ export BAE_E2E_PROJECT="${BAE_E2E_PROJECT:-bae-e2e}"
 export BAE_SHUTDOWN_TIMEOUT=30
 export BAE_LOG=info
 export MOCK_LLM_TOKEN="mock-token-$RANDOM$RANDOM"
+export BAE_INTERNAL_TOKEN="$(.venv/bin/python -c 'import secrets; print(secrets.token_hex(32))')"
 # The sandbox hosts run as the image's user, in the group that owns the Docker socket.
 export BAE_SANDBOX_USER="10001:$(stat -c %g /var/run/docker.sock)"
 free_port() { .venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

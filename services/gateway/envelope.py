@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 
-from bae.jsontext import dump
+from bae.jsontext import JsonSyntaxError, dump, strict_load
 from services.gateway.frames import error_frame
 
 # JSON-RPC method -> SessionService RPC.
@@ -48,26 +46,10 @@ class Rejected:
     frame: bytes
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"number out of range: {text}")
-    return value
-
-
-def _no_constants(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _loads(body: bytes) -> object:
-    # Strict JSON: no NaN/Infinity, no numbers that overflow to inf.
-    return json.loads(body, parse_float=_finite_float, parse_constant=_no_constants)
-
-
 def parse_envelope(body: bytes) -> Call | Rejected:
     try:
-        document = _loads(body)
-    except (ValueError, RecursionError):
+        document = strict_load(body)
+    except JsonSyntaxError:
         return Rejected(error_frame("null", -32700, "Parse error"))
     if isinstance(document, list):
         return Rejected(

@@ -6,31 +6,49 @@ import grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
+from bae.errors import Problem
 from bae.protos import session_pb2
+from services.gateway.body import BodyReader, Credential
 from services.gateway.responses import JSON, problem_response
 from services.gateway.router import Endpoint
 from services.gateway.upstream import Upstream, credentials
 
 
-def forward(upstream: Upstream, rpc_name: str, status: int = 200) -> Endpoint:
-    """An endpoint that hands the request to `rpc_name` and answers its JSON with `status`."""
-    rpc = getattr(upstream.stub, rpc_name)
-    timeout = upstream.timeout
+class Forwarder:
+    """Builds the endpoints of one port: each hands its request to one SessionService call."""
 
-    async def handle(request: Request) -> Response:
-        message = session_pb2.RestRequest(
-            **credentials(request),
-            path_id=request.path_params.get("id", ""),
-            body=await request.body(),
-            content_type=request.headers.get("content-type", ""),
-            query=request.query_params,
-        )
-        try:
-            reply = await rpc(message, timeout=timeout)
-        except grpc.aio.AioRpcError as error:
-            return problem_response(upstream.failure(error))
-        if status == 204:
-            return Response(status_code=204)
-        return Response(reply.json, status, media_type=JSON)
+    def __init__(self, upstream: Upstream, bodies: BodyReader) -> None:
+        self.upstream = upstream
+        self.bodies = bodies
 
-    return handle
+    def __call__(self, rpc_name: str, credential: Credential, status: int = 200) -> Endpoint:
+        """An endpoint that calls `rpc_name` and answers its JSON with `status`.
+
+        `credential` is what the route takes; it is checked first when the body is large.
+        """
+        upstream = self.upstream
+        bodies = self.bodies
+        rpc = getattr(upstream.stub, rpc_name)
+        timeout = upstream.timeout
+
+        async def handle(request: Request) -> Response:
+            try:
+                body = await bodies.read(request, credential)
+            except Problem as problem:
+                return problem_response(problem)
+            message = session_pb2.RestRequest(
+                **credentials(request),
+                path_id=request.path_params.get("id", ""),
+                body=body,
+                content_type=request.headers.get("content-type", ""),
+                query=request.query_params,
+            )
+            try:
+                reply = await rpc(message, timeout=timeout)
+            except grpc.aio.AioRpcError as error:
+                return problem_response(upstream.failure(error))
+            if status == 204:
+                return Response(status_code=204)
+            return Response(reply.json, status, media_type=JSON)
+
+        return handle

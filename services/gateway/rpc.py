@@ -16,8 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from bae.errors import internal
+from bae.errors import Problem, internal
 from bae.protos import session_pb2
+from services.gateway.body import SESSION_KEY, BodyReader
 from services.gateway.envelope import (
     STREAMING_METHODS,
     UNARY_METHODS,
@@ -97,8 +98,9 @@ class LiveStream(StreamingResponse):
 
 
 class RpcEndpoint:
-    def __init__(self, upstream: Upstream) -> None:
+    def __init__(self, upstream: Upstream, bodies: BodyReader) -> None:
         self.upstream = upstream
+        self.bodies = bodies
         self.subscriptions: set[LiveStream] = set()
 
     def end_subscriptions(self) -> None:
@@ -107,7 +109,11 @@ class RpcEndpoint:
             stream.end()
 
     async def __call__(self, request: Request) -> Response:
-        envelope = parse_envelope(await request.body())
+        try:
+            body = await self.bodies.read(request, SESSION_KEY)
+        except Problem as problem:
+            return problem_response(problem)
+        envelope = parse_envelope(body)
         rpc_request = session_pb2.RpcRequest(
             **credentials(request),
             session_id=request.path_params["id"],

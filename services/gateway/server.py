@@ -10,8 +10,11 @@ import socket
 import uvicorn
 from starlette.types import ASGIApp
 
+from bae.internal import InternalPlane
 from bae.settings import Address, Settings
 from services.gateway.app import admin_app, client_app
+from services.gateway.body import BodyReader
+from services.gateway.rest import Forwarder
 from services.gateway.rpc import RpcEndpoint
 from services.gateway.upstream import Upstream
 
@@ -67,10 +70,12 @@ async def serve(settings: Settings) -> int:
         log.error("gateway cannot bind its listeners: %s", exc)
         return 1
 
-    upstream = Upstream.connect(settings.session_grpc_addr, settings.rpc_timeout)
-    rpc = RpcEndpoint(upstream)
-    client = _uvicorn(client_app(upstream, rpc), settings)
-    admin = _uvicorn(admin_app(upstream), settings)
+    upstream = Upstream.connect(settings.session_grpc_addr, settings.rpc_timeout, InternalPlane.of(settings))
+    bodies = BodyReader(upstream, settings.max_body_bytes)
+    forward = Forwarder(upstream, bodies)
+    rpc = RpcEndpoint(upstream, bodies)
+    client = _uvicorn(client_app(forward, rpc), settings)
+    admin = _uvicorn(admin_app(forward), settings)
     await client.startup(sockets=[sockets[0]])
     await admin.startup(sockets=[sockets[1]])
     log.info(

@@ -10,6 +10,7 @@ from starlette.requests import Request
 
 from bae.errors import Problem, internal
 from bae.grpcutil import channel
+from bae.internal import InternalPlane
 from bae.protos import session_pb2_grpc
 
 log = logging.getLogger("bae.gateway")
@@ -31,16 +32,19 @@ class Upstream:
     stub: session_pb2_grpc.SessionServiceStub
 
     @classmethod
-    def connect(cls, address: str, timeout: float) -> "Upstream":
+    def connect(cls, address: str, timeout: float, plane: InternalPlane) -> "Upstream":
         # Must run inside the event loop that will use the channel (grpc.aio binds to it).
-        chan = channel(address)
+        chan = channel(address, plane)
         return cls(address, timeout, chan, session_pb2_grpc.SessionServiceStub(chan))
 
     async def close(self) -> None:
         await self.channel.close()
 
     def failure(self, error: grpc.aio.AioRpcError) -> Problem:
-        """The HTTP problem for a failed call: the service's own, or one that names the outage."""
+        """The HTTP problem for a failed call: the service's own, or a generic one that names the outage.
+
+        Addresses and gRPC's own texts go to the log only, never to the client.
+        """
         try:
             problem = Problem.from_rpc_error(error)
         except (ValueError, KeyError, TypeError):
@@ -49,17 +53,9 @@ class Upstream:
         if problem is not None:
             return problem
         code = error.code()
+        log.error("session service at %s: call failed: %s %s", self.address, code.name, error.details())
         if code == grpc.StatusCode.UNAVAILABLE:
-            return Problem(
-                503,
-                "service_unavailable",
-                f"session service unavailable at {self.address}; check that it is running",
-            )
+            return Problem(503, "service_unavailable", "the session service is unavailable; try again shortly")
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return Problem(
-                504,
-                "gateway_timeout",
-                f"session service at {self.address} did not answer within {self.timeout:g}s",
-            )
-        log.error("session service call failed: %s %s", code.name, error.details())
+            return Problem(504, "gateway_timeout", f"the session service did not answer within {self.timeout:g}s")
         return internal()

@@ -8,6 +8,7 @@ import sys
 from bae.config import load_config
 from bae.entry import run_async, service_parser
 from bae.grpcutil import configure_logging, serve
+from bae.internal import InternalPlane
 from bae.settings import load_settings
 from services.runner.clients import ProviderClients
 from services.runner.demo import DemoProvider
@@ -43,6 +44,7 @@ def main(argv: list[str]) -> int:
             registrar(RunnerService(config, clients)),
             settings.shutdown_timeout,
             on_shutdown=shutdown,
+            plane=InternalPlane.of(settings),
         )
 
     return run_async(start)

@@ -12,6 +12,7 @@ import sys
 
 from bae.entry import run_async, service_parser
 from bae.grpcutil import configure_logging
+from bae.internal import InternalPlane
 from bae.settings import load_settings
 from services.sandbox.config import load_sandbox_config
 from services.sandbox.docker_driver import DockerDriver
@@ -28,8 +29,9 @@ def main(argv: list[str]) -> int:
         settings = load_settings()
         configure_logging(settings.log)
         config = load_sandbox_config(settings)
+        plane = InternalPlane.of(settings)
         driver: Driver = DockerDriver(config) if config.driver == "docker" else UnsupportedDriver(config.driver)
-        await serve_sandbox(config, driver, settings.shutdown_timeout)
+        await serve_sandbox(config, driver, settings.shutdown_timeout, plane)
 
     return run_async(start)
 

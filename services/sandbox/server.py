@@ -9,6 +9,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 
 from bae.grpcutil import serve
+from bae.internal import InternalPlane
 from bae.protos import sandbox_pb2, sandbox_pb2_grpc
 from services.sandbox.config import SandboxConfig
 from services.sandbox.driver import Driver, SandboxFailure
@@ -30,9 +31,9 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
             return await operation
         except SandboxFailure as failure:
             await context.abort(failure.code, failure.detail)
-        except Exception as exc:  # an engine error no driver path expected: still a clear status
+        except Exception:  # an engine error no driver path expected: a clear status, the detail in the log
             log.exception("sandbox call failed")
-            await context.abort(grpc.StatusCode.INTERNAL, f"sandbox host error: {exc}")
+            await context.abort(grpc.StatusCode.INTERNAL, "sandbox host error")
 
     async def _allowed(self, context: grpc.aio.ServicerContext, image: str) -> None:
         if not image.strip():
@@ -125,7 +126,7 @@ class EngineMonitor:
             await self._check(health_servicer)
 
 
-async def serve_sandbox(config: SandboxConfig, driver: Driver, shutdown_timeout: float) -> None:
+async def serve_sandbox(config: SandboxConfig, driver: Driver, shutdown_timeout: float, plane: InternalPlane) -> None:
     """Serve until SIGTERM/SIGINT, with health following the container engine."""
     monitor = EngineMonitor(driver, config.health_interval)
 
@@ -152,4 +153,5 @@ async def serve_sandbox(config: SandboxConfig, driver: Driver, shutdown_timeout:
         shutdown_timeout,
         on_shutdown=shut_down,
         report_health=monitor.start,
+        plane=plane,
     )

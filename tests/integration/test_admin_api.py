@@ -9,9 +9,10 @@ import grpc
 import pytest
 
 from bae.errors import Problem
+from bae.grpcutil import channel
 from bae.protos import session_pb2, session_pb2_grpc
 from conftest import stack_env
-from processes import ServiceProcess
+from processes import TEST_PLANE, ServiceProcess
 
 CONFIG = """
 [[providers.entries]]
@@ -43,7 +44,7 @@ class Service:
         self.env = stack_env(tmp, BAE_CONFIG=str(config), **env)
         self.process = ServiceProcess("services.session", "serve", *args, env=self.env, log_path=tmp / "session.log")
         self.process.wait_grpc_serving(self.env["BAE_SESSION_GRPC_ADDR"])
-        self.channel = grpc.aio.insecure_channel(self.env["BAE_SESSION_GRPC_ADDR"])
+        self.channel = channel(self.env["BAE_SESSION_GRPC_ADDR"], TEST_PLANE)
         self.stub = session_pb2_grpc.SessionServiceStub(self.channel)
         key_file = Path(self.env["BAE_ADMIN_KEY_FILE"])
         self.admin_key = key_file.read_text().strip() if key_file.exists() else ""

@@ -603,8 +603,10 @@ def test_session_service_down_is_503_without_hanging(tmp_path):
             assert response.status_code == 503
             assert response.json() == {
                 "type": "service_unavailable", "title": "Service Unavailable", "status": 503,
-                "detail": f"session service unavailable at {dead}; check that it is running",
+                "detail": "the session service is unavailable; try again shortly",
             }
+        # The address is for the operator (the log), not for the client.
+        assert dead in gateway.log_path.read_text()
     finally:
         assert gateway.stop() == 0
 

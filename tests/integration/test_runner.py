@@ -7,13 +7,13 @@ import secrets
 import time
 from typing import Iterator
 
-import grpc
 import pytest
 
+from bae.grpcutil import channel as internal_channel
 from bae.protos import runner_pb2, runner_pb2_grpc
 from conftest import free_port, mock_provider_toml
 from mockllm import MockLLM, Reply
-from processes import ServiceProcess, service_env
+from processes import TEST_PLANE, ServiceProcess, service_env
 
 TOKEN = "sk-test-" + secrets.token_hex(12)
 REDACTED = "\u2022" * 8
@@ -103,7 +103,7 @@ async def run_step(
     )
     events: list[tuple[str, dict]] = []
     results = []
-    async with grpc.aio.insecure_channel(runner) as channel:
+    async with internal_channel(runner, TEST_PLANE) as channel:
         async for update in runner_pb2_grpc.RunnerStub(channel).RunStep(request, timeout=30):
             if update.HasField("event"):
                 assert not results, "an event arrived after the result"

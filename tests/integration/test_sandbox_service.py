@@ -11,8 +11,10 @@ import uuid
 import grpc
 import pytest
 
+from bae.grpcutil import channel as internal_channel
 from bae.protos import sandbox_pb2, sandbox_pb2_grpc
 from conftest import ROOT
+from processes import TEST_PLANE
 from services.sandbox.docker_driver import SHELL_CAPABILITIES
 from docker_support import (
     TEST_IMAGE,
@@ -49,7 +51,7 @@ def host(start_host):
 
 async def _stub(address: str, *images: str):
     """A stub to the host, which is first allowed TEST_IMAGE and `images` (as the session service would)."""
-    channel = grpc.aio.insecure_channel(address)
+    channel = internal_channel(address, TEST_PLANE)
     stub = sandbox_pb2_grpc.SandboxStub(channel)
     await stub.AllowImages(sandbox_pb2.AllowImagesRequest(images=[TEST_IMAGE, *images]), timeout=10)
     return channel, stub

@@ -7,6 +7,7 @@ import socket
 
 import pytest
 
+from bae.internal import InternalPlane
 from services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery, resolve_all
 from services.session.remote.sandbox_pool import SandboxPool
 
@@ -27,7 +28,7 @@ class ScriptedDns:
 
 @pytest.fixture
 async def pool():
-    pool = SandboxPool([], rpc_timeout=1.0)
+    pool = SandboxPool([], rpc_timeout=1.0, plane=InternalPlane("t" * 32, keepalive=30.0))
     yield pool
     await pool.close()
 

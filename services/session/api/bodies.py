@@ -7,13 +7,13 @@ expected u64`, …), so the small validators here produce the same wording.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from bae import serde
 from bae.errors import Problem, bad_request
+from bae.jsontext import JsonSyntaxError, strict_load
 
 CONTENT_TYPE_REJECTION = "Expected request with `Content-Type: application/json`"
 RESERVED_TOOL = "remote_subagent_status"
@@ -40,15 +40,9 @@ def decode_json(body: bytes, content_type: str) -> Any:
     if not is_json_content_type(content_type):
         raise bad_request(CONTENT_TYPE_REJECTION)
     try:
-        return json.loads(body.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise bad_request("Failed to parse the request body as JSON: invalid UTF-8") from None
-    except json.JSONDecodeError as exc:
-        message = exc.msg[0].lower() + exc.msg[1:]
-        raise bad_request(
-            f"Failed to parse the request body as JSON: {message} "
-            f"at line {exc.lineno} column {exc.colno}"
-        ) from None
+        return strict_load(body)
+    except JsonSyntaxError as exc:
+        raise bad_request(f"Failed to parse the request body as JSON: {exc}") from None
 
 
 def decode_object(body: bytes, content_type: str, struct: str) -> dict:

@@ -12,13 +12,14 @@ from typing import Mapping
 
 from sqlalchemy import Connection
 
-from bae.errors import bad_request
+from bae.errors import bad_request, echo
 from services.session.store import events
 from bae.jsontext import dump
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
-_INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
+# A decimal integer; group 1 holds a positive one's digits without leading zeros.
+_INTEGER = re.compile(r"\+?0*([1-9][0-9]*)|[+-]?0+|-[0-9]+")
 _CURSOR = re.compile(r"[0-9]{1,18}")
 
 
@@ -38,14 +39,17 @@ def page_request(query: Mapping[str, str]) -> PageRequest:
     if raw_limit == "":
         limit = DEFAULT_LIMIT
     else:
-        if not _INTEGER.fullmatch(raw_limit) or int(raw_limit) <= 0:
+        match = _INTEGER.fullmatch(raw_limit)
+        digits = match.group(1) if match else None
+        if digits is None:
             raise bad_request("limit must be a positive integer")
-        limit = min(int(raw_limit), MAX_LIMIT)
+        # Any larger limit clamps, however many digits it has (no int() of a huge string).
+        limit = MAX_LIMIT if len(digits) > 3 else min(int(digits), MAX_LIMIT)
     cursor = query.get("cursor", "")
     if cursor == "":
         return PageRequest(0, limit)
     if not _CURSOR.fullmatch(cursor):
-        raise bad_request(f'invalid cursor: "{cursor}"')
+        raise bad_request(f'invalid cursor: "{echo(cursor)}"')
     return PageRequest(int(cursor), limit)
 
 

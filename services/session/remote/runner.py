@@ -8,6 +8,7 @@ from typing import AsyncIterator
 import grpc
 
 from bae import grpcutil
+from bae.internal import InternalPlane
 from bae.protos import runner_pb2_grpc
 
 
@@ -18,8 +19,8 @@ class RunnerClient:
     a plain call would fail at once; a runner that stays down still fails the step.
     """
 
-    def __init__(self, address: str, connect_timeout: float) -> None:
-        self.channel = grpcutil.channel(address)
+    def __init__(self, address: str, connect_timeout: float, plane: InternalPlane) -> None:
+        self.channel = grpcutil.channel(address, plane)
         self.stub = runner_pb2_grpc.RunnerStub(self.channel)
         self.connect_timeout = connect_timeout
 

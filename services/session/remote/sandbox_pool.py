@@ -19,14 +19,29 @@ from typing import Iterable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bae.errors import BaeError
+from bae.errors import DETAIL_LIMIT, BaeError, echo
 from bae.grpcutil import channel
+from bae.internal import InternalPlane
 from bae.protos import sandbox_pb2, sandbox_pb2_grpc
 from services.session.remote.sandbox_idle import IdleWatch
 
 log = logging.getLogger("bae.session.sandboxes")
 
 SERVICE_NAME = sandbox_pb2.DESCRIPTOR.services_by_name["Sandbox"].full_name
+HOST_UNAVAILABLE = "the sandbox host is unavailable"
+# Codes a sandbox host answers with a detail of its own making (services/sandbox/driver.py
+# SandboxFailure): the detail is meant for the client. Any other code's text is gRPC's or an
+# unexpected error's.
+_HOST_VERDICTS = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.PERMISSION_DENIED,
+    }
+)
 
 
 class SandboxError(BaeError):
@@ -52,9 +67,9 @@ class ExecResult:
 
 
 class _Host:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, plane: InternalPlane) -> None:
         self.address = address
-        self.channel = channel(address)
+        self.channel = channel(address, plane)
         self.stub = sandbox_pb2_grpc.SandboxStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.up: bool | None = None  # None until the first poll answers or fails
@@ -67,6 +82,7 @@ class SandboxPool:
         self,
         addrs: list[str],
         rpc_timeout: float,
+        plane: InternalPlane,
         *,
         exec_timeout: float = 300.0,
         pull_timeout: float = 600.0,
@@ -76,6 +92,7 @@ class SandboxPool:
     ) -> None:
         """`host_wait`: how long provisioning waits for a first healthy host (start-up races)."""
         self._rpc_timeout = rpc_timeout
+        self._plane = plane
         self._exec_timeout = exec_timeout
         self._pull_timeout = pull_timeout
         self._poll_interval = poll_interval
@@ -101,7 +118,7 @@ class SandboxPool:
                 self._retired.append(self._hosts.pop(address))
         for address in wanted:
             if address not in self._hosts:
-                self._hosts[address] = _Host(address)
+                self._hosts[address] = _Host(address, self._plane)
 
     def _ensure_polling(self) -> None:
         if self._poller is None:
@@ -142,19 +159,29 @@ class SandboxPool:
     def _host_of(self, handle: SandboxHandle) -> _Host:
         host = self._hosts.get(handle.host)
         if host is None:
-            raise SandboxError(f"sandbox host {handle.host} is no longer configured")
+            log.warning("sandbox %s: its host %s is no longer configured", handle.sandbox_id, handle.host)
+            raise SandboxError("the sandbox's host is no longer configured")
         if host.up is False:
-            raise SandboxError(f"sandbox host {handle.host} is unavailable")
+            raise SandboxError(HOST_UNAVAILABLE)
         return host
 
     def _failure(self, host: _Host, error: grpc.aio.AioRpcError, timeout: float) -> SandboxError:
+        """The SandboxError for a failed call. Its detail reaches clients and events, so it
+        carries only what the sandbox host says on purpose; addresses and gRPC's own texts
+        (e.g. "Sent message larger than max") go to the log."""
         code = error.code()
+        details = error.details() or ""
+        if code in _HOST_VERDICTS and not (code == grpc.StatusCode.DEADLINE_EXCEEDED and details == "Deadline Exceeded"):
+            return SandboxError(echo(details, DETAIL_LIMIT) or code.name.lower())
+        log.warning("sandbox host %s: call failed: %s %s", host.address, code.name, details)
         if code == grpc.StatusCode.UNAVAILABLE:
             host.up = False
-            return SandboxError(f"sandbox host {host.address} is unavailable: {error.details()}")
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED and error.details() == "Deadline Exceeded":
-            return SandboxError(f"sandbox host {host.address} did not answer within {timeout:g}s")
-        return SandboxError(error.details() or code.name.lower())
+            return SandboxError(HOST_UNAVAILABLE)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return SandboxError(f"the sandbox host did not answer within {timeout:g}s")
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return SandboxError("the sandbox call exceeded a size limit")
+        return SandboxError("the sandbox host failed; see its log")
 
     async def _call(self, host: _Host, method: str, request, timeout: float):
         try:
