@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 
-.PHONY: run demo test protos venv bench clean compose-test
+.PHONY: run demo test lint protos venv bench clean compose-test
 
 venv: $(STAMP)
 
@@ -32,6 +32,11 @@ demo: venv protos
 
 test: venv protos
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Ruff and mypy over the project's code (configured in pyproject.toml).
+lint: venv protos
+	$(VENV)/bin/ruff check bae services tests bench
+	$(VENV)/bin/mypy
 
 bench: venv protos
 	$(PY) bench/run.py $(ARGS)

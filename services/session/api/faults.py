@@ -21,7 +21,9 @@ RpcError = session_pb2.RpcError
 class RpcFault(Exception):
     """A JSON-RPC error a method answers with: its code and message."""
 
-    def __init__(self, code: RpcCode, message: str, *, id_mode: int = RpcError.REQUEST_ID) -> None:
+    def __init__(
+        self, code: RpcCode, message: str, *, id_mode: session_pb2.RpcError.IdMode = RpcError.REQUEST_ID
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message

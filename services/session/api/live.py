@@ -108,9 +108,10 @@ class LiveApi:
                     seq = await self.store.event_seq(call.session_id, since) or 0
                     while True:
                         page = await self.store.list_events(call.session_id, seq, REPLAY_PAGE)
-                        for seq, event in page:
+                        for _, event in page:
                             replayed.add(event["id"])
                             yield session_pb2.RpcFrame(event_json=event.json)
+                        seq = page[-1][0] if page else seq
                         if len(page) < REPLAY_PAGE:
                             break
                 except Exception:

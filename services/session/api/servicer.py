@@ -7,6 +7,7 @@ import logging
 from functools import partial
 from typing import Any, AsyncIterator, Awaitable, Callable
 
+from bae import telemetry
 from bae.errors import Problem, internal
 from bae.jsontext import dump
 from bae.protos import session_pb2, session_pb2_grpc
@@ -15,6 +16,7 @@ from services.session.api.auth import Authenticator
 from services.session.api.faults import rpc_error
 from services.session.api.jsonrpc import ACCEPTED, RpcCall
 from services.session.api.live import LiveApi
+from services.session.engine.spans import session_spans
 from services.session.api.rest import ClientRestApi
 from services.session.api.sandbox_methods import SandboxMethods
 
@@ -129,7 +131,10 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         return await _json(check())
 
     async def RegisterDriver(self, request, context):
-        return await self._unary(request, self.live.register_driver)
+        reply = await self._unary(request, self.live.register_driver)
+        if (traceparent := session_spans.traceparent(request.session_id)) is not None:
+            context.set_trailing_metadata(((telemetry.SESSION_TRACEPARENT_KEY, traceparent),))
+        return reply
 
     async def SendMessage(self, request, context):
         async for frame in self._stream(request, self.live.send_message):
@@ -198,7 +203,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
 
 
 def _method_name(method: Callable[..., Any]) -> str:
-    return getattr(method, "__name__", None) or getattr(getattr(method, "func", None), "__name__", "rpc")
+    return str(getattr(method, "__name__", None) or getattr(getattr(method, "func", None), "__name__", "rpc"))
 
 
 def register(servicer: SessionServicer):

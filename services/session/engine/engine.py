@@ -44,8 +44,9 @@ from services.session.engine.merge import (
     synthesize_abandoned,
 )
 from services.session.engine.runtime import LiveSession, SessionRuntime
+from services.session.engine.spans import MERGE_INVALID, PROFILE_UNAVAILABLE, session_spans, turn_trace
 from services.session.engine.tasks import TaskOwner
-from services.session.engine.turn import RunnerUnreachable, Turn
+from services.session.engine.turn import EventItem, RunnerUnreachable, Turn
 from services.session.remote.runner import RunnerClient
 from services.session.store.records import ProfileRecord, SessionRecord
 
@@ -157,7 +158,7 @@ class TurnEngine:
         await self.runtime.load_history(live)
         if watcher is not None:
             live.feed.watchers.add(watcher)
-        items: list[tuple[str, dict]] = [("client.message.send", {"role": role, "content": content})]
+        items: list[EventItem] = [("client.message.send", {"role": role, "content": content})]
         for block in content if isinstance(content, list) else []:
             if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("tool_use_id") not in server_ids:
                 items.append(("tool.result", client_result(block)))
@@ -168,15 +169,20 @@ class TurnEngine:
                 [("session.error", {"reason": "profile_unavailable", "profile_id": session.profile_id})],
                 new_state=SessionState.ERROR,
             )
+            session_spans.end(live.session_id, PROFILE_UNAVAILABLE)
             raise ProfileUnavailable
-        result = await turn.run_loop(session, profile)
-        pending = previous.pending_compaction if previous is not None else None
-        if result.end == TurnEnd.PAUSED and result.parked is not None:
-            result.parked.pending_compaction = self._crossed(session, turn) or pending
-            return TurnOutcome(result.end, result.message, turn.events), result.parked
-        if result.end == TurnEnd.COMPLETED:
-            await self._auto_compact(turn, session, profile, pending)
-        return TurnOutcome(result.end, result.message, turn.events), None
+        paused = previous.span_context if previous is not None else None
+        with turn_trace(live.session_id, request.actor, previous is not None, paused) as traced:
+            result = await turn.run_loop(session, profile)
+            span_context = traced.ended(result.end)
+            pending = previous.pending_compaction if previous is not None else None
+            if result.end == TurnEnd.PAUSED and result.parked is not None:
+                result.parked.pending_compaction = self._crossed(session, turn) or pending
+                result.parked.span_context = span_context
+                return TurnOutcome(result.end, result.message, turn.events), result.parked
+            if result.end == TurnEnd.COMPLETED:
+                await self._auto_compact(turn, session, profile, pending)
+            return TurnOutcome(result.end, result.message, turn.events), None
 
     async def _abandoned(self, turn: Turn, parked: ParkedTurn) -> None:
         """An expired pause was taken from its owner: say so, attributed to the owner (§7.3)."""
@@ -191,6 +197,7 @@ class TurnEngine:
             [("session.error", {"reason": "tool_result_merge_invalid", "detail": str(exc)})],
             new_state=SessionState.ERROR,
         )
+        session_spans.end(turn.session_id, MERGE_INVALID)
         raise MergeRefused(str(exc))
 
     # -- auto compaction (§12.2) ------------------------------------------------------
@@ -287,7 +294,7 @@ class TurnEngine:
             results = synthesize_abandoned(parked.tool_uses, parked.server_results)
         except MergeInvalid as exc:
             await self._merge_refused(turn, exc)
-        items: list[tuple[str, dict]] = [
+        items: list[EventItem] = [
             ("server.message.send", {"role": "user", "content": results, "synthetic": "abandoned_tool_results"})
         ]
         items += [

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from services.session.store.events import EventView
 
 LAG_LIMIT = 256
 
@@ -27,13 +30,13 @@ class Watcher:
     subscriber: bool  # a session.subscribe stream (ended by session.unsubscribe)
     # Event ids this watcher must not be sent (a sendMessage stream's own input echo).
     echo_ids: set[str] = field(default_factory=set)
-    _items: deque = field(default_factory=deque)
+    _items: deque[EventView] = field(default_factory=deque)
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
     _ended: bool = False
     _lagged: bool = False
 
-    def push(self, *items: object) -> None:
-        """Queue one published batch (or a terminal frame), unless this watcher has fallen behind."""
+    def push(self, *items: EventView) -> None:
+        """Queue one published batch, unless this watcher has fallen behind."""
         if self._ended:
             return
         if len(self._items) >= LAG_LIMIT:
@@ -51,7 +54,7 @@ class Watcher:
         self._ended = True
         self._ready.set()
 
-    async def take(self) -> list[object] | None:
+    async def take(self) -> list[EventView] | None:
         """Every queued item (waits for one), None once ended; raises Lagged when cut off."""
         while True:
             if self._lagged:
@@ -83,7 +86,7 @@ class SessionFeed:
         self.watchers.discard(watcher)
         watcher.end()
 
-    def publish(self, events: list[dict]) -> None:
+    def publish(self, events: Sequence[EventView]) -> None:
         for watcher in list(self.watchers):
             wanted = [event for event in events if watcher.wants(event)]
             if wanted:

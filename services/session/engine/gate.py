@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from opentelemetry.trace import SpanContext
 
 from services.session.engine.errors import TurnInProgress
 
@@ -26,6 +28,8 @@ class ParkedTurn:
     server_results: dict[str, dict]
     # The token count of a crossed auto-compaction threshold, honoured when the turn completes (§12.2).
     pending_compaction: int | None = None
+    # The paused `bae.turn` span's context: the resuming turn links to it (TELEMETRY §3.4).
+    span_context: SpanContext | None = None
 
     @property
     def expired(self) -> bool:

@@ -9,6 +9,8 @@ re-serialized.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from bae.jsontext import dump
 
 MESSAGE_EVENTS = ("client.message.send", "server.message.send")
@@ -20,12 +22,12 @@ class History:
         self._entries: list[tuple[str, dict, str]] = []  # (event id, {role, content}, its JSON text)
 
     @classmethod
-    def from_events(cls, events: list[dict]) -> "History":
+    def from_events(cls, events: Sequence[dict]) -> "History":
         history = cls()
         history.observe(events)
         return history
 
-    def observe(self, events: list[dict]) -> None:
+    def observe(self, events: Sequence[dict]) -> None:
         for event in events:
             kind = event["event_type"]
             payload = event["payload"]
@@ -59,7 +61,7 @@ class History:
             parts = [text for _, _, text in self._entries] + [dump({"role": "user", "content": [block]})]
         return "[" + ",".join(parts) + "]"
 
-    def messages_json(self, extensions: list[dict] = ()) -> str:
+    def messages_json(self, extensions: Sequence[dict] = ()) -> str:
         """The history, then `extensions` (this turn's messages not yet logged), as one JSON array."""
         parts = [text for _, _, text in self._entries]
         parts += [dump(message) for message in extensions]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 ABANDONED_TEXT = "Client tool call was abandoned before returning a result."
 
 
@@ -20,7 +22,7 @@ def is_continuation(content: object) -> bool:
     return has_tool_result(content) or content == "" or content == []
 
 
-def _paused_ids(tool_uses: list[dict]) -> list[str]:
+def _paused_ids(tool_uses: list[dict]) -> list[Any]:
     ids = [block.get("id") for block in tool_uses]
     if not ids:
         raise MergeInvalid("paused assistant turn has no tool_use ids")
@@ -41,11 +43,11 @@ def _checked_server_results(server_results: dict[str, dict]) -> dict[str, dict]:
     return checked
 
 
-def merge_continuation(tool_uses: list[dict], server_results: dict[str, dict], content: list) -> list:
+def merge_continuation(tool_uses: list[dict], server_results: dict[str, dict], content: object) -> list:
     """The owner's tool results merged with the stashed server results (server copies win)."""
     ids = _paused_ids(tool_uses)
     server = _checked_server_results(server_results)
-    client: dict[str, dict] = {}
+    client: dict[Any, dict] = {}
     rest: list = []
     for block in content if isinstance(content, list) else []:
         if isinstance(block, dict) and block.get("type") == "tool_result":

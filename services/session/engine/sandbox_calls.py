@@ -7,6 +7,8 @@ the lifecycle events; the JSON-RPC parameter checks live in `sandbox_methods`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from services.session.remote.sandbox_pool import ExecResult, SandboxError, SandboxHandle
 
 NO_HOSTS = "no sandbox hosts are configured (BAE_SANDBOX_GRPC_ADDRS is empty)"
@@ -95,6 +97,7 @@ async def dispatch_sandbox_tool(turn, block: dict) -> dict:
         command = None
     await turn.emit([("sandbox.request", {"tool": name, "input": tool_input, "command": command})])
     handle = turn.live.sandbox
+    response: dict[str, Any]
     if handle is None:
         response = {
             "sandbox_id": None,

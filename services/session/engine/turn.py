@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -22,6 +23,7 @@ from services.session.engine.domain import Dispatch, SessionState, TurnEnd, Usag
 from services.session.engine.feed import Watcher
 from services.session.engine.gate import ParkedTurn
 from services.session.engine.runtime import LiveSession, SessionRuntime
+from services.session.engine.spans import open_dispatch
 from services.session.remote.runner import RunnerClient
 from services.session.store.events import EventView
 from services.session.store.records import ProfileRecord, SessionRecord
@@ -116,6 +118,7 @@ class Turn:
             declared = toolset.ActingTools.of(session, self.actor, mcp)
             result = await self.step(profile, self.live.loaded_history.messages_json(extensions), declared.advertised())
             if result.outcome != runner_pb2.StepResult.OK:
+                payload: dict[str, Any]
                 if result.outcome == runner_pb2.StepResult.PROVIDER_CONFIG:
                     payload = {"reason": "provider_config", "detail": result.detail}
                 else:
@@ -148,7 +151,10 @@ class Turn:
                     for block, kind in zip(tool_uses, kinds)
                 ]
             )
-            server_calls = [(block, kind) for block, kind in zip(tool_uses, kinds) if kind != Dispatch.CLIENT]
+            for block, kind in zip(tool_uses, kinds):
+                if kind == Dispatch.CLIENT:
+                    open_dispatch(block, kind)  # the server only records it: its span ends at once
+            server_calls: list[tuple[dict, Dispatch]] = [(block, kind) for block, kind in zip(tool_uses, kinds) if kind != Dispatch.CLIENT]
             results = await toolset.dispatch_server_tools(self, server_calls, declared)
 
             if Dispatch.CLIENT in kinds:
