@@ -484,3 +484,37 @@ def test_setup_interactive_max_with_mcp_servers(tmp_path: Path) -> None:
     assert (tmp_path / "bae-config.toml").read_text().split("\n", 2)[2] == config.split("\n", 2)[2]
     assert code == 1 and ("docker not found on PATH — install it (or generate here and deploy elsewhere) then "
                           "re-run `baectl setup` and choose Launch.") in output
+
+
+def test_setup_launches_and_creates_the_default_profile_and_key(stack: RunningStack, tmp_path: Path) -> None:
+    """The launch step with a stand-in `docker` on PATH: `compose up` is a no-op (the test stack already
+    runs on the chosen port), `compose exec … baectl` runs the real baectl against that stack."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.log"
+    docker = bin_dir / "docker"
+    docker.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {calls}\n'
+        'if [ "$2" = "exec" ]; then shift 5; '
+        f'BAE_ADMIN_ADDR={stack.stack.settings.admin_addr} BAE_ADMIN_TOKEN={stack.admin_key} '
+        f'exec {sys.executable} -m bae.ctl "$@"; fi\n'
+    )
+    docker.chmod(0o755)
+    port = stack.stack.settings.addr.port
+    answers = "\n".join(["n", "n", "", "", "mock", "", "", "n", "n", f"0.0.0.0:{port}", "", "", "", "", "y"]) + "\n"
+    env = service_env(PATH=f"{bin_dir}:{os.environ['PATH']}", ANTHROPIC_API_KEY="sk-ant-x")
+    code, output = run_on_terminal(["setup", "--dir", str(tmp_path)], answers, env)
+    assert code == 0, output
+    assert calls.read_text().splitlines()[0] == "compose up -d"
+    assert "compose exec -T baesrv baectl create profile default mock --json" in calls.read_text()
+    profile_id = re.search(r"created profile 'default' \((pro_\w+)\)", output).group(1)
+    key = re.search(r"created client key 'default':\r?\n  (bae_\w+)", output).group(1)
+    assert f"export BAE_URL=http://localhost:{port}" in output and f"export BAE_API_KEY={key}" in output
+    assert "copy the key now" in output
+    assert stack.open_session(key)["profile"]["id"] == profile_id
+
+    # Launching the saved setup again only restarts it.
+    code, output = run_on_terminal(["setup", "--dir", str(tmp_path)], "n\nn\nn\ny\n", env)
+    assert code == 0, output
+    assert "Re-launched the saved configuration." in output
