@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 from typing import Awaitable, Callable, Iterable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from bae import telemetry
+from bae.callcontext import bind_incoming, outgoing_context
 from bae.errors import PROBLEM_TRAILER, Problem
 from bae.internal import HEALTH_METHOD_PREFIX, InternalPlane
+from bae.logs import install_handler
 
 log = logging.getLogger("bae")
 
@@ -24,17 +26,22 @@ HealthReporter = Callable[[health.aio.HealthServicer], Awaitable[None]]
 
 
 class ProblemInterceptor(grpc.aio.ServerInterceptor):
-    """Turns a `Problem` raised by a handler into a gRPC status + `bae-problem` trailer."""
+    """Turns a `Problem` raised by a handler into a gRPC status + `bae-problem` trailer.
+
+    Also binds the caller's request id and trace context for the handler (bae.callcontext).
+    """
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(HEALTH_METHOD_PREFIX):
             # Health's Watch writes with context.write(), not as a generator; it raises no Problem.
             return handler
+        metadata = handler_call_details.invocation_metadata
         if handler.unary_unary:
             inner = handler.unary_unary
 
             async def unary(request, context):
+                bind_incoming(metadata)
                 try:
                     return await inner(request, context)
                 except Problem as problem:
@@ -47,6 +54,7 @@ class ProblemInterceptor(grpc.aio.ServerInterceptor):
             inner_stream = handler.unary_stream
 
             async def stream(request, context):
+                bind_incoming(metadata)
                 try:
                     async for item in inner_stream(request, context):
                         yield item
@@ -69,13 +77,10 @@ async def _abort(context: grpc.aio.ServicerContext, problem: Problem) -> None:
 NOISY_LIBRARY_LOGGERS = ("anthropic", "openai", "mcp", "httpx", "httpx2", "httpcore", "httpcore2")
 
 
-def configure_logging(level: str = "info") -> None:
+def configure_logging(level: str = "info", log_format: str = "text") -> None:
+    """stderr at BAE_LOG's level, as text lines or (BAE_LOG_FORMAT=json) JSON objects."""
     levels = {"trace": logging.DEBUG, "debug": logging.DEBUG, "warn": logging.WARNING}
-    logging.basicConfig(
-        level=levels.get(level, getattr(logging, level.upper(), logging.INFO)),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    install_handler(levels.get(level, getattr(logging, level.upper(), logging.INFO)), log_format)
     for name in NOISY_LIBRARY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -97,8 +102,13 @@ async def serve(
     report_health: HealthReporter | None = None,
     *,
     plane: InternalPlane,
+    drain: Callable[[float], Awaitable[None]] | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT, then drain within `shutdown_timeout` seconds.
+    """Serve until SIGTERM/SIGINT, then shut down within `shutdown_timeout` seconds, in phases:
+
+    1. stop accepting calls (and, through `drain`, new work of the service's own);
+    2. let running calls and `drain(budget)` finish within the budget;
+    3. `on_shutdown`: tear down what the service holds.
 
     Without `report_health`, every registered service reports SERVING from the start.
     Every call but a health check must carry the internal plane's token.
@@ -108,6 +118,7 @@ async def serve(
         options=[*MESSAGE_SIZE_OPTIONS, *plane.server_options()],
     )
     services = list(register(server))
+    server.add_generic_rpc_handlers((telemetry.metrics_rpc_handler(),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if server.add_insecure_port(address) == 0:
@@ -127,22 +138,29 @@ async def serve(
     await stop.wait()
 
     log.info("%s shutting down (budget %ss)", name, shutdown_timeout)
+    deadline = loop.time() + shutdown_timeout
     await health_servicer.enter_graceful_shutdown()
     try:
         async with asyncio.timeout(shutdown_timeout):
-            await server.stop(grace=max(shutdown_timeout - 1, 0))
+            grace = max(shutdown_timeout - 1, 0)
+            await asyncio.gather(server.stop(grace=grace), drain(grace) if drain is not None else asyncio.sleep(0))
             if on_shutdown is not None:
                 await on_shutdown()
     except TimeoutError:
         log.warning("%s: shutdown budget exhausted; exiting anyway", name)
+    # Telemetry flushes last, in what remains of the one budget.
+    await asyncio.to_thread(telemetry.shutdown, deadline - loop.time())
     log.info("%s stopped", name)
 
 
 def channel(target: str, plane: InternalPlane) -> grpc.aio.Channel:
-    """An internal channel; callers always pass a deadline (`timeout=`). Its calls carry the internal token."""
+    """An internal channel; callers always pass a deadline (`timeout=`).
+
+    Its calls carry the internal token, the request id and trace context (bae.callcontext).
+    """
     return grpc.aio.insecure_channel(
         target,
-        interceptors=plane.client_interceptors(),
+        interceptors=[*plane.client_interceptors(), *outgoing_context()],
         options=[
             *plane.channel_options(),
             ("grpc.max_reconnect_backoff_ms", 2_000),
