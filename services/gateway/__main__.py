@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from bae import telemetry
+from bae.config import load_config
 from bae.entry import run_async, service_parser
 from bae.grpcutil import configure_logging
 from bae.settings import load_settings
@@ -19,8 +21,10 @@ def main(argv: list[str]) -> int:
 
     async def start() -> int:
         settings = load_settings()
-        configure_logging(settings.log)
-        return await serve(settings)
+        configure_logging(settings.log, settings.log_format)
+        config = load_config(settings.config_path)
+        telemetry.start(config.telemetry, "gateway")
+        return await serve(settings, config)
 
     return run_async(start)
 

@@ -9,9 +9,12 @@ from starlette.routing import Router
 from bae import API_VERSIONS, __version__
 from bae.jsontext import dump
 from services.gateway.body import ADMIN_KEY, CLIENT_KEY, SESSION_KEY
+from services.gateway.openapi import ADMIN_DOCUMENT, CLIENT_DOCUMENT
 from services.gateway.responses import JSON
+from services.gateway.prometheus import MetricsEndpoint
+from services.gateway.readiness import Readiness
 from services.gateway.rest import Forwarder
-from services.gateway.router import build_router
+from services.gateway.router import Endpoint, build_router
 from services.gateway.rpc import RpcEndpoint
 
 META = dump({"version": __version__, "api_versions": list(API_VERSIONS)})
@@ -25,7 +28,14 @@ async def meta(request: Request) -> Response:
     return Response(META, media_type=JSON)
 
 
-def client_app(forward: Forwarder, rpc: RpcEndpoint) -> Router:
+def openapi(document: str) -> Endpoint:
+    async def endpoint(request: Request) -> Response:
+        return Response(document, media_type=JSON)
+
+    return endpoint
+
+
+def client_app(forward: Forwarder, rpc: RpcEndpoint, readyz: Readiness) -> Router:
     # Starlette tries the routes in order (none overlap): the busiest come first.
     return build_router(
         {
@@ -36,12 +46,14 @@ def client_app(forward: Forwarder, rpc: RpcEndpoint) -> Router:
             "/api/v1/sessions/{id}/join": {"POST": forward("JoinSession", CLIENT_KEY, 201)},
             "/api/v1/sessions/{id}/participants": {"GET": forward("ListParticipants", SESSION_KEY)},
             "/healthz": {"GET": healthz},
+            "/readyz": {"GET": readyz},
             "/api/v1/meta": {"GET": meta},
+            "/openapi.json": {"GET": openapi(CLIENT_DOCUMENT)},
         }
     )
 
 
-def admin_app(forward: Forwarder) -> Router:
+def admin_app(forward: Forwarder, readyz: Readiness, metrics: MetricsEndpoint) -> Router:
     return build_router(
         {
             "/admin/v1/profiles": {
@@ -64,5 +76,8 @@ def admin_app(forward: Forwarder) -> Router:
             "/admin/v1/providers": {"GET": forward("ListProviders", ADMIN_KEY)},
             "/admin/v1/config": {"GET": forward("GetConfig", ADMIN_KEY)},
             "/admin/v1/sandbox-status": {"GET": forward("GetSandboxStatus", ADMIN_KEY)},
+            "/readyz": {"GET": readyz},
+            "/metrics": {"GET": metrics},
+            "/openapi.json": {"GET": openapi(ADMIN_DOCUMENT)},
         }
     )

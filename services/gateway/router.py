@@ -27,7 +27,8 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 class MethodTable:
     """The ASGI app of one path: the endpoint for the request's method, else a 405 problem."""
 
-    def __init__(self, endpoints: dict[str, Endpoint]) -> None:
+    def __init__(self, route: str, endpoints: dict[str, Endpoint]) -> None:
+        self.route = route  # the path template, for access lines and span names
         self.allow = ", ".join(sorted(endpoints))
         self.endpoints = dict(endpoints)
         if "GET" in endpoints:
@@ -60,7 +61,7 @@ async def no_route(scope: Scope, receive: Receive, send: Send) -> None:
 def build_router(table: dict[str, dict[str, Endpoint]]) -> Router:
     """An ASGI app serving {path template: {method: endpoint}}; `{id}` matches one non-empty segment."""
     return Router(
-        [Route(path, MethodTable(endpoints)) for path, endpoints in table.items()],
+        [Route(path, MethodTable(path, endpoints)) for path, endpoints in table.items()],
         redirect_slashes=False,  # a path is a route or a 404, never a redirect
         default=no_route,
     )

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from bae import telemetry
 from bae.errors import Problem, internal
 from bae.protos import session_pb2
 from services.gateway.body import SESSION_KEY, BodyReader
@@ -27,6 +28,7 @@ from services.gateway.envelope import (
     Rejected,
     parse_envelope,
 )
+from services.gateway.observe import link_session_span
 from services.gateway.frames import NDJSON, internal_error_frame, reply_frame
 from services.gateway.responses import problem_response
 from services.gateway.upstream import Upstream, credentials
@@ -34,6 +36,7 @@ from services.gateway.upstream import Upstream, credentials
 log = logging.getLogger("bae.gateway")
 
 SUBSCRIBE = "session.subscribe"
+REGISTER_DRIVER = "session.registerDriver"
 
 
 class LiveStream(StreamingResponse):
@@ -136,9 +139,12 @@ class RpcEndpoint:
         method = getattr(self.upstream.stub, UNARY_METHODS[call.method])
         timeout = None if call.method in UNBOUNDED_METHODS else self.upstream.timeout
         try:
-            reply = await method(rpc_request, timeout=timeout)
+            grpc_call = method(rpc_request, timeout=timeout)
+            reply = await grpc_call
         except grpc.aio.AioRpcError as error:
             return problem_response(self.upstream.failure(error))
+        if telemetry.tracer is not None and call.method == REGISTER_DRIVER:
+            await link_session_span(grpc_call)
         return Response(reply_frame(reply, call.id_json), media_type=NDJSON)
 
     async def _stream(self, rpc_name: str, rpc_request: session_pb2.RpcRequest, call: Call) -> Response:

@@ -10,10 +10,15 @@ import socket
 import uvicorn
 from starlette.types import ASGIApp
 
+from bae import telemetry
+from bae.config import Config
 from bae.internal import InternalPlane
 from bae.settings import Address, Settings
 from services.gateway.app import admin_app, client_app
 from services.gateway.body import BodyReader
+from services.gateway.observe import Observed
+from services.gateway.prometheus import MetricsEndpoint
+from services.gateway.readiness import Readiness
 from services.gateway.rest import Forwarder
 from services.gateway.rpc import RpcEndpoint
 from services.gateway.upstream import Upstream
@@ -57,8 +62,9 @@ def _uvicorn(app: ASGIApp, settings: Settings) -> uvicorn.Server:
     return server
 
 
-async def serve(settings: Settings) -> int:
+async def serve(settings: Settings, config: Config) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code."""
+    plane = InternalPlane.of(settings)
     sockets: list[socket.socket] = []
     try:
         for address in (settings.addr, settings.admin_addr):
@@ -70,12 +76,19 @@ async def serve(settings: Settings) -> int:
         log.error("gateway cannot bind its listeners: %s", exc)
         return 1
 
-    upstream = Upstream.connect(settings.session_grpc_addr, settings.rpc_timeout, InternalPlane.of(settings))
+    upstream = Upstream.connect(settings.session_grpc_addr, settings.rpc_timeout, plane)
     bodies = BodyReader(upstream, settings.max_body_bytes)
     forward = Forwarder(upstream, bodies)
     rpc = RpcEndpoint(upstream, bodies)
-    client = _uvicorn(client_app(forward, rpc), settings)
-    admin = _uvicorn(admin_app(forward), settings)
+    readyz = Readiness(upstream.channel, settings.session_grpc_addr, settings.runner_grpc_addr, plane)
+    metrics = MetricsEndpoint(
+        [settings.session_grpc_addr, settings.runner_grpc_addr],
+        plane,
+        enabled=config.telemetry.enabled and config.telemetry.metrics_enabled,
+        timeout=settings.rpc_timeout,
+    )
+    client = _uvicorn(Observed(client_app(forward, rpc, readyz)), settings)
+    admin = _uvicorn(Observed(admin_app(forward, readyz, metrics)), settings)
     await client.startup(sockets=[sockets[0]])
     await admin.startup(sockets=[sockets[1]])
     log.info(
@@ -93,14 +106,17 @@ async def serve(settings: Settings) -> int:
     await stop.wait()
 
     log.info("gateway shutting down (budget %ss)", settings.shutdown_timeout)
+    deadline = loop.time() + settings.shutdown_timeout
     ticks.cancel()
     rpc.end_subscriptions()
     try:
         async with asyncio.timeout(settings.shutdown_timeout):
             await asyncio.gather(client.shutdown(sockets=[sockets[0]]), admin.shutdown(sockets=[sockets[1]]))
-            await upstream.close()
+            await asyncio.gather(upstream.close(), readyz.close(), metrics.close())
     except TimeoutError:
         log.warning("gateway: shutdown budget exhausted; exiting anyway")
+    # Telemetry flushes last, in what remains of the one budget.
+    await asyncio.to_thread(telemetry.shutdown, deadline - loop.time())
     log.info("gateway stopped")
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from bae import telemetry
 from bae.config import load_config
 from bae.entry import run_async, service_parser
 from bae.grpcutil import configure_logging, serve
@@ -26,8 +27,9 @@ def main(argv: list[str]) -> int:
 
     async def start() -> None:
         settings = load_settings()
-        configure_logging(settings.log)
+        configure_logging(settings.log, settings.log_format)
         config = load_config(args.config or os.environ.get("BAE_CONFIG") or None)
+        telemetry.start(config.telemetry, "runner")
         clients = ProviderClients(settings.provider_timeout)
         demo = DemoProvider(settings.demo_provider_addr) if settings.demo_provider_addr else None
         if demo is not None:

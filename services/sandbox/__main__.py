@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import sys
 
+from bae import telemetry
+from bae.config import load_config
 from bae.entry import run_async, service_parser
 from bae.grpcutil import configure_logging
 from bae.internal import InternalPlane
@@ -27,7 +29,8 @@ def main(argv: list[str]) -> int:
 
     async def start() -> None:
         settings = load_settings()
-        configure_logging(settings.log)
+        configure_logging(settings.log, settings.log_format)
+        telemetry.start(load_config(settings.config_path).telemetry, "sandbox")
         config = load_sandbox_config(settings)
         plane = InternalPlane.of(settings)
         driver: Driver = DockerDriver(config) if config.driver == "docker" else UnsupportedDriver(config.driver)

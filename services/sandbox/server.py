@@ -14,6 +14,7 @@ from bae.protos import sandbox_pb2, sandbox_pb2_grpc
 from services.sandbox.config import SandboxConfig
 from services.sandbox.driver import Driver, SandboxFailure
 from services.sandbox.images import ImageAllowlist
+from services.sandbox.exec_span import end_exec, start_exec
 
 log = logging.getLogger("bae.sandbox")
 
@@ -64,7 +65,13 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
         if request.timeout_seconds < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "timeout_seconds must not be negative")
         timeout = request.timeout_seconds or self._config.exec_timeout
-        output = await self._call(context, self._driver.exec(request.sandbox_id, request.command, timeout))
+        span = start_exec()
+        try:
+            output = await self._call(context, self._driver.exec(request.sandbox_id, request.command, timeout))
+        except BaseException:
+            end_exec(span, None)
+            raise
+        end_exec(span, output.exit_code)
         return sandbox_pb2.ExecResponse(stdout=output.stdout, stderr=output.stderr, exit_code=output.exit_code)
 
     async def Stop(self, request, context):

@@ -1,0 +1,131 @@
+"""The one request middleware of both ports: request id, access log line, and (tracing on) the
+`http.request` span (TELEMETRY §3.2, §3.7).
+
+The request id is the client's `x-request-id` when it is a plain token, else a new one. It is
+echoed on the response, travels to the internal services in gRPC metadata (bae.callcontext)
+and ends every log line written for the request. The access line is written when the response
+has ended (for NDJSON streams, when the stream ends); the span ends when the response head
+goes out, so a turn's spans outlive it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+
+import grpc
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from bae import telemetry
+from bae.callcontext import request_id
+
+access_log = logging.getLogger("bae.access")
+
+REQUEST_ID_HEADER = b"x-request-id"
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+# Probes: never spanned, and their access lines are DEBUG so they do not drown the log.
+PROBES = frozenset(("/healthz", "/readyz", "/metrics"))
+# Route templates under which `{id}` is a session id.
+_SESSION_ROUTES = ("/api/v1/sessions/{id}", "/admin/v1/sessions/{id}")
+
+
+def _incoming_request_id(scope: Scope) -> str:
+    for name, value in scope["headers"]:
+        if name == REQUEST_ID_HEADER and _REQUEST_ID.fullmatch(value):
+            return value.decode("ascii")
+    return uuid.uuid4().hex
+
+
+def route_of(scope: Scope) -> str | None:
+    """The matched route template (the router puts its MethodTable in the scope), else None."""
+    return getattr(scope.get("endpoint"), "route", None)
+
+
+class Observed:
+    """Wraps one port's app."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        rid = _incoming_request_id(scope)
+        rid_token = request_id.set(rid)
+        method, path = scope["method"], scope["path"]
+        span = None
+        context_token = None
+        if telemetry.tracer is not None and path not in PROBES:
+            carrier = {
+                name.decode("latin-1"): value.decode("latin-1")
+                for name, value in scope["headers"]
+                if name in (b"traceparent", b"tracestate")
+            }
+            span = telemetry.tracer.start_span(
+                method,
+                context=telemetry.extract_headers(carrier),
+                kind=SpanKind.SERVER,
+                attributes={"http.request.method": method, "url.path": path},
+            )
+            context_token = otel_context.attach(trace.set_span_in_context(span))
+        status = 500
+
+        async def observed_send(message: Message) -> None:
+            nonlocal status, span
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), (REQUEST_ID_HEADER, rid.encode("ascii"))]
+                if span is not None:
+                    _end_span(span, scope, method, status)
+                    span = None
+            await send(message)
+
+        try:
+            await self.app(scope, receive, observed_send)
+        finally:
+            if span is not None:  # no response head went out
+                _end_span(span, scope, method, status)
+            if context_token is not None:
+                otel_context.detach(context_token)
+            route = route_of(scope)
+            fields = {
+                "method": method,
+                "route": route or "-",
+                "status": status,
+                "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+                "session_id": _session_id(scope, route),
+                "request_id": rid,
+            }
+            access_log.log(logging.DEBUG if path in PROBES else logging.INFO, "access", extra={"fields": fields})
+            request_id.reset(rid_token)
+
+
+async def link_session_span(call: grpc.aio.UnaryUnaryCall) -> None:
+    """registerDriver: the request span links to the session's span, named in the reply's trailer."""
+    for key, value in await call.trailing_metadata() or ():
+        if key == telemetry.SESSION_TRACEPARENT_KEY and (link := telemetry.link_to(value, "session")) is not None:
+            trace.get_current_span().add_link(link.context, link.attributes)
+
+
+def _session_id(scope: Scope, route: str | None) -> str | None:
+    if route is not None and route.startswith(_SESSION_ROUTES):
+        return scope.get("path_params", {}).get("id")
+    return None
+
+
+def _end_span(span: trace.Span, scope: Scope, method: str, status: int) -> None:
+    route = route_of(scope)
+    if route is not None:
+        span.update_name(f"{method} {route}")
+        span.set_attribute("http.route", route)
+    span.set_attribute("http.response.status_code", status)
+    if status >= 500:
+        span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+    span.end()

@@ -1,0 +1,446 @@
+"""Telemetry end to end (TELEMETRY.md): the whole stack exports to a real OTLP/gRPC receiver.
+
+Span trees, trace joining, sampling, metric values after a known workload, metrics.disabled,
+secrets never exported, a dead collector, readiness, /metrics and the access log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from conftest import RunningStack, free_port, mock_provider_toml
+from docker_support import TEST_IMAGE, require_docker
+from live import declared, new_session, register, result, rpc, send
+from mcp_support import TOOLS_SERVER
+from mockllm import MockLLM, Reply
+from otlp_receiver import OtlpReceiver, Point, ReceivedSpan
+
+# Short export intervals: the SDK's own variables, which the server honours.
+FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_METRIC_EXPORT_INTERVAL": "300"}
+TOKEN = "sk-telemetry-" + secrets.token_hex(12)
+SHELL = {"name": "sh", "description": "run a shell command", "input_schema": {"type": "object"}}
+
+
+def telemetry_toml(endpoint: str, extra: str = "", *, metrics: str = "", ratio: float = 1.0) -> str:
+    return (
+        "[telemetry]\nenabled = true\n"
+        f'otlp_endpoint = "{endpoint}"\nsample_ratio = {ratio}\n{extra}'
+        f"[telemetry.metrics]\n{metrics or 'enabled = true'}\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as running:
+        yield running
+
+
+def start(start_stack, mock: MockLLM, telemetry: str, **env: str) -> RunningStack:
+    toml = mock_provider_toml(mock.base_url) + telemetry
+    return start_stack(config_toml=toml, MOCK_LLM_TOKEN=TOKEN, **{**FAST_EXPORT, **env})
+
+
+def traceparent() -> tuple[str, str, str]:
+    """A sampled W3C traceparent of a client span: (header, trace id, span id)."""
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return f"00-{trace_id}-{span_id}-01", trace_id, span_id
+
+
+def http_spans(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
+    return [s for s in spans if "http.request.method" in s.attributes]
+
+
+def by_name(spans: list[ReceivedSpan], name: str) -> list[ReceivedSpan]:
+    return [s for s in spans if s.name == name]
+
+
+def one(spans: list[ReceivedSpan], name: str) -> ReceivedSpan:
+    found = by_name(spans, name)
+    assert len(found) == 1, [s.name for s in spans]
+    return found[0]
+
+
+def links(span: ReceivedSpan) -> list[tuple[str, str]]:
+    """(linked span id, bae.link.kind) of each link."""
+    return [(link.span_id.hex(), {a.key: a.value.string_value for a in link.attributes}["bae.link.kind"]) for link in span.span.links]
+
+
+def send_traced(stack: RunningStack, sid: str, skey: str, content, header: str) -> list[dict]:
+    body = {"jsonrpc": "2.0", "id": 7, "method": "session.sendMessage",
+            "params": {"message": {"role": "user", "content": content}}}
+    response = stack.client.post(
+        f"/api/v1/sessions/{sid}/rpc", json=body,
+        headers={"Authorization": f"Bearer {skey}", "traceparent": header},
+    )
+    assert response.status_code == 200, response.text
+    return [json.loads(line) for line in response.text.splitlines()]
+
+
+def test_text_turn_joins_the_client_trace(start_stack, mock: MockLLM, receiver: OtlpReceiver) -> None:
+    stack = start(start_stack, mock, telemetry_toml(receiver.endpoint, metrics="enabled = false"))
+    mock.reset()
+    mock.enqueue(Reply.text("hello"))
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    receiver.clear()
+    header, trace_id, client_span = traceparent()
+    assert "result" in send_traced(stack, sid, skey, "hi", header)[-1]
+
+    def complete(spans: list[ReceivedSpan]) -> bool:
+        return any(s.name == "bae.provider.attempt" for s in spans) and any(
+            s.trace_id == trace_id and "http.request.method" in s.attributes for s in spans
+        )
+
+    spans = [s for s in receiver.wait_spans(complete) if s.trace_id == trace_id]
+    assert {s.scope for s in spans} == {"baesrv"}
+    request = one(http_spans(spans), "POST /api/v1/sessions/{id}/rpc")
+    assert request.parent_id == client_span
+    assert request.service.endswith("-gateway")
+    assert request.attributes["http.route"] == "/api/v1/sessions/{id}/rpc"
+    assert request.attributes["url.path"] == f"/api/v1/sessions/{sid}/rpc"
+    assert request.attributes["http.response.status_code"] == 200
+    attempt = one(spans, "bae.provider.attempt")
+    assert attempt.service.endswith("-runner")
+    assert attempt.attributes == {
+        "bae.provider.name": "mock",
+        "bae.provider.kind": "anthropic",
+        "bae.provider.model": "mock-model",
+        "bae.provider.attempt": 0,
+        "bae.provider.attempt_kind": "primary",
+        "http.response.status_code": 200,
+    }
+    turns = by_name(spans, "bae.turn")
+    parent_of_attempt = turns[0].span_id if turns else request.span_id
+    assert attempt.parent_id == parent_of_attempt
+    if turns:
+        assert turns[0].parent_id == request.span_id
+        assert turns[0].attributes["bae.turn.outcome"] == "completed"
+
+
+def mcp_toml() -> str:
+    return (
+        f'[[mcp.servers]]\nname = "local"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+        f'args = ["{TOOLS_SERVER}", "stdio"]\n'
+    )
+
+
+def test_mcp_and_client_tools_pause_and_resume(start_stack, mock: MockLLM, receiver: OtlpReceiver) -> None:
+    stack = start(start_stack, mock, mcp_toml() + telemetry_toml(receiver.endpoint, metrics="enabled = false"))
+    mock.reset()
+    sid, skey, _ = new_session(stack, mcp_servers=["local"])
+    register(stack, sid, skey)
+    receiver.clear()
+    mock.enqueue(Reply.tool_use([("tu_1", "echo", {"text": "hi"}), ("tu_2", "get_time", {})]))
+    first_header, first_trace, _ = traceparent()
+    assert result(send_traced(stack, sid, skey, "go", first_header))["message"]["content"][-1]["id"] == "tu_2"
+    mock.enqueue(Reply.text("done"))
+    second_header, second_trace, _ = traceparent()
+    resumed = [{"type": "tool_result", "tool_use_id": "tu_2", "content": "12:00"}]
+    assert result(send_traced(stack, sid, skey, resumed, second_header))["message"]["content"][0]["text"] == "done"
+
+    def complete(spans: list[ReceivedSpan]) -> bool:
+        ours = [s for s in spans if s.trace_id in (first_trace, second_trace)]
+        return {"bae.turn", "bae.provider.attempt", "bae.mcp.call"} <= {s.name for s in ours} and \
+            len(by_name(ours, "bae.turn")) == 2 and len(by_name(ours, "bae.provider.attempt")) == 2 and \
+            len(by_name(ours, "bae.tool.dispatch")) == 2 and len(http_spans(ours)) == 2
+
+    spans = receiver.wait_spans(complete)
+    first = [s for s in spans if s.trace_id == first_trace]
+    paused = one(first, "bae.turn")
+    request = one(http_spans(first), "POST /api/v1/sessions/{id}/rpc")
+    assert paused.parent_id == request.span_id
+    assert paused.attributes == {
+        "bae.session.id": sid, "bae.client_key.id": paused.attributes["bae.client_key.id"],
+        "bae.turn.resumed": False, "bae.turn.outcome": "paused",
+    }
+    assert one(first, "bae.provider.attempt").parent_id == paused.span_id
+    dispatches = {s.attributes["bae.tool.dispatch"]: s for s in by_name(first, "bae.tool.dispatch")}
+    assert set(dispatches) == {"mcp", "client"}
+    assert all(d.parent_id == paused.span_id for d in dispatches.values())
+    assert dispatches["client"].attributes == {
+        "bae.tool.name": "get_time", "bae.tool.dispatch": "client", "bae.tool.input.bytes": 2,
+    }
+    assert dispatches["mcp"].attributes["bae.tool.is_error"] is False
+    assert dispatches["mcp"].attributes["bae.tool.input.bytes"] == len('{"text":"hi"}')
+    assert dispatches["mcp"].attributes["bae.tool.output.bytes"] > 0
+    mcp_call = one(first, "bae.mcp.call")
+    assert mcp_call.parent_id == dispatches["mcp"].span_id
+    assert mcp_call.attributes == {"bae.tool.name": "echo", "bae.mcp.server": "local"}
+
+    second = [s for s in spans if s.trace_id == second_trace]
+    resumed_turn = one(second, "bae.turn")
+    assert resumed_turn.attributes["bae.turn.resumed"] is True
+    assert resumed_turn.attributes["bae.turn.outcome"] == "completed"
+    assert resumed_turn.parent_id == one(http_spans(second), "POST /api/v1/sessions/{id}/rpc").span_id
+    assert (paused.span_id, "resume") in links(resumed_turn)
+    # The session span is still open (no DELETE yet); the turns link to its span id.
+    assert links(paused)[0][1] == "session" and links(resumed_turn)[0] == (links(paused)[0][0], "session")
+
+
+def test_sandbox_exec_span(start_stack, mock: MockLLM, receiver: OtlpReceiver) -> None:
+    require_docker()
+    stack = start(start_stack, mock, telemetry_toml(receiver.endpoint, metrics="enabled = false"),
+                  BAE_SANDBOX_HOST_ID=f"test-telemetry-{secrets.token_hex(4)}")
+    mock.reset()
+    profile = stack.create_profile("sb", available_sandboxes=[TEST_IMAGE])
+    key = stack.create_key(profile["id"])["key"]
+    opened = stack.open_session(key, sandbox_tools=[SHELL])
+    sid, skey = opened["session_id"], opened["session_key"]
+    register(stack, sid, skey)
+    assert "sandbox_id" in result(rpc(stack.client, sid, skey, "session.startRemoteSandbox", {"image": TEST_IMAGE}))
+    mock.enqueue(Reply.tool_use([("tu_1", "sh", {"command": "echo secret-output; exit 3"})]), Reply.text("done"))
+    header, trace_id, _ = traceparent()
+    assert "result" in send_traced(stack, sid, skey, "run", header)[-1]
+    expected = {"bae.sandbox.exec", "bae.tool.dispatch", "bae.turn"}
+    spans = receiver.wait_spans(lambda spans: expected <= {s.name for s in spans if s.trace_id == trace_id})
+    spans = [s for s in spans if s.trace_id == trace_id]
+    exec_span = one(spans, "bae.sandbox.exec")
+    dispatch = one(spans, "bae.tool.dispatch")
+    assert exec_span.service.endswith("-sandbox") and exec_span.parent_id == dispatch.span_id
+    assert exec_span.attributes == {"bae.sandbox.exit_code": 3}
+    assert exec_span.span.status.message == "non-zero exit code"
+    assert dispatch.parent_id == one(spans, "bae.turn").span_id
+    assert dispatch.attributes["bae.tool.dispatch"] == "sandbox"
+    assert "secret-output" not in str(receiver.trace_requests)
+    assert stack.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"}).status_code == 200
+
+
+def test_session_span_and_driver_link(start_stack, mock: MockLLM, receiver: OtlpReceiver) -> None:
+    stack = start(start_stack, mock, telemetry_toml(receiver.endpoint, metrics="enabled = false"))
+    profile = stack.create_profile("p", allowed_tools=["get_time"])
+    key = stack.create_key(profile["id"])
+    receiver.clear()
+    opened = stack.open_session(key["key"], tools=declared(("get_time",)))
+    sid, skey = opened["session_id"], opened["session_key"]
+    register(stack, sid, skey)
+    assert stack.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"}).status_code == 200
+
+    expected = {"bae.session", "POST /api/v1/sessions", "POST /api/v1/sessions/{id}/rpc", "DELETE /api/v1/sessions/{id}"}
+    spans = receiver.wait_spans(lambda spans: expected <= {s.name for s in spans})
+    session = one(spans, "bae.session")
+    assert session.service.endswith("-session")
+    assert session.attributes == {
+        "bae.session.id": sid,
+        "bae.profile.id": profile["id"],
+        "bae.client_key.id": key["id"],
+    }
+    create = one(http_spans(spans), "POST /api/v1/sessions")
+    assert session.parent_id == create.span_id and session.trace_id == create.trace_id
+    registration = one(http_spans(spans), "POST /api/v1/sessions/{id}/rpc")
+    assert links(registration) == [(session.span_id, "session")]
+
+
+def test_sampling_ratio_zero_and_one(start_stack, mock: MockLLM, receiver: OtlpReceiver) -> None:
+    zero = start(start_stack, mock, telemetry_toml(receiver.endpoint, metrics="enabled = false", ratio=0.0))
+    receiver.clear()
+    assert zero.client.get("/api/v1/meta").status_code == 200
+    header, trace_id, client_span = traceparent()
+    assert zero.client.get("/api/v1/meta", headers={"traceparent": header}).status_code == 200
+    spans = receiver.wait_spans(lambda spans: any(s.trace_id == trace_id for s in spans))
+    # Ratio 0: a root request is dropped, a sampled remote parent is kept.
+    assert [(s.name, s.parent_id) for s in spans] == [("GET /api/v1/meta", client_span)]
+    unsampled = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-00"
+    one_ = start(start_stack, mock, telemetry_toml(receiver.endpoint, metrics="enabled = false", ratio=1.0))
+    receiver.clear()
+    assert one_.client.get("/api/v1/meta", headers={"traceparent": unsampled}).status_code == 200
+    assert one_.client.get("/api/v1/meta").status_code == 200
+    spans = receiver.wait_spans(lambda spans: len(spans) >= 1)
+    time.sleep(0.5)  # anything else would have been exported by now
+    spans = receiver.spans()
+    # Ratio 1: the root request is kept, the unsampled remote parent's request is dropped.
+    assert [(s.name, s.parent_id) for s in spans] == [("GET /api/v1/meta", "")]
+
+
+def test_disabled_telemetry_ignores_traceparent(start_stack, mock: MockLLM, receiver: OtlpReceiver) -> None:
+    off = start(
+        start_stack, mock,
+        f'[telemetry]\nenabled = false\notlp_endpoint = "{receiver.endpoint}"\n',
+    )
+    receiver.clear()
+    header, _, _ = traceparent()
+    assert off.client.get("/api/v1/meta", headers={"traceparent": header}).status_code == 200
+    time.sleep(0.5)
+    assert receiver.spans() == [] and receiver.metric_requests == []
+
+
+def values(points: dict[str, list[Point]], name: str) -> dict[tuple, float]:
+    return {tuple(sorted(p.attributes.items())): p.value for p in points.get(name, [])}
+
+
+def test_metric_values_after_a_known_workload(start_stack, mock: MockLLM, receiver: OtlpReceiver) -> None:
+    stack = start(start_stack, mock, telemetry_toml(receiver.endpoint, '[telemetry.traces]\nenabled = false\n'))
+    mock.reset()
+    sid, skey, profile = new_session(stack)
+    register(stack, sid, skey)
+    for index in range(3):
+        mock.enqueue(Reply.text(f"answer {index}"))
+        assert "result" in send(stack, sid, skey, f"question {index}")[-1]
+    receiver.clear()
+
+    def settled(points: dict[str, list[Point]]) -> bool:
+        ok = values(points, "bae.provider.requests").get((("outcome", "ok"), ("provider", "anthropic")))
+        return ok == 3 and "bae.sessions.open" in points
+
+    points = receiver.wait_points(settled)
+    assert values(points, "bae.provider.requests") == {(("outcome", "ok"), ("provider", "anthropic")): 3}
+    latency = points["bae.provider.latency"]
+    assert [(p.unit, p.attributes, p.value) for p in latency] == [("ms", {"provider": "anthropic"}, 3)]
+    assert latency[0].total > 0
+    gauges = {name: values(points, name).get(()) for name in (
+        "bae.sessions.open", "bae.sessions.total", "bae.profiles.count", "bae.keys.count",
+        "bae.drivers.registered", "bae.turns.pending", "bae.mcp.sessions.live", "bae.sandboxes.live",
+        "bae.subagents.active",
+    )}
+    assert gauges == {
+        "bae.sessions.open": 1, "bae.sessions.total": 1, "bae.profiles.count": 1, "bae.keys.count": 1,
+        "bae.drivers.registered": 1, "bae.turns.pending": 0, "bae.mcp.sessions.live": 0,
+        "bae.sandboxes.live": 0, "bae.subagents.active": 0,
+    }
+    # session.open, session.driver.register, then per turn: client message, request, response, server message.
+    events = stack.client.get(f"/api/v1/sessions/{sid}/events", headers={"Authorization": f"Bearer {skey}"})
+    assert values(points, "bae.events.total") == {(): len(events.json()["items"])}
+    if "bae.turns.completed" in points:
+        assert values(points, "bae.turns.completed") == {(("outcome", "completed"),): 3}
+
+    # The same instruments, scraped from the admin port.
+    scraped = stack.admin.get("/metrics")
+    assert scraped.status_code == 200 and scraped.headers["content-type"].startswith("text/plain")
+    text = scraped.text
+    assert 'bae_provider_requests_total{outcome="ok",provider="anthropic"} 3.0' in text
+    assert 'bae_provider_latency_milliseconds_count{provider="anthropic"} 3.0' in text
+    assert "bae_sessions_open 1.0" in text
+    assert sid not in text and profile["id"] not in text
+
+
+def test_metrics_disabled_drops_only_the_named_instruments(
+    start_stack, mock: MockLLM, receiver: OtlpReceiver
+) -> None:
+    stack = start(
+        start_stack, mock,
+        telemetry_toml(receiver.endpoint, '[telemetry.traces]\nenabled = false\n',
+                       metrics='enabled = true\ndisabled = ["bae.provider.latency", "bae.events.total"]'),
+    )
+    mock.reset()
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    assert "result" in send(stack, sid, skey, "hi")[-1]
+    receiver.clear()
+    points = receiver.wait_points(lambda points: "bae.provider.requests" in points and "bae.sessions.open" in points)
+    assert "bae.provider.latency" not in points and "bae.events.total" not in points
+    assert {"bae.sessions.total", "bae.profiles.count", "bae.keys.count"} <= set(points)
+    assert "bae_provider_latency" not in stack.admin.get("/metrics").text
+
+
+def test_no_secret_or_content_is_exported(start_stack, mock: MockLLM, receiver: OtlpReceiver) -> None:
+    header_value = "otlp-secret-" + secrets.token_hex(8)
+    stack = start(
+        start_stack, mock,
+        telemetry_toml(receiver.endpoint, 'otlp_headers = { "X-Collector-Token" = "${OTLP_TEST_TOKEN}" }\n'),
+        OTLP_TEST_TOKEN=header_value,
+    )
+    mock.reset()
+    mock.enqueue(Reply.tool_use([("tu_1", "get_time", {"zone": "MARKER-INPUT"})]))
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    marker = "MARKER-" + secrets.token_hex(8)
+    send(stack, sid, skey, f"please {marker}")
+    mock.enqueue(Reply.text("MARKER-OUTPUT"))
+    send(stack, sid, skey, [{"type": "tool_result", "tool_use_id": "tu_1", "content": "MARKER-RESULT"}])
+    receiver.wait_spans(lambda spans: len(by_name(spans, "bae.provider.attempt")) >= 2)
+    receiver.wait_points(lambda points: "bae.provider.requests" in points)
+    dump = "".join(str(request) for request in [*receiver.trace_requests, *receiver.metric_requests])
+    for secret in (TOKEN, skey, stack.admin_key, header_value, marker, "MARKER-INPUT", "MARKER-RESULT",
+                   "MARKER-OUTPUT", os.environ.get("BAE_INTERNAL_TOKEN") or "bae-internal-token"):
+        assert secret not in dump
+    # The headers reach the collector as gRPC metadata, names lowercased.
+    assert any(metadata.get("x-collector-token") == header_value for metadata in receiver.metadata)
+
+
+def test_a_dead_collector_never_affects_requests(start_stack, mock: MockLLM, tmp_path: Path) -> None:
+    stack = start(start_stack, mock, telemetry_toml(f"http://127.0.0.1:{free_port()}"))
+    mock.reset()
+    started = time.monotonic()
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    for _ in range(3):
+        assert "result" in send(stack, sid, skey, "hi")[-1]
+    assert time.monotonic() - started < 8
+    time.sleep(1.5)  # several failed exports
+    for name in ("gateway", "session", "runner"):
+        log = (stack.tmp / "logs" / f"{name}.log").read_text()
+        assert log.count("export is failing") <= 1, log
+
+
+def test_readiness_follows_the_session_service(start_stack) -> None:
+    stack = start_stack()
+    for client in (stack.client, stack.admin):
+        ready = client.get("/readyz")
+        assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+    session = stack.stack.processes["session"]
+    session.send_signal(signal.SIGTERM)
+    session.wait(15)
+    for client in (stack.client, stack.admin):
+        down = client.get("/readyz")
+        assert down.status_code == 503
+        assert down.json()["detail"].startswith("not ready: session service unreachable at ")
+    assert stack.client.get("/healthz").status_code == 200  # liveness is unaffected
+    stack.stack.restart("session")
+    deadline = time.monotonic() + 10
+    while stack.client.get("/readyz").status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert stack.admin.get("/readyz").status_code == 200
+
+
+def access_lines(stack: RunningStack) -> list[str]:
+    return [line for line in (stack.tmp / "logs" / "gateway.log").read_text().splitlines() if "access" in line]
+
+
+def test_access_log_text(start_stack, mock: MockLLM) -> None:
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN)
+    mock.reset()
+    mock.enqueue(Reply.error(500, "down"))
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    response = stack.client.post(
+        f"/api/v1/sessions/{sid}/rpc", headers={"Authorization": f"Bearer {skey}", "x-request-id": "req-abc.1"},
+        json={"jsonrpc": "2.0", "id": 1, "method": "session.sendMessage", "params": {"message": {"content": "x"}}},
+    )
+    assert response.headers["x-request-id"] == "req-abc.1"
+    assert stack.client.get("/api/v1/nowhere").status_code == 404
+    time.sleep(0.2)
+    lines = access_lines(stack)
+    turn = next(line for line in lines if "request_id=req-abc.1" in line)
+    assert f"method=POST route=/api/v1/sessions/{{id}}/rpc status=200 duration_ms=" in turn
+    assert f"session_id={sid} request_id=req-abc.1" in turn
+    missing = next(line for line in lines if "status=404" in line)
+    assert "method=GET route=- status=404" in missing and "session_id" not in missing
+    # The request id reached the runner, whose warning about the failed attempt names it.
+    runner_log = (stack.tmp / "logs" / "runner.log").read_text()
+    assert any("attempt 0 failed" in line and "request_id=req-abc.1" in line for line in runner_log.splitlines())
+
+
+def test_access_log_json(start_stack) -> None:
+    stack = start_stack(BAE_LOG_FORMAT="json")
+    response = stack.client.get("/api/v1/meta")
+    rid = response.headers["x-request-id"]
+    time.sleep(0.2)
+    entries = [json.loads(line) for line in (stack.tmp / "logs" / "gateway.log").read_text().splitlines()
+               if line.startswith("{")]
+    entry = next(e for e in entries if e.get("request_id") == rid)
+    assert entry["logger"] == "bae.access" and entry["level"] == "INFO"
+    assert {key: entry[key] for key in ("method", "route", "status", "session_id")} == {
+        "method": "GET", "route": "/api/v1/meta", "status": 200, "session_id": None,
+    }
+    assert isinstance(entry["duration_ms"], float)
+
