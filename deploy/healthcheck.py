@@ -1,7 +1,8 @@
 """Container health probe: `python healthcheck.py gateway|session|runner|sandbox`.
 
 Probes the service on the address its own variables make it listen on, over
-loopback: gRPC health for the internal services, GET /healthz for the gateway.
+loopback: gRPC health for the internal services, GET /readyz for the gateway
+(ready only while the session service and the runner answer).
 Exits 0 when healthy, 1 otherwise (Docker's HEALTHCHECK convention).
 """
 
@@ -34,7 +35,7 @@ def healthy(service: str) -> bool:
     if service != "gateway":
         return grpc_serving(address)
     try:
-        with urllib.request.urlopen(f"http://{address}/healthz", timeout=2) as response:
+        with urllib.request.urlopen(f"http://{address}/readyz", timeout=2) as response:
             return response.status == 200
     except OSError:
         return False

@@ -124,12 +124,13 @@ async def serve_forever(command: Command, settings: Settings) -> None:
     from services.session.api.admin import AdminApi
     from services.session.api.auth import Authenticator
     from services.session.api.live import LiveApi
-    from services.session.api.observability import register_gauges, session_spans
     from services.session.api.rest import ClientRestApi
     from services.session.api.sandbox_methods import SandboxMethods
     from services.session.api.servicer import SessionServicer, register
     from services.session.engine.engine import TurnEngine
+    from services.session.engine.gauges import register_gauges
     from services.session.engine.runtime import SessionRuntime
+    from services.session.engine.spans import session_spans
     from services.session.remote.runner import RunnerClient
 
     plane = InternalPlane.of(settings)

@@ -17,6 +17,7 @@ from bae.errors import Problem, not_found
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
 from services.session.api.bodies import RESERVED_TOOL, SessionBody
+from services.session.engine.spans import session_spans
 from services.session.api.pagination import events_page, page_request
 from services.session.store import events, keys, profiles, sessions
 from bae.jsontext import dump
@@ -61,6 +62,7 @@ class ClientRestApi:
         if isinstance(outcome, Refused):
             raise outcome.problem
         await self.runtime.publish(outcome.session_id, outcome.views)
+        session_spans.open(outcome.session_id, outcome.profile.id, key.id)
         await self.runtime.on_open(outcome.session_id, outcome.profile)
         return self._created(outcome)
 
@@ -279,6 +281,7 @@ class ClientRestApi:
             await self.runtime.publish(session_id, views)
         # Teardown runs whatever the previous state was (idempotent).
         await self.runtime.close(session_id, attribute_to=session.client_key_id)
+        session_spans.end(session_id)
         if session.state != "open":
             raise session_closed(session.state)
         return dump({"session_id": session_id, "state": "closed"})
