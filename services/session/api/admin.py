@@ -13,6 +13,7 @@ from bae.errors import Problem, bad_request, not_found
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
 from services.session.api.pagination import events_page, page_json, page_request
+from services.session.engine.spans import session_spans
 from services.session.store import events, keys, profiles, sessions
 from bae.jsontext import dump
 from services.session.store.store import Store
@@ -137,7 +138,7 @@ class AdminApi:
         await self._admin(request)
         key_id = request.path_id
 
-        def _revoke(conn: Connection) -> dict[str, list[dict]]:
+        def _revoke(conn: Connection) -> tuple[list[str], dict[str, list[dict]]]:
             held = keys.revoke_client(conn, key_id)
             if held is None:
                 raise not_found(f"no active client key {key_id}")
@@ -155,12 +156,15 @@ class AdminApi:
                     [(key_id, "session.close", {"reason": "client_key_revoked"})],
                     new_state="closed",
                 )
-            return closed
+            return held, closed
 
-        closed = await self.store.call(_revoke)
+        held, closed = await self.store.call(_revoke)
         for session_id, views in closed.items():
             await self.runtime.publish(session_id, views)
             await self.runtime.close(session_id, attribute_to=key_id)
+            session_spans.end(session_id)  # a forced close ends the session's span as DELETE does
+        # Sessions other keys still hold stay open; the revoked key loses its live access there.
+        self.runtime.revoke(key_id, [session_id for session_id in held if session_id not in closed])
         return ""
 
     # Sessions (§4.4).

@@ -100,7 +100,7 @@ class LiveApi:
                 live = await self.runtime.attach(call.session_id)
             except SessionNotOpen:
                 live = None  # closed since the key was checked: replay only
-        watcher = live.feed.watch(subscriber=True) if live else None
+        watcher = live.feed.watch(subscriber=True, key=call.actor) if live else None
         replayed: set[str] = set()
         try:
             if isinstance(since, str):
@@ -138,14 +138,14 @@ class LiveApi:
         call.open_session()
         message = parse_message(call.params())
         request = TurnRequest(call.session_id, call.actor, message)
-        watcher = Watcher(subscriber=False)
+        watcher = Watcher(subscriber=False, key=call.actor)
         work = asyncio.ensure_future(
             self.engine.run_turn(request, watcher=watcher, records=(call.session, call.profile))
         )
         async for frame in stream_until_done(watcher, work):
             yield frame
-        if watcher.lagged:
-            return  # the stream was cut off; the turn itself runs on
+        if watcher.cut_off:
+            return  # lagged or revoked: the stream ends here; the turn itself runs on
         result = await work
         events = RawJson("[" + ",".join(view.json for view in result.events) + "]")
         yield session_pb2.RpcFrame(result_json=dump({"message": result.message, "events": events}))
@@ -157,11 +157,11 @@ class LiveApi:
         if prompt is not None and not isinstance(prompt, str):
             raise invalid_params(serde.invalid_type(prompt, "a string or null"))
         request = CompactRequest(call.session_id, call.actor, prompt)
-        watcher = Watcher(subscriber=False)
+        watcher = Watcher(subscriber=False, key=call.actor)
         work = asyncio.ensure_future(self.engine.compact(request, watcher=watcher))
         async for frame in stream_until_done(watcher, work):
             yield frame
-        if watcher.lagged:
+        if watcher.cut_off:
             return
         yield session_pb2.RpcFrame(result_json=(await work).completed.json)
 
@@ -182,7 +182,7 @@ async def stream_until_done(watcher: Watcher, work: asyncio.Future[T]) -> AsyncI
     try:
         async for frame in relay(watcher):
             yield frame
-        if not watcher.lagged:
+        if not watcher.cut_off:
             await asyncio.wait({work})
     finally:
         if not work.done():

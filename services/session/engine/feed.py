@@ -28,12 +28,15 @@ class Lagged(Exception):
 @dataclass(eq=False)
 class Watcher:
     subscriber: bool  # a session.subscribe stream (ended by session.unsubscribe)
+    # The client key whose stream this is (ended if that key is revoked); None for internal watchers.
+    key: str | None = None
     # Event ids this watcher must not be sent (a sendMessage stream's own input echo).
     echo_ids: set[str] = field(default_factory=set)
     _items: deque[EventView] = field(default_factory=deque)
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
     _ended: bool = False
     _lagged: bool = False
+    _revoked: bool = False
 
     def push(self, *items: EventView) -> None:
         """Queue one published batch, unless this watcher has fallen behind."""
@@ -49,6 +52,16 @@ class Watcher:
     @property
     def lagged(self) -> bool:
         return self._lagged
+
+    @property
+    def cut_off(self) -> bool:
+        """Ended before its work did (lagged, or its key was revoked): no terminal frame follows."""
+        return self._lagged or self._revoked
+
+    def revoke(self) -> None:
+        """The watcher's key was revoked: its stream ends now."""
+        self._revoked = True
+        self.end()
 
     def end(self) -> None:
         self._ended = True
@@ -77,8 +90,8 @@ class Watcher:
 class SessionFeed:
     watchers: set[Watcher] = field(default_factory=set)
 
-    def watch(self, subscriber: bool) -> Watcher:
-        watcher = Watcher(subscriber=subscriber)
+    def watch(self, subscriber: bool, key: str | None = None) -> Watcher:
+        watcher = Watcher(subscriber=subscriber, key=key)
         self.watchers.add(watcher)
         return watcher
 
@@ -94,6 +107,11 @@ class SessionFeed:
 
     def end_subscriptions(self) -> None:
         for watcher in [w for w in self.watchers if w.subscriber]:
+            self.forget(watcher)
+
+    def end_streams_of(self, key: str) -> None:
+        for watcher in [w for w in self.watchers if w.key == key]:
+            watcher.revoke()
             self.forget(watcher)
 
     def close(self) -> None:

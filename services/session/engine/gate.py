@@ -129,6 +129,12 @@ class TurnGate:
         self.parked = turn
         self._notify()
 
+    def expire_pause_of(self, owner: str) -> None:
+        """The parked turn of `owner` (revoked) expires now: the next caller reclaims it."""
+        if self.parked is not None and self.parked.owner == owner:
+            self.parked.deadline = time.monotonic()
+            self._notify()
+
     def release(self) -> None:
         """End a running turn: the first queued caller goes next."""
         self._running = False

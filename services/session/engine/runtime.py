@@ -172,6 +172,16 @@ class SessionRuntime:
         live.mcp = connections
         return connections
 
+    def revoke(self, key_id: str, session_ids: list[str]) -> None:
+        """A revoked client key loses its live access: its streams end, it is no longer a
+        driver, and a turn it left paused becomes reclaimable at once (§7.3 abandonment)."""
+        for session_id in session_ids:
+            live = self.sessions.get(session_id)
+            if live is not None:
+                live.drivers.discard(key_id)
+                live.feed.end_streams_of(key_id)
+                live.gate.expire_pause_of(key_id)
+
     async def close(self, session_id: str, attribute_to: str | None) -> None:
         """Tear a closed session down: sandbox, subscribers, MCP, drivers, gate."""
         live = self.sessions.pop(session_id, None)
