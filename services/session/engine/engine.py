@@ -75,14 +75,14 @@ class TurnEngine:
         when the turn did not have to queue.
         Cancelling while queued records nothing; after that the turn runs on.
         """
-        live = self._admit(request.session_id)
+        live = await self._admit(request.session_id)
         claim = await live.gate.acquire(request.actor)
         work = self._work.spawn(self._turn(live, request, claim, watcher, records), name=request.session_id)
         return await asyncio.shield(work)
 
     async def compact(self, request: CompactRequest, *, watcher: Watcher | None = None) -> CompactionOutcome:
         """Run one `session.compact` (§12.3): waits for a running turn, never for a paused one."""
-        live = self._admit(request.session_id)
+        live = await self._admit(request.session_id)
         claim = await live.gate.acquire_for_compaction()
         work = self._work.spawn(self._compaction(live, request, claim, watcher), name=request.session_id)
         return await asyncio.shield(work)
@@ -94,10 +94,12 @@ class TurnEngine:
             log.warning("%d turn(s) still running after %.1fs; cancelling them", len(self._work), timeout)
             await self._work.cancel()
 
-    def _admit(self, session_id: str) -> LiveSession:
+    async def _admit(self, session_id: str) -> LiveSession:
         if not self._accepting:
             raise ShuttingDown
-        return self.runtime.existing(session_id)
+        live = self.runtime.existing(session_id)
+        await self.runtime.load_history(live)  # before the gate: it may hold a recovered pause
+        return live
 
     # -- a turn -----------------------------------------------------------------
 

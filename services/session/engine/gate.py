@@ -129,6 +129,11 @@ class TurnGate:
         self.parked = turn
         self._notify()
 
+    def restore(self, turn: ParkedTurn) -> None:
+        """Hold a pause recovered from the log (the gate must be free)."""
+        self.parked = turn
+        self._notify()
+
     def expire_pause_of(self, owner: str) -> None:
         """The parked turn of `owner` (revoked) expires now: the next caller reclaims it."""
         if self.parked is not None and self.parked.owner == owner:

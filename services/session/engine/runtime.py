@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from bae.settings import Settings
 from services.session.engine.domain import SessionState
 from services.session.engine.errors import SessionNotOpen
 from services.session.engine.feed import SessionFeed
-from services.session.engine.gate import TurnGate
+from services.session.engine.gate import ParkedTurn, TurnGate
 from services.session.engine.history import History
 from services.session.engine.sandbox_calls import stop_sandbox
 from services.session.engine.tasks import TaskOwner
@@ -64,6 +65,16 @@ class LiveSession:
         if self.history is None:
             raise RuntimeError(f"history of {self.session_id} used before it was loaded")
         return self.history
+
+
+def paused_tool_uses(event: EventView) -> list[dict]:
+    """The `tool_use` blocks of a paused turn's assistant message (tagged with `dispatch`), else []."""
+    payload = event["payload"]
+    if event["event_type"] != "server.message.send" or payload.get("role", "assistant") != "assistant":
+        return []
+    content = payload.get("content")
+    blocks = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_use"] if isinstance(content, list) else []
+    return blocks if any("dispatch" in block for block in blocks) else []
 
 
 class SessionRuntime:
@@ -118,8 +129,30 @@ class SessionRuntime:
         return sorted(live.drivers) if live else []
 
     async def load_history(self, live: LiveSession) -> History:
+        """The session's effective history, read from the log once per replica.
+
+        A log that ends in a paused assistant turn whose pause this replica does not
+        hold (it was parked by a process that has since died) gets that pause back,
+        already expired: its owner may still answer it, anyone else reclaims it with
+        synthetic results, so the next provider call never sees an unanswered tool_use.
+        """
         if live.history is None:
-            live.history = History.from_events(await self.store.message_events(live.session_id))
+            events = await self.store.message_events(live.session_id)
+            live.history = History.from_events(events)
+            if events and not live.gate.busy:
+                tool_uses = paused_tool_uses(events[-1])
+                if tool_uses:
+                    results = await self.store.server_tool_results(
+                        live.session_id, [block.get("id") for block in tool_uses]
+                    )
+                    live.gate.restore(
+                        ParkedTurn(
+                            owner=events[-1]["client_key_id"] or "",
+                            deadline=time.monotonic(),
+                            tool_uses=tool_uses,
+                            server_results=results,
+                        )
+                    )
         return live.history
 
     async def append(

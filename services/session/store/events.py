@@ -186,6 +186,37 @@ def latest_turn_usage(conn: Connection, session_id: str) -> dict | None:
     return None
 
 
+_TOOL_RESULTS_NEWEST_FIRST = (
+    select(session_events.c.payload)
+    .where(
+        and_(
+            session_events.c.session_id == bindparam("session_id"),
+            session_events.c.event_type == "tool.result",
+        )
+    )
+    .order_by(session_events.c.seq.desc())
+    .limit(bindparam("limit"))
+)
+
+
+def server_tool_results(conn: Connection, session_id: str, tool_use_ids: list[str]) -> dict[str, dict]:
+    """The newest server-side (non-client) result of each id, as `tool_result` blocks."""
+    wanted = set(tool_use_ids)
+    found: dict[str, dict] = {}
+    rows = conn.execute(_TOOL_RESULTS_NEWEST_FIRST, {"session_id": session_id, "limit": 4 * len(wanted) + 16})
+    for (payload_text,) in rows:
+        payload = load(payload_text)
+        tool_use_id = payload.get("tool_use_id")
+        if payload.get("dispatch") != "client" and tool_use_id in wanted and tool_use_id not in found:
+            found[tool_use_id] = {
+                "type": "tool_result",
+                "tool_use_id": tool_use_id,
+                "content": payload.get("content"),
+                "is_error": bool(payload.get("is_error", False)),
+            }
+    return found
+
+
 def page(conn: Connection, session_id: str, after_seq: int, limit: int) -> list[Row]:
     return list(conn.execute(_PAGE, {"session_id": session_id, "after": after_seq, "limit": limit}))
 

@@ -182,6 +182,9 @@ class Store:
             events.append_compaction, session_id, client_key_id, leading, preamble, summary, completed
         )
 
+    async def server_tool_results(self, session_id: str, tool_use_ids: list[str]) -> dict[str, dict]:
+        return await self.read(events.server_tool_results, session_id, tool_use_ids)
+
     async def latest_turn_usage(self, session_id: str) -> dict | None:
         return await self.read(events.latest_turn_usage, session_id)
 
