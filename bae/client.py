@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import httpx
 
@@ -109,7 +109,7 @@ class Client:
         _raise_for_problem(response)
         return response.json()
 
-    def open(self, client_key: str, *, tools: list[ToolDef] = (), client_version: str | None = None,
+    def open(self, client_key: str, *, tools: Sequence[ToolDef] = (), client_version: str | None = None,
              **body: Any) -> Session:
         """POST /api/v1/sessions; `body` carries the other open fields (e.g. `compaction`)."""
         request = {"tools": [tool.to_json() for tool in tools], **body}
@@ -117,7 +117,7 @@ class Client:
             request["client_version"] = client_version
         return self._session("/api/v1/sessions", client_key, request)
 
-    def join(self, session_id: str, client_key: str, *, tools: list[ToolDef] = (), **body: Any) -> Session:
+    def join(self, session_id: str, client_key: str, *, tools: Sequence[ToolDef] = (), **body: Any) -> Session:
         """POST /api/v1/sessions/{id}/join: a new session key for another client key on the same profile."""
         request = {"tools": [tool.to_json() for tool in tools], **body}
         return self._session(f"/api/v1/sessions/{session_id}/join", client_key, request)
@@ -145,9 +145,8 @@ class Session:
         """Every NDJSON frame of one call as it arrives (a subscribe stream has no end of its own)."""
         body = {"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params or {}}
         headers = {**self._auth, "Content-Type": "application/json", "Accept": NDJSON}
-        extra = {"timeout": timeout} if timeout is not None else {}
         with self.http.stream("POST", f"/api/v1/sessions/{self.id}/rpc", json=body, headers=headers,
-                              **extra) as response:
+                              timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout) as response:
             if not response.is_success:
                 response.read()
                 _raise_for_problem(response)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Awaitable, Callable
+from typing import Any, Callable, Coroutine
 
 from bae import API_VERSIONS, __version__
 from bae.errors import UsageError
@@ -26,7 +26,7 @@ def service_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def run_async(main: Callable[[], Awaitable[int | None]]) -> int:
+def run_async(main: Callable[[], Coroutine[Any, Any, int | None]]) -> int:
     """Runs `main` to completion: its code (None is 0); a usage error prints one line and is 2."""
     try:
         return asyncio.run(main()) or 0

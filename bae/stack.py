@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -105,7 +106,7 @@ class Stack:
 
     def _spawn(self, name: str, args: list[str], extra: dict[str, str] | None = None) -> None:
         env = {**self.env, **(extra or {})}
-        log = contextlib.nullcontext()
+        log: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log = open(self.log_dir / f"{name}.log", "ab")

@@ -65,20 +65,19 @@ class Builder:
         self.root = argparse.ArgumentParser(prog="baectl", description="Operate a BAE server through its admin API.")
         self.root.add_argument("-V", "--version", action="version", version=f"baectl {__version__}")
         add_globals(self.root)
-        self.groups = self.root.add_subparsers(dest="command", metavar="COMMAND", required=True)
+        # Each group's subcommand table, by its path ((): the top level).
+        self.tables: dict[tuple[str, ...], argparse._SubParsersAction] = {
+            (): self.root.add_subparsers(dest="command", metavar="COMMAND", required=True)}
         self.parsers: dict[tuple[str, ...], argparse.ArgumentParser] = {}
 
-    def group(self, parent: tuple[str, ...], name: str, help: str) -> argparse._SubParsersAction:
-        owner = self.groups if not parent else self.parsers[parent]._subparsers_action  # type: ignore[attr-defined]
-        parser = owner.add_parser(name, help=help, description=help)
-        parser._subparsers_action = parser.add_subparsers(dest=f"sub_{name}", metavar="RESOURCE", required=True)  # type: ignore[attr-defined]
+    def group(self, parent: tuple[str, ...], name: str, help: str) -> None:
+        parser = self.tables[parent].add_parser(name, help=help, description=help)
+        self.tables[(*parent, name)] = parser.add_subparsers(dest=f"sub_{name}", metavar="RESOURCE", required=True)
         self.parsers[(*parent, name)] = parser
-        return parser._subparsers_action  # type: ignore[attr-defined]
 
     def leaf(self, path: tuple[str, ...], help: str, run: AdminCommand | None = None,
              local: LocalCommand | None = None, json_flag: bool = True) -> argparse.ArgumentParser:
-        owner = self.groups if len(path) == 1 else self.parsers[path[:-1]]._subparsers_action  # type: ignore[attr-defined]
-        parser = owner.add_parser(path[-1], help=help, description=help)
+        parser = self.tables[path[:-1]].add_parser(path[-1], help=help, description=help)
         add_globals(parser)
         if json_flag:
             parser.add_argument("--json", action="store_true", help="print the JSON document")

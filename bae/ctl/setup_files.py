@@ -137,7 +137,7 @@ def script_text(setup: Setup, flags: str, dev: bool) -> str:
         publish += f' --publish "{setup.max_port}:3000"'
     return "\n".join([
         "#!/usr/bin/env bash", "set -euo pipefail", *header(setup, flags), 'cd "$(dirname "$0")"',
-        f"BAE_ADDR_PORT=\"$(sed -n 's/^BAE_ADDR_PORT=//p' .env | tail -n1)\"",
+        "BAE_ADDR_PORT=\"$(sed -n 's/^BAE_ADDR_PORT=//p' .env | tail -n1)\"",
         f'BAE_ADDR_PORT="${{BAE_ADDR_PORT:-{port}}}"',
         "container volume inspect bae-data >/dev/null 2>&1 || container volume create bae-data",
         f"container stop {name} >/dev/null 2>&1 || true", f"container rm {name} >/dev/null 2>&1 || true",

@@ -32,7 +32,7 @@ def test_make_demo_then_the_first_session_script(tmp_path: Path) -> None:
         admin_url = f"http://{env['BAE_ADMIN_ADDR']}"
         script = [sys.executable, "examples/first_session.py", "--url", f"http://{env['BAE_ADDR']}",
                   "--admin-url", admin_url, "--admin-key-file", env["BAE_ADMIN_KEY_FILE"]]
-        for run in range(2):  # the second run finds the profile it created
+        for _ in range(2):  # the second run finds the profile it created
             result = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=60)
             assert result.returncode == 0, result.stderr
             lines = result.stdout.splitlines()
