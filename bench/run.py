@@ -1,7 +1,7 @@
 """Benchmarks: start a private stack on loopback and print latency/throughput figures.
 
     make bench                 # everything
-    make bench ARGS="rest"     # only the REST figures (or "turns")
+    make bench ARGS="rest"     # only the REST figures (or "turns", "compaction", or "telemetry")
 
 REST: authenticated GET /api/v1/sessions/{id}/events and POST /api/v1/sessions
 with 1 and 16 concurrent clients, next to one Argon2id verification
@@ -9,6 +9,12 @@ with 1 and 16 concurrent clients, next to one Argon2id verification
 Turns: a simple text turn through gateway -> session -> runner -> mock LLM,
 against the same mock called directly with the anthropic SDK, with 1, 8 and
 64 concurrent sessions, and a session with 2,000 prior events.
+Compaction: a session of about 2,000 events before and after `session.compact`:
+the provider request body, the turn's added latency, and what one compaction
+run costs over the same provider call made directly.
+Telemetry (only when asked for): REST p50 and text-turn latency with [telemetry]
+off, and on at sample ratio 1.0 exporting to the tests' OTLP receiver; two rounds,
+alternating, on fresh stacks.
 """
 
 from __future__ import annotations
@@ -215,8 +221,141 @@ async def bench_turns(stack: Stack, key: str, mock: MockProcess) -> None:
         print(f"{'  ratio to a fresh session at p50':<52} {percentile(samples, 0.5) / fresh:7.2f}x")
 
 
+COMPACTION_HISTORY_TURNS = 500  # each text turn writes 4 events: about 2,000
+FILLER = "Here is some context the conversation has accumulated. " * 4
+
+
+async def session_with_history(client: httpx.AsyncClient, key: str) -> tuple[str, str]:
+    sid, skey = await open_session(client, key)
+    await rpc(client, sid, skey, "session.registerDriver")
+    for index in range(COMPACTION_HISTORY_TURNS):
+        await rpc(client, sid, skey, "session.sendMessage", {"message": {"content": f"{index}: {FILLER}"}})
+    return sid, skey
+
+
+async def last_request_messages(client: httpx.AsyncClient, sid: str, skey: str) -> list:
+    """The `messages` of the session's newest provider.request, as the provider received them."""
+    auth = {"Authorization": f"Bearer {skey}"}
+    cursor, newest = None, None
+    while True:
+        page = (await client.get(f"/api/v1/sessions/{sid}/events", headers=auth,
+                                 params={"limit": 200, **({"cursor": cursor} if cursor else {})})).json()
+        newest = next((e for e in reversed(page["items"]) if e["event_type"] == "provider.request"), newest)
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return newest["payload"]["messages"]
+
+
+async def timed_turns(client: httpx.AsyncClient, sid: str, skey: str, count: int) -> list[float]:
+    samples = []
+    for _ in range(count):
+        started = time.perf_counter()
+        await rpc(client, sid, skey, "session.sendMessage", {"message": {"content": "one more question"}})
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+async def bench_compaction(stack: Stack, key: str, mock: MockProcess) -> None:
+    print("\n== Compaction ==")
+    from anthropic import AsyncAnthropic
+
+    direct = AsyncAnthropic(base_url=mock.base_url, api_key=TOKEN, max_retries=0)
+    small = {"model": "mock-model", "max_tokens": 4096, "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(20):
+        await direct.messages.create(**small)
+    baseline_samples, _ = await load(lambda _: direct.messages.create(**small), 1, 100)
+    baseline, baseline_p99 = percentile(baseline_samples, 0.5), percentile(baseline_samples, 0.99)
+
+    async with httpx.AsyncClient(base_url=stack.client_url, timeout=300) as client:
+        runs, direct_calls, sizes = [], [], []
+        for round_ in range(3):
+            print(f"  building session {round_ + 1}/3 with about 2,000 events ...", flush=True)
+            sid, skey = await session_with_history(client, key)
+            before = await timed_turns(client, sid, skey, 30)
+            messages = await last_request_messages(client, sid, skey)
+            sizes.append(len(json.dumps(messages, separators=(",", ":")).encode()))
+            # The compaction's own provider call, made directly: the same history plus an instruction.
+            big = {"model": "mock-model", "max_tokens": 4096,
+                   "messages": [*messages, {"role": "user", "content": "Summarize."}]}
+            for _ in range(3):
+                started = time.perf_counter()
+                await direct.messages.create(**big)
+                direct_calls.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            await rpc(client, sid, skey, "session.compact")
+            runs.append(time.perf_counter() - started)
+            after = await timed_turns(client, sid, skey, 30)
+            after_messages = await last_request_messages(client, sid, skey)
+        print(f"{'provider request body before compaction':<52} {statistics.median(sizes) / 1024:9.1f} KiB")
+        after_size = len(json.dumps(after_messages, separators=(",", ":")).encode())
+        print(f"{'provider request body after compaction':<52} {after_size / 1024:9.1f} KiB")
+        report("text turn, ~2,000-event session, before compaction", before, sum(before))
+        print_added(before, baseline, baseline_p99)
+        report("text turn, same session after compaction", after, sum(after))
+        print_added(after, baseline, baseline_p99)
+        run, call = statistics.median(runs), statistics.median(direct_calls)
+        print(f"{'session.compact, ~2,000-event history':<52} p50 {run * 1000:7.2f} ms   (n={len(runs)})")
+        print(f"{'  the same provider call made directly':<52} p50 {call * 1000:7.2f} ms")
+        print(f"{'  compaction cost over the provider call':<52} p50 {(run - call) * 1000:7.2f} ms")
+
+
+async def measure_stack(stack: Stack, key: str) -> tuple[list[float], list[float]]:
+    """(REST GET events samples, single-session text turn samples), after a warm-up."""
+    async with httpx.AsyncClient(base_url=stack.client_url, timeout=60) as client:
+        sid, skey = await open_session(client, key)
+        await rpc(client, sid, skey, "session.registerDriver")
+        auth = {"Authorization": f"Bearer {skey}"}
+        for _ in range(200):
+            await client.get(f"/api/v1/sessions/{sid}/events", headers=auth)
+        for _ in range(20):
+            await rpc(client, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
+        rest, _ = await load(lambda c: c.get(f"/api/v1/sessions/{sid}/events", headers=auth), 1, 2000,
+                             stack.client_url)
+        turns = []
+        for _ in range(200):
+            started = time.perf_counter()
+            await rpc(client, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
+            turns.append(time.perf_counter() - started)
+    return rest, turns
+
+
+async def bench_telemetry(mock: MockProcess) -> None:
+    print("\n== Telemetry off vs on (sample ratio 1.0, traces and metrics to an OTLP receiver) ==")
+    port = free_port()
+    # The receiver in a process of its own: decoding spans must not slow the load generator.
+    receiver = subprocess.Popen([sys.executable, str(ROOT / "tests" / "otlp_receiver.py"), "--port", str(port)])
+    figures: dict[str, tuple[list[float], list[float]]] = {"off": ([], []), "on": ([], [])}
+    with tempfile.TemporaryDirectory() as tmp:
+        on_toml = f'[telemetry]\nenabled = true\notlp_endpoint = "http://127.0.0.1:{port}"\nsample_ratio = 1.0\n'
+        for round_ in range(2):
+            for mode in ("off", "on"):
+                path = Path(tmp) / f"{mode}{round_}"
+                path.mkdir()
+                config = mock_provider_toml(mock.base_url) + (on_toml if mode == "on" else "")
+                running = launch_stack(path, config, MOCK_LLM_TOKEN=TOKEN, BAE_LOG="warning")
+                try:
+                    rest, turns = await measure_stack(running.stack, client_key(running))
+                finally:
+                    running.close()
+                figures[mode][0].extend(rest)
+                figures[mode][1].extend(turns)
+    receiver.terminate()
+    receiver.wait(10)
+    for index, what in enumerate(("REST GET events, 1 client", "text turn, 1 session")):
+        off, on = (percentile(figures[mode][index], 0.5) * 1000 for mode in ("off", "on"))
+        off99, on99 = (percentile(figures[mode][index], 0.99) * 1000 for mode in ("off", "on"))
+        print(f"{what:<30} off p50 {off:7.2f} ms  on p50 {on:7.2f} ms  ({(on / off - 1) * 100:+5.1f}%)"
+              f"   off p99 {off99:7.2f} ms  on p99 {on99:7.2f} ms")
+
+
 async def main(which: list[str]) -> None:
     mock = MockProcess()
+    if which == ["telemetry"]:
+        try:
+            await bench_telemetry(mock)
+        finally:
+            mock.stop()
+        return
     with tempfile.TemporaryDirectory() as tmp:
         running = start_stack(Path(tmp), mock)
         try:
@@ -225,6 +364,8 @@ async def main(which: list[str]) -> None:
                 await bench_rest(running.stack, key)
             if not which or "turns" in which:
                 await bench_turns(running.stack, key, mock)
+            if not which or "compaction" in which:
+                await bench_compaction(running.stack, key, mock)
         finally:
             running.close()
             mock.stop()
