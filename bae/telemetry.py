@@ -197,8 +197,13 @@ def start(config: TelemetryConfig, role: str, env: Mapping[str, str] | None = No
     metrics_on = config.enabled and config.metrics_enabled and bool(ROLE_INSTRUMENTS.get(role))
     if not (traces_on or metrics_on):
         return
-    # The exporters' own error lines would repeat every failed batch, with its error text.
-    for noisy in ("opentelemetry.exporter.otlp.proto.grpc.exporter", "opentelemetry.sdk.metrics._internal.export"):
+    # The exporters' own error lines would repeat every failed batch, with its error text; a full
+    # span queue drops spans silently (TELEMETRY §2.1).
+    for noisy in (
+        "opentelemetry.exporter.otlp.proto.grpc.exporter",
+        "opentelemetry.sdk.metrics._internal.export",
+        "opentelemetry.sdk._shared_internal",
+    ):
         logging.getLogger(noisy).setLevel(logging.CRITICAL + 1)
     health = _ExportHealth()
     endpoint = config.otlp_endpoint or ""

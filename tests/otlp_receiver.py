@@ -4,10 +4,14 @@ OpenTelemetry proto definitions, recording every export request it is sent.
     with OtlpReceiver() as receiver:
         ...  # [telemetry] otlp_endpoint = receiver.endpoint
         spans = receiver.wait_spans(lambda spans: any(s.name == "bae.turn" for s in spans))
+
+Standalone (benchmarks, so decoding shares no interpreter with the load generator):
+`python tests/otlp_receiver.py --port 4317`.
 """
 
 from __future__ import annotations
 
+import argparse
 import threading
 import time
 from concurrent import futures
@@ -70,7 +74,7 @@ class Point:
 
 
 class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self._lock = threading.Lock()
         self.trace_requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
         self.metric_requests: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
@@ -78,7 +82,7 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self._server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(self, self._server)
-        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
 
     @property
     def endpoint(self) -> str:
@@ -169,3 +173,10 @@ def _points(metric) -> list[Point]:  # type: ignore[no-untyped-def]
             for p in metric.histogram.data_points
         ]
     return []
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="An OTLP/gRPC receiver that records and drops what it gets.")
+    parser.add_argument("--port", type=int, required=True)
+    with OtlpReceiver(parser.parse_args().port) as running:
+        running._server.wait_for_termination()

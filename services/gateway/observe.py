@@ -11,9 +11,9 @@ goes out, so a turn's spans outlive it.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
-import uuid
 
 import grpc
 from opentelemetry import context as otel_context
@@ -38,7 +38,7 @@ def _incoming_request_id(scope: Scope) -> str:
     for name, value in scope["headers"]:
         if name == REQUEST_ID_HEADER and _REQUEST_ID.fullmatch(value):
             return value.decode("ascii")
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 def route_of(scope: Scope) -> str | None:
