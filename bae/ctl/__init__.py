@@ -72,6 +72,7 @@ class Builder:
 
     def group(self, parent: tuple[str, ...], name: str, help: str) -> None:
         parser = self.tables[parent].add_parser(name, help=help, description=help)
+        add_globals(parser)  # also between a group and its subcommand: `baectl list --admin-addr … keys`
         self.tables[(*parent, name)] = parser.add_subparsers(dest=f"sub_{name}", metavar="RESOURCE", required=True)
         self.parsers[(*parent, name)] = parser
 
