@@ -40,6 +40,7 @@ _HOST_VERDICTS = frozenset(
         grpc.StatusCode.DEADLINE_EXCEEDED,
         grpc.StatusCode.UNIMPLEMENTED,
         grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.ABORTED,
     }
 )
 
