@@ -1,0 +1,135 @@
+"""The database unavailable for writing: locked by another process, or its disk full.
+
+Writes answer 503 with Retry-After (REST) or a JSON-RPC error, never a 500
+and never half a request; reads go on; once the database is writable again
+everything works and every event is in the log exactly once.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from checks import assert_history_kept, assert_no_container_left
+from conftest import mock_provider_toml
+from live import new_session, register, result, send, session_state, terminal, types
+from mockllm import Reply
+from test_sigterm import event_log
+
+TOKEN = "sk-test-secret-token-123456"
+# Holds the write lock of the database named by argv[1] until its stdin closes.
+LOCKER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.read()
+db.execute("ROLLBACK")
+"""
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def assert_unavailable(response, retry_after: str) -> None:
+    assert response.status_code == 503, response.text
+    assert response.headers["retry-after"] == retry_after
+    assert response.json()["type"] == "service_unavailable" and response.json()["status"] == 503
+
+
+def assert_writes_refused_and_reads_served(stack, mock, sid, skey, client_key, before, retry_after):
+    assert_unavailable(stack.client.post("/api/v1/sessions", json={}, headers=bearer(client_key)), retry_after)
+    assert_unavailable(stack.admin.post("/admin/v1/profiles", json={"name": "p2", "primary_provider": "mock"}),
+                       retry_after)
+    mock.enqueue(Reply.text("never stored"))
+    refused = terminal(send(stack, sid, skey, "while unavailable"))
+    assert refused["error"]["code"] in (-32603, -32000), refused
+    # Reads go on, and show nothing of the refused writes.
+    assert event_log(stack, sid, skey) == before
+    assert stack.admin.get("/admin/v1/sessions").status_code == 200
+    assert session_state(stack, sid) == "open"
+
+
+def assert_recovered(stack, mock, sid, skey, client_key, before) -> None:
+    assert stack.client.post("/api/v1/sessions", json={}, headers=bearer(client_key)).status_code == 201
+    mock.reset()
+    mock.enqueue(Reply.text("writable again"))
+    assert result(send(stack, sid, skey, "after"))["message"]["content"][0]["text"] == "writable again"
+    events = assert_history_kept(stack, sid, skey, before)
+    assert types(events[len(before):]) == [
+        "client.message.send", "provider.request", "provider.response", "server.message.send",
+    ]
+    # The message the database refused was never half-stored: the provider saw only the one after it.
+    assert mock.requests[-1]["body"]["messages"][-1]["content"] == "after"
+    assert_no_container_left(stack)
+
+
+def open_with_a_turn(stack, mock) -> tuple[str, str, str, list[dict]]:
+    sid, skey, profile = new_session(stack)
+    register(stack, sid, skey)
+    mock.enqueue(Reply.text("first"))
+    result(send(stack, sid, skey, "one"))
+    client_key = stack.create_key(profile["id"], name="second")["key"]
+    return sid, skey, client_key, event_log(stack, sid, skey)
+
+
+def test_a_database_locked_by_another_process(start_stack, mock):
+    mock.reset()
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN)
+    sid, skey, client_key, before = open_with_a_turn(stack, mock)
+    locker = subprocess.Popen([sys.executable, "-c", LOCKER, stack.stack.settings.db_path],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert locker.stdout.readline().strip() == "locked"
+        assert_writes_refused_and_reads_served(stack, mock, sid, skey, client_key, before, retry_after="1")
+    finally:
+        locker.stdin.close()
+        assert locker.wait(10) == 0
+    assert_recovered(stack, mock, sid, skey, client_key, before)
+
+
+@pytest.fixture
+def small_disk():
+    """A 4 MiB tmpfs of its own (root only), for the database directory."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mount_point = Path(tempfile.mkdtemp(prefix="bae-small-disk-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount_point)], check=True)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+        mount_point.rmdir()
+
+
+def fill(directory: Path) -> Path:
+    """Take every free byte of the file system under `directory`."""
+    filler = directory / "filler"
+    with open(filler, "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    return filler
+
+
+def test_a_full_disk_under_the_database(start_stack, mock, small_disk):
+    mock.reset()
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
+                        BAE_DB_PATH=str(small_disk / "state" / "bae.db"))
+    sid, skey, client_key, before = open_with_a_turn(stack, mock)
+    filler = fill(small_disk)
+    try:
+        assert_writes_refused_and_reads_served(stack, mock, sid, skey, client_key, before, retry_after="5")
+    finally:
+        filler.unlink()
+    assert_recovered(stack, mock, sid, skey, client_key, before)
