@@ -33,6 +33,7 @@ STR_OR_NULL = {"type": ["string", "null"]}
 TIMESTAMP = {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$"}
 TIMESTAMP_OR_NULL = {"anyOf": [TIMESTAMP, {"type": "null"}]}
 NAMES = {"type": "array", "items": STR}
+REDACTED_MAP = {"type": "object", "additionalProperties": {"const": "••••••••"}}  # names kept, values redacted
 
 
 def page_of(item: str) -> Schema:
@@ -86,14 +87,19 @@ SCHEMAS: dict[str, Schema] = {
         "name": STR, "provider": {"enum": ["anthropic", "openai"]}, "model": STR, "base_url": STR})}}),
     "Config": obj(["mcp", "providers", "telemetry"], {
         "mcp": obj(["servers"], {"servers": {"type": "array", "items": obj(
-            ["name", "transport", "command", "args", "url", "headers"], {
+            ["name", "transport", "command", "args", "url", "headers", "env"], {
                 "name": STR, "transport": STR, "command": STR_OR_NULL, "args": NAMES, "url": STR_OR_NULL,
-                "headers": {"type": "object", "additionalProperties": {"const": "••••••••"}}})}}),
+                "headers": REDACTED_MAP, "env": REDACTED_MAP})}}),
         "providers": obj(["entries"], {"entries": {"type": "array", "items": obj(
             ["name", "provider", "model", "base_url", "auth_token"], {
                 "name": STR, "provider": STR, "model": STR, "base_url": STR_OR_NULL,
                 "auth_token": {"const": "••••••••"}})}}),
-        "telemetry": {"type": "object"}}),
+        "telemetry": obj(
+            ["enabled", "otlp_endpoint", "otlp_headers", "sample_ratio", "service_name", "traces", "metrics"], {
+                "enabled": BOOL, "otlp_endpoint": STR_OR_NULL, "otlp_headers": REDACTED_MAP,
+                "sample_ratio": {"type": "number", "minimum": 0, "maximum": 1}, "service_name": STR,
+                "traces": obj(["enabled"], {"enabled": BOOL}),
+                "metrics": obj(["enabled", "disabled"], {"enabled": BOOL, "disabled": NAMES})})}),
     "SandboxStatus": obj(["items"], {"items": {"type": "array", "items": obj(["profile_id", "images"], {
         "profile_id": STR, "images": {"type": "array", "items": obj(["name", "status"], {
             "name": STR, "status": {"enum": ["pending", "available", "error"]}, "detail": STR})}})}}),
@@ -274,7 +280,7 @@ ADMIN_PATHS: dict[str, Schema] = {
         **ok(200, "config", "Config", {
             "mcp": {"servers": [{"name": "filesystem", "transport": "stdio", "command": "npx",
                                  "args": ["-y", "@modelcontextprotocol/server-filesystem", "/data"], "url": None,
-                                 "headers": {}}]},
+                                 "headers": {}, "env": {"NODE_OPTIONS": "••••••••"}}]},
             "providers": {"entries": [{"name": "anthropic-sonnet", "provider": "anthropic",
                                        "model": "claude-sonnet-4-6", "base_url": None, "auth_token": "••••••••"}]},
             "telemetry": {"enabled": False, "otlp_endpoint": None, "otlp_headers": {}, "sample_ratio": 1.0,

@@ -57,7 +57,11 @@ def test_every_example_validates(port: str) -> None:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    running = launch_stack(tmp_path_factory.mktemp("openapi"), mock_provider_toml("http://127.0.0.1:9"))
+    config = mock_provider_toml("http://127.0.0.1:9") + (
+        '[[mcp.servers]]\nname = "notes"\ntransport = "http"\nurl = "http://127.0.0.1:9/mcp"\n'
+        'headers = { Authorization = "Bearer ${NOTES_TOKEN}" }\n'
+        '[[mcp.servers]]\nname = "files"\ntransport = "stdio"\ncommand = "true"\nenv = { HOME = "/tmp" }\n')
+    running = launch_stack(tmp_path_factory.mktemp("openapi"), config)
     yield running
     running.close()
 
