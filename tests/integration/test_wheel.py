@@ -8,10 +8,12 @@ packages through a path entry (which does not pull in the repository itself).
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
 from conftest import ROOT
@@ -61,3 +63,18 @@ def test_wheel_installs_working_commands(tmp_path: Path) -> None:
     for service in ("gateway", "session", "runner", "sandbox"):
         answered = run(venv / "bin" / "bae", service, "--version", cwd=tmp_path)
         assert (answered.returncode, answered.stdout) == (0, "bae 0.1.0 (api v1)\n"), (service, answered.stderr)
+
+
+def names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~ ;\[]", line.strip(), maxsplit=1)[0].lower().replace("_", "-")
+            for line in requirements if line.strip() and not line.lstrip().startswith("#")}
+
+
+def test_pyproject_declares_what_requirements_pin() -> None:
+    """`pip install .` gets every runtime dependency the venv pins, and the test extra the rest."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pinned = names((ROOT / "requirements.txt").read_text().splitlines())
+    runtime = names(project["dependencies"])
+    test_extra = names(project["optional-dependencies"]["test"])
+    assert runtime | test_extra == pinned
+    assert not runtime & test_extra
