@@ -190,7 +190,7 @@ def test_mcp_and_client_tools_pause_and_resume(start_stack, mock: MockLLM, recei
 def test_sandbox_exec_span(start_stack, mock: MockLLM, receiver: OtlpReceiver) -> None:
     require_docker()
     stack = start(start_stack, mock, telemetry_toml(receiver.endpoint, metrics="enabled = false"),
-                  BAE_SANDBOX_HOST_ID=f"test-telemetry-{secrets.token_hex(4)}")
+                  BAE_SANDBOX_HOST_ID=f"test-telemetry-{secrets.token_hex(4)}", BAE_SANDBOX_NETWORK="none")
     mock.reset()
     profile = stack.create_profile("sb", available_sandboxes=[TEST_IMAGE])
     key = stack.create_key(profile["id"])["key"]
@@ -238,6 +238,15 @@ def test_session_span_and_driver_link(start_stack, mock: MockLLM, receiver: Otlp
     assert session.parent_id == create.span_id and session.trace_id == create.trace_id
     registration = one(http_spans(spans), "POST /api/v1/sessions/{id}/rpc")
     assert links(registration) == [(session.span_id, "session")]
+
+    # A session still open at shutdown: its span ends then, and the final flush exports it
+    # within BAE_SHUTDOWN_TIMEOUT (5 s here).
+    still_open = stack.open_session(key["key"])["session_id"]
+    started = time.monotonic()
+    assert set(stack.close().values()) == {0}
+    assert time.monotonic() - started < 5 + 3
+    ended = [s for s in receiver.spans() if s.name == "bae.session" and s.attributes["bae.session.id"] == still_open]
+    assert len(ended) == 1 and ended[0].span.status.code == 0  # Unset
 
 
 def test_sampling_ratio_zero_and_one(start_stack, mock: MockLLM, receiver: OtlpReceiver) -> None:
