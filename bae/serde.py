@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from bae.errors import echo
+
 
 def describe(value: Any) -> str:
     """How serde names a found value: integer `5`, string "x", sequence, map, …"""
@@ -21,7 +23,7 @@ def describe(value: Any) -> str:
     if isinstance(value, float):
         return f"floating point `{value}`"
     if isinstance(value, str):
-        return f"string {json.dumps(value, ensure_ascii=False)}"
+        return f"string {json.dumps(echo(value), ensure_ascii=False)}"
     if isinstance(value, list):
         return "sequence"
     if isinstance(value, dict):

@@ -35,7 +35,6 @@ def stack(mock, tmp_path_factory):
         tmp_path_factory.mktemp("keepalive"),
         mock_provider_toml(mock.base_url),
         BAE_GRPC_KEEPALIVE_INTERVAL=str(INTERVAL),
-        MOCK_LLM_TOKEN="t0ken-for-tests",
     )
     yield running
     running.close()

@@ -20,7 +20,6 @@ from processes import TEST_PLANE
 from services.session.remote.sandbox_pool import SandboxError, SandboxHandle, SandboxPool
 
 LIMIT = 1024 * 1024  # the stack's BAE_MAX_BODY_BYTES
-RUN = f"test-hardening-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +28,6 @@ def stack(mock, tmp_path_factory):
         tmp_path_factory.mktemp("hardening"),
         mock_provider_toml(mock.base_url),
         BAE_MAX_BODY_BYTES=str(LIMIT),
-        MOCK_LLM_TOKEN="t0ken-for-tests",
-        BAE_SANDBOX_HOST_ID=RUN,
     )
     yield running
     running.close()
@@ -204,13 +201,19 @@ def test_an_over_long_cursor_is_cut_in_the_error(stack):
 
 
 def test_an_over_long_echoed_value_never_breaks_the_error(stack):
-    # Any detail repeating client input is bounded: a 20 KB profile name in a conflict.
-    name = "n" * 20_000
-    first = stack.admin.post("/admin/v1/profiles", json={"name": name, "primary_provider": "mock"})
-    assert first.status_code in (201, 400), first.text
-    second = stack.admin.post("/admin/v1/profiles", json={"name": name, "primary_provider": "mock"})
-    assert second.status_code in (400, 409), second.text
-    assert len(second.json()["detail"]) <= 2001
+    # Any detail that repeats client input is bounded, whatever the input's size.
+    profile = stack.create_profile(f"echo-{uuid.uuid4().hex[:8]}")
+    key = stack.create_key(profile["id"])["key"]
+    response = stack.client.post("/api/v1/sessions", json={"tools": "t" * 20_000},
+                                 headers={"Authorization": f"Bearer {key}"})
+    problem = assert_problem(response, 400, "bad_request")
+    assert problem["detail"].endswith(f'invalid type: string "{"t" * 200}…", expected a sequence'), problem
+    # A profile naming a 20 KB provider: opening a session repeats the name in its 422.
+    profile = stack.create_profile(f"echo-{uuid.uuid4().hex[:8]}", primary="p" * 20_000)
+    key = stack.create_key(profile["id"])["key"]
+    response = stack.client.post("/api/v1/sessions", json={}, headers={"Authorization": f"Bearer {key}"})
+    problem = assert_problem(response, 422, "primary_provider_unavailable")
+    assert len(problem["detail"]) == 2001 and problem["detail"].endswith("…")
 
 
 # --- 4. internal details stay inside ----------------------------------------------------------
@@ -234,7 +237,7 @@ async def test_grpc_failure_text_never_becomes_a_sandbox_error_detail(caplog):
     # The session service's real sandbox pool against a real sandbox host: a call gRPC itself
     # refuses ("Sent message larger than max …") yields a plain detail, and the text goes to the log.
     require_docker()
-    host = SandboxHostProcess(f"{RUN}-pool")
+    host = SandboxHostProcess(f"test-hardening-{uuid.uuid4().hex[:8]}")
     try:
         host.wait_serving()
         pool = SandboxPool([host.address], rpc_timeout=5, plane=TEST_PLANE)
