@@ -12,8 +12,10 @@ from bae import config as config_views
 from bae.errors import Problem, bad_request, not_found
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
+from services.session.api.calls import RestCall
 from services.session.api.pagination import events_page, page_json, page_request
 from services.session.engine.spans import session_spans
+from services.session.store.events import EventView
 from services.session.store import events, keys, profiles, sessions
 from bae.jsontext import dump
 from services.session.store.store import Store
@@ -41,14 +43,14 @@ class AdminApi:
         self.runtime = runtime
         self.config = config
 
-    async def _admin(self, request) -> None:
-        await self.auth.require_admin(request.authorization, request.has_authorization)
+    async def _admin(self, call: RestCall) -> None:
+        await self.auth.require_admin(call.credential)
 
     # Profiles (§4.2).
 
-    async def create_profile(self, request) -> str:
-        await self._admin(request)
-        fields = bodies.parse_profile_body(request.body, request.content_type)
+    async def create_profile(self, call: RestCall) -> str:
+        await self._admin(call)
+        fields = bodies.parse_profile_body(call.body, call.content_type)
         try:
             profile = await self.store.call(profiles.create, fields)
         except profiles.DuplicateName:
@@ -56,34 +58,34 @@ class AdminApi:
         self.runtime.provision(profile)
         return dump({"id": profile.id, "name": profile.name, "created_at": profile.created_at})
 
-    async def list_profiles(self, request) -> str:
-        await self._admin(request)
-        page = page_request(request.query)
+    async def list_profiles(self, call: RestCall) -> str:
+        await self._admin(call)
+        page = page_request(call.query)
         rows = await self.store.read(profiles.page, page.after_seq, page.fetch)
         return page_json([(seq, dump(profiles.view(p))) for seq, p in rows], page)
 
-    async def get_profile(self, request) -> str:
-        await self._admin(request)
-        profile = await self.store.read(profiles.active, request.path_id)
+    async def get_profile(self, call: RestCall) -> str:
+        await self._admin(call)
+        profile = await self.store.read(profiles.active, call.path_id)
         if profile is None:
-            raise not_found(f"no profile {request.path_id}")
+            raise not_found(f"no profile {call.path_id}")
         return dump(profiles.view(profile))
 
-    async def replace_profile(self, request) -> str:
-        await self._admin(request)
-        fields = bodies.parse_profile_body(request.body, request.content_type)
+    async def replace_profile(self, call: RestCall) -> str:
+        await self._admin(call)
+        fields = bodies.parse_profile_body(call.body, call.content_type)
         try:
-            profile = await self.store.call(profiles.replace, request.path_id, fields)
+            profile = await self.store.call(profiles.replace, call.path_id, fields)
         except profiles.DuplicateName:
             raise duplicate_name() from None
         if profile is None:
-            raise not_found(f"no profile {request.path_id}")
+            raise not_found(f"no profile {call.path_id}")
         self.runtime.provision(profile)
         return dump(profiles.view(profile))
 
-    async def delete_profile(self, request) -> str:
-        await self._admin(request)
-        profile_id = request.path_id
+    async def delete_profile(self, call: RestCall) -> str:
+        await self._admin(call)
+        profile_id = call.path_id
 
         def _delete(conn: Connection) -> None:
             if profiles.active(conn, profile_id) is None:
@@ -102,9 +104,9 @@ class AdminApi:
 
     # Client keys (§4.3).
 
-    async def create_key(self, request) -> str:
-        await self._admin(request)
-        name, profile_id = bodies.parse_key_body(request.body, request.content_type)
+    async def create_key(self, call: RestCall) -> str:
+        await self._admin(call)
+        name, profile_id = bodies.parse_key_body(call.body, call.content_type)
 
         def _create(conn: Connection):
             if profiles.active(conn, profile_id) is None:
@@ -123,9 +125,9 @@ class AdminApi:
             }
         )
 
-    async def list_keys(self, request) -> str:
-        await self._admin(request)
-        page = page_request(request.query)
+    async def list_keys(self, call: RestCall) -> str:
+        await self._admin(call)
+        page = page_request(call.query)
 
         def _list(conn: Connection):
             self.auth.flush_stamps(conn)  # show the latest coalesced last_used_at
@@ -134,11 +136,11 @@ class AdminApi:
         rows = await self.store.call(_list)
         return page_json([(seq, dump(key_view(key))) for seq, key in rows], page)
 
-    async def revoke_key(self, request) -> str:
-        await self._admin(request)
-        key_id = request.path_id
+    async def revoke_key(self, call: RestCall) -> str:
+        await self._admin(call)
+        key_id = call.path_id
 
-        def _revoke(conn: Connection) -> tuple[list[str], dict[str, list[dict]]]:
+        def _revoke(conn: Connection) -> tuple[list[str], dict[str, list[EventView]]]:
             held = keys.revoke_client(conn, key_id)
             if held is None:
                 raise not_found(f"no active client key {key_id}")
@@ -169,19 +171,19 @@ class AdminApi:
 
     # Sessions (§4.4).
 
-    async def list_sessions(self, request) -> str:
-        await self._admin(request)
-        page = page_request(request.query)
-        state = request.query.get("state", "") or None
+    async def list_sessions(self, call: RestCall) -> str:
+        await self._admin(call)
+        page = page_request(call.query)
+        state = call.query.get("state", "") or None
         if state is not None and state not in sessions.STATES:
             raise bad_request(f'invalid state filter "{state}"; expected one of open, closed, error')
         rows = await self.store.read(sessions.page, state, page.after_seq, page.fetch)
         return page_json([(row.seq, dump(sessions.summary_view(row))) for row in rows], page)
 
-    async def list_session_events(self, request) -> str:
-        await self._admin(request)
-        page = page_request(request.query)
-        session_id = request.path_id
+    async def list_session_events(self, call: RestCall) -> str:
+        await self._admin(call)
+        page = page_request(call.query)
+        session_id = call.path_id
 
         def _events(conn: Connection) -> str:
             if sessions.get(conn, session_id) is None:
@@ -192,18 +194,18 @@ class AdminApi:
 
     # Registries and config (§4.5): startup snapshots.
 
-    async def list_mcp_servers(self, request) -> str:
-        await self._admin(request)
+    async def list_mcp_servers(self, call: RestCall) -> str:
+        await self._admin(call)
         return dump(config_views.mcp_servers_view(self.config))
 
-    async def list_providers(self, request) -> str:
-        await self._admin(request)
+    async def list_providers(self, call: RestCall) -> str:
+        await self._admin(call)
         return dump(config_views.providers_view(self.config))
 
-    async def get_config(self, request) -> str:
-        await self._admin(request)
+    async def get_config(self, call: RestCall) -> str:
+        await self._admin(call)
         return dump(config_views.config_view(self.config))
 
-    async def sandbox_status(self, request) -> str:
-        await self._admin(request)
+    async def sandbox_status(self, call: RestCall) -> str:
+        await self._admin(call)
         return dump(self.runtime.sandbox_status())

@@ -21,6 +21,7 @@ from bae.errors import unauthorized
 from bae.ids import digests_equal, token_digest
 from bae.timefmt import now
 from services.session.api.admin_hash import AdminHashVerifier
+from services.session.api.calls import Credential
 from services.session.store import keys
 from services.session.store.records import KeyRecord, Principal, ProfileRecord, SessionRecord
 from services.session.store.store import Store, session_and_profile
@@ -30,18 +31,6 @@ log = logging.getLogger("bae.session.auth")
 STAMP_FLUSH_INTERVAL = 1.0
 
 T = TypeVar("T")
-
-
-def bearer_token(authorization: str, has_authorization: bool) -> str:
-    """The token of a `Bearer <token>` header; 401 with the §2.2 texts otherwise."""
-    if not has_authorization or not authorization.isascii():
-        raise unauthorized("missing Authorization header")
-    if authorization[:7] not in ("Bearer ", "bearer "):
-        raise unauthorized("Authorization header must be a Bearer token")
-    token = authorization[7:]
-    if not token:
-        raise unauthorized("empty bearer token")
-    return token
 
 
 class LastUsedStamps:
@@ -109,8 +98,7 @@ class Authenticator:
 
     async def with_session_key(
         self,
-        authorization: str,
-        has_authorization: bool,
+        credential: Credential,
         session_id: str,
         fn: Callable[[Connection, Principal], T],
         *,
@@ -118,40 +106,37 @@ class Authenticator:
     ) -> T:
         """Authenticate a session key, then run `fn(conn, principal)` in the same store call
         (on the store's reader when `fn` only reads)."""
-        token = bearer_token(authorization, has_authorization)
+        token = credential.token()
 
         def authenticated(conn: Connection) -> T:
             return fn(conn, self.find_session_key(conn, token, session_id))
 
         return await (self.store.call if writes else self.store.read)(authenticated)
 
-    async def session_principal(
-        self, authorization: str, has_authorization: bool, session_id: str
-    ) -> Principal:
+    async def session_principal(self, credential: Credential, session_id: str) -> Principal:
         return await self.with_session_key(
-            authorization, has_authorization, session_id, lambda _conn, principal: principal, writes=False
+            credential, session_id, lambda _conn, principal: principal, writes=False
         )
 
     async def session_principal_and_records(
-        self, authorization: str, has_authorization: bool, session_id: str
+        self, credential: Credential, session_id: str
     ) -> tuple[Principal, SessionRecord | None, ProfileRecord | None]:
         """The principal, the session's record and its live profile, read in one store call."""
         return await self.with_session_key(
-            authorization,
-            has_authorization,
+            credential,
             session_id,
             lambda conn, principal: (principal, *session_and_profile(conn, session_id)),
             writes=False,
         )
 
-    async def client_key(self, authorization: str, has_authorization: bool) -> KeyRecord:
-        token = bearer_token(authorization, has_authorization)
+    async def client_key(self, credential: Credential) -> KeyRecord:
+        token = credential.token()
         return await self.store.read(self.find_client_key, token)
 
-    async def require_admin(self, authorization: str, has_authorization: bool) -> None:
+    async def require_admin(self, credential: Credential) -> None:
         if self.admin_auth_disabled:
             return
-        token = bearer_token(authorization, has_authorization)
+        token = credential.token()
         digest = token_digest(token)
         row, hashes = await self.store.read(self.find_admin_key, digest)
         row_id = row.id if row is not None else None

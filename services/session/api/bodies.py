@@ -265,7 +265,7 @@ def parse_profile_body(body: bytes, content_type: str) -> dict:
         raise bad_request("name must not be empty")
     if not primary.strip():
         raise bad_request("primary_provider must not be empty")
-    fields = {"name": name, "primary_provider": primary}
+    fields: dict[str, str | list[str]] = {"name": name, "primary_provider": primary}
     for field, item_hint in PROFILE_LIST_FIELDS.items():
         fields[field] = _string_list(obj, field, item_hint)
     return fields

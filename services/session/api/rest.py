@@ -16,11 +16,13 @@ from sqlalchemy import Connection
 from bae.errors import Problem, not_found
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
+from services.session.api.calls import RestCall
 from services.session.api.bodies import RESERVED_TOOL, SessionBody
 from services.session.engine.spans import session_spans
 from services.session.api.pagination import events_page, page_request
 from services.session.store import events, keys, profiles, sessions
 from bae.jsontext import dump
+from services.session.store.events import EventView
 from services.session.store.records import KeyRecord, Principal, ProfileRecord
 from services.session.store.store import Store
 
@@ -32,7 +34,7 @@ class Opened:
     session_id: str
     token: str
     profile: ProfileRecord
-    views: list[dict]
+    views: list[EventView]
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,9 @@ class ClientRestApi:
 
     # POST /api/v1/sessions (§5.1)
 
-    async def open_session(self, request) -> str:
-        key = await self.auth.client_key(request.authorization, request.has_authorization)
-        body = bodies.parse_session_body(request.body, request.content_type, joining=False)
+    async def open_session(self, call: RestCall) -> str:
+        key = await self.auth.client_key(call.credential)
+        body = bodies.parse_session_body(call.body, call.content_type, joining=False)
         outcome = await self.store.call(self._open, key, body)
         if isinstance(outcome, Refused):
             raise outcome.problem
@@ -87,10 +89,10 @@ class ClientRestApi:
 
     # POST /api/v1/sessions/{id}/join (§5.2)
 
-    async def join_session(self, request) -> str:
-        key = await self.auth.client_key(request.authorization, request.has_authorization)
-        body = bodies.parse_session_body(request.body, request.content_type, joining=True)
-        outcome = await self.store.call(self._join, key, request.path_id, body)
+    async def join_session(self, call: RestCall) -> str:
+        key = await self.auth.client_key(call.credential)
+        body = bodies.parse_session_body(call.body, call.content_type, joining=True)
+        outcome = await self.store.call(self._join, key, call.path_id, body)
         if isinstance(outcome, Refused):
             raise outcome.problem
         await self.runtime.publish(outcome.session_id, outcome.views)
@@ -224,11 +226,10 @@ class ClientRestApi:
 
     # Each handler below authenticates and reads in one store call.
 
-    async def participants(self, request) -> str:
-        session_id = request.path_id
+    async def participants(self, call: RestCall) -> str:
+        session_id = call.path_id
         session = await self.auth.with_session_key(
-            request.authorization,
-            request.has_authorization,
+            call.credential,
             session_id,
             lambda conn, _principal: sessions.get(conn, session_id),
             writes=False,
@@ -239,17 +240,16 @@ class ClientRestApi:
 
     # GET /api/v1/sessions/{id}/events (§5.4)
 
-    async def events(self, request) -> str:
-        session_id = request.path_id
+    async def events(self, call: RestCall) -> str:
+        session_id = call.path_id
         try:
-            page = page_request(request.query)
+            page = page_request(call.query)
         except Problem:
             # Credentials are checked before the query: a bad key beats a bad cursor.
-            await self.auth.session_principal(request.authorization, request.has_authorization, session_id)
+            await self.auth.session_principal(call.credential, session_id)
             raise
         return await self.auth.with_session_key(
-            request.authorization,
-            request.has_authorization,
+            call.credential,
             session_id,
             lambda conn, _principal: events_page(conn, session_id, page),
             writes=False,
@@ -257,8 +257,8 @@ class ClientRestApi:
 
     # DELETE /api/v1/sessions/{id} (§5.5)
 
-    async def close_session(self, request) -> str:
-        session_id = request.path_id
+    async def close_session(self, call: RestCall) -> str:
+        session_id = call.path_id
 
         def _close(conn: Connection, _principal: Principal):
             session = sessions.get(conn, session_id)
@@ -275,7 +275,7 @@ class ClientRestApi:
             return session, views
 
         session, views = await self.auth.with_session_key(
-            request.authorization, request.has_authorization, session_id, _close
+            call.credential, session_id, _close
         )
         if views:
             await self.runtime.publish(session_id, views)

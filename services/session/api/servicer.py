@@ -13,6 +13,7 @@ from bae.jsontext import dump
 from bae.protos import session_pb2, session_pb2_grpc
 from services.session.api.admin import AdminApi
 from services.session.api.auth import Authenticator
+from services.session.api.calls import Credential, RestCall
 from services.session.api.faults import rpc_error
 from services.session.api.jsonrpc import ACCEPTED, RpcCall
 from services.session.api.live import LiveApi
@@ -48,71 +49,69 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
     # Client REST.
 
     async def OpenSession(self, request, context):
-        return await _json(self.rest.open_session(request))
+        return await _json(self.rest.open_session(RestCall.of(request)))
 
     async def JoinSession(self, request, context):
-        return await _json(self.rest.join_session(request))
+        return await _json(self.rest.join_session(RestCall.of(request)))
 
     async def ListParticipants(self, request, context):
-        return await _json(self.rest.participants(request))
+        return await _json(self.rest.participants(RestCall.of(request)))
 
     async def ListEvents(self, request, context):
-        return await _json(self.rest.events(request))
+        return await _json(self.rest.events(RestCall.of(request)))
 
     async def CloseSession(self, request, context):
-        return await _json(self.rest.close_session(request))
+        return await _json(self.rest.close_session(RestCall.of(request)))
 
     # Admin REST.
 
     async def CreateProfile(self, request, context):
-        return await _json(self.admin.create_profile(request))
+        return await _json(self.admin.create_profile(RestCall.of(request)))
 
     async def ListProfiles(self, request, context):
-        return await _json(self.admin.list_profiles(request))
+        return await _json(self.admin.list_profiles(RestCall.of(request)))
 
     async def GetProfile(self, request, context):
-        return await _json(self.admin.get_profile(request))
+        return await _json(self.admin.get_profile(RestCall.of(request)))
 
     async def ReplaceProfile(self, request, context):
-        return await _json(self.admin.replace_profile(request))
+        return await _json(self.admin.replace_profile(RestCall.of(request)))
 
     async def DeleteProfile(self, request, context):
-        return await _json(self.admin.delete_profile(request))
+        return await _json(self.admin.delete_profile(RestCall.of(request)))
 
     async def CreateKey(self, request, context):
-        return await _json(self.admin.create_key(request))
+        return await _json(self.admin.create_key(RestCall.of(request)))
 
     async def ListKeys(self, request, context):
-        return await _json(self.admin.list_keys(request))
+        return await _json(self.admin.list_keys(RestCall.of(request)))
 
     async def RevokeKey(self, request, context):
-        return await _json(self.admin.revoke_key(request))
+        return await _json(self.admin.revoke_key(RestCall.of(request)))
 
     async def ListSessions(self, request, context):
-        return await _json(self.admin.list_sessions(request))
+        return await _json(self.admin.list_sessions(RestCall.of(request)))
 
     async def ListSessionEvents(self, request, context):
-        return await _json(self.admin.list_session_events(request))
+        return await _json(self.admin.list_session_events(RestCall.of(request)))
 
     async def ListMcpServers(self, request, context):
-        return await _json(self.admin.list_mcp_servers(request))
+        return await _json(self.admin.list_mcp_servers(RestCall.of(request)))
 
     async def ListProviders(self, request, context):
-        return await _json(self.admin.list_providers(request))
+        return await _json(self.admin.list_providers(RestCall.of(request)))
 
     async def GetConfig(self, request, context):
-        return await _json(self.admin.get_config(request))
+        return await _json(self.admin.get_config(RestCall.of(request)))
 
     async def GetSandboxStatus(self, request, context):
-        return await _json(self.admin.sandbox_status(request))
+        return await _json(self.admin.sandbox_status(RestCall.of(request)))
 
     # JSON-RPC.
 
     async def CheckSessionKey(self, request, context):
         async def check() -> str:
-            principal = await self.auth.session_principal(
-                request.authorization, request.has_authorization, request.session_id
-            )
+            principal = await self.auth.session_principal(_credential(request), request.session_id)
             return dump({"session_id": principal.session_id, "client_key_id": principal.client_key_id})
 
         return await _json(check())
@@ -121,11 +120,11 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         async def check() -> str:
             kind = request.credential
             if kind == session_pb2.CredentialCheck.SESSION_KEY:
-                await self.auth.session_principal(request.authorization, request.has_authorization, request.path_id)
+                await self.auth.session_principal(_credential(request), request.path_id)
             elif kind == session_pb2.CredentialCheck.ADMIN_KEY:
-                await self.auth.require_admin(request.authorization, request.has_authorization)
+                await self.auth.require_admin(_credential(request))
             else:
-                await self.auth.client_key(request.authorization, request.has_authorization)
+                await self.auth.client_key(_credential(request))
             return "{}"
 
         return await _json(check())
@@ -177,7 +176,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
 
     async def _call(self, request: session_pb2.RpcRequest) -> RpcCall:
         principal, session, profile = await self.auth.session_principal_and_records(
-            request.authorization, request.has_authorization, request.session_id
+            _credential(request), request.session_id
         )
         return RpcCall(principal, session, profile, request.params_json)
 
@@ -200,6 +199,10 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
                 yield frame
         except Exception as exc:
             yield session_pb2.RpcFrame(error=rpc_error(exc, _method_name(method)))
+
+
+def _credential(request: session_pb2.RpcRequest | session_pb2.CredentialCheck) -> Credential:
+    return Credential.from_header(request.authorization, request.has_authorization)
 
 
 def _method_name(method: Callable[..., Any]) -> str:
