@@ -114,6 +114,10 @@ def test_a_streamed_body_is_counted_and_cut_at_the_limit(stack):
         f"/api/v1/sessions/{sid}/rpc", content=chunks(), headers={"Authorization": f"Bearer {skey}"}
     )
     assert_problem(response, 413, "payload_too_large")
+    # Without a valid key, a body of unannounced length is not read at all.
+    response = stack.client.post(f"/api/v1/sessions/{sid}/rpc", content=chunks(),
+                                 headers={"Authorization": "Bearer bae_ses_" + "0" * 48})
+    assert_problem(response, 401, "unauthorized")
     # Over the cap by Content-Length too, for the admin port.
     response = stack.admin.post("/admin/v1/profiles", content=b" " * (LIMIT + 1),
                                 headers={"content-type": "application/json"})
