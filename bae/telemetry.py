@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import grpc
 from opentelemetry import context as otel_context
@@ -30,10 +30,11 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     InMemoryMetricReader,
     MetricExportResult,
+    MetricsData,
     PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Link, Tracer
@@ -134,7 +135,7 @@ class _SpanExporter(OTLPSpanExporter):
         self._headers = headers
         self._health = health
 
-    def export(self, spans):  # type: ignore[no-untyped-def]
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         result = super().export(spans)
         self._health.report(result is SpanExportResult.SUCCESS, "trace")
         return result
@@ -146,7 +147,7 @@ class _MetricExporter(OTLPMetricExporter):
         self._headers = headers
         self._health = health
 
-    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs):  # type: ignore[no-untyped-def]
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
         result = super().export(metrics_data, timeout_millis=timeout_millis, **kwargs)
         self._health.report(result is MetricExportResult.SUCCESS, "metric")
         return result

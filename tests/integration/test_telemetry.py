@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-import httpx
 import pytest
 
 from conftest import RunningStack, free_port, mock_provider_toml
@@ -430,7 +429,7 @@ def test_access_log_text(start_stack, mock: MockLLM) -> None:
     time.sleep(0.2)
     lines = access_lines(stack)
     turn = next(line for line in lines if "request_id=req-abc.1" in line)
-    assert f"method=POST route=/api/v1/sessions/{{id}}/rpc status=200 duration_ms=" in turn
+    assert "method=POST route=/api/v1/sessions/{id}/rpc status=200 duration_ms=" in turn
     assert f"session_id={sid} request_id=req-abc.1" in turn
     missing = next(line for line in lines if "status=404" in line)
     assert "method=GET route=- status=404" in missing and "session_id" not in missing

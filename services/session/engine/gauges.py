@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Callable
 
-from sqlalchemy import Connection, and_, func, select
+from sqlalchemy import ColumnElement, Connection, ScalarSelect, Table, and_, func, select
 
 from bae import telemetry
 from services.session.engine.runtime import SessionRuntime
@@ -28,7 +28,7 @@ DB_GAUGES = ("bae.sessions.open", "bae.sessions.total", "bae.events.total", "bae
 
 
 def _activity_counts(conn: Connection) -> tuple[int, ...]:
-    def count(table, *where) -> object:  # type: ignore[no-untyped-def]
+    def count(table: Table, *where: ColumnElement[bool]) -> ScalarSelect[int]:
         query = select(func.count()).select_from(table)
         return (query.where(and_(*where)) if where else query).scalar_subquery()
 
@@ -73,8 +73,11 @@ class ActivityCounts:
 def register_gauges(runtime: SessionRuntime, store: Store) -> None:
     """The session service's ten gauges (each only when metrics are on and it is not disabled)."""
     counts = ActivityCounts(store, asyncio.get_running_loop())
+    def db_count(index: int) -> Callable[[], int | None]:
+        return lambda: counts.value(index)
+
     for index, name in enumerate(DB_GAUGES):
-        telemetry.observe(name, lambda index=index: counts.value(index))
+        telemetry.observe(name, db_count(index))
 
     def live_count(measure: Callable[..., int]) -> Callable[[], int]:
         # A copy of the values: the loop thread may add or drop sessions meanwhile.
