@@ -1,8 +1,9 @@
 """The container engine restarts under a live sandbox.
 
 The test runs a Docker engine of its own (its own socket, data and state
-directories, no bridge network), so restarting it disturbs nothing else on
-the machine. A restart kills the sandbox's container: the session records
+directories) in a network namespace of its own, so restarting it disturbs
+nothing else on the machine (a `--bridge=none` engine in the machine's
+namespace would delete the machine's `docker0`). A restart kills the sandbox's container: the session records
 the failed command as `session.sandbox.error`, an explicit stop still ends
 with `session.sandbox.stopped` (a gone container counts as stopped), a new
 sandbox starts, and nothing is left running afterwards.
@@ -33,7 +34,9 @@ SANDBOX_SERVICE = "baeproto.v1.Sandbox"
 
 
 class PrivateEngine:
-    """`dockerd` on a socket of its own; short paths, since containerd's socket lives under them."""
+    """`dockerd` on a socket of its own, in a new network namespace (its sandboxes use network "none").
+
+    Short paths: containerd's socket lives under them."""
 
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="baedk-", dir="/tmp"))
@@ -43,7 +46,7 @@ class PrivateEngine:
     def start(self, timeout: float = 60.0) -> None:
         log = open(self.root / "dockerd.log", "ab")
         self.process = subprocess.Popen(
-            ["dockerd", "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
+            ["unshare", "--net", "--", "dockerd", "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
              "--pidfile", str(self.root / "docker.pid"), "-H", self.url,
              "--bridge=none", "--iptables=false", "--ip6tables=false"],
             stdout=log, stderr=subprocess.STDOUT,
@@ -95,8 +98,8 @@ class PrivateEngine:
 @pytest.fixture
 def engine():
     require_docker()
-    if os.geteuid() != 0 or shutil.which("dockerd") is None:
-        pytest.skip("a private Docker engine needs root and dockerd")
+    if os.geteuid() != 0 or shutil.which("dockerd") is None or shutil.which("unshare") is None:
+        pytest.skip("a private Docker engine needs root, dockerd and unshare")
     private = PrivateEngine()
     try:
         private.start()

@@ -8,7 +8,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
 from argon2 import PasswordHasher
@@ -146,7 +145,7 @@ async def test_argon2_checks_are_throttled_after_failures(tmp_path):
         assert (throttled.status, throttled.type, throttled.retry_after) == (429, "too_many_requests", 1)
         assert throttled.detail == "too many failed admin key attempts; retry later"
         assert (await svc.admin("ListProfiles"))["items"] == []  # the verified key is not throttled
-        time.sleep(throttled.retry_after)
+        await asyncio.sleep(throttled.retry_after)
         assert (await problem_of(svc.call("ListProfiles", key=wrong))).status == 401
         assert (await problem_of(svc.call("ListProfiles", key=wrong))).retry_after == 2  # the delay doubles
     finally:

@@ -22,7 +22,8 @@ MAX_CHECK_INTERVAL = 1.0
 
 
 class Handle(Protocol):
-    sandbox_id: str
+    @property
+    def sandbox_id(self) -> str: ...
 
 
 OnIdle = Callable[[str, Handle], Awaitable[None]]
@@ -39,21 +40,17 @@ class _Use:
 class IdleWatch:
     def __init__(self, timeout: float = 0.0, on_idle: OnIdle | None = None) -> None:
         self._timeout = timeout
-        self._on_idle = on_idle
+        self._on_idle = on_idle if timeout > 0 else None
         self._uses: dict[str, _Use] = {}
         self._task: asyncio.Task | None = None
 
-    @property
-    def enabled(self) -> bool:
-        return self._timeout > 0 and self._on_idle is not None
-
     def started(self, session_id: str, handle: Handle) -> None:
-        if not self.enabled:
+        if self._on_idle is None:
             return
         loop = asyncio.get_running_loop()
         self._uses[handle.sandbox_id] = _Use(session_id, handle, loop.time())
         if self._task is None:
-            self._task = loop.create_task(self._run())
+            self._task = loop.create_task(self._run(self._on_idle))
 
     def forget(self, handle: Handle) -> None:
         self._uses.pop(handle.sandbox_id, None)
@@ -71,7 +68,7 @@ class IdleWatch:
                 use.running -= 1
                 use.last_used = asyncio.get_running_loop().time()
 
-    async def _run(self) -> None:
+    async def _run(self, on_idle: OnIdle) -> None:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(min(self._timeout / 4, MAX_CHECK_INTERVAL))
@@ -82,7 +79,7 @@ class IdleWatch:
                 log.info("sandbox %s of %s unused for %ss: stopping it", use.handle.sandbox_id[:12],
                          use.session_id, self._timeout)
                 try:
-                    await self._on_idle(use.session_id, use.handle)
+                    await on_idle(use.session_id, use.handle)
                 except Exception:  # keeps the watch alive for the other sandboxes
                     log.exception("stopping the idle sandbox of %s failed", use.session_id)
 

@@ -66,7 +66,7 @@ def prepare_files(database: str) -> None:
 
 
 def make_sqlite_engine(url: URL, synchronous: str) -> Engine:
-    if is_file_database(url):
+    if url.database and is_file_database(url):
         prepare_files(url.database)
     engine = create_engine(url, connect_args={"check_same_thread": False})
 
@@ -81,8 +81,9 @@ def make_sqlite_engine(url: URL, synchronous: str) -> Engine:
     return engine
 
 
-def set_busy_timeout(driver_connection: sqlite3.Connection, milliseconds: int) -> None:
-    driver_connection.execute(f"PRAGMA busy_timeout={milliseconds}")
+def set_busy_timeout(driver_connection: sqlite3.Connection | None, milliseconds: int) -> None:
+    if driver_connection is not None:
+        driver_connection.execute(f"PRAGMA busy_timeout={milliseconds}")
 
 
 def unavailable(error: OperationalError) -> StoreUnavailable | None:
