@@ -41,7 +41,7 @@ from opentelemetry.trace import Link, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from bae import __version__
-from bae.config import EnvResolutionError, resolve_env
+from bae.config import METRIC_NAMES, EnvResolutionError, resolve_env
 from bae.config import Telemetry as TelemetryConfig
 from bae.errors import UsageError
 
@@ -52,23 +52,10 @@ SCOPE = "baesrv"
 EXPORT_TIMEOUT_SECONDS = 10
 
 # Which role owns which instrument (TELEMETRY §10.4, with tool dispatch and MCP in the session service).
+RUNNER_INSTRUMENTS = ("bae.provider.requests", "bae.provider.latency")
 ROLE_INSTRUMENTS: dict[str, tuple[str, ...]] = {
-    "session": (
-        "bae.sessions.open",
-        "bae.sessions.total",
-        "bae.events.total",
-        "bae.profiles.count",
-        "bae.keys.count",
-        "bae.mcp.sessions.live",
-        "bae.turns.pending",
-        "bae.sandboxes.live",
-        "bae.subagents.active",
-        "bae.drivers.registered",
-        "bae.turns.completed",
-        "bae.tool.calls",
-        "bae.tool.latency",
-    ),
-    "runner": ("bae.provider.requests", "bae.provider.latency"),
+    "session": tuple(name for name in METRIC_NAMES if name not in RUNNER_INSTRUMENTS),
+    "runner": RUNNER_INSTRUMENTS,
     "sandbox": (),
     "gateway": (),
 }

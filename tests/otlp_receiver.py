@@ -16,7 +16,7 @@ import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
 
 import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
@@ -122,14 +122,7 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_
         return found
 
     def wait_spans(self, done: Callable[[list[ReceivedSpan]], bool], timeout: float = 15.0) -> list[ReceivedSpan]:
-        deadline = time.monotonic() + timeout
-        while True:
-            spans = self.spans()
-            if done(spans):
-                return spans
-            if time.monotonic() > deadline:
-                raise AssertionError(f"spans not exported in time; got {[s.name for s in spans]}")
-            time.sleep(0.05)
+        return _wait(self.spans, done, timeout, "spans")
 
     def latest_points(self) -> dict[str, list[Point]]:
         """Per metric name, the data points of the most recent export of each service instance."""
@@ -150,14 +143,22 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_
     def wait_points(
         self, done: Callable[[dict[str, list[Point]]], bool], timeout: float = 15.0
     ) -> dict[str, list[Point]]:
-        deadline = time.monotonic() + timeout
-        while True:
-            points = self.latest_points()
-            if done(points):
-                return points
-            if time.monotonic() > deadline:
-                raise AssertionError(f"metrics not exported in time; got {points}")
-            time.sleep(0.05)
+        return _wait(self.latest_points, done, timeout, "metrics")
+
+
+T = TypeVar("T")
+
+
+def _wait(read: Callable[[], T], done: Callable[[T], bool], timeout: float, what: str) -> T:
+    """Poll `read()` until `done` says so; past `timeout` fail with what was received."""
+    deadline = time.monotonic() + timeout
+    while True:
+        received = read()
+        if done(received):
+            return received
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not exported in time; got {received}")
+        time.sleep(0.05)
 
 
 def _points(metric) -> list[Point]:  # type: ignore[no-untyped-def]
