@@ -9,11 +9,12 @@ import grpc
 import pytest
 
 from bae.grpcutil import channel as internal_channel
-from bae.protos import sandbox_pb2, sandbox_pb2_grpc
+from bae.protos import sandbox_pb2_grpc
 from conftest import mock_provider_toml
 from docker_support import TEST_IMAGE, containers_with, require_docker
 from processes import TEST_PLANE
 from test_live_sandbox import Driver, payloads, wait_provisioned
+from test_sandbox_service import image_refusals
 
 
 @pytest.fixture
@@ -67,11 +68,8 @@ async def test_the_sandbox_host_refuses_images_no_profile_declares(idle_stack):
     stub = sandbox_pb2_grpc.SandboxStub(channel)
     try:
         undeclared = f"bae-undeclared-{uuid.uuid4().hex[:8]}:latest"
-        for call in (stub.EnsureImage(sandbox_pb2.EnsureImageRequest(image=undeclared), timeout=10),
-                     stub.Start(sandbox_pb2.StartRequest(session_id="ses_direct", image=undeclared), timeout=10)):
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await call
-            assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert containers_with("bae.session_id=ses_direct") == []
+        refusals = await image_refusals(stub, undeclared)
+        assert [error.code() for error in refusals] == [grpc.StatusCode.PERMISSION_DENIED] * 2
+        assert containers_with("bae.session_id=ses_refused") == []
     finally:
         await channel.close()

@@ -232,28 +232,31 @@ async def test_a_named_network(start_host):
         client.close()
 
 
+async def image_refusals(stub, image: str) -> list[grpc.aio.AioRpcError]:
+    """How the host refuses both EnsureImage and Start of `image` (each must fail)."""
+    errors = []
+    for call in (stub.EnsureImage(sandbox_pb2.EnsureImageRequest(image=image), timeout=10),
+                 stub.Start(sandbox_pb2.StartRequest(session_id="ses_refused", image=image), timeout=10)):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call
+        errors.append(caught.value)
+    return errors
+
+
 async def test_only_allowed_images_are_pulled_or_started(start_host, host):
     channel = internal_channel(host.address, TEST_PLANE)
     stub = sandbox_pb2_grpc.SandboxStub(channel)
     try:
         # A host that was never told (fresh or restarted) refuses every image, so the caller sends the set.
-        for call in (stub.EnsureImage(sandbox_pb2.EnsureImageRequest(image=TEST_IMAGE), timeout=10),
-                     stub.Start(sandbox_pb2.StartRequest(session_id="ses_x", image=TEST_IMAGE), timeout=10)):
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await call
-            assert caught.value.code() == grpc.StatusCode.ABORTED
-            assert caught.value.details() == "this sandbox host has not been told which images are allowed yet"
+        assert {(error.code(), error.details()) for error in await image_refusals(stub, TEST_IMAGE)} == {
+            (grpc.StatusCode.ABORTED, "this sandbox host has not been told which images are allowed yet")
+        }
         await stub.AllowImages(sandbox_pb2.AllowImagesRequest(images=[TEST_IMAGE]), timeout=10)
         # Any other name is refused before the engine is asked: nothing is pulled or run.
         other = f"bae-not-allowed-{uuid.uuid4().hex[:8]}:1"
-        for call in (stub.EnsureImage(sandbox_pb2.EnsureImageRequest(image=other), timeout=10),
-                     stub.Start(sandbox_pb2.StartRequest(session_id="ses_x", image=other), timeout=10)):
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await call
-            assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
-            assert caught.value.details() == (
-                f'image "{other}" is not allowed on this sandbox host: no profile declares it'
-            )
+        assert {(error.code(), error.details()) for error in await image_refusals(stub, other)} == {
+            (grpc.StatusCode.PERMISSION_DENIED, f'image "{other}" is not allowed on this sandbox host: no profile declares it')
+        }
         assert containers_with(host.label) == []
         sandbox_id = await _start(stub)
         await stub.Stop(sandbox_pb2.StopRequest(sandbox_id=sandbox_id), timeout=30)
