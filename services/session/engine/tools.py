@@ -13,8 +13,15 @@ import json
 from dataclasses import dataclass
 from typing import Iterator
 
+from typing import TYPE_CHECKING
+
 from services.session.engine.domain import Dispatch
+from services.session.remote.mcp import McpSessionConnections
+
+if TYPE_CHECKING:  # turn imports this module; the annotation alone needs Turn
+    from services.session.engine.turn import Turn
 from services.session.engine.sandbox_calls import dispatch_sandbox_tool
+from services.session.engine.spans import DispatchTrace, mcp_call_span, mcp_call_failed, open_dispatch
 
 
 def _provider_tool(tool: dict) -> dict:
@@ -30,7 +37,7 @@ class ActingTools:
     client: list[dict]
     sandbox: list[dict]
     subagent: list[dict]
-    mcp: object | None  # McpSessionConnections
+    mcp: McpSessionConnections | None
 
     @classmethod
     def of(cls, session, actor: str, mcp) -> "ActingTools":
@@ -72,12 +79,13 @@ def error_result(tool_use_id: str, text: str) -> dict:
     return {"type": "tool_result", "tool_use_id": tool_use_id, "content": [{"type": "text", "text": text}], "is_error": True}
 
 
-async def dispatch_server_tools(turn, calls: list[tuple[dict, str]], declared: ActingTools) -> list[dict]:
+async def dispatch_server_tools(turn: Turn, calls: list[tuple[dict, Dispatch]], declared: ActingTools) -> list[dict]:
     """Answer every server-side (block, kind); results come back in the model's order.
 
     MCP calls run concurrently (their requests are logged first, their
     responses in the model's order); sandbox and subagent calls run in order.
     """
+    traces = [open_dispatch(block, kind) for block, kind in calls]
     mcp_blocks = [block for block, kind in calls if kind == Dispatch.MCP]
     mcp_calls: list[asyncio.Task] = []
     if mcp_blocks:
@@ -95,17 +103,28 @@ async def dispatch_server_tools(turn, calls: list[tuple[dict, str]], declared: A
                 for b in mcp_blocks
             ]
         )
-        mcp_calls = [asyncio.create_task(_call_mcp(declared, b)) for b in mcp_blocks]
+        mcp_calls = [
+            asyncio.create_task(_call_mcp(declared, block, traced))
+            for (block, kind), traced in zip(calls, traces)
+            if kind == Dispatch.MCP
+        ]
     pending_mcp = iter(mcp_calls)
     try:
-        return [await _answer(turn, block, kind, pending_mcp) for block, kind in calls]
+        results = []
+        for (block, kind), traced in zip(calls, traces):
+            with traced.active():
+                results.append(await _answer(turn, block, kind, pending_mcp))
+            traced.answered(results[-1])
+        return results
     finally:
         # A turn that failed or was cancelled part-way leaves no MCP call running behind it.
         for call in mcp_calls:
             call.cancel()
+        for traced in traces:
+            traced.abandoned()
 
 
-async def _answer(turn, block: dict, kind: str, pending_mcp: Iterator[asyncio.Task]) -> dict:
+async def _answer(turn: Turn, block: dict, kind: Dispatch, pending_mcp: Iterator[asyncio.Task]) -> dict:
     """Record one server-side block's outcome; its tool_result block. MCP calls are taken in order."""
     if kind == Dispatch.MCP:
         response, result = await next(pending_mcp)
@@ -130,14 +149,18 @@ def _as_result_block(event_payload: dict) -> dict:
     }
 
 
-async def _call_mcp(declared: ActingTools, block: dict) -> tuple[dict, dict]:
+async def _call_mcp(declared: ActingTools, block: dict, traced: DispatchTrace) -> tuple[dict, dict]:
     """One MCP tools/call: the mcp.response and tool.result payloads."""
     name = block["name"]
     server = declared.mcp_server_for(name)
-    if server is None:
+    if server is None or declared.mcp is None:
         error = f"no MCP server is configured for tool '{name}'"
     else:
-        outcome = await declared.mcp.call(name, block.get("input") or {})
+        with mcp_call_span(traced, name, server) as span:
+            outcome = await declared.mcp.call(name, block.get("input") or {})
+            tool_error = outcome.ok and outcome.result is not None and bool(outcome.result.get("isError", False))
+            if tool_error or not outcome.ok or outcome.result is None:
+                mcp_call_failed(span, tool_error)
         if outcome.ok and outcome.result is not None:
             is_error = bool(outcome.result.get("isError", False))
             response = {"server_name": server, "ok": not is_error, "result": outcome.result}
