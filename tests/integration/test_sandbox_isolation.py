@@ -11,20 +11,48 @@ import pytest
 from bae.grpcutil import channel as internal_channel
 from bae.protos import sandbox_pb2_grpc
 from conftest import mock_provider_toml
-from docker_support import TEST_IMAGE, containers_with, require_docker
+from docker_support import TEST_IMAGE, containers_with, docker_client, require_docker
 from processes import TEST_PLANE
+from services.sandbox.docker_driver import SHELL_CAPABILITIES
 from test_live_sandbox import Driver, payloads, wait_provisioned
 from test_sandbox_service import image_refusals
 
 
-@pytest.fixture
-def idle_stack(start_stack, mock):
+def isolation_stack(start_stack, mock, **env: str):
     require_docker()
     mock.reset()
     return start_stack(
-        config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN="t0ken", BAE_SANDBOX_IDLE_TIMEOUT="2",
-        BAE_SANDBOX_HOST_ID=f"test-isolation-{uuid.uuid4().hex[:8]}",
+        config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN="t0ken",
+        BAE_SANDBOX_HOST_ID=f"test-isolation-{uuid.uuid4().hex[:8]}", **env,
     )
+
+
+@pytest.fixture
+def idle_stack(start_stack, mock):
+    return isolation_stack(start_stack, mock, BAE_SANDBOX_IDLE_TIMEOUT="2")
+
+
+def test_sandboxes_of_the_stack_run_hardened_with_the_deployment_options(start_stack, mock):
+    stack = isolation_stack(start_stack, mock, BAE_SANDBOX_READ_ONLY="true", BAE_SANDBOX_NETWORK="none")
+    driver = Driver(stack, stack.create_profile("hardened", available_sandboxes=[TEST_IMAGE])).register()
+    sandbox_id = driver.ok("session.startRemoteSandbox", {"image": TEST_IMAGE})["sandbox_id"]
+    client = docker_client()
+    try:
+        attrs = client.containers.get(sandbox_id).attrs
+    finally:
+        client.close()
+    config = attrs["HostConfig"]
+    assert config["CapDrop"] == ["ALL"] and sorted(config["CapAdd"]) == sorted(SHELL_CAPABILITIES)
+    assert config["SecurityOpt"] == ["no-new-privileges:true"]
+    assert (config["Init"], config["PidsLimit"], config["MemorySwap"]) == (True, 256, config["Memory"])
+    assert (config["ReadonlyRootfs"], sorted(config["Tmpfs"]), config["NetworkMode"]) == (
+        True, ["/tmp", "/workspace"], "none"
+    )
+    ran = driver.ok("session.execRemoteSandbox", {"command": "echo kept > note && cat note; touch /etc/x; ip -o link"})
+    assert ran["stdout"].startswith("kept\n") and "Read-only file system" in ran["stderr"]
+    assert [line.split(":")[1].strip() for line in ran["stdout"].splitlines()[1:]] == ["lo"]  # network none
+    driver.close()
+    assert driver.containers() == []
 
 
 def wait_for(condition, timeout: float = 20.0):
