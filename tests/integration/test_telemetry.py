@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import httpx
 import pytest
 
 from conftest import RunningStack, free_port, mock_provider_toml
@@ -96,9 +97,8 @@ def test_text_turn_joins_the_client_trace(start_stack, mock: MockLLM, receiver: 
     assert "result" in send_traced(stack, sid, skey, "hi", header)[-1]
 
     def complete(spans: list[ReceivedSpan]) -> bool:
-        return any(s.name == "bae.provider.attempt" for s in spans) and any(
-            s.trace_id == trace_id and "http.request.method" in s.attributes for s in spans
-        )
+        ours = [s for s in spans if s.trace_id == trace_id]
+        return {"bae.turn", "bae.provider.attempt"} <= {s.name for s in ours} and bool(http_spans(ours))
 
     spans = [s for s in receiver.wait_spans(complete) if s.trace_id == trace_id]
     assert {s.scope for s in spans} == {"baesrv"}
@@ -118,12 +118,11 @@ def test_text_turn_joins_the_client_trace(start_stack, mock: MockLLM, receiver: 
         "bae.provider.attempt_kind": "primary",
         "http.response.status_code": 200,
     }
-    turns = by_name(spans, "bae.turn")
-    parent_of_attempt = turns[0].span_id if turns else request.span_id
-    assert attempt.parent_id == parent_of_attempt
-    if turns:
-        assert turns[0].parent_id == request.span_id
-        assert turns[0].attributes["bae.turn.outcome"] == "completed"
+    turn = one(spans, "bae.turn")
+    assert turn.service.endswith("-session")
+    assert (turn.parent_id, attempt.parent_id) == (request.span_id, turn.span_id)
+    assert turn.attributes["bae.turn.outcome"] == "completed" and turn.attributes["bae.turn.resumed"] is False
+    assert [kind for _, kind in links(turn)] == ["session"]
 
 
 def mcp_toml() -> str:
@@ -297,7 +296,7 @@ def test_metric_values_after_a_known_workload(start_stack, mock: MockLLM, receiv
 
     def settled(points: dict[str, list[Point]]) -> bool:
         ok = values(points, "bae.provider.requests").get((("outcome", "ok"), ("provider", "anthropic")))
-        return ok == 3 and "bae.sessions.open" in points
+        return ok == 3 and "bae.sessions.open" in points and "bae.turns.completed" in points
 
     points = receiver.wait_points(settled)
     assert values(points, "bae.provider.requests") == {(("outcome", "ok"), ("provider", "anthropic")): 3}
@@ -317,8 +316,7 @@ def test_metric_values_after_a_known_workload(start_stack, mock: MockLLM, receiv
     # session.open, session.driver.register, then per turn: client message, request, response, server message.
     events = stack.client.get(f"/api/v1/sessions/{sid}/events", headers={"Authorization": f"Bearer {skey}"})
     assert values(points, "bae.events.total") == {(): len(events.json()["items"])}
-    if "bae.turns.completed" in points:
-        assert values(points, "bae.turns.completed") == {(("outcome", "completed"),): 3}
+    assert values(points, "bae.turns.completed") == {(("outcome", "completed"),): 3}
 
     # The same instruments, scraped from the admin port.
     scraped = stack.admin.get("/metrics")
@@ -403,11 +401,23 @@ def test_readiness_follows_the_session_service(start_stack) -> None:
         assert down.json()["detail"].startswith("not ready: session service unreachable at ")
     assert stack.client.get("/healthz").status_code == 200  # liveness is unaffected
     stack.stack.restart("session")
+    wait_ready(stack.client)
+    assert stack.admin.get("/readyz").status_code == 200
+
+    runner = stack.stack.processes["runner"]
+    runner.send_signal(signal.SIGTERM)
+    runner.wait(15)
+    down = stack.client.get("/readyz")
+    assert down.status_code == 503 and "runner unreachable" in down.json()["detail"]
+    stack.stack.restart("runner")
+    wait_ready(stack.client)  # the gateway reconnects within its 2 s reconnect backoff
+
+
+def wait_ready(client: httpx.Client) -> None:
     deadline = time.monotonic() + 10
-    while stack.client.get("/readyz").status_code != 200:
+    while client.get("/readyz").status_code != 200:
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    assert stack.admin.get("/readyz").status_code == 200
 
 
 def access_lines(stack: RunningStack) -> list[str]:
