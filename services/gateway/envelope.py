@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bae.jsontext import JsonSyntaxError, dump, strict_load
+from bae.rpc_codes import RpcCode
 from services.gateway.frames import error_frame
 
 # JSON-RPC method -> SessionService RPC.
@@ -50,13 +51,13 @@ def parse_envelope(body: bytes) -> Call | Rejected:
     try:
         document = strict_load(body)
     except JsonSyntaxError:
-        return Rejected(error_frame("null", -32700, "Parse error"))
+        return Rejected(error_frame("null", RpcCode.PARSE_ERROR, "Parse error"))
     if isinstance(document, list):
         return Rejected(
-            error_frame("null", -32600, "Invalid Request: batch requests are not supported")
+            error_frame("null", RpcCode.INVALID_REQUEST, "Invalid Request: batch requests are not supported")
         )
     if not isinstance(document, dict):
-        return Rejected(error_frame("null", -32600, "Invalid Request"))
+        return Rejected(error_frame("null", RpcCode.INVALID_REQUEST, "Invalid Request"))
     id_json = dump(document["id"]) if "id" in document else None
 
     def reject(code: int, message: str) -> Rejected:
@@ -64,11 +65,11 @@ def parse_envelope(body: bytes) -> Call | Rejected:
         return Rejected(b"" if id_json is None else error_frame(id_json, code, message))
 
     if document.get("jsonrpc") != "2.0":
-        return reject(-32600, 'Invalid Request: missing or wrong "jsonrpc" version')
+        return reject(RpcCode.INVALID_REQUEST, 'Invalid Request: missing or wrong "jsonrpc" version')
     method = document.get("method")
     if not isinstance(method, str):
-        return reject(-32600, 'Invalid Request: missing "method"')
+        return reject(RpcCode.INVALID_REQUEST, 'Invalid Request: missing "method"')
     if method not in STREAMING_METHODS and method not in UNARY_METHODS:
-        return reject(-32601, f"Method not found: {method}")
+        return reject(RpcCode.METHOD_NOT_FOUND, f"Method not found: {method}")
     params_json = dump(document["params"]) if "params" in document else "{}"
     return Call(method, id_json, params_json)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from bae.jsontext import dump
 from bae.protos import session_pb2
+from bae.rpc_codes import RpcCode
 
 RpcError = session_pb2.RpcError
 
 NDJSON = "application/x-ndjson"
-INTERNAL_ERROR = -32603
+INTERNAL_ERROR = RpcCode.INTERNAL_ERROR
 
 
 def event_frame(event_json: str) -> bytes:

@@ -333,9 +333,9 @@ ENVELOPE_CASES = [
     (b'{"jsonrpc":"2.0","id":4,"method":"session.compact","params":{"prompt":5}}',
      error_line(4, -32602, "Invalid params: invalid type: integer `5`, expected a string or null")),
     (b'{"jsonrpc":"2.0","id":5,"method":"session.reportLocalSubagent","params":{"state":"start"}}',
-     error_line(5, -32601, "Method not found: session.reportLocalSubagent")),
+     error_line(5, -32602, 'Invalid params: "subagent_id", "harness", and "model" must be non-empty strings')),
     (b'{"jsonrpc":"2.0","id":6,"method":"session.cancelSubagent","params":{"subagent_id":"sba_1"}}',
-     error_line(6, -32601, "Method not found: session.cancelSubagent")),
+     error_line(6, -32014, 'subagent_not_found: no tracked subagent "sba_1" for this session')),
 ]
 
 

@@ -61,12 +61,25 @@ async def test_concurrent_starts_spread_over_the_hosts(pool, hosts):
     await asyncio.gather(*(pool.stop(handle) for handle in handles))
 
 
-async def test_exec_timeout_per_call(pool):
-    handle = await pool.start("ses_t", TEST_IMAGE)
-    with pytest.raises(SandboxError) as caught:
-        await pool.exec(handle, "sleep 20", timeout=1)
-    assert caught.value.detail == "command timed out after 1s"
-    await pool.stop(handle)
+async def test_the_hosts_own_exec_timeout_applies():
+    """The pool sends no timeout of its own: the host's BAE_SANDBOX_EXEC_TIMEOUT decides."""
+    require_docker()
+    host = SandboxHostProcess(f"test-{uuid.uuid4().hex[:12]}", BAE_SANDBOX_EXEC_TIMEOUT="1")
+    try:
+        host.wait_serving()
+        pool = SandboxPool([host.address], plane=TEST_PLANE, rpc_timeout=5, poll_interval=0.5)
+        pool.provision(TEST_PROFILE, [TEST_IMAGE])
+        handle = await pool.start("ses_t", TEST_IMAGE)
+        started = time.monotonic()
+        with pytest.raises(SandboxError) as caught:
+            await pool.exec(handle, "sleep 20")
+        assert caught.value.detail == "command timed out after 1s"
+        assert time.monotonic() - started < 10
+        await pool.stop(handle)
+        await pool.close()
+    finally:
+        host.stop()
+        assert containers_with(host.label) == []
 
 
 async def test_a_killed_host_fails_its_calls_fast_and_new_sandboxes_go_elsewhere(pool, hosts):

@@ -26,12 +26,14 @@ from services.session.engine.engine import TurnEngine
 from services.session.engine.errors import SessionNotOpen
 from services.session.engine.feed import Lagged, Watcher
 from services.session.engine.runtime import SessionRuntime
+from services.session.engine import subagent_calls
 from services.session.engine.sandbox_calls import available_images
 from services.session.store import Store
 
 log = logging.getLogger("bae.session.live")
 
 REPLAY_PAGE = 200
+LOCAL_SUBAGENT_STATES = ("start", "running", "completed", "failed", "cancelled")
 RESERVED_TOOL = "remote_subagent_status"
 
 T = TypeVar("T")
@@ -165,10 +167,49 @@ class LiveApi:
             return
         yield session_pb2.RpcFrame(result_json=(await work).completed.json)
 
-    # -- methods of later issues -------------------------------------------------
+    # -- subagents (§11.5, §11.6) --------------------------------------------------
 
-    async def not_available(self, call: RpcCall, method: str) -> Any:
-        raise RpcFault(RpcCode.METHOD_NOT_FOUND, f"Method not found: {method}")
+    async def cancel_subagent(self, call: RpcCall) -> dict:
+        live = require_driver(self.runtime, call, "session.cancelSubagent")
+        subagent_id = call.params().get("subagent_id")
+        if not isinstance(subagent_id, str) or not subagent_id.strip():
+            raise invalid_params('missing "subagent_id"')
+        entry = live.subagents.entries.get(subagent_id)
+        if entry is None:
+            raise RpcFault(
+                RpcCode.SUBAGENT_NOT_FOUND, f'subagent_not_found: no tracked subagent "{subagent_id}" for this session'
+            )
+        was_running = await subagent_calls.cancel(self.runtime, live, entry, reason="explicit", actor=call.actor)
+        return {"cancelled": True, "subagent_id": subagent_id, "was_running": was_running}
+
+    async def report_local_subagent(self, call: RpcCall) -> dict:
+        require_driver(self.runtime, call, "session.reportLocalSubagent")
+        params = call.params()
+        state = params.get("state")
+        if state not in LOCAL_SUBAGENT_STATES:
+            raise invalid_params('"state" must be "start", "running", "completed", "failed", or "cancelled"')
+        identity = [params.get(name) for name in ("subagent_id", "harness", "model")]
+        if not all(isinstance(value, str) and value.strip() for value in identity):
+            raise invalid_params('"subagent_id", "harness", and "model" must be non-empty strings')
+        for name in ("detail", "reason"):
+            if params.get(name) is not None and not isinstance(params.get(name), str):
+                raise invalid_params(f'"{name}" must be a string or null')
+        exit_code = params.get("exit_code")
+        if exit_code is not None and (isinstance(exit_code, bool) or not isinstance(exit_code, int)):
+            raise invalid_params('"exit_code" must be an integer')
+        subagent_id, harness, model = identity
+        payload: dict[str, Any] = {
+            "dispatch": "local", "subagent_id": subagent_id, "harness": harness, "model": model,
+            "detail": params.get("detail"),
+        }
+        if state == "completed":
+            payload["exit_code"] = exit_code
+        elif state == "failed":
+            payload.update(reason=params.get("reason"), exit_code=exit_code)
+        elif state == "cancelled":
+            payload.update(reason=params.get("reason"), exit_code=None)
+        await self.runtime.append(call.session_id, call.actor, [(f"session.subagent.{state}", payload)])
+        return {"reported": True}
 
 
 async def stream_until_done(watcher: Watcher, work: asyncio.Future[T]) -> AsyncIterator[session_pb2.RpcFrame]:

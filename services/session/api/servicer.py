@@ -4,7 +4,6 @@ JSON-RPC calls to the live API. Unexpected failures become a 500 `internal`."""
 from __future__ import annotations
 
 import logging
-from functools import partial
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from bae import telemetry
@@ -166,10 +165,10 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         return await self._unary(request, self.sandboxes.report_local_sandbox)
 
     async def ReportLocalSubagent(self, request, context):
-        return await self._unary(request, partial(self.live.not_available, method="session.reportLocalSubagent"))
+        return await self._unary(request, self.live.report_local_subagent)
 
     async def CancelSubagent(self, request, context):
-        return await self._unary(request, partial(self.live.not_available, method="session.cancelSubagent"))
+        return await self._unary(request, self.live.cancel_subagent)
 
     # JSON-RPC plumbing: authenticate once (a failure is a Problem: HTTP 401 before
     # any streaming), then map every fault to its error in one place.

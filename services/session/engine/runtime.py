@@ -23,12 +23,14 @@ from services.session.engine.errors import SessionNotOpen
 from services.session.engine.feed import SessionFeed
 from services.session.engine.gate import ParkedTurn, TurnGate
 from services.session.engine.history import History
+from services.session.engine import subagent_calls
 from services.session.engine.sandbox_calls import stop_sandbox
+from services.session.engine.subagents import Subagent, SubagentTracker
 from services.session.engine.tasks import TaskOwner
 from services.session.remote.mcp import McpSessionConnections
 from services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery
 from services.session.remote.sandbox_idle import IdleWatch
-from services.session.remote.sandbox_pool import SandboxHandle, SandboxPool
+from services.session.remote.sandbox_pool import SandboxError, SandboxHandle, SandboxPool
 from services.session.store import Store
 from services.session.store.events import EventView
 from services.session.store.records import ProfileRecord
@@ -55,6 +57,7 @@ class LiveSession:
     mcp_task: asyncio.Task[McpSessionConnections | None] | None = None
     sandbox: SandboxHandle | None = None  # the remote sandbox, one per session
     compaction_backoff: CompactionBackoff | None = None
+    subagents: SubagentTracker = field(default_factory=SubagentTracker)
     # Background work of this session (MCP connects); cancelled when it closes.
     tasks: TaskOwner = field(default_factory=lambda: TaskOwner("session"))
     # Serializes registrations (a key's first one logs exactly once) and sandbox starts.
@@ -143,7 +146,7 @@ class SessionRuntime:
                 tool_uses = paused_tool_uses(events[-1])
                 if tool_uses:
                     results = await self.store.server_tool_results(
-                        live.session_id, [block.get("id") for block in tool_uses]
+                        live.session_id, [str(block.get("id")) for block in tool_uses]
                     )
                     live.gate.restore(
                         ParkedTurn(
@@ -221,8 +224,14 @@ class SessionRuntime:
         if live is not None:
             await self._teardown(live, attribute_to)
 
-    async def _teardown(self, live: LiveSession, attribute_to: str | None) -> None:
-        if live.sandbox is not None:
+    async def _teardown(self, live: LiveSession, attribute_to: str | None, *, closing: bool = True) -> None:
+        if closing:  # a shutdown leaves subagents running on their hosts; a close ends them (§14.13)
+            for entry in live.subagents.running():
+                try:
+                    await subagent_calls.cancel(self, live, entry, reason="session_close", actor=attribute_to)
+                except Exception:
+                    log.exception("cancelling subagent %s of %s failed", entry.subagent_id, live.session_id)
+        if closing and live.sandbox is not None:
             try:
                 await stop_sandbox(self, live, attribute_to, reason="session_close")
             except Exception:  # logged; never blocks a close
@@ -254,7 +263,8 @@ class SessionRuntime:
             self.sandboxes.provision(profile.id, profile.available_sandboxes)  # [] forgets the profile
 
     async def start(self) -> None:
-        """Resolve the sandbox hosts, then re-provision the images of every live profile that declares any."""
+        """Resolve the sandbox hosts, re-provision the images of every live profile that declares
+        any, then take back what the hosts still run for open sessions."""
         if self.sandbox_discovery is not None:
             await self.sandbox_discovery.refresh()
             self.sandbox_discovery.start()
@@ -262,13 +272,70 @@ class SessionRuntime:
             for profile in await self.store.live_profiles():
                 if profile.available_sandboxes:
                     self.provision(profile)
+            await self.reconcile()
+
+    async def reconcile(self) -> None:
+        """Adopt the sandboxes and subagents of open sessions that the hosts still run (a
+        restart of this service leaves them running), and stop the containers of sessions
+        that are closed, failed or unknown."""
+        assert self.sandboxes is not None
+        for host, sandboxes, commands in await self.sandboxes.inventory():
+            for info in sandboxes:
+                handle = SandboxHandle(host=host, sandbox_id=info.sandbox_id, image=info.image)
+                session = await self.store.get_session(info.session_id)
+                live = self.sessions.get(info.session_id)
+                keep = (
+                    session is not None
+                    and session.state == SessionState.OPEN
+                    and info.state == "running"
+                    and (live is None or live.sandbox is None)
+                )
+                if not keep:
+                    log.info("stopping sandbox %s of %s session %s", info.sandbox_id,
+                             session.state if session else "unknown", info.session_id)
+                    try:
+                        await self.sandboxes.stop(handle)
+                    except SandboxError as exc:
+                        log.warning("stopping orphan sandbox %s failed: %s", info.sandbox_id, exc.detail)
+                    continue
+                try:
+                    live = await self.attach(info.session_id)
+                except SessionNotOpen:
+                    continue
+                live.sandbox = handle
+                self.sandboxes.adopt(info.session_id, handle)
+                log.info("re-attached sandbox %s of session %s", info.sandbox_id, info.session_id)
+                mine = [command for command in commands if command.sandbox_id == info.sandbox_id]
+                await self._adopt_subagents(live, host, [command.command_id for command in mine])
+
+    async def _adopt_subagents(self, live: LiveSession, host: str, command_ids: list[str]) -> None:
+        """Track again the subagents the log shows running and the host still knows."""
+        launched: dict[str, Subagent] = {}
+        for event in await self.store.subagent_events(live.session_id):
+            payload = event["payload"]
+            subagent_id = payload.get("subagent_id")
+            if payload.get("dispatch") != "remote" or not isinstance(subagent_id, str):
+                continue
+            if event["event_type"] == "session.subagent.start":
+                launched[subagent_id] = Subagent(
+                    subagent_id, str(payload.get("harness")), str(payload.get("model")),
+                    launched_by=event["client_key_id"] or "", host=host,
+                )
+            elif event["event_type"] != "session.subagent.running":
+                launched.pop(subagent_id, None)  # it ended
+        for subagent_id, entry in launched.items():
+            if subagent_id in command_ids:
+                live.subagents.entries[subagent_id] = entry
+                live.tasks.spawn(subagent_calls.watch(self, live, entry), name=f"subagent:{subagent_id}")
+                log.info("re-attached subagent %s of session %s", subagent_id, live.session_id)
 
     async def stop(self) -> None:
-        """Last shutdown phase: tear every live session down, so no sandbox outlives this replica."""
+        """Last shutdown phase: drop every session's live state. Sandboxes and subagents keep
+        running on their hosts; the next start takes them back (`reconcile`)."""
         if self.sandbox_discovery is not None:
             await self.sandbox_discovery.close()
         while self.sessions:
             _, live = self.sessions.popitem()
-            await self._teardown(live, None)
+            await self._teardown(live, None, closing=False)
         if self.sandboxes is not None:
             await self.sandboxes.close()

@@ -9,7 +9,6 @@ here, inside the turn, without pausing.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -21,6 +20,8 @@ from services.session.remote.mcp import McpSessionConnections
 if TYPE_CHECKING:  # turn imports this module; the annotation alone needs Turn
     from services.session.engine.turn import Turn
 from services.session.engine.sandbox_calls import dispatch_sandbox_tool
+from services.session.engine.subagent_calls import dispatch_subagent_tool
+from services.session.engine.subagents import STATUS_TOOL_DEFINITION
 from services.session.engine.spans import DispatchTrace, mcp_call_span, mcp_call_failed, open_dispatch
 
 
@@ -38,14 +39,17 @@ class ActingTools:
     sandbox: list[dict]
     subagent: list[dict]
     mcp: McpSessionConnections | None
+    # Whether the session tracks remote subagents: the status tool is offered then (§11.4).
+    status_tool: bool = False
 
     @classmethod
-    def of(cls, session, actor: str, mcp) -> "ActingTools":
+    def of(cls, session, actor: str, mcp, *, status_tool: bool = False) -> "ActingTools":
         return cls(
             client=session.client_tools.get(actor, []),
             sandbox=session.sandbox_tools.get(actor, []),
             subagent=session.subagent_tools.get(actor, []),
             mcp=mcp,
+            status_tool=status_tool,
         )
 
     def advertised(self) -> list[dict]:
@@ -60,6 +64,8 @@ class ActingTools:
                 for t in self.mcp.tools
                 if t.name not in declared
             ]
+        if self.status_tool:
+            tools.append(STATUS_TOOL_DEFINITION)
         return tools
 
     def classify(self, name: str) -> Dispatch:
@@ -113,7 +119,7 @@ async def dispatch_server_tools(turn: Turn, calls: list[tuple[dict, Dispatch]], 
         results = []
         for (block, kind), traced in zip(calls, traces):
             with traced.active():
-                results.append(await _answer(turn, block, kind, pending_mcp))
+                results.append(await _answer(turn, block, kind, pending_mcp, declared))
             traced.answered(results[-1])
         return results
     finally:
@@ -124,7 +130,9 @@ async def dispatch_server_tools(turn: Turn, calls: list[tuple[dict, Dispatch]], 
             traced.abandoned()
 
 
-async def _answer(turn: Turn, block: dict, kind: Dispatch, pending_mcp: Iterator[asyncio.Task]) -> dict:
+async def _answer(
+    turn: Turn, block: dict, kind: Dispatch, pending_mcp: Iterator[asyncio.Task], declared: ActingTools
+) -> dict:
     """Record one server-side block's outcome; its tool_result block. MCP calls are taken in order."""
     if kind == Dispatch.MCP:
         response, result = await next(pending_mcp)
@@ -132,12 +140,7 @@ async def _answer(turn: Turn, block: dict, kind: Dispatch, pending_mcp: Iterator
         return _as_result_block(result)
     if kind == Dispatch.SANDBOX:
         return await dispatch_sandbox_tool(turn, block)
-    result = error_result(block["id"], json.dumps({"error": "remote subagents are not available on this server"}))
-    await turn.emit(
-        [("tool.result", {"tool_use_id": block["id"], "dispatch": "subagent", "is_error": True,
-                          "content": result["content"]})]
-    )
-    return result
+    return await dispatch_subagent_tool(turn, block, declared)
 
 
 def _as_result_block(event_payload: dict) -> dict:

@@ -115,7 +115,7 @@ class Turn:
             if iteration:  # re-read: updateClientTools applies from the next provider call
                 session = await self.runtime.store.get_session(self.session_id) or session
             mcp = await self.runtime.ensure_mcp(self.live, profile)
-            declared = toolset.ActingTools.of(session, self.actor, mcp)
+            declared = toolset.ActingTools.of(session, self.actor, mcp, status_tool=bool(self.live.subagents.entries))
             result = await self.step(profile, self.live.loaded_history.messages_json(extensions), declared.advertised())
             if result.outcome != runner_pb2.StepResult.OK:
                 payload: dict[str, Any]

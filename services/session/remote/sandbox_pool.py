@@ -85,7 +85,9 @@ class SandboxPool:
         rpc_timeout: float,
         plane: InternalPlane,
         *,
-        exec_timeout: float = 300.0,
+        # Bounds an Exec call whose host stopped answering; the host enforces the real
+        # exec timeout (BAE_SANDBOX_EXEC_TIMEOUT), which may be set far above the default.
+        exec_timeout: float = 86_400.0,
         pull_timeout: float = 600.0,
         poll_interval: float = 2.0,
         host_wait: float = 30.0,
@@ -251,12 +253,15 @@ class SandboxPool:
         assert last is not None
         raise last
 
-    async def exec(self, handle: SandboxHandle, command: str, timeout: float | None = None) -> ExecResult:
+    async def exec(self, handle: SandboxHandle, command: str) -> ExecResult:
+        """Run one command; the host applies its own exec timeout (BAE_SANDBOX_EXEC_TIMEOUT).
+
+        The call's deadline only bounds a host that stops answering.
+        """
         host = self._host_of(handle)
-        seconds = timeout or self._exec_timeout
-        request = sandbox_pb2.ExecRequest(sandbox_id=handle.sandbox_id, command=command, timeout_seconds=seconds)
+        request = sandbox_pb2.ExecRequest(sandbox_id=handle.sandbox_id, command=command, timeout_seconds=0)
         with self.idle.using(handle):
-            reply = await self._call(host, "Exec", request, seconds + self._rpc_timeout)
+            reply = await self._call(host, "Exec", request, self._exec_timeout + self._rpc_timeout)
         return ExecResult(stdout=reply.stdout, stderr=reply.stderr, exit_code=reply.exit_code)
 
     async def stop(self, handle: SandboxHandle) -> None:
@@ -267,6 +272,56 @@ class SandboxPool:
             host.running = max(host.running - 1, 0)
         host = self._host_of(handle)
         await self._call(host, "Stop", sandbox_pb2.StopRequest(sandbox_id=handle.sandbox_id), self._rpc_timeout)
+
+    # -- background commands (subagents) --------------------------------------------------------
+
+    async def start_command(
+        self, handle: SandboxHandle, command_id: str, command: str, *, stdin: bytes, timeout: float, output_limit: int
+    ) -> sandbox_pb2.CommandStatus:
+        request = sandbox_pb2.StartCommandRequest(
+            sandbox_id=handle.sandbox_id,
+            command_id=command_id,
+            command=command,
+            stdin=stdin,
+            timeout_seconds=timeout,
+            output_limit_bytes=output_limit,
+        )
+        return await self._call(self._host_of(handle), "StartCommand", request, self._rpc_timeout)
+
+    async def wait_command(self, host: str, command_id: str, wait: float) -> sandbox_pb2.CommandStatus:
+        """The command's state once it ended, or after `wait` seconds; its whole kept output."""
+        request = sandbox_pb2.WaitCommandRequest(command_id=command_id, wait_seconds=wait)
+        return await self._call(self._address(host), "WaitCommand", request, wait + self._rpc_timeout)
+
+    async def kill_command(self, host: str, command_id: str) -> sandbox_pb2.CommandStatus:
+        request = sandbox_pb2.KillCommandRequest(command_id=command_id)
+        return await self._call(self._address(host), "KillCommand", request, self._rpc_timeout)
+
+    async def inventory(self) -> list[tuple[str, list[sandbox_pb2.SandboxInfo], list[sandbox_pb2.CommandStatus]]]:
+        """Each reachable host's sandboxes and background commands (reconciliation at start-up)."""
+        found = []
+        for host in await self._healthy():
+            try:
+                sandboxes = await self._call(host, "List", sandbox_pb2.ListRequest(), self._rpc_timeout)
+                commands = await self._call(host, "ListCommands", sandbox_pb2.ListCommandsRequest(), self._rpc_timeout)
+            except SandboxError as exc:
+                log.warning("sandbox host %s: inventory failed: %s", host.address, exc.detail)
+                continue
+            found.append((host.address, list(sandboxes.sandboxes), list(commands.commands)))
+        return found
+
+    def adopt(self, session_id: str, handle: SandboxHandle) -> None:
+        """Count a sandbox found running on a host as placed (reconciliation)."""
+        host = self._hosts.get(handle.host)
+        if host is not None:
+            host.running += 1
+        self.idle.started(session_id, handle)
+
+    def _address(self, address: str) -> _Host:
+        host = self._hosts.get(address)
+        if host is None:
+            raise SandboxError("the sandbox's host is no longer configured")
+        return host
 
     def running_counts(self) -> dict[str, int]:
         return {address: host.running for address, host in self._hosts.items()}

@@ -217,6 +217,22 @@ def server_tool_results(conn: Connection, session_id: str, tool_use_ids: list[st
     return found
 
 
+_SUBAGENT_EVENTS = (
+    select(*_EVENT_COLUMNS)
+    .where(
+        and_(
+            session_events.c.session_id == bindparam("session_id"),
+            session_events.c.event_type.like("session.subagent.%"),
+        )
+    )
+    .order_by(session_events.c.seq)
+)
+
+
+def subagent_rows(conn: Connection, session_id: str) -> list[Row]:
+    return list(conn.execute(_SUBAGENT_EVENTS, {"session_id": session_id}))
+
+
 def page(conn: Connection, session_id: str, after_seq: int, limit: int) -> list[Row]:
     return list(conn.execute(_PAGE, {"session_id": session_id, "after": after_seq, "limit": limit}))
 

@@ -185,6 +185,11 @@ class Store:
     async def server_tool_results(self, session_id: str, tool_use_ids: list[str]) -> dict[str, dict]:
         return await self.read(events.server_tool_results, session_id, tool_use_ids)
 
+    async def subagent_events(self, session_id: str) -> list[events.EventView]:
+        """The session's `session.subagent.*` events, in order."""
+        rows = await self.read(events.subagent_rows, session_id)
+        return [events.event_view(row) for row in rows]
+
     async def latest_turn_usage(self, session_id: str) -> dict | None:
         return await self.read(events.latest_turn_usage, session_id)
 
