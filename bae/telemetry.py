@@ -205,10 +205,9 @@ def start(config: TelemetryConfig, role: str, env: Mapping[str, str] | None = No
     )
     meter_provider = scrape_reader = None
     if metrics_on:  # metrics first, then traces (TELEMETRY §2.2)
+        headers = _headers(config, env)
         try:
-            exporter = _MetricExporter(health, _headers(config, env), **options)
-        except UsageError:
-            raise
+            exporter = _MetricExporter(health, headers, **options)
         except Exception as exc:
             raise UsageError(f"telemetry initialization failed: OTLP metric exporter: {exc}") from None
         scrape_reader = InMemoryMetricReader()
@@ -228,10 +227,9 @@ def start(config: TelemetryConfig, role: str, env: Mapping[str, str] | None = No
         log.info("telemetry: OTLP metric export enabled (endpoint=%s)", endpoint)
     tracer_provider = None
     if traces_on and spans_allowed(env.get("BAE_OTEL_LOG")):
+        headers = _headers(config, env)
         try:
-            span_exporter = _SpanExporter(health, _headers(config, env), **options)
-        except UsageError:
-            raise
+            span_exporter = _SpanExporter(health, headers, **options)
         except Exception as exc:
             raise UsageError(f"telemetry initialization failed: OTLP span exporter: {exc}") from None
         tracer_provider = TracerProvider(
