@@ -12,6 +12,8 @@ from bae.errors import UsageError
 from bae.settings import Settings, is_truthy
 
 _MEMORY = re.compile(r"^[0-9]+[bkmg]?$")
+# Both streams of one capped output must fit in a gRPC message (64 MiB, bae/grpcutil.py).
+MAX_OUTPUT_LIMIT = 16 * 1024 * 1024
 N = TypeVar("N", int, float)
 
 
@@ -28,6 +30,8 @@ class SandboxConfig:
     # Root filesystem read-only; the workspace and /tmp are then writable tmpfs mounts.
     read_only: bool
     exec_timeout: float
+    # Bytes kept of each output stream of a command; the rest is counted, not kept.
+    output_limit: int
     health_interval: float
 
 
@@ -40,6 +44,13 @@ def _positive(env: Mapping[str, str], var: str, default: str, kind: Callable[[st
     if number <= 0:
         raise UsageError(f'{var}: "{value}" is not a positive number')
     return number
+
+
+def _output_limit(env: Mapping[str, str]) -> int:
+    limit = _positive(env, "BAE_SANDBOX_OUTPUT_LIMIT", "1048576", int)
+    if limit > MAX_OUTPUT_LIMIT:
+        raise UsageError(f'BAE_SANDBOX_OUTPUT_LIMIT: "{limit}" is more than {MAX_OUTPUT_LIMIT} bytes (16 MiB)')
+    return limit
 
 
 def load_sandbox_config(settings: Settings, env: Mapping[str, str] | None = None) -> SandboxConfig:
@@ -66,5 +77,6 @@ def load_sandbox_config(settings: Settings, env: Mapping[str, str] | None = None
         network=network,
         read_only=is_truthy(get("BAE_SANDBOX_READ_ONLY")),
         exec_timeout=_positive(env, "BAE_SANDBOX_EXEC_TIMEOUT", "300", float),
+        output_limit=_output_limit(env),
         health_interval=_positive(env, "BAE_SANDBOX_HEALTH_INTERVAL", "2", float),
     )

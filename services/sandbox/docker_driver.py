@@ -3,7 +3,10 @@
 The SDK is synchronous, so every call runs on a dedicated thread pool and the
 event loop never blocks. Two clients: `_control` has a bounded read timeout
 for quick calls; `_long` has none, for exec output that may be silent for
-minutes (our own deadline bounds it instead).
+minutes (our own deadline bounds it instead). A command's output is read from
+the exec's attached socket as it comes and kept up to the output limit, so a
+command printing gigabytes costs the host no more memory than one printing a line.
+Each background command has a thread of its own that follows it to its end.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import socket
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
@@ -20,7 +25,9 @@ import docker
 import docker.errors
 import grpc
 import requests
+from docker.utils.socket import STDERR, frames_iter
 
+from services.sandbox.commands import Command
 from services.sandbox.config import SandboxConfig
 from services.sandbox.driver import (
     LABEL_HOST,
@@ -30,6 +37,7 @@ from services.sandbox.driver import (
     SandboxFailure,
     SandboxInfo,
 )
+from services.sandbox.output import CappedOutput
 
 log = logging.getLogger("bae.sandbox")
 
@@ -68,6 +76,44 @@ done
 exit 0
 """
 KILL_TIMEOUT = 10.0
+# The engine may close an exec's streams a moment before it records the exit code.
+EXIT_CODE_TRIES = 50
+EXIT_CODE_PAUSE = 0.02
+
+
+def _marker(token: str) -> str:
+    return f"{EXEC_MARKER}={token}"
+
+
+def _feed(raw: socket.socket, data: bytes) -> None:
+    """A command's stdin: write it all, then close our side so the command reads its end."""
+    try:
+        raw.sendall(data)
+        raw.shutdown(socket.SHUT_WR)
+    except OSError:  # the command ended without reading all of it
+        pass
+
+
+def _drain(attached, stdout: CappedOutput, stderr: CappedOutput) -> None:
+    """Read an exec's multiplexed output until it closes, each chunk into its stream."""
+    try:
+        for stream, data in frames_iter(attached, tty=False):
+            (stderr if stream == STDERR else stdout).append(data)
+    finally:
+        raw = getattr(attached, "_sock", attached)  # closing a SocketIO forgets its socket
+        attached.close()
+        raw.close()
+
+
+def _exit_code(api, exec_id: str) -> int:
+    """The exec's exit code; -1 when the engine has none to give."""
+    for _ in range(EXIT_CODE_TRIES):
+        info = api.exec_inspect(exec_id)
+        if not info.get("Running"):
+            break
+        time.sleep(EXIT_CODE_PAUSE)
+    code = info.get("ExitCode")
+    return -1 if code is None else int(code)
 
 
 class DockerDriver:
@@ -226,41 +272,97 @@ class DockerDriver:
         log.info("started sandbox %s (image %s) for session %s", sandbox_id[:12], image, session_id)
         return sandbox_id
 
-    async def exec(self, sandbox_id: str, command: str, timeout: float) -> ExecOutput:
-        api = await self._ready_api()
-        marker = f"{EXEC_MARKER}={uuid.uuid4().hex}"
+    async def _create_exec(self, api, sandbox_id: str, command: str, token: str, stdin: bool) -> str:
         try:
-            exec_id = (
-                await self._engine(api.exec_create, sandbox_id, ["sh", "-c", command], environment=[marker])
-            )["Id"]
+            created = await self._engine(
+                api.exec_create, sandbox_id, ["sh", "-c", command], environment=[_marker(token)], stdin=stdin
+            )
         except docker.errors.NotFound:
             raise SandboxFailure(grpc.StatusCode.NOT_FOUND, f"no such sandbox: {sandbox_id}") from None
         except docker.errors.APIError as exc:
             raise SandboxFailure(grpc.StatusCode.FAILED_PRECONDITION, f"cannot exec in sandbox: {_explain(exc)}") from None
-        output = self._engine((await self._long_api()).exec_start, exec_id, demux=True)
+        return created["Id"]
+
+    async def _attach(self, exec_id: str, stdin: bytes | None):
+        """Start the exec and return its attached socket; `stdin` (None: not attached) is written, then closed."""
+        api = await self._long_api()
+
+        def attach():
+            attached = api.exec_start(exec_id, socket=True)
+            if stdin is not None:
+                raw = getattr(attached, "_sock", attached)
+                # Written beside the reads: a command may print before it reads its input.
+                threading.Thread(target=_feed, args=(raw, stdin), name="docker-stdin", daemon=True).start()
+            return attached
+
         try:
-            stdout, stderr = await asyncio.wait_for(output, timeout)
+            return await self._engine(attach)
+        except docker.errors.APIError as exc:
+            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {_explain(exc)}") from None
+
+    async def exec(self, sandbox_id: str, command: str, timeout: float) -> ExecOutput:
+        api = await self._ready_api()
+        token = uuid.uuid4().hex
+        exec_id = await self._create_exec(api, sandbox_id, command, token, stdin=False)
+        limit = self._config.output_limit
+        stdout, stderr = CappedOutput(limit), CappedOutput(limit)
+
+        async def run() -> None:
+            await self._engine(_drain, await self._attach(exec_id, None), stdout, stderr)
+
+        try:
+            await asyncio.wait_for(run(), timeout)
         except TimeoutError:
-            await self._kill_marked(api, sandbox_id, marker)
+            await self._kill_marked(api, sandbox_id, token)
             raise SandboxFailure(
                 grpc.StatusCode.DEADLINE_EXCEEDED, f"command timed out after {timeout:g}s"
             ) from None
+        except OSError as exc:
+            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {exc}") from None
+        try:
+            exit_code = await self._engine(_exit_code, api, exec_id)
         except docker.errors.APIError as exc:
             raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {_explain(exc)}") from None
-        exit_code = (await self._engine(api.exec_inspect, exec_id))["ExitCode"]
         return ExecOutput(
-            stdout=(stdout or b"").decode("utf-8", "replace"),
-            stderr=(stderr or b"").decode("utf-8", "replace"),
-            exit_code=int(exit_code if exit_code is not None else -1),
+            stdout=stdout.text(),
+            stderr=stderr.text(),
+            exit_code=exit_code,
+            stdout_truncated=stdout.truncated,
+            stderr_truncated=stderr.truncated,
         )
 
-    async def _kill_marked(self, api, sandbox_id: str, marker: str) -> None:
-        """Kill a timed-out command and its children so they stop using the sandbox."""
+    async def spawn(self, command: Command, script: str, stdin: bytes) -> None:
+        api = await self._ready_api()
+        exec_id = await self._create_exec(api, command.sandbox_id, script, command.token, stdin=True)
+        attached = await self._attach(exec_id, stdin)
+        threading.Thread(
+            target=self._follow, args=(api, command, exec_id, attached), name="docker-command", daemon=True
+        ).start()
+
+    @staticmethod
+    def _follow(api, command: Command, exec_id: str, attached) -> None:
+        """A command's own thread: collect its output until its streams close, then record how it ended."""
+        exit_code, failure = -1, None
         try:
-            killer = (await self._engine(api.exec_create, sandbox_id, ["sh", "-c", KILL_MARKED, "sh", marker]))["Id"]
-            await asyncio.wait_for(self._engine(api.exec_start, killer), KILL_TIMEOUT)
+            _drain(attached, command.stdout, command.stderr)
+            exit_code = _exit_code(api, exec_id)
+        except docker.errors.NotFound:
+            failure = "the sandbox is gone"
+        except Exception as exc:  # any socket or engine error: the command can no longer be followed
+            log.warning("lost background command %s in sandbox %s: %s", command.command_id, command.sandbox_id[:12], exc)
+            failure = f"lost the command: {exc}"
+        command.ended(exit_code, failure)
+
+    async def kill(self, command: Command) -> None:
+        await self._kill_marked(await self._ready_api(), command.sandbox_id, command.token)
+
+    async def _kill_marked(self, api, sandbox_id: str, token: str) -> None:
+        """Kill a command and its children (timed out, or killed) so they stop using the sandbox."""
+        try:
+            killer = await self._engine(api.exec_create, sandbox_id, ["sh", "-c", KILL_MARKED, "sh", _marker(token)])
+            await asyncio.wait_for(self._engine(api.exec_start, killer["Id"]), KILL_TIMEOUT)
         except (SandboxFailure, docker.errors.APIError, TimeoutError) as exc:
-            log.warning("could not kill a timed-out command in sandbox %s (%s); it runs until the sandbox stops",
+            log.warning("could not kill a command in sandbox %s (%s); it runs until the sandbox stops",
                         sandbox_id[:12], exc)
 
     async def stop(self, sandbox_id: str) -> bool:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
+
+if TYPE_CHECKING:
+    from services.sandbox.commands import Command
 
 LABEL_SANDBOX = "bae.sandbox"
 LABEL_SESSION = "bae.session_id"
@@ -23,9 +26,12 @@ class SandboxFailure(Exception):
 
 @dataclass(frozen=True)
 class ExecOutput:
+    # Each capped at the host's output limit; a cut one ends with a marker line.
     stdout: str
     stderr: str
     exit_code: int
+    stdout_truncated: bool
+    stderr_truncated: bool
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,15 @@ class Driver(Protocol):
         """Start a sandbox; returns its id."""
 
     async def exec(self, sandbox_id: str, command: str, timeout: float) -> ExecOutput: ...
+
+    async def spawn(self, command: Command, script: str, stdin: bytes) -> None:
+        """Start `sh -c script` as a background command, `stdin` written to it then closed.
+
+        Returns once it runs; its output and end are then reported to `command` from another thread.
+        """
+
+    async def kill(self, command: Command) -> None:
+        """Kill the command and every process it started."""
 
     async def stop(self, sandbox_id: str) -> bool:
         """Stop and remove; False when it was already gone."""
@@ -83,6 +98,12 @@ class UnsupportedDriver:
         raise self._failure
 
     async def exec(self, sandbox_id: str, command: str, timeout: float) -> ExecOutput:
+        raise self._failure
+
+    async def spawn(self, command: Command, script: str, stdin: bytes) -> None:
+        raise self._failure
+
+    async def kill(self, command: Command) -> None:
         raise self._failure
 
     async def stop(self, sandbox_id: str) -> bool:

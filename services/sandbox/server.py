@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 import grpc
 from grpc_health.v1 import health, health_pb2
@@ -11,6 +12,7 @@ from grpc_health.v1 import health, health_pb2
 from bae.grpcutil import serve
 from bae.internal import InternalPlane
 from bae.protos import sandbox_pb2, sandbox_pb2_grpc
+from services.sandbox.commands import COMMAND_ID_LIMIT, BackgroundCommands, Command
 from services.sandbox.config import SandboxConfig
 from services.sandbox.driver import Driver, SandboxFailure
 from services.sandbox.images import ImageAllowlist
@@ -21,11 +23,28 @@ log = logging.getLogger("bae.sandbox")
 SERVICE_NAME = sandbox_pb2.DESCRIPTOR.services_by_name["Sandbox"].full_name
 
 
+def command_status(command: Command, stdout_offset: int = 0, stderr_offset: int = 0,
+                   output: bool = True) -> sandbox_pb2.CommandStatus:
+    """The command's status; with `output`, its kept output from the offsets."""
+    return sandbox_pb2.CommandStatus(
+        command_id=command.command_id,
+        sandbox_id=command.sandbox_id,
+        state=sandbox_pb2.CommandStatus.State.Value(command.state.value),
+        exit_code=command.exit_code,
+        stdout=command.stdout.read(stdout_offset) if output else b"",
+        stderr=command.stderr.read(stderr_offset) if output else b"",
+        stdout_truncated=command.stdout.truncated,
+        stderr_truncated=command.stderr.truncated,
+        detail=command.detail,
+    )
+
+
 class SandboxService(sandbox_pb2_grpc.SandboxServicer):
     def __init__(self, driver: Driver, config: SandboxConfig) -> None:
         self._driver = driver
         self._config = config
         self._images = ImageAllowlist()
+        self._commands = BackgroundCommands(driver, config.output_limit)
 
     async def _call(self, context: grpc.aio.ServicerContext, operation):
         try:
@@ -61,10 +80,14 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
         sandbox_id = await self._call(context, self._driver.start(request.session_id, request.image))
         return sandbox_pb2.StartResponse(sandbox_id=sandbox_id, host_id=self._config.host_id)
 
+    @staticmethod
+    async def _seconds(context: grpc.aio.ServicerContext, name: str, value: float) -> float:
+        if not math.isfinite(value) or value < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name} must not be negative")
+        return value
+
     async def Exec(self, request, context):
-        if request.timeout_seconds < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "timeout_seconds must not be negative")
-        timeout = request.timeout_seconds or self._config.exec_timeout
+        timeout = await self._seconds(context, "timeout_seconds", request.timeout_seconds) or self._config.exec_timeout
         span = start_exec()
         try:
             output = await self._call(context, self._driver.exec(request.sandbox_id, request.command, timeout))
@@ -72,11 +95,45 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
             end_exec(span, None)
             raise
         end_exec(span, output.exit_code)
-        return sandbox_pb2.ExecResponse(stdout=output.stdout, stderr=output.stderr, exit_code=output.exit_code)
+        return sandbox_pb2.ExecResponse(
+            stdout=output.stdout,
+            stderr=output.stderr,
+            exit_code=output.exit_code,
+            stdout_truncated=output.stdout_truncated,
+            stderr_truncated=output.stderr_truncated,
+        )
 
     async def Stop(self, request, context):
-        was_running = await self._call(context, self._driver.stop(request.sandbox_id))
+        was_running = await self._call(context, self._commands.stop_sandbox(request.sandbox_id))
         return sandbox_pb2.StopResponse(was_running=was_running)
+
+    async def StartCommand(self, request, context):
+        if not request.command_id or len(request.command_id) > COMMAND_ID_LIMIT:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"command_id must be 1 to {COMMAND_ID_LIMIT} characters"
+            )
+        if not request.sandbox_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing sandbox_id")
+        timeout = await self._seconds(context, "timeout_seconds", request.timeout_seconds)
+        command = await self._call(context, self._commands.start(
+            request.sandbox_id, request.command_id, request.command, request.stdin, timeout,
+            request.output_limit_bytes,
+        ))
+        return command_status(command)
+
+    async def WaitCommand(self, request, context):
+        seconds = await self._seconds(context, "wait_seconds", request.wait_seconds)
+        command = await self._call(context, self._commands.wait(request.command_id, seconds))
+        return command_status(command, request.stdout_offset, request.stderr_offset)
+
+    async def KillCommand(self, request, context):
+        command = await self._call(context, self._commands.kill(request.command_id))
+        return command_status(command)
+
+    async def ListCommands(self, request, context):
+        return sandbox_pb2.ListCommandsResponse(
+            commands=[command_status(command, output=False) for command in self._commands.list()]
+        )
 
     async def List(self, request, context):
         sandboxes = await self._call(context, self._driver.list())
