@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import uuid
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -72,6 +73,10 @@ HISTOGRAMS = {
 # The RegisterDriver reply's trailer naming the session's `bae.session` span, which the
 # gateway links the registration's request span to.
 SESSION_TRACEPARENT_KEY = "bae-session-traceparent"
+
+# The tool a dispatch span runs, sent with the calls made under it (a sandbox exec names it).
+TOOL_NAME_KEY = "bae-tool-name"
+tool_name: ContextVar[str | None] = ContextVar("bae_tool_name", default=None)
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _LEVELS = {"trace": 0, "debug": 1, "info": 2, "warn": 3, "warning": 3, "error": 4, "off": 5}
@@ -342,13 +347,17 @@ def inject(metadata: list[tuple[str, str]]) -> None:
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier)
     metadata.extend(carrier.items())
+    if (tool := tool_name.get()) is not None:
+        metadata.append((TOOL_NAME_KEY, tool))
 
 
 def attach_incoming(metadata: Sequence[tuple[str, str | bytes]] | None) -> None:
     """Make an incoming call's W3C context (if valid) the parent of what this call's task opens."""
     if tracer is None or not metadata:
         return
-    carrier = {key: value for key, value in metadata if key in ("traceparent", "tracestate")}
+    carrier = {key: value for key, value in metadata if key in ("traceparent", "tracestate", TOOL_NAME_KEY)}
+    if (tool := carrier.pop(TOOL_NAME_KEY, None)) is not None and isinstance(tool, str):
+        tool_name.set(tool)
     if carrier:
         otel_context.attach(_PROPAGATOR.extract(carrier))
 

@@ -12,7 +12,11 @@ from bae import telemetry
 
 
 def start_exec() -> Span | None:
-    return telemetry.tracer.start_span("bae.sandbox.exec") if telemetry.tracer is not None else None
+    """Named after the tool whose dispatch ran the command, when one did (not `execRemoteSandbox`)."""
+    if telemetry.tracer is None:
+        return None
+    tool = telemetry.tool_name.get()
+    return telemetry.tracer.start_span("bae.sandbox.exec", attributes={"bae.tool.name": tool} if tool else None)
 
 
 def end_exec(span: Span | None, exit_code: int | None) -> None:

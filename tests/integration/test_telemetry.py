@@ -205,7 +205,7 @@ def test_sandbox_exec_span(start_stack, mock: MockLLM, receiver: OtlpReceiver) -
     exec_span = one(spans, "bae.sandbox.exec")
     dispatch = one(spans, "bae.tool.dispatch")
     assert exec_span.service.endswith("-sandbox") and exec_span.parent_id == dispatch.span_id
-    assert exec_span.attributes == {"bae.sandbox.exit_code": 3}
+    assert exec_span.attributes == {"bae.tool.name": "sh", "bae.sandbox.exit_code": 3}
     assert exec_span.span.status.message == "non-zero exit code"
     assert dispatch.parent_id == one(spans, "bae.turn").span_id
     assert dispatch.attributes["bae.tool.dispatch"] == "sandbox"

@@ -153,12 +153,19 @@ class DispatchTrace:
     """One `tool_use` block's dispatch: its span (None when tracing is off) and when handling began."""
 
     kind: Dispatch
+    tool: str
     span: Span | None
     started: float = field(default_factory=time.perf_counter)
 
-    def active(self) -> ContextManager[object]:
-        """The dispatch span as current: a sandbox exec it causes is its child."""
-        return _active(self.span)
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """The dispatch span as current: a sandbox exec it causes is its child and names the tool."""
+        token = telemetry.tool_name.set(self.tool)
+        try:
+            with _active(self.span):
+                yield
+        finally:
+            telemetry.tool_name.reset(token)
 
     def answered(self, result: dict) -> None:
         """The block's `tool.result` is written; `result` is its tool_result block."""
@@ -181,19 +188,20 @@ class DispatchTrace:
 def open_dispatch(block: dict, kind: Dispatch) -> DispatchTrace:
     """Opened after all of the step's `tool.call` events; a client block's span ends at once."""
     telemetry.count(TOOL_CALLS, {"dispatch": str(kind)})
+    tool = str(block.get("name"))
     span = None
     if telemetry.tracer is not None:
         span = telemetry.tracer.start_span(
             "bae.tool.dispatch",
             attributes={
-                "bae.tool.name": str(block.get("name")),
+                "bae.tool.name": tool,
                 "bae.tool.dispatch": str(kind),
                 "bae.tool.input.bytes": _json_bytes(block.get("input", {})),
             },
         )
         if kind == Dispatch.CLIENT:
             span.end()
-    return DispatchTrace(kind, span)
+    return DispatchTrace(kind, tool, span)
 
 
 @contextmanager
