@@ -20,7 +20,7 @@ import pytest
 
 from conftest import RunningStack, free_port, mock_provider_toml
 from docker_support import TEST_IMAGE, require_docker
-from live import declared, new_session, register, result, rpc, send
+from live import declared, join, new_session, register, result, rpc, send
 from mcp_support import TOOLS_SERVER
 from mockllm import MockLLM, Reply
 from otlp_receiver import OtlpReceiver, Point, ReceivedSpan
@@ -327,6 +327,18 @@ def test_metric_values_after_a_known_workload(start_stack, mock: MockLLM, receiv
     assert "bae_sessions_open 1.0" in text
     assert sid not in text and profile["id"] not in text
 
+    # A second driver, and a turn paused on a client tool: scraped at once.
+    second = join(stack, sid, profile)
+    register(stack, sid, second)
+    mock.enqueue(Reply.tool_use([("tu_1", "get_time", {})]))
+    assert result(send(stack, sid, skey, "what time is it"))["message"]["content"][0]["name"] == "get_time"
+    text = stack.admin.get("/metrics").text
+    for line in ("bae_drivers_registered 2.0", "bae_turns_pending 1.0", 'bae_tool_calls_total{dispatch="client"} 1.0',
+                 'bae_turns_completed_total{outcome="paused"} 1.0', 'bae_turns_completed_total{outcome="completed"} 3.0'):
+        assert line in text, text
+    assert "bae_tool_latency" not in text  # client tools are never timed
+    assert second not in text and skey not in text
+
 
 def test_metrics_disabled_drops_only_the_named_instruments(
     start_stack, mock: MockLLM, receiver: OtlpReceiver
@@ -443,6 +455,7 @@ def test_access_log_text(start_stack, mock: MockLLM) -> None:
     assert f"session_id={sid} request_id=req-abc.1" in turn
     missing = next(line for line in lines if "status=404" in line)
     assert "method=GET route=- status=404" in missing and "session_id" not in missing
+    assert stack.admin.get("/metrics").status_code == 404  # telemetry is off
     # The request id reached the runner, whose warning about the failed attempt names it.
     runner_log = (stack.tmp / "logs" / "runner.log").read_text()
     assert any("attempt 0 failed" in line and "request_id=req-abc.1" in line for line in runner_log.splitlines())
