@@ -126,3 +126,39 @@ class SandboxHostProcess(ServiceProcess):
         """terminate(), then remove whatever the host left behind."""
         self.terminate()
         remove_containers(self.label)
+
+
+HARNESS_IMAGE = "bae-harness:test"
+HARNESS_SCRIPT = Path(__file__).parent / "harness" / "fake-harness"
+
+
+def ensure_harness_image() -> str:
+    """TEST_IMAGE plus /bin/fake-harness (the subagent tests' CLI), built once from local images."""
+    import io
+    import tarfile
+
+    import docker.errors
+
+    client = docker_client()
+    try:
+        try:
+            client.images.get(HARNESS_IMAGE)
+            return HARNESS_IMAGE
+        except docker.errors.ImageNotFound:
+            pass
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            data = HARNESS_SCRIPT.read_bytes()
+            info = tarfile.TarInfo("fake-harness")
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+        container = client.containers.create(TEST_IMAGE, ["true"])
+        try:
+            container.put_archive("/bin", archive.getvalue())
+            repository, tag = HARNESS_IMAGE.split(":")
+            container.commit(repository, tag)
+        finally:
+            container.remove(force=True)
+        return HARNESS_IMAGE
+    finally:
+        client.close()
