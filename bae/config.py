@@ -231,6 +231,12 @@ def _bool(table: dict[str, Any], key: str, where: str, default: bool) -> bool:
     return value
 
 
+def _required_string(table: dict[str, Any], key: str, where: str) -> str:
+    value = _string(table, key, where, required=True)
+    assert value is not None  # _string raised for a missing required field
+    return value
+
+
 def _string_list(table: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
     value = table.get(key, [])
     if not isinstance(value, list):
@@ -270,7 +276,7 @@ def _parse_mcp(section: Any) -> tuple[McpServer, ...]:
         _reject_unknown(entry, ("name", "transport", "command", "args", "url", "headers", "env"), where)
         servers.append(
             McpServer(
-                name=_string(entry, "name", where, required=True),
+                name=_required_string(entry, "name", where),
                 transport=_choice(entry, "transport", where, MCP_TRANSPORTS),
                 command=_string(entry, "command", where),
                 args=_string_list(entry, "args", where),
@@ -292,10 +298,10 @@ def _parse_providers(section: Any) -> tuple[ProviderEntry, ...]:
         where = f"providers.entries[{index}]"
         entries.append(
             ProviderEntry(
-                name=_string(entry, "name", where, required=True),
+                name=_required_string(entry, "name", where),
                 provider=_choice(entry, "provider", where, PROVIDER_KINDS),
-                model=_string(entry, "model", where, required=True),
-                auth_token=_string(entry, "auth_token", where, required=True),
+                model=_required_string(entry, "model", where),
+                auth_token=_required_string(entry, "auth_token", where),
                 base_url=_string(entry, "base_url", where),
                 max_tokens=_max_tokens(entry, where),
             )
@@ -380,7 +386,7 @@ def _is_http_url(text: str) -> bool:
         return False  # urlsplit tolerates these; no URL parser that dials out does
     try:
         parts = urllib.parse.urlsplit(text)
-        parts.port  # raises ValueError on a malformed port
+        _ = parts.port  # raises ValueError on a malformed port
     except ValueError:
         return False
     return parts.scheme in ("http", "https") and bool(parts.hostname)

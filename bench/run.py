@@ -190,7 +190,7 @@ async def bench_turns(stack: Stack, key: str, mock: MockProcess) -> None:
             per_session = max(300 // sessions, 10)
             all_samples: list[float] = []
 
-            async def drive(driver, sid, skey):
+            async def drive(driver, sid, skey, per_session=per_session, all_samples=all_samples):
                 for _ in range(per_session):
                     started = time.perf_counter()
                     await rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})

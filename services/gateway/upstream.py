@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import logging
 from dataclasses import dataclass
 
@@ -16,7 +18,12 @@ from bae.protos import session_pb2_grpc
 log = logging.getLogger("bae.gateway")
 
 
-def credentials(request: Request) -> dict[str, str | bool]:
+class Credentials(TypedDict):
+    authorization: str
+    has_authorization: bool
+
+
+def credentials(request: Request) -> Credentials:
     """The request's credentials as RestRequest/RpcRequest fields: the session service authenticates."""
     authorization = request.headers.get("authorization")
     return {"authorization": authorization or "", "has_authorization": authorization is not None}

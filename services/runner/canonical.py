@@ -7,7 +7,7 @@ Messages are `{"role", "content": string | block[]}`; blocks are `text`,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 # Engine-only routing fields on tool_use blocks; no provider ever sees them.
 ROUTING_FIELDS = ("dispatch", "caller")
@@ -79,6 +79,6 @@ def read_usage(
     return Usage(input_tokens + extra, output_tokens)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     """A JSON integer (bool is an int subclass in Python, but not in JSON)."""
     return isinstance(value, int) and not isinstance(value, bool)

@@ -69,7 +69,7 @@ class ProviderClients:
                 path,
                 cast_to=httpx2.Response,
                 content=dump(body).encode(),
-                options={"headers": headers},
+                options={"headers": headers},  # type: ignore[call-overload]  # RequestOptions is a TypedDict the SDK does not export
             )
         except (anthropic.APIStatusError, openai.APIStatusError) as error:
             return WireResponse(error.response.status_code, error.response.text)

@@ -133,7 +133,7 @@ def assistant_message(body: dict) -> Message:
     for call in message.get("tool_calls") or []:
         function = call.get("function") if isinstance(call, dict) else None
         name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(name, str) or not name:
+        if not isinstance(function, dict) or not isinstance(name, str) or not name:
             raise WireFormatError("provider tool call is missing function.name")
         blocks.append(
             {"type": "tool_use", "id": call.get("id"), "name": name, "input": _arguments(name, function)}

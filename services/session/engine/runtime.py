@@ -29,6 +29,7 @@ from services.session.engine.subagents import Subagent, SubagentTracker
 from services.session.engine.tasks import TaskOwner
 from services.session.remote.mcp import McpSessionConnections
 from services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery
+from services.session.remote.sandbox_idle import Handle as IdleHandle
 from services.session.remote.sandbox_idle import IdleWatch
 from services.session.remote.sandbox_pool import SandboxError, SandboxHandle, SandboxPool
 from services.session.store import Store
@@ -246,7 +247,7 @@ class SessionRuntime:
             except Exception:
                 log.exception("closing MCP connections of %s failed", live.session_id)
 
-    async def _stop_idle_sandbox(self, session_id: str, handle: SandboxHandle) -> None:
+    async def _stop_idle_sandbox(self, session_id: str, handle: IdleHandle) -> None:
         """BAE_SANDBOX_IDLE_TIMEOUT passed without a command: stop it as an explicit stop would."""
         live = self.sessions.get(session_id)
         if live is not None and live.sandbox is handle:

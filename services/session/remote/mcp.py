@@ -254,6 +254,7 @@ class _Connection:
 
     async def _open_stdio(self, stack: contextlib.AsyncExitStack, server: McpServer) -> tuple[Any, Any]:
         marker = uuid.uuid4().hex
+        assert server.command is not None  # config validation: a stdio server has a command
         parameters = StdioServerParameters(
             command=resolve_env(server.command, what=ENV_WHAT),
             args=[resolve_env(arg, what=ENV_WHAT) for arg in server.args],
@@ -263,7 +264,7 @@ class _Connection:
                 CONNECTION_MARKER_VAR: marker,
             },
         )
-        stderr = stack.enter_context(open(os.devnull, "w"))  # §9.2: child stderr is discarded
+        stderr = stack.enter_context(open(os.devnull, "w"))  # noqa: ASYNC230  # §9.2: child stderr is discarded; /dev/null never blocks
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SPAWN_RETRY_SECONDS
         while True:
@@ -285,6 +286,7 @@ class _Connection:
                 timeout=httpx2.Timeout(self._call_timeout, read=HTTP_STREAM_READ_TIMEOUT),
             )
         )
+        assert server.url is not None  # config validation: an http server has a url
         return await stack.enter_async_context(streamable_http_client(server.url, http_client=client))
 
     async def _handshake(self, session: ClientSession) -> list[McpTool]:
@@ -327,7 +329,8 @@ class _Connection:
         request = types.CallToolRequest(params=types.CallToolRequestParams(name=tool_name, arguments=arguments))
         try:
             # Kept verbatim: the engine reads content/isError with the spec's defaults.
-            raw = await self._bounded("tools/call", session.send_request(request, _RAW_RESULT))
+            # The SDK types result models only; the raw dict adapter is what keeps the result verbatim.
+            raw = await self._bounded("tools/call", session.send_request(request, _RAW_RESULT))  # type: ignore[type-var]
         except Exception as exc:
             return McpCallResult(ok=False, error=_describe(exc))
         return McpCallResult(ok=True, result=raw)

@@ -375,7 +375,8 @@ class SandboxPool:
         """At start-up the hosts may still be booting: give them `host_wait` seconds."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._host_wait
-        while not await self._healthy() and loop.time() < deadline:
+        # A health poll is the event waited for: nothing else announces a host coming up.
+        while not await self._healthy() and loop.time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(min(self._poll_interval, 0.5))
 
     def forget(self, profile_id: str) -> None:

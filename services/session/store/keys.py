@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Connection, Row, and_, bindparam, func, insert, select, update
 
 from bae.ids import new_id, new_token, token_digest
@@ -72,7 +74,7 @@ def insert_key(
     profile_id: str | None = None,
     client_id: str | None = None,
 ) -> KeyRecord:
-    row = {
+    row: dict[str, Any] = {
         "id": new_id("key_"),
         "name": name,
         "key_hash": key_hash,

@@ -68,7 +68,7 @@ def _name_taken(conn: Connection, name: str, other_than: str | None = None) -> b
     condition = profiles.c.name == name
     if other_than is not None:
         condition = and_(condition, profiles.c.id != other_than)
-    return conn.execute(select(exists().where(condition))).scalar()
+    return bool(conn.execute(select(exists().where(condition))).scalar())
 
 
 def create(conn: Connection, fields: dict) -> ProfileRecord:
