@@ -8,6 +8,12 @@ Prints, each as p50/p99 over sequential runs:
 - `docker run --rm bae-busybox:test echo hi` with the docker CLI, the floor to compare with;
 - one session.execRemoteSandbox round trip in a running sandbox, next to the
   same exec (create, start, inspect) straight through the docker SDK.
+
+And straight to a sandbox host over gRPC:
+- the host's resident memory while a command prints 300 MB, as a background
+  command and as an Exec (it must stay flat: output is kept up to the limit);
+- 20 background commands started at once in one sandbox: StartCommand latency
+  (until the command runs) and the wall time until all 20 have ended.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import asyncio
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -24,11 +32,17 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.run import client_key, open_session, report, rpc, start_stack  # noqa: E402
-from docker_support import TEST_IMAGE, docker_client, docker_skip_reason  # noqa: E402
+from bae.grpcutil import channel as internal_channel  # noqa: E402
+from bae.protos import sandbox_pb2, sandbox_pb2_grpc  # noqa: E402
+from docker_support import TEST_IMAGE, SandboxHostProcess, docker_client, docker_skip_reason  # noqa: E402
 from mockllm import MockLLM  # noqa: E402
+from processes import TEST_PLANE, PeakRss  # noqa: E402
 
 STARTS = 30
 EXECS = 200
+FLOOD_BYTES = 300 * 1024 * 1024
+CONCURRENT_COMMANDS = 20
+CONCURRENT_ROUNDS = 5
 
 
 async def seconds(make_call) -> float:
@@ -109,6 +123,103 @@ async def bench_sandboxes(stack, key: str) -> None:
         report("  the same exec through the docker SDK directly", *await asyncio.to_thread(sdk_exec_baseline))
 
 
+async def flood_memory(stub, sandbox_id: str, pid: int) -> None:
+    """The host's peak RSS while one command prints FLOOD_BYTES, background and Exec."""
+    flood = f"yes | head -c {FLOOD_BYTES}"
+
+    async def background() -> None:
+        request = sandbox_pb2.StartCommandRequest(sandbox_id=sandbox_id, command_id=uuid.uuid4().hex, command=flood)
+        started = await stub.StartCommand(request, timeout=30)
+        ended = await stub.WaitCommand(
+            sandbox_pb2.WaitCommandRequest(command_id=started.command_id, wait_seconds=600), timeout=630
+        )
+        assert ended.state == sandbox_pb2.CommandStatus.EXITED and ended.stdout_truncated, ended
+
+    async def exec_() -> None:
+        reply = await stub.Exec(sandbox_pb2.ExecRequest(sandbox_id=sandbox_id, command=flood), timeout=630)
+        assert reply.stdout_truncated, "the exec output was not capped"
+
+    for name, run in (("a background command", background), ("an Exec", exec_)):
+        with PeakRss(pid) as rss:
+            began = time.perf_counter()
+            await run()
+            took = time.perf_counter() - began
+        print(f"sandbox host RSS while {name} prints {FLOOD_BYTES >> 20} MB: "
+              f"{rss.start_kb / 1024:.0f} MB before, {rss.peak_kb / 1024:.0f} MB peak   ({took:.1f} s)", flush=True)
+
+
+async def concurrent_commands(stub, sandbox_id: str) -> None:
+    """CONCURRENT_COMMANDS commands started at once, CONCURRENT_ROUNDS times."""
+    starts: list[float] = []
+    totals: list[float] = []
+    for _ in range(CONCURRENT_ROUNDS):
+        round_began = time.perf_counter()
+
+        async def one() -> None:
+            request = sandbox_pb2.StartCommandRequest(
+                sandbox_id=sandbox_id, command_id=uuid.uuid4().hex, command="echo started; sleep 1; echo done"
+            )
+            began = time.perf_counter()
+            started = await stub.StartCommand(request, timeout=30)
+            starts.append(time.perf_counter() - began)
+            ended = await stub.WaitCommand(
+                sandbox_pb2.WaitCommandRequest(command_id=started.command_id, wait_seconds=60), timeout=90
+            )
+            assert ended.stdout == b"started\ndone\n", ended
+
+        await asyncio.gather(*(one() for _ in range(CONCURRENT_COMMANDS)))
+        totals.append(time.perf_counter() - round_began)
+    report(f"StartCommand, {CONCURRENT_COMMANDS} at once in one sandbox", starts, sum(totals))
+    report(f"  all {CONCURRENT_COMMANDS} ended (each sleeps 1 s)", totals, sum(totals))
+    report("  the same starts through the docker SDK directly", *await asyncio.to_thread(sdk_concurrent_baseline))
+
+
+def sdk_concurrent_baseline() -> tuple[list[float], float]:
+    """The floor: the same concurrent starts straight through the docker SDK (create, attach, running)."""
+    client = docker_client()
+    container = client.containers.run(TEST_IMAGE, ["sleep", "infinity"], detach=True, auto_remove=True, init=True)
+    api = client.api
+    samples: list[float] = []
+
+    def start() -> None:
+        began = time.perf_counter()
+        exec_id = api.exec_create(container.id, ["sh", "-c", "echo started; sleep 1; echo done"], stdin=True)["Id"]
+        attached = api.exec_start(exec_id, socket=True)
+        while not api.exec_inspect(exec_id)["Running"]:
+            time.sleep(0.01)
+        samples.append(time.perf_counter() - began)
+        attached.close()
+
+    try:
+        started = time.perf_counter()
+        for _ in range(CONCURRENT_ROUNDS):
+            workers = [threading.Thread(target=start) for _ in range(CONCURRENT_COMMANDS)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+            time.sleep(1)  # as many processes running as in the measured rounds
+        return samples, time.perf_counter() - started
+    finally:
+        container.remove(force=True)
+        client.close()
+
+
+async def bench_host_commands() -> None:
+    host = SandboxHostProcess(f"bench-{uuid.uuid4().hex[:12]}")
+    try:
+        host.wait_serving()
+        channel = internal_channel(host.address, TEST_PLANE)
+        stub = sandbox_pb2_grpc.SandboxStub(channel)
+        await stub.AllowImages(sandbox_pb2.AllowImagesRequest(images=[TEST_IMAGE]), timeout=10)
+        started = await stub.Start(sandbox_pb2.StartRequest(session_id="ses_bench", image=TEST_IMAGE), timeout=60)
+        await flood_memory(stub, started.sandbox_id, host.process.pid)
+        await concurrent_commands(stub, started.sandbox_id)
+        await channel.close()
+    finally:
+        host.stop()
+
+
 async def main() -> int:
     reason = docker_skip_reason()
     if reason is not None:
@@ -120,6 +231,8 @@ async def main() -> int:
         try:
             print("\n== Sandboxes ==")
             await bench_sandboxes(running.stack, client_key(running, available_sandboxes=[TEST_IMAGE]))
+            print("\n== Sandbox host: background commands and output caps ==")
+            await bench_host_commands()
         finally:
             running.close()
             mock.stop()

@@ -6,6 +6,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -61,3 +62,31 @@ class ServiceProcess:
                 self.process.kill()
                 self.process.wait()
             self._log.close()
+
+
+class PeakRss:
+    """Samples a process's resident memory (VmRSS) from a thread while in use; `peak_kb` is the highest seen."""
+
+    def __init__(self, pid: int) -> None:
+        self._path = f"/proc/{pid}/status"
+        self.start_kb = self._read()
+        self.peak_kb = self.start_kb
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _read(self) -> int:
+        with open(self._path) as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak_kb = max(self.peak_kb, self._read())
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

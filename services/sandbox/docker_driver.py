@@ -65,20 +65,27 @@ def _explain(exc: docker.errors.APIError) -> str:
 # Every command runs with a marker in its environment, which its children
 # inherit. A timed-out command is killed from inside its container by
 # matching that marker: this works wherever the sandbox service runs (its own
-# container included), where host PIDs would not be visible.
+# container included), where host PIDs would not be visible. All are stopped
+# first (twice, for children forked during the first scan), then killed: a
+# parent never sees a child die and carries on.
 EXEC_MARKER = "BAE_EXEC_ID"
 KILL_MARKED = """
-for pass in 1 2; do
+marked() {
   for dir in /proc/[0-9]*; do
-    grep -q "$1" "$dir/environ" 2>/dev/null && kill -9 "${dir#/proc/}" 2>/dev/null
+    grep -q "$1" "$dir/environ" 2>/dev/null && echo "${dir#/proc/}"
   done
+}
+for signal in STOP STOP KILL; do
+  pids=$(marked "$1")
+  [ -n "$pids" ] && kill -"$signal" $pids 2>/dev/null
 done
 exit 0
 """
 KILL_TIMEOUT = 10.0
-# The engine may close an exec's streams a moment before it records the exit code.
-EXIT_CODE_TRIES = 50
-EXIT_CODE_PAUSE = 0.02
+# The engine answers an exec's start before the process runs, and may close its streams
+# a moment before it records the exit code: both are awaited by asking again, this often.
+INSPECT_TRIES = 500
+INSPECT_PAUSE = 0.01
 
 
 def _marker(token: str) -> str:
@@ -105,15 +112,24 @@ def _drain(attached, stdout: CappedOutput, stderr: CappedOutput) -> None:
         raw.close()
 
 
+def _inspect_until(api, exec_id: str, ready: Callable[[dict], bool]) -> dict:
+    for _ in range(INSPECT_TRIES):
+        info = api.exec_inspect(exec_id)
+        if ready(info):
+            break
+        time.sleep(INSPECT_PAUSE)
+    return info
+
+
 def _exit_code(api, exec_id: str) -> int:
     """The exec's exit code; -1 when the engine has none to give."""
-    for _ in range(EXIT_CODE_TRIES):
-        info = api.exec_inspect(exec_id)
-        if not info.get("Running"):
-            break
-        time.sleep(EXIT_CODE_PAUSE)
-    code = info.get("ExitCode")
+    code = _inspect_until(api, exec_id, lambda info: not info.get("Running")).get("ExitCode")
     return -1 if code is None else int(code)
+
+
+def _started(api, exec_id: str) -> None:
+    """Once the exec's process runs (or already ended), so that a kill right after finds it."""
+    _inspect_until(api, exec_id, lambda info: info.get("Running") or info.get("ExitCode") is not None)
 
 
 class DockerDriver:
@@ -338,6 +354,10 @@ class DockerDriver:
         threading.Thread(
             target=self._follow, args=(api, command, exec_id, attached), name="docker-command", daemon=True
         ).start()
+        try:
+            await self._engine(_started, api, exec_id)
+        except (SandboxFailure, docker.errors.APIError) as exc:  # the follower records what became of it
+            log.warning("could not see background command %s start: %s", command.command_id, exc)
 
     @staticmethod
     def _follow(api, command: Command, exec_id: str, attached) -> None:

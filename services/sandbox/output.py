@@ -41,7 +41,8 @@ class CappedOutput:
         if total <= self.limit:
             return kept.decode("utf-8", "replace")
         kept = utf8_prefix(kept)
-        return kept.decode("utf-8", "replace") + f"\n[output truncated: {total - len(kept)} bytes omitted]\n"
+        omitted = total - len(kept)
+        return kept.decode("utf-8", "replace") + f"\n[output truncated: {omitted} byte{'' if omitted == 1 else 's'} omitted]\n"
 
 
 def utf8_prefix(data: bytes) -> bytes:

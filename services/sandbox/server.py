@@ -83,7 +83,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
     @staticmethod
     async def _seconds(context: grpc.aio.ServicerContext, name: str, value: float) -> float:
         if not math.isfinite(value) or value < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name} must not be negative")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name} must be a non-negative number of seconds")
         return value
 
     async def Exec(self, request, context):
