@@ -154,6 +154,52 @@ def test_admin_cli_in_the_gateway_creates_a_profile_and_a_key(stack):
     assert {port for port, bindings in gateway.ports.items() if bindings} == {"8080/tcp"}
 
 
+# Run inside the gateway container: one call to each internal service without the token, with a
+# wrong one, and with the container's own; prints each call's outcome (status and details).
+INTERNAL_PROBE = """
+import asyncio, os, grpc
+from bae.protos import runner_pb2, runner_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc, session_pb2, session_pb2_grpc
+calls = {
+    "session:50051": (session_pb2_grpc.SessionServiceStub, "GetConfig", session_pb2.RestRequest()),
+    "runner:50052": (runner_pb2_grpc.RunnerStub, "RunStep", runner_pb2.StepRequest(session_id="ses_x")),
+    "sandbox:50053": (sandbox_pb2_grpc.SandboxStub, "List", sandbox_pb2.ListRequest()),
+}
+async def outcome(address, stub, method, request, token):
+    metadata = () if token is None else (("bae-internal-token", token),)
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = getattr(stub(channel), method)(request, metadata=metadata, timeout=10)
+        try:
+            if hasattr(call, "__aiter__"):
+                async for _ in call:
+                    pass
+            else:
+                await call
+        except grpc.aio.AioRpcError as error:
+            return f"{error.code().name}: {error.details()}"
+    return "OK"
+async def main():
+    for address, (stub, method, request) in calls.items():
+        for token in (None, "x" * 64, os.environ["BAE_INTERNAL_TOKEN"]):
+            print(address, "|", await outcome(address, stub, method, request, token))
+asyncio.run(main())
+"""
+REFUSED = "UNAUTHENTICATED: missing or invalid internal token"
+
+
+def test_internal_services_refuse_calls_without_the_token(stack):
+    probed = compose("exec", "-T", "gateway", "python", "-c", INTERNAL_PROBE).stdout.splitlines()
+    outcomes: dict[str, list[str]] = {}
+    for line in probed:
+        address, _, outcome = line.partition(" | ")
+        outcomes.setdefault(address, []).append(outcome)
+    assert set(outcomes) == {"session:50051", "runner:50052", "sandbox:50053"}, probed
+    for address, (without, wrong, right) in outcomes.items():
+        assert (without, wrong) == (REFUSED, REFUSED), address
+        assert right != REFUSED, address
+    # The token is no admin key: the session service still asks for one.
+    assert outcomes["session:50051"][2] == "UNAUTHENTICATED: missing Authorization header"
+
+
 def test_text_turn(stack):
     sid, skey = stack.open_session()
     stack.script({"text": "It is noon."})
