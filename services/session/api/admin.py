@@ -9,19 +9,22 @@ from __future__ import annotations
 from sqlalchemy import Connection
 
 from bae import config as config_views
+from bae.config import Config
 from bae.errors import Problem, bad_request, not_found
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
 from services.session.api.calls import RestCall
 from services.session.api.pagination import events_page, page_json, page_request
 from services.session.engine.spans import session_spans
+from services.session.engine.runtime import SessionRuntime
 from services.session.store.events import EventView
+from services.session.store.records import KeyRecord
 from services.session.store import events, keys, profiles, sessions
 from bae.jsontext import dump
 from services.session.store.store import Store
 
 
-def key_view(key) -> dict:
+def key_view(key: KeyRecord) -> dict:
     return {
         "id": key.id,
         "name": key.name,
@@ -37,7 +40,7 @@ def duplicate_name() -> Problem:
 
 
 class AdminApi:
-    def __init__(self, *, store: Store, auth: Authenticator, runtime, config) -> None:
+    def __init__(self, *, store: Store, auth: Authenticator, runtime: SessionRuntime, config: Config) -> None:
         self.store = store
         self.auth = auth
         self.runtime = runtime
@@ -108,7 +111,7 @@ class AdminApi:
         await self._admin(call)
         name, profile_id = bodies.parse_key_body(call.body, call.content_type)
 
-        def _create(conn: Connection):
+        def _create(conn: Connection) -> tuple[str, KeyRecord]:
             if profiles.active(conn, profile_id) is None:
                 raise Problem(422, "profile_unavailable", f"no active profile {profile_id}")
             return keys.mint(conn, role="client", name=name, profile_id=profile_id)
@@ -129,7 +132,7 @@ class AdminApi:
         await self._admin(call)
         page = page_request(call.query)
 
-        def _list(conn: Connection):
+        def _list(conn: Connection) -> list[tuple[int, KeyRecord]]:
             self.auth.flush_stamps(conn)  # show the latest coalesced last_used_at
             return keys.client_page(conn, page.after_seq, page.fetch)
 

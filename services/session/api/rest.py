@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection
 
+from bae.config import Config
 from bae.errors import Problem, not_found
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
@@ -22,8 +23,9 @@ from services.session.engine.spans import session_spans
 from services.session.api.pagination import events_page, page_request
 from services.session.store import events, keys, profiles, sessions
 from bae.jsontext import dump
+from services.session.engine.runtime import SessionRuntime
 from services.session.store.events import EventView
-from services.session.store.records import KeyRecord, Principal, ProfileRecord
+from services.session.store.records import KeyRecord, Principal, ProfileRecord, SessionRecord
 from services.session.store.store import Store
 
 log = logging.getLogger("bae.session.rest")
@@ -49,7 +51,7 @@ def session_closed(state: str) -> Problem:
 
 
 class ClientRestApi:
-    def __init__(self, *, store: Store, auth: Authenticator, runtime, config) -> None:
+    def __init__(self, *, store: Store, auth: Authenticator, runtime: SessionRuntime, config: Config) -> None:
         self.store = store
         self.auth = auth
         self.runtime = runtime
@@ -208,6 +210,7 @@ class ClientRestApi:
     def _created(self, opened: Opened) -> str:
         profile = opened.profile
         entry = self.config.provider(profile.primary_provider)
+        assert entry is not None  # _usable_profile refuses a profile whose primary is not configured
         return dump(
             {
                 "session_id": opened.session_id,
@@ -260,7 +263,7 @@ class ClientRestApi:
     async def close_session(self, call: RestCall) -> str:
         session_id = call.path_id
 
-        def _close(conn: Connection, _principal: Principal):
+        def _close(conn: Connection, _principal: Principal) -> tuple[SessionRecord, list[EventView]]:
             session = sessions.get(conn, session_id)
             if session is None:
                 raise not_found(f"no session {session_id}")

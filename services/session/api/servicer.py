@@ -4,7 +4,9 @@ JSON-RPC calls to the live API. Unexpected failures become a 500 `internal`."""
 from __future__ import annotations
 
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeAlias
+
+import grpc
 
 from bae import telemetry
 from bae.errors import Problem, internal
@@ -19,6 +21,9 @@ from services.session.api.live import LiveApi
 from services.session.engine.spans import session_spans
 from services.session.api.rest import ClientRestApi
 from services.session.api.sandbox_methods import SandboxMethods
+
+# The servicer methods' context argument (unused: errors travel as values or Problems).
+Context: TypeAlias = grpc.aio.ServicerContext
 
 log = logging.getLogger("bae.session.server")
 
@@ -47,75 +52,75 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
 
     # Client REST.
 
-    async def OpenSession(self, request, context):
+    async def OpenSession(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.rest.open_session(RestCall.of(request)))
 
-    async def JoinSession(self, request, context):
+    async def JoinSession(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.rest.join_session(RestCall.of(request)))
 
-    async def ListParticipants(self, request, context):
+    async def ListParticipants(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.rest.participants(RestCall.of(request)))
 
-    async def ListEvents(self, request, context):
+    async def ListEvents(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.rest.events(RestCall.of(request)))
 
-    async def CloseSession(self, request, context):
+    async def CloseSession(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.rest.close_session(RestCall.of(request)))
 
     # Admin REST.
 
-    async def CreateProfile(self, request, context):
+    async def CreateProfile(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.admin.create_profile(RestCall.of(request)))
 
-    async def ListProfiles(self, request, context):
+    async def ListProfiles(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.admin.list_profiles(RestCall.of(request)))
 
-    async def GetProfile(self, request, context):
+    async def GetProfile(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.admin.get_profile(RestCall.of(request)))
 
-    async def ReplaceProfile(self, request, context):
+    async def ReplaceProfile(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.admin.replace_profile(RestCall.of(request)))
 
-    async def DeleteProfile(self, request, context):
+    async def DeleteProfile(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.admin.delete_profile(RestCall.of(request)))
 
-    async def CreateKey(self, request, context):
+    async def CreateKey(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.admin.create_key(RestCall.of(request)))
 
-    async def ListKeys(self, request, context):
+    async def ListKeys(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.admin.list_keys(RestCall.of(request)))
 
-    async def RevokeKey(self, request, context):
+    async def RevokeKey(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.admin.revoke_key(RestCall.of(request)))
 
-    async def ListSessions(self, request, context):
+    async def ListSessions(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.admin.list_sessions(RestCall.of(request)))
 
-    async def ListSessionEvents(self, request, context):
+    async def ListSessionEvents(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.admin.list_session_events(RestCall.of(request)))
 
-    async def ListMcpServers(self, request, context):
+    async def ListMcpServers(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.admin.list_mcp_servers(RestCall.of(request)))
 
-    async def ListProviders(self, request, context):
+    async def ListProviders(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.admin.list_providers(RestCall.of(request)))
 
-    async def GetConfig(self, request, context):
+    async def GetConfig(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.admin.get_config(RestCall.of(request)))
 
-    async def GetSandboxStatus(self, request, context):
+    async def GetSandboxStatus(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.admin.sandbox_status(RestCall.of(request)))
 
     # JSON-RPC.
 
-    async def CheckSessionKey(self, request, context):
+    async def CheckSessionKey(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.JsonReply:
         async def check() -> str:
             principal = await self.auth.session_principal(_credential(request), request.session_id)
             return dump({"session_id": principal.session_id, "client_key_id": principal.client_key_id})
 
         return await _json(check())
 
-    async def CheckCredential(self, request, context):
+    async def CheckCredential(self, request: session_pb2.CredentialCheck, context: Context) -> session_pb2.JsonReply:
         async def check() -> str:
             kind = request.credential
             if kind == session_pb2.CredentialCheck.SESSION_KEY:
@@ -128,46 +133,46 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
 
         return await _json(check())
 
-    async def RegisterDriver(self, request, context):
+    async def RegisterDriver(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
         reply = await self._unary(request, self.live.register_driver)
         if (traceparent := session_spans.traceparent(request.session_id)) is not None:
             context.set_trailing_metadata(((telemetry.SESSION_TRACEPARENT_KEY, traceparent),))
         return reply
 
-    async def SendMessage(self, request, context):
+    async def SendMessage(self, request: session_pb2.RpcRequest, context: Context) -> AsyncIterator[session_pb2.RpcFrame]:
         async for frame in self._stream(request, self.live.send_message):
             yield frame
 
-    async def Compact(self, request, context):
+    async def Compact(self, request: session_pb2.RpcRequest, context: Context) -> AsyncIterator[session_pb2.RpcFrame]:
         async for frame in self._stream(request, self.live.compact):
             yield frame
 
-    async def Subscribe(self, request, context):
+    async def Subscribe(self, request: session_pb2.RpcRequest, context: Context) -> AsyncIterator[session_pb2.RpcFrame]:
         async for frame in self._stream(request, self.live.subscribe):
             yield frame
 
-    async def Unsubscribe(self, request, context):
+    async def Unsubscribe(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
         return await self._unary(request, self.live.unsubscribe)
 
-    async def UpdateClientTools(self, request, context):
+    async def UpdateClientTools(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
         return await self._unary(request, self.live.update_client_tools)
 
-    async def StartRemoteSandbox(self, request, context):
+    async def StartRemoteSandbox(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
         return await self._unary(request, self.sandboxes.start_remote_sandbox)
 
-    async def StopRemoteSandbox(self, request, context):
+    async def StopRemoteSandbox(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
         return await self._unary(request, self.sandboxes.stop_remote_sandbox)
 
-    async def ExecRemoteSandbox(self, request, context):
+    async def ExecRemoteSandbox(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
         return await self._unary(request, self.sandboxes.exec_remote_sandbox)
 
-    async def ReportLocalSandbox(self, request, context):
+    async def ReportLocalSandbox(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
         return await self._unary(request, self.sandboxes.report_local_sandbox)
 
-    async def ReportLocalSubagent(self, request, context):
+    async def ReportLocalSubagent(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
         return await self._unary(request, self.live.report_local_subagent)
 
-    async def CancelSubagent(self, request, context):
+    async def CancelSubagent(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
         return await self._unary(request, self.live.cancel_subagent)
 
     # JSON-RPC plumbing: authenticate once (a failure is a Problem: HTTP 401 before
@@ -208,8 +213,8 @@ def _method_name(method: Callable[..., Any]) -> str:
     return str(getattr(method, "__name__", None) or getattr(getattr(method, "func", None), "__name__", "rpc"))
 
 
-def register(servicer: SessionServicer):
-    def _register(server) -> list[str]:
+def register(servicer: SessionServicer) -> Callable[[grpc.aio.Server], list[str]]:
+    def _register(server: grpc.aio.Server) -> list[str]:
         session_pb2_grpc.add_SessionServiceServicer_to_server(servicer, server)
         return [SERVICE_NAME]
 

@@ -7,14 +7,25 @@ the lifecycle events; the JSON-RPC parameter checks live in `sandbox_methods`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from services.session.remote.sandbox_pool import ExecResult, SandboxError, SandboxHandle
+from services.session.remote.sandbox_pool import ExecResult, SandboxError, SandboxHandle, SandboxPool
+from services.session.store.records import ProfileRecord
+
+if TYPE_CHECKING:  # runtime and turn import this module; the annotations alone need them
+    from services.session.engine.runtime import LiveSession, SessionRuntime
+    from services.session.engine.turn import Turn
 
 NO_HOSTS = "no sandbox hosts are configured (BAE_SANDBOX_GRPC_ADDRS is empty)"
 
 
-def available_images(pool, profile) -> list[dict]:
+def _pool(runtime: SessionRuntime) -> SandboxPool:
+    if runtime.sandboxes is None:
+        raise SandboxError(NO_HOSTS)
+    return runtime.sandboxes
+
+
+def available_images(pool: SandboxPool | None, profile: ProfileRecord) -> list[dict]:
     """The `session.sandbox.available` image list, built from this profile only."""
     known = {entry["name"]: entry for entry in pool.status_for(profile.id)} if pool is not None else {}
     images = []
@@ -33,7 +44,7 @@ def _error(image: str, sandbox_id: str | None, phase: str, detail: str) -> tuple
     return "session.sandbox.error", _remote({**payload, "phase": phase, "detail": detail})
 
 
-async def start_sandbox(runtime, live, actor: str, image: str) -> tuple[SandboxHandle, dict]:
+async def start_sandbox(runtime: SessionRuntime, live: LiveSession, actor: str, image: str) -> tuple[SandboxHandle, dict]:
     """Start the session's sandbox; returns its handle and `running` event. Raises SandboxError."""
     await runtime.append(live.session_id, actor, [("session.sandbox.start", {"image": image, "dispatch": "remote"})])
     try:
@@ -49,16 +60,16 @@ async def start_sandbox(runtime, live, actor: str, image: str) -> tuple[SandboxH
     return handle, views[0]
 
 
-async def exec_in_sandbox(runtime, live, actor: str, handle: SandboxHandle, command: str) -> ExecResult:
+async def exec_in_sandbox(runtime: SessionRuntime, live: LiveSession, actor: str, handle: SandboxHandle, command: str) -> ExecResult:
     """Run one command; a driver failure is logged as `session.sandbox.error` and re-raised."""
     try:
-        return await runtime.sandboxes.exec(handle, command)
+        return await _pool(runtime).exec(handle, command)
     except SandboxError as exc:
         await runtime.append(live.session_id, actor, [_error(handle.image, handle.sandbox_id, "exec", exc.detail)])
         raise
 
 
-async def stop_sandbox(runtime, live, actor: str | None, *, reason: str) -> str | None:
+async def stop_sandbox(runtime: SessionRuntime, live: LiveSession, actor: str | None, *, reason: str) -> str | None:
     """Stop the session's sandbox; the handle goes first, so no phantom remains. Returns the error detail."""
     handle, live.sandbox = live.sandbox, None
     if handle is None:
@@ -66,7 +77,7 @@ async def stop_sandbox(runtime, live, actor: str | None, *, reason: str) -> str 
     stop = {"image": handle.image, "sandbox_id": handle.sandbox_id, "reason": reason}
     await runtime.append(live.session_id, actor, [("session.sandbox.stop", {**stop, "dispatch": "remote"})])
     try:
-        await runtime.sandboxes.stop(handle)
+        await _pool(runtime).stop(handle)
     except SandboxError as exc:
         await runtime.append(live.session_id, actor, [_error(handle.image, handle.sandbox_id, "stop", exc.detail)])
         return exc.detail
@@ -88,7 +99,7 @@ def render_exec(stdout: str, stderr: str, exit_code: int) -> str:
     return text
 
 
-async def dispatch_sandbox_tool(turn, block: dict) -> dict:
+async def dispatch_sandbox_tool(turn: Turn, block: dict) -> dict:
     """Auto mode: run `input.command` in the session's sandbox, inside the turn."""
     name = block["name"]
     tool_input = block.get("input") or {}
@@ -112,7 +123,7 @@ async def dispatch_sandbox_tool(turn, block: dict) -> dict:
         }
     else:
         try:
-            result = await turn.runtime.sandboxes.exec(handle, command)
+            result = await _pool(turn.runtime).exec(handle, command)
         except SandboxError as exc:
             await turn.emit([_error(handle.image, handle.sandbox_id, "exec", exc.detail)])
             response = {"sandbox_id": handle.sandbox_id, "ok": False, "error": exc.detail}

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from services.session.engine.domain import Dispatch
 from services.session.remote.mcp import McpSessionConnections
+from services.session.store.records import SessionRecord
 
 if TYPE_CHECKING:  # turn imports this module; the annotation alone needs Turn
     from services.session.engine.turn import Turn
@@ -43,7 +44,9 @@ class ActingTools:
     status_tool: bool = False
 
     @classmethod
-    def of(cls, session, actor: str, mcp, *, status_tool: bool = False) -> "ActingTools":
+    def of(
+        cls, session: SessionRecord, actor: str, mcp: McpSessionConnections | None, *, status_tool: bool = False
+    ) -> "ActingTools":
         return cls(
             client=session.client_tools.get(actor, []),
             sandbox=session.sandbox_tools.get(actor, []),
