@@ -9,6 +9,9 @@ Prints, each as p50/p99 over sequential runs:
 - one session.execRemoteSandbox round trip in a running sandbox, next to the
   same exec (create, start, inspect) straight through the docker SDK.
 
+A remote subagent launch: from the model's `tool.call` to the tool's `started`
+result (the turn goes on without waiting), over sequential launches.
+
 And straight to a sandbox host over gRPC:
 - the host's resident memory while a command prints 300 MB, as a background
   command and as an Exec (it must stay flat: output is kept up to the limit);
@@ -35,7 +38,7 @@ from bench.run import client_key, open_session, report, rpc, start_stack  # noqa
 from bae.grpcutil import channel as internal_channel  # noqa: E402
 from bae.protos import sandbox_pb2, sandbox_pb2_grpc  # noqa: E402
 from docker_support import TEST_IMAGE, SandboxHostProcess, docker_client, docker_skip_reason  # noqa: E402
-from mockllm import MockLLM  # noqa: E402
+from mockllm import MockLLM, Reply  # noqa: E402
 from processes import TEST_PLANE, PeakRss  # noqa: E402
 
 STARTS = 30
@@ -220,6 +223,43 @@ async def bench_host_commands() -> None:
         host.stop()
 
 
+LAUNCHES = 30
+
+
+def _at(event: dict) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(event["created_at"].replace("Z", "+00:00")).timestamp()
+
+
+async def bench_subagent_launch(running, mock) -> None:
+    """`tool.call` to `tool.result` (status started) of a launch, from the events' own timestamps."""
+    from docker_support import ensure_harness_image
+
+    image = ensure_harness_image()
+    key = client_key(running, available_sandboxes=[image])
+    tool = {"name": "launch_subagent", "description": "launch", "input_schema": {"type": "object"}, "image": image,
+            "subagents": [{"harness": "fake", "command_template": "fake-harness --model {model}"}]}
+    async with httpx.AsyncClient(base_url=running.stack.client_url, timeout=120) as client:
+        opened = await client.post("/api/v1/sessions", json={"subagent_tools": [tool]},
+                                   headers={"Authorization": f"Bearer {key}"})
+        sid, skey = opened.json()["session_id"], opened.json()["session_key"]
+        await rpc(client, sid, skey, "session.registerDriver")
+        await rpc(client, sid, skey, "session.startRemoteSandbox", {"image": image})
+        samples = []
+        for index in range(LAUNCHES + 3):
+            mock.enqueue(Reply.tool_use([(f"tu_{index}", "launch_subagent",
+                                          {"harness": "fake", "model": "m", "prompt": "print done"})]))
+            mock.enqueue(Reply.text("ok"))
+            events = (await rpc(client, sid, skey, "session.sendMessage", {"message": {"content": "go"}}))["events"]
+            call = next(e for e in events if e["event_type"] == "tool.call")
+            started = next(e for e in events if e["event_type"] == "tool.result")
+            if index >= 3:  # warm-up launches first
+                samples.append(_at(started) - _at(call))
+        report("subagent launch: tool.call -> started result", samples, sum(samples))
+        await rpc(client, sid, skey, "session.stopRemoteSandbox")
+
+
 async def main() -> int:
     reason = docker_skip_reason()
     if reason is not None:
@@ -231,6 +271,8 @@ async def main() -> int:
         try:
             print("\n== Sandboxes ==")
             await bench_sandboxes(running.stack, client_key(running, available_sandboxes=[TEST_IMAGE]))
+            print("\n== Subagents ==")
+            await bench_subagent_launch(running, mock)
             print("\n== Sandbox host: background commands and output caps ==")
             await bench_host_commands()
         finally:
