@@ -63,7 +63,7 @@ def _explain(exc: docker.errors.APIError) -> str:
 
 
 # Every command runs with a marker in its environment, which its children
-# inherit. A timed-out command is killed from inside its container by
+# inherit. A command that times out, or that a caller kills, is killed inside its container by
 # matching that marker: this works wherever the sandbox service runs (its own
 # container included), where host PIDs would not be visible. All are stopped
 # first (twice, for children forked during the first scan), then killed: a
