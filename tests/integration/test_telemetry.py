@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from conftest import RunningStack, free_port, mock_provider_toml
-from docker_support import TEST_IMAGE, require_docker
+from docker_support import TEST_IMAGE, ensure_harness_image, require_docker
 from live import declared, join, new_session, register, result, rpc, send
 from mcp_support import TOOLS_SERVER
 from mockllm import MockLLM, Reply
@@ -210,6 +210,44 @@ def test_sandbox_exec_span(start_stack, mock: MockLLM, receiver: OtlpReceiver) -
     assert dispatch.parent_id == one(spans, "bae.turn").span_id
     assert dispatch.attributes["bae.tool.dispatch"] == "sandbox"
     assert "secret-output" not in str(receiver.trace_requests)
+    assert stack.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"}).status_code == 200
+
+
+def test_subagent_span_is_a_linked_root(start_stack, mock: MockLLM, receiver: OtlpReceiver) -> None:
+    require_docker()
+    image = ensure_harness_image()
+    stack = start(start_stack, mock, telemetry_toml(receiver.endpoint),
+                  BAE_SANDBOX_HOST_ID=f"test-telemetry-{secrets.token_hex(4)}", BAE_SANDBOX_NETWORK="none")
+    mock.reset()
+    profile = stack.create_profile("sa", available_sandboxes=[image])
+    key = stack.create_key(profile["id"])["key"]
+    tool = {"name": "launch", "description": "launch", "input_schema": {"type": "object"}, "image": image,
+            "subagents": [{"harness": "fake", "command_template": "fake-harness --model {model}"}]}
+    opened = stack.open_session(key, subagent_tools=[tool])
+    sid, skey = opened["session_id"], opened["session_key"]
+    register(stack, sid, skey)
+    assert "sandbox_id" in result(rpc(stack.client, sid, skey, "session.startRemoteSandbox", {"image": image}))
+    launches = [("tu_ok", "launch", {"harness": "fake", "model": "m", "prompt": "print secret-subagent-output"}),
+                ("tu_bad", "launch", {"harness": "fake", "model": "m", "prompt": "exit 3"})]
+    mock.enqueue(Reply.tool_use(launches), Reply.text("launched"))
+    header, trace_id, _ = traceparent()
+    assert "result" in send_traced(stack, sid, skey, "go", header)[-1]
+
+    spans = receiver.wait_spans(lambda spans: len(by_name(spans, "bae.subagent")) == 2, timeout=30)
+    dispatches = {s.span_id: s for s in by_name(spans, "bae.tool.dispatch") if s.trace_id == trace_id}
+    outcomes = {}
+    for subagent in by_name(spans, "bae.subagent"):
+        assert subagent.parent_id == "" and subagent.trace_id != trace_id  # a new root
+        (linked, kind), = links(subagent)
+        assert kind == "subagent" and linked in dispatches
+        assert subagent.attributes["bae.session.id"] == sid
+        assert subagent.attributes["bae.subagent.id"].startswith("sba_")
+        outcomes[subagent.attributes["bae.subagent.outcome"]] = subagent.span.status.message
+    assert outcomes == {"completed": "", "failed": "subagent failed"}
+    # Both have ended: the gauge (which counted them while they ran) settles at 0.
+    points = receiver.wait_points(lambda points: values(points, "bae.subagents.active") == {(): 0})
+    assert values(points, "bae.tool.calls") == {(("dispatch", "subagent"),): 2}
+    assert "secret-subagent-output" not in str(receiver.trace_requests)
     assert stack.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"}).status_code == 200
 
 

@@ -87,5 +87,4 @@ def register_gauges(runtime: SessionRuntime, store: Store) -> None:
     telemetry.observe("bae.turns.pending", live_count(lambda live: live.gate.parked is not None))
     telemetry.observe("bae.sandboxes.live", live_count(lambda live: live.sandbox is not None))
     telemetry.observe("bae.drivers.registered", live_count(lambda live: len(live.drivers)))
-    # Remote subagents are not implemented: none is ever running.
-    telemetry.observe("bae.subagents.active", lambda: 0)
+    telemetry.observe("bae.subagents.active", live_count(lambda live: len(live.subagents.running())))

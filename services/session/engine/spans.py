@@ -16,16 +16,25 @@ from dataclasses import dataclass, field
 from typing import ContextManager, Iterator
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 
 from bae import telemetry
 from services.session.engine.domain import Dispatch, TurnEnd
+from services.session.engine.subagents import SubagentStatus
 
 TURNS_COMPLETED = "bae.turns.completed"
 TOOL_CALLS = "bae.tool.calls"
 TOOL_LATENCY = "bae.tool.latency"
 # TurnEnd -> bae.turn.outcome
 OUTCOMES = {TurnEnd.COMPLETED: "completed", TurnEnd.PAUSED: "paused", TurnEnd.UNAVAILABLE: "providers_failed"}
+
+SUBAGENT_OUTCOMES = {
+    SubagentStatus.COMPLETED: "completed",
+    SubagentStatus.FAILED: "failed",
+    SubagentStatus.TIMED_OUT: "failed",
+    SubagentStatus.CANCELLED: "cancelled",
+}
 
 # Fixed error descriptions (TELEMETRY §3.2, §3.3).
 ALL_PROVIDERS_FAILED = "all providers failed"
@@ -202,6 +211,30 @@ def open_dispatch(block: dict, kind: Dispatch) -> DispatchTrace:
         if kind == Dispatch.CLIENT:
             span.end()
     return DispatchTrace(kind, tool, span)
+
+
+def start_subagent(session_id: str, subagent_id: str) -> Span | None:
+    """`bae.subagent`, a new root linked to the launching dispatch span (the current one)."""
+    if telemetry.tracer is None:
+        return None
+    launching = trace.get_current_span().get_span_context()
+    return telemetry.tracer.start_span(
+        "bae.subagent",
+        context=Context(),
+        links=[Link(launching, {"bae.link.kind": "subagent"})] if launching.is_valid else [],
+        attributes={"bae.session.id": session_id, "bae.subagent.id": subagent_id},
+    )
+
+
+def end_subagent(span: Span | None, status: SubagentStatus) -> None:
+    """At the subagent's terminal outcome; still running here means its task was stopped: `cancelled`."""
+    if span is None:
+        return
+    outcome = SUBAGENT_OUTCOMES.get(status, "cancelled")
+    span.set_attribute("bae.subagent.outcome", outcome)
+    if outcome == "failed":
+        span.set_status(Status(StatusCode.ERROR, "subagent failed"))
+    span.end()
 
 
 @contextmanager

@@ -12,7 +12,10 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
+from opentelemetry.trace import Span
+
 from services.session.engine.domain import Dispatch
+from services.session.engine.spans import end_subagent, start_subagent
 from services.session.engine.subagents import (
     OUTPUT_LIMIT,
     STATUS_TOOL,
@@ -77,8 +80,9 @@ async def dispatch_subagent_tool(turn: Turn, block: dict, declared: ActingTools)
     command = render_command(config["command_template"], model, prompt if by_arg else None)
     timeout = config.get("timeout_secs") or settings.subagent_timeout
     stdin = b"" if by_arg else prompt.encode()
+    span = start_subagent(live.session_id, entry.subagent_id)
     live.tasks.spawn(
-        run(turn.runtime, live, entry, command, stdin=stdin, timeout=float(timeout)),
+        run(turn.runtime, live, entry, command, stdin=stdin, timeout=float(timeout), span=span),
         name=f"subagent:{entry.subagent_id}",
     )
     started = {"subagent_id": entry.subagent_id, "harness": harness, "model": model, "status": "started"}
@@ -86,22 +90,35 @@ async def dispatch_subagent_tool(turn: Turn, block: dict, declared: ActingTools)
 
 
 async def run(
-    runtime: SessionRuntime, live: LiveSession, entry: Subagent, command: str, *, stdin: bytes, timeout: float
+    runtime: SessionRuntime,
+    live: LiveSession,
+    entry: Subagent,
+    command: str,
+    *,
+    stdin: bytes,
+    timeout: float,
+    span: Span | None = None,
 ) -> None:
-    """Start the subagent's command on the sandbox host, then watch it to its end."""
+    """Start the subagent's command on the sandbox host, then watch it to its end.
+
+    `span` (its `bae.subagent`) ends with the outcome however this task ends.
+    """
     pool = runtime.sandboxes
     handle = live.sandbox
     try:
-        if pool is None or handle is None:
-            raise SandboxError("the session's sandbox is gone")
-        await pool.start_command(
-            handle, entry.subagent_id, command, stdin=stdin, timeout=timeout, output_limit=OUTPUT_LIMIT
-        )
-    except SandboxError as exc:
-        if entry.status == SubagentStatus.RUNNING:
-            await _record(runtime, live, entry, spawn_failed(entry, exc))
-        return
-    await watch(runtime, live, entry)
+        try:
+            if pool is None or handle is None:
+                raise SandboxError("the session's sandbox is gone")
+            await pool.start_command(
+                handle, entry.subagent_id, command, stdin=stdin, timeout=timeout, output_limit=OUTPUT_LIMIT
+            )
+        except SandboxError as exc:
+            if entry.status == SubagentStatus.RUNNING:
+                await _record(runtime, live, entry, spawn_failed(entry, exc))
+            return
+        await watch(runtime, live, entry)
+    finally:
+        end_subagent(span, entry.status)
 
 
 async def watch(runtime: SessionRuntime, live: LiveSession, entry: Subagent) -> None:
