@@ -61,25 +61,22 @@ class TurnGate:
 
     async def acquire(self, caller: str) -> Claim:
         """Take the gate for `sendMessage`, in arrival order."""
+        return await self._acquire(caller, compact=False)
+
+    async def acquire_for_compaction(self) -> Claim:
+        """Take the gate for `session.compact`: a live pause fails at once, never waited on."""
+        return await self._acquire(None, compact=True)
+
+    async def _acquire(self, caller: str | None, *, compact: bool) -> Claim:
+        if compact and self.parked is not None and not self.parked.expired:
+            raise TurnInProgress
         claim = self._take_parked(caller, first=not self._queue)
         if claim is not None:
             return claim
         if not self.busy and not self._queue:
             self._running = True
             return Claim()
-        return await self._queue_for(caller, compact=False)
-
-    async def acquire_for_compaction(self) -> Claim:
-        """Take the gate for `session.compact`: a live pause fails at once, never waited on."""
-        if self.parked is not None and not self.parked.expired:
-            raise TurnInProgress
-        claim = self._take_parked(None, first=not self._queue)
-        if claim is not None:
-            return claim
-        if not self.busy and not self._queue:
-            self._running = True
-            return Claim()
-        return await self._queue_for(None, compact=True)
+        return await self._queue_for(caller, compact=compact)
 
     def _take_parked(self, caller: str | None, *, first: bool) -> Claim | None:
         """The parked turn, if `caller` may take it: its owner always, anyone first in line once expired."""

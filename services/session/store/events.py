@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, Row, and_, bindparam, insert, select, update
+from sqlalchemy import Connection, Row, Select, and_, bindparam, insert, select, update
 
 from bae.ids import new_id
 from bae.timefmt import now
@@ -164,39 +164,35 @@ def append_compaction(
     return messages + append(conn, session_id, [(client_key_id, "session.compaction.completed", marker)])
 
 
-_PROVIDER_RESPONSES_NEWEST_FIRST = (
-    select(session_events.c.payload)
-    .where(
-        and_(
-            session_events.c.session_id == bindparam("session_id"),
-            session_events.c.event_type == "provider.response",
+def _newest_first(event_type: str) -> Select:
+    """The payloads of one event type of a session, newest first (at most `:limit`)."""
+    return (
+        select(session_events.c.payload)
+        .where(
+            and_(
+                session_events.c.session_id == bindparam("session_id"),
+                session_events.c.event_type == event_type,
+            )
         )
+        .order_by(session_events.c.seq.desc())
+        .limit(bindparam("limit"))
     )
-    .order_by(session_events.c.seq.desc())
-)
+
+
+_PROVIDER_RESPONSES_NEWEST_FIRST = _newest_first("provider.response")
+_TOOL_RESULTS_NEWEST_FIRST = _newest_first("tool.result")
 
 
 def latest_turn_usage(conn: Connection, session_id: str) -> dict | None:
     """The usage of the session's newest successful turn (not compaction) provider response (§12.3 step 9)."""
-    for (payload_text,) in conn.execute(_PROVIDER_RESPONSES_NEWEST_FIRST, {"session_id": session_id}):
+    # A compaction writes one response per provider tried; a turn's newest is rarely further back.
+    rows = conn.execute(_PROVIDER_RESPONSES_NEWEST_FIRST, {"session_id": session_id, "limit": 1000})
+    for (payload_text,) in rows:
         payload = load(payload_text)
         if payload.get("ok") and not payload.get("purpose"):
             usage = payload.get("usage")
             return usage if isinstance(usage, dict) else None
     return None
-
-
-_TOOL_RESULTS_NEWEST_FIRST = (
-    select(session_events.c.payload)
-    .where(
-        and_(
-            session_events.c.session_id == bindparam("session_id"),
-            session_events.c.event_type == "tool.result",
-        )
-    )
-    .order_by(session_events.c.seq.desc())
-    .limit(bindparam("limit"))
-)
 
 
 def server_tool_results(conn: Connection, session_id: str, tool_use_ids: list[str]) -> dict[str, dict]:
