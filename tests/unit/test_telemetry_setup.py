@@ -144,3 +144,15 @@ def test_log_lines_carry_the_request_id() -> None:
     entry = json.loads(JsonFormatter().format(_record("access", method="GET", session_id=None)))
     assert entry["method"] == "GET" and entry["session_id"] is None and entry["message"] == "access"
     assert "request_id" not in json.loads(JsonFormatter().format(_record("plain")))
+
+
+def test_export_failure_warns_once_per_outage(caplog: pytest.LogCaptureFixture) -> None:
+    health = telemetry._ExportHealth()
+    with caplog.at_level(logging.WARNING, logger="bae.telemetry"):
+        for ok, pipeline in [(False, "trace"), (False, "metric"), (False, "trace"), (True, "metric"), (False, "metric")]:
+            health.report(ok, pipeline)
+    warnings = [record.getMessage() for record in caplog.records]
+    assert [line.split(" export is failing")[0] for line in warnings] == [
+        "telemetry: OTLP trace", "telemetry: OTLP metric",
+    ]
+    assert all("logged once per outage" in line for line in warnings)
