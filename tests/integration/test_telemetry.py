@@ -318,6 +318,18 @@ def test_disabled_telemetry_ignores_traceparent(start_stack, mock: MockLLM, rece
     assert receiver.spans() == [] and receiver.metric_requests == []
 
 
+def test_bae_otel_log_warn_exports_no_spans_but_metrics(start_stack, mock: MockLLM, receiver: OtlpReceiver) -> None:
+    stack = start(start_stack, mock, telemetry_toml(receiver.endpoint), BAE_OTEL_LOG="warn")
+    mock.reset()
+    receiver.clear()
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    assert "result" in send(stack, sid, skey, "hi")[-1]
+    receiver.wait_points(lambda points: "bae.provider.requests" in points and "bae.sessions.open" in points)
+    time.sleep(0.5)  # several span batches would have gone out by now
+    assert receiver.spans() == []
+
+
 def values(points: dict[str, list[Point]], name: str) -> dict[tuple, float]:
     return {tuple(sorted(p.attributes.items())): p.value for p in points.get(name, [])}
 
