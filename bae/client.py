@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import httpx
 
+from bae.rpc_codes import RpcCode
+
 Event = dict[str, Any]
 EventHandler = Callable[[Event], None]
 ToolHandler = Callable[[dict[str, Any]], Any]  # input -> result (str, or JSON-serialisable)
@@ -166,7 +168,7 @@ class Session:
                 raise RpcError(error.get("code", 0), error.get("message", ""), error.get("data"))
             elif "result" in frame:
                 return frame["result"]
-        raise RpcError(-32000, f"{method}: the stream ended without a terminal frame")
+        raise RpcError(RpcCode.APPLICATION_ERROR, f"{method}: the stream ended without a terminal frame")
 
     def register_driver(self) -> None:
         self.call("session.registerDriver")

@@ -11,7 +11,7 @@ import logging
 
 from bae.protos import session_pb2
 from bae.rpc_codes import RpcCode
-from services.session.engine.errors import EngineError, TurnInProgress
+from services.session.engine.errors import EngineError, LoopFailed, TurnInProgress
 
 log = logging.getLogger("bae.session.rpc")
 
@@ -43,9 +43,8 @@ def rpc_error(exc: Exception, method: str) -> session_pb2.RpcError:
     if isinstance(exc, RpcFault):
         return RpcError(code=exc.code, message=exc.message, id_mode=exc.id_mode)
     if isinstance(exc, EngineError):
-        code = ENGINE_CODES.get(type(exc), RpcCode.APPLICATION_ERROR)
-        if code == RpcCode.APPLICATION_ERROR and str(exc) == "session loop failed":
-            log.error("%s failed: %s", method, getattr(exc, "reason", exc))
-        return RpcError(code=code, message=str(exc))
+        if isinstance(exc, LoopFailed):  # the client hears "session loop failed"; the log says why
+            log.error("%s failed: %s", method, exc.reason)
+        return RpcError(code=ENGINE_CODES.get(type(exc), RpcCode.APPLICATION_ERROR), message=str(exc))
     log.error("%s failed", method, exc_info=exc)
     return RpcError(code=RpcCode.INTERNAL_ERROR, message="Internal error")
