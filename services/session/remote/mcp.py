@@ -332,8 +332,19 @@ class _Connection:
             # The SDK types result models only; the raw dict adapter is what keeps the result verbatim.
             raw = await self._bounded("tools/call", session.send_request(request, _RAW_RESULT))  # type: ignore[type-var]
         except Exception as exc:
-            return McpCallResult(ok=False, error=_describe(exc))
+            return McpCallResult(ok=False, error=self._reported(exc))
         return McpCallResult(ok=True, result=raw)
+
+    def _reported(self, exc: BaseException) -> str:
+        """The error text for events and the model: the server's own answer or a timeout as
+        they are; anything else (a transport failure, which may name hosts) only by its kind,
+        with the detail in the log."""
+        while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+            exc = exc.exceptions[0]
+        if isinstance(exc, (MCPError, RequestTimeout)):
+            return _describe(exc)
+        log.warning("MCP call failed mcp_server=%s error=%r", self.server_name, _describe(exc))
+        return f"the call to MCP server '{self.server_name}' failed ({type(exc).__name__}); see the server log"
 
     async def _bounded(self, method: str, request: Awaitable[T]) -> T:
         """Await one MCP request within the per-request timeout (§9.2)."""
