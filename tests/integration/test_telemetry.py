@@ -125,6 +125,39 @@ def test_text_turn_joins_the_client_trace(start_stack, mock: MockLLM, receiver: 
     assert [kind for _, kind in links(turn)] == ["session"]
 
 
+def test_a_client_disconnect_ends_the_turn_span_early_with_no_outcome(
+    start_stack, mock: MockLLM, receiver: OtlpReceiver
+) -> None:
+    stack = start(start_stack, mock, telemetry_toml(receiver.endpoint, metrics="enabled = false"))
+    mock.reset()
+    mock.enqueue(Reply.hang(2.0))
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    receiver.clear()
+    header, trace_id, _ = traceparent()
+    body = {"jsonrpc": "2.0", "id": 1, "method": "session.sendMessage", "params": {"message": {"content": "slow"}}}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up while the provider call hangs
+        stack.client.post(f"/api/v1/sessions/{sid}/rpc", json=body, timeout=0.8,
+                          headers={"Authorization": f"Bearer {skey}", "traceparent": header})
+
+    def complete(spans: list[ReceivedSpan]) -> bool:
+        return {"bae.turn", "bae.provider.attempt"} <= {s.name for s in spans if s.trace_id == trace_id}
+
+    spans = [s for s in receiver.wait_spans(complete) if s.trace_id == trace_id]
+    turn, attempt = one(spans, "bae.turn"), one(spans, "bae.provider.attempt")
+    assert "bae.turn.outcome" not in turn.attributes
+    # Ended when the client left, before the provider call it started had answered.
+    assert turn.span.end_time_unix_nano < attempt.span.end_time_unix_nano
+    # The turn itself ran on and finished.
+    deadline = time.monotonic() + 10
+    while True:
+        events = stack.client.get(f"/api/v1/sessions/{sid}/events", headers={"Authorization": f"Bearer {skey}"})
+        if events.json()["items"][-1]["event_type"] == "server.message.send" or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert events.json()["items"][-1]["event_type"] == "server.message.send"
+
+
 def mcp_toml() -> str:
     return (
         f'[[mcp.servers]]\nname = "local"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'

@@ -78,7 +78,12 @@ class TurnEngine:
         live = await self._admit(request.session_id)
         claim = await live.gate.acquire(request.actor)
         work = self._work.spawn(self._turn(live, request, claim, watcher, records), name=request.session_id)
-        return await asyncio.shield(work)
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if watcher is not None:
+                watcher.leave()
+            raise
 
     async def compact(self, request: CompactRequest, *, watcher: Watcher | None = None) -> CompactionOutcome:
         """Run one `session.compact` (§12.3): waits for a running turn, never for a paused one."""
@@ -175,6 +180,8 @@ class TurnEngine:
             raise ProfileUnavailable
         paused = previous.span_context if previous is not None else None
         with turn_trace(live.session_id, request.actor, previous is not None, paused) as traced:
+            if watcher is not None:
+                watcher.when_left(traced.client_left)
             result = await turn.run_loop(session, profile)
             span_context = traced.ended(result.end)
             pending = previous.pending_compaction if previous is not None else None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from services.session.store.events import EventView
@@ -37,6 +37,9 @@ class Watcher:
     _ended: bool = False
     _lagged: bool = False
     _revoked: bool = False
+    # Called once if the caller behind this watcher goes away while its work runs on.
+    on_leave: Callable[[], None] | None = None
+    _left: bool = False
 
     def push(self, *items: EventView) -> None:
         """Queue one published batch, unless this watcher has fallen behind."""
@@ -57,6 +60,19 @@ class Watcher:
     def cut_off(self) -> bool:
         """Ended before its work did (lagged, or its key was revoked): no terminal frame follows."""
         return self._lagged or self._revoked
+
+    def leave(self) -> None:
+        """The caller went away (its work runs on in the engine)."""
+        if not self._left:
+            self._left = True
+            if self.on_leave is not None:
+                self.on_leave()
+
+    def when_left(self, callback: Callable[[], None]) -> None:
+        """Run `callback` when the caller goes away; now, if it already has."""
+        self.on_leave = callback
+        if self._left:
+            callback()
 
     def revoke(self) -> None:
         """The watcher's key was revoked: its stream ends now."""

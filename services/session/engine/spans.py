@@ -106,16 +106,29 @@ class TurnTrace:
     session_id: str
     span: Span | None
     outcome: str | None = None
+    # Set when the client went away mid-turn: the span ended then, with no outcome.
+    left_context: SpanContext | None = None
+    client_gone: bool = False
+
+    def client_left(self) -> None:
+        """The client disconnected: the span ends now, with no outcome, and the turn is not counted."""
+        self.client_gone = True
+        if self.span is not None and self.outcome is None:
+            self.left_context = self.span.get_span_context()
+            self.span.end()
+            self.span = None
 
     def ended(self, end: TurnEnd) -> SpanContext | None:
         """The loop returned: outcome, counter and, when all providers failed, the session span's end.
 
         Returns the span's context for a paused turn to keep (the next turn's `resume` link).
         """
-        self.outcome = OUTCOMES[end]
-        telemetry.count(TURNS_COMPLETED, {"outcome": self.outcome})
         if end == TurnEnd.UNAVAILABLE:
             session_spans.end(self.session_id, ALL_PROVIDERS_FAILED)
+        if self.client_gone:
+            return self.left_context
+        self.outcome = OUTCOMES[end]
+        telemetry.count(TURNS_COMPLETED, {"outcome": self.outcome})
         if self.span is None:
             return None
         self.span.set_attribute("bae.turn.outcome", self.outcome)
@@ -145,12 +158,12 @@ def turn_trace(session_id: str, actor: str, resumed: bool, paused: SpanContext |
         with _active(span):
             yield traced
     except BaseException:
-        if span is not None and traced.outcome is None:
-            span.set_status(Status(StatusCode.ERROR, "session loop failed"))
+        if traced.span is not None and traced.outcome is None:
+            traced.span.set_status(Status(StatusCode.ERROR, "session loop failed"))
         raise
     finally:
-        if span is not None:
-            span.end()
+        if traced.span is not None:
+            traced.span.end()
 
 
 def _json_bytes(value: object) -> int:
