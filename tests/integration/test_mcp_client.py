@@ -304,3 +304,16 @@ async def test_server_dying_mid_session_yields_error_results():
         assert result.error == "-32000: Connection closed"
     finally:
         await connections.close()
+
+
+async def test_a_transport_failure_is_reported_without_addresses():
+    """A server gone mid-session fails the call by its kind; the address stays in the log."""
+    with http_tools_server("gone_") as url:
+        connections = await connect(["gone"], http("gone", url), call_timeout=3.0)
+    try:  # the server has stopped: the next call fails below the protocol
+        outcome = await connections.call("gone_echo", {"text": "anyone?"})
+        assert not outcome.ok
+        host_port = url.split("//", 1)[1].split("/", 1)[0]
+        assert outcome.error and host_port not in outcome.error and "127.0.0.1" not in outcome.error, outcome.error
+    finally:
+        await connections.close()
