@@ -51,21 +51,37 @@ def event_log(stack, sid, skey):
     return page.json()["items"]
 
 
-def test_sigterm_lets_the_running_turn_finish_and_loses_nothing(start_stack, mock):
+def turn_in_flight(start_stack, mock, *, shutdown_timeout: str, hang: float):
+    """A stack, and a turn whose provider call hangs `hang` seconds, already recorded up to provider.request."""
     mock.reset()
     stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
-                        BAE_SHUTDOWN_TIMEOUT="10")
+                        BAE_SHUTDOWN_TIMEOUT=shutdown_timeout)
     sid, skey, _ = new_session(stack)
     register(stack, sid, skey)
-    mock.enqueue(Reply.hang(1.5))
+    mock.enqueue(Reply.hang(hang))
     thread, outcome = turn_in_background(stack, sid, skey, "slow one")
     wait_for_event(stack, sid, skey, "provider.request")
+    return stack, sid, skey, thread, outcome
+
+
+def turn_events(events):
+    return [e for e in events if e["event_type"] not in ("session.open", "session.driver.register")]
+
+
+def next_turn_text(stack, mock, sid, skey, reply: str) -> str:
+    register(stack, sid, skey)  # live state is memory only: the driver registers again
+    mock.enqueue(Reply.text(reply))
+    return result(send(stack, sid, skey, "next"))["message"]["content"][0]["text"]
+
+
+def test_sigterm_lets_the_running_turn_finish_and_loses_nothing(start_stack, mock):
+    stack, sid, skey, thread, outcome = turn_in_flight(start_stack, mock, shutdown_timeout="10", hang=1.5)
 
     stack.stack.restart("session")  # SIGTERM; returns once the new process serves
     thread.join(30)
 
     events = event_log(stack, sid, skey)
-    turn = [e for e in events if e["event_type"] not in ("session.open", "session.driver.register")]
+    turn = turn_events(events)
     assert types(turn) == ["client.message.send", "provider.request", "provider.response", "server.message.send"]
     assert max(Counter(e["id"] for e in events).values()) == 1
     assert turn[-1]["payload"]["content"] == [{"type": "text", "text": "ok"}]
@@ -73,31 +89,18 @@ def test_sigterm_lets_the_running_turn_finish_and_loses_nothing(start_stack, moc
     assert "frames" in outcome and result(outcome["frames"])["message"]["content"][0]["text"] == "ok"
     assert session_state(stack, sid) == "open"
 
-    register(stack, sid, skey)  # live state is memory only: the driver registers again
-    mock.enqueue(Reply.text("after restart"))
-    after = result(send(stack, sid, skey, "next"))
-    assert after["message"]["content"][0]["text"] == "after restart"
+    assert next_turn_text(stack, mock, sid, skey, "after restart") == "after restart"
 
 
 def test_a_turn_past_the_shutdown_budget_is_cut_between_events(start_stack, mock):
-    mock.reset()
-    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
-                        BAE_SHUTDOWN_TIMEOUT="2")
-    sid, skey, _ = new_session(stack)
-    register(stack, sid, skey)
-    mock.enqueue(Reply.hang(20))
-    thread, _ = turn_in_background(stack, sid, skey, "too slow")
-    wait_for_event(stack, sid, skey, "provider.request")
+    stack, sid, skey, thread, _ = turn_in_flight(start_stack, mock, shutdown_timeout="2", hang=20)
     started = time.monotonic()
     stack.stack.restart("session")
     assert time.monotonic() - started < 10  # the budget bounds the stop
     thread.join(30)
 
-    events = event_log(stack, sid, skey)
-    turn = [e for e in events if e["event_type"] not in ("session.open", "session.driver.register")]
+    turn = turn_events(event_log(stack, sid, skey))
     # Whole events only, each once: the provider call never answered, so none is invented.
     assert types(turn) == ["client.message.send", "provider.request"]
     assert session_state(stack, sid) == "open"
-    register(stack, sid, skey)
-    mock.enqueue(Reply.text("recovered"))
-    assert result(send(stack, sid, skey, "again"))["message"]["content"][0]["text"] == "recovered"
+    assert next_turn_text(stack, mock, sid, skey, "recovered") == "recovered"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any, Coroutine, TypeVar
 
 from services.session.engine import compaction
 from services.session.engine.domain import (
@@ -53,6 +54,7 @@ from services.session.store.records import ProfileRecord, SessionRecord
 log = logging.getLogger("bae.session.engine")
 
 Records = tuple[SessionRecord | None, ProfileRecord | None]
+T = TypeVar("T")
 
 
 class TurnEngine:
@@ -77,20 +79,13 @@ class TurnEngine:
         """
         live = await self._admit(request.session_id)
         claim = await live.gate.acquire(request.actor)
-        work = self._work.spawn(self._turn(live, request, claim, watcher, records), name=request.session_id)
-        try:
-            return await asyncio.shield(work)
-        except asyncio.CancelledError:
-            if watcher is not None:
-                watcher.leave()
-            raise
+        return await self._owned(self._turn(live, request, claim, watcher, records), request.session_id, watcher)
 
     async def compact(self, request: CompactRequest, *, watcher: Watcher | None = None) -> CompactionOutcome:
         """Run one `session.compact` (§12.3): waits for a running turn, never for a paused one."""
         live = await self._admit(request.session_id)
         claim = await live.gate.acquire_for_compaction()
-        work = self._work.spawn(self._compaction(live, request, claim, watcher), name=request.session_id)
-        return await asyncio.shield(work)
+        return await self._owned(self._compaction(live, request, claim, watcher), request.session_id, watcher)
 
     async def drain(self, timeout: float) -> None:
         """Shutdown phases 1 and 2: take no new work, let running work finish within `timeout`."""
@@ -98,6 +93,17 @@ class TurnEngine:
         if not await self._work.drain(timeout):
             log.warning("%d turn(s) still running after %.1fs; cancelling them", len(self._work), timeout)
             await self._work.cancel()
+
+    async def _owned(self, work: Coroutine[Any, Any, T], session_id: str, watcher: Watcher | None) -> T:
+        """Run work that holds the gate in a task the engine owns; a caller that goes away
+        stops waiting for it (and its watcher learns so), but the work runs on."""
+        task = self._work.spawn(work, name=session_id)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if watcher is not None:
+                watcher.leave()
+            raise
 
     async def _admit(self, session_id: str) -> LiveSession:
         if not self._accepting:

@@ -183,8 +183,11 @@ class SessionRuntime:
         live.feed.publish(events)
 
     async def on_open(self, session_id: str, profile: ProfileRecord) -> None:
-        """A session was created: connect its MCP servers in the background."""
-        live = await self.attach(session_id)
+        """A session was created: connect its MCP servers in the background.
+
+        No re-read as in `attach`: nobody holds the session's key yet, so nothing can have closed it.
+        """
+        live = self.sessions.setdefault(session_id, LiveSession(session_id))
         self._start_mcp(live, profile)
 
     async def ensure_mcp(self, live: LiveSession, profile: ProfileRecord) -> McpSessionConnections | None:

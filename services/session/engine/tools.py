@@ -84,10 +84,6 @@ class ActingTools:
         return self.mcp.route(name) if self.mcp is not None else None
 
 
-def error_result(tool_use_id: str, text: str) -> dict:
-    return {"type": "tool_result", "tool_use_id": tool_use_id, "content": [{"type": "text", "text": text}], "is_error": True}
-
-
 async def dispatch_server_tools(turn: Turn, calls: list[tuple[dict, Dispatch]], declared: ActingTools) -> list[dict]:
     """Answer every server-side (block, kind); results come back in the model's order.
 
