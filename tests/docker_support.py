@@ -7,14 +7,16 @@ TEST_IMAGE from busybox-static); elsewhere the Docker tests skip with a reason.
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
 import os
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
-from conftest import free_port
+from conftest import RunningStack, free_port, launch_stack, mock_provider_toml
 from processes import ServiceProcess, service_env
 
 TEST_IMAGE = "bae-busybox:test"
@@ -162,3 +164,15 @@ def ensure_harness_image() -> str:
         return HARNESS_IMAGE
     finally:
         client.close()
+
+
+@contextmanager
+def stack_with_sandbox_hosts(tmp: Path, provider_url: str, host_prefix: str, **env: str) -> Iterator[RunningStack]:
+    """A stack for sandbox tests; once it has stopped, no host whose id starts with `host_prefix` holds a container."""
+    running = launch_stack(tmp, mock_provider_toml(provider_url), **env)
+    try:
+        yield running
+    finally:
+        running.close()
+        if docker_skip_reason() is None:
+            assert sandboxes_of_hosts(host_prefix) == []

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import free_port, launch_stack, mock_provider_toml
+from conftest import free_port, mock_provider_toml
 from docker_support import (
     TEST_IMAGE,
     SandboxHostProcess,
@@ -18,6 +18,7 @@ from docker_support import (
     docker_skip_reason,
     require_docker,
     sandboxes_of_hosts,
+    stack_with_sandbox_hosts,
 )
 from live import result, rpc, terminal, types
 from mockllm import Reply
@@ -75,13 +76,9 @@ def stack_overrides() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def shared(mock, tmp_path_factory):
     """One stack for the tests that only add profiles and sessions: a stack start costs seconds."""
-    running = launch_stack(
-        tmp_path_factory.mktemp("sandbox-stack"), mock_provider_toml(mock.base_url), **stack_overrides()
-    )
-    yield running
-    running.close()
-    if docker_skip_reason() is None:
-        assert sandboxes_of_hosts(RUN) == []
+    tmp = tmp_path_factory.mktemp("sandbox-stack")
+    with stack_with_sandbox_hosts(tmp, mock.base_url, RUN, **stack_overrides()) as running:
+        yield running
 
 
 @pytest.fixture

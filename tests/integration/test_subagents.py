@@ -16,14 +16,13 @@ import grpc
 import pytest
 
 from bae.protos import sandbox_pb2, sandbox_pb2_grpc
-from conftest import launch_stack, mock_provider_toml
+from conftest import mock_provider_toml
 from docker_support import (
     containers_with,
     docker_client,
-    docker_skip_reason,
     ensure_harness_image,
     require_docker,
-    sandboxes_of_hosts,
+    stack_with_sandbox_hosts,
 )
 from live import result, rpc, terminal, types
 from mockllm import Reply
@@ -57,12 +56,9 @@ def image():
 
 @pytest.fixture(scope="module")
 def shared(mock, tmp_path_factory, image):
-    running = launch_stack(tmp_path_factory.mktemp("subagents"), mock_provider_toml(mock.base_url),
-                           **overrides(BAE_MAX_SUBAGENTS_PER_SESSION="2"))
-    yield running
-    running.close()
-    if docker_skip_reason() is None:
-        assert sandboxes_of_hosts(RUN) == []
+    with stack_with_sandbox_hosts(tmp_path_factory.mktemp("subagents"), mock.base_url, RUN,
+                       **overrides(BAE_MAX_SUBAGENTS_PER_SESSION="2")) as running:
+        yield running
 
 
 @pytest.fixture
