@@ -277,8 +277,10 @@ def test_subagent_span_is_a_linked_root(start_stack, mock: MockLLM, receiver: Ot
         assert subagent.attributes["bae.subagent.id"].startswith("sba_")
         outcomes[subagent.attributes["bae.subagent.outcome"]] = subagent.span.status.message
     assert outcomes == {"completed": "", "failed": "subagent failed"}
-    # Both have ended: the gauge (which counted them while they ran) settles at 0.
-    points = receiver.wait_points(lambda points: values(points, "bae.subagents.active") == {(): 0})
+    # Both have ended: the gauge (which counted them while they ran) settles at 0. An export from before
+    # the turn shows 0 too, so wait for one that has also seen the dispatches.
+    points = receiver.wait_points(lambda points: values(points, "bae.subagents.active") == {(): 0}
+                                  and (("dispatch", "subagent"),) in values(points, "bae.tool.calls"))
     assert values(points, "bae.tool.calls") == {(("dispatch", "subagent"),): 2}
     assert "secret-subagent-output" not in str(receiver.trace_requests)
     assert stack.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"}).status_code == 200
