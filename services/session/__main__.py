@@ -115,8 +115,10 @@ def admin_key_options(command: Command, settings: Settings) -> AdminKeyOptions:
 
 async def migrate_only(settings: Settings) -> None:
     store = await Store.open(settings.sqlalchemy_url, settings.sqlite_synchronous)
+    applied, head = store.migrations_applied, await store.revision()
     await store.close()
-    print(f"database migrated: {settings.printable_database_url}")
+    done = f"applied {' '.join(applied)}" if applied else f"already at {head}"
+    print(f"database migrated ({done}): {settings.printable_database_url}")
 
 
 async def serve_forever(command: Command, settings: Settings) -> None:
@@ -150,6 +152,7 @@ async def serve_forever(command: Command, settings: Settings) -> None:
         auth=auth,
         live=LiveApi(store=store, runtime=runtime, engine=engine),
         sandboxes=SandboxMethods(runtime=runtime),
+        ownership=runtime.ownership,
     )
     register_gauges(runtime, store)
     await runtime.start()

@@ -12,6 +12,8 @@ from services.session.api import bodies
 from services.session.api.pagination import PageRequest, events_page, page_json, page_request
 from services.session.store import Store, events, keys, sessions
 
+HEAD = "0003"
+
 
 @pytest.fixture
 async def store(tmp_path):
@@ -77,8 +79,8 @@ async def test_migrations_are_idempotent_and_data_survives(tmp_path):
     store = await Store.open(url)
     try:
         assert (await store.get_session(sid)).id == sid
-        versions = await store.call(lambda conn: conn.exec_driver_sql("SELECT version FROM schema_migrations").all())
-        assert versions == [(1,)]
+        versions = await store.call(lambda conn: conn.exec_driver_sql("SELECT version_num FROM alembic_version").all())
+        assert versions == [(HEAD,)]
         mode = await store.call(lambda conn: conn.exec_driver_sql("PRAGMA journal_mode").scalar())
         assert mode == "wal"
     finally:

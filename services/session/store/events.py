@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, Row, Select, and_, bindparam, insert, select, update
+from sqlalchemy import Connection, Row, Select, and_, bindparam, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
+from bae.errors import Problem
 from bae.ids import new_id
 from bae.timefmt import now
 from bae.jsontext import RawJson, dump, load
+from services.session.store.locks import hold_session
 from services.session.store.schema import session_events, sessions
 
 MESSAGE_EVENT_TYPES = ("client.message.send", "server.message.send", "session.compaction.completed")
@@ -49,11 +52,28 @@ _SEQ_OF = select(session_events.c.seq).where(
     )
 )
 _INSERT = insert(session_events)
+_LAST_SESSION_SEQ = select(func.coalesce(func.max(session_events.c.session_seq), 0)).where(
+    session_events.c.session_id == bindparam("session_id")
+)
 _FINISH = (
     update(sessions)
     .where(and_(sessions.c.id == bindparam("session_id"), sessions.c.state == "open"))
     .values(state=bindparam("new_state"), closed_at=bindparam("closed_at"))
 )
+
+
+class OrderConflict(Problem):
+    """Another writer appended to this session between our read of its last number and our insert.
+
+    The database's UNIQUE(session_id, session_seq) refused our events: they were not
+    written, so the session's order stays one writer's. Retrying appends after the
+    other writer's events, which the caller may not have seen: a 503 tells it to retry.
+    """
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(503, "service_unavailable", "the session was written concurrently; retry shortly",
+                         retry_after=1)
+        self.session_id = session_id
 
 
 class EventView(dict):
@@ -117,10 +137,18 @@ def append(
     events: list[tuple[str | None, str, dict | RawJson]],
     new_state: str | None = None,
 ) -> list[EventView]:
-    """Insert events in order; `new_state` (closed/error) applies only to an open session."""
+    """Insert events in order; `new_state` (closed/error) applies only to an open session.
+
+    Each event gets the session's next `session_seq`, read in this transaction. A
+    concurrent writer that took a number first makes this raise OrderConflict (and the
+    caller's transaction roll back) instead of interleaving. The Store serializes a
+    process's own appends to a session (see store.py), so only another process conflicts.
+    """
+    hold_session(conn, session_id)
     views = []
     rows = []
-    for client_key_id, event_type, payload in events:
+    next_seq = conn.execute(_LAST_SESSION_SEQ, {"session_id": session_id}).scalar_one() + 1
+    for offset, (client_key_id, event_type, payload) in enumerate(events):
         fields = {
             "id": new_id("evt_"),
             "session_id": session_id,
@@ -131,9 +159,14 @@ def append(
         }
         payload_text = dump(payload)
         views.append(EventView(fields, payload_text))
-        rows.append({**fields, "payload": payload_text})
+        rows.append({**fields, "payload": payload_text, "session_seq": next_seq + offset})
     if rows:
-        conn.execute(_INSERT, rows)
+        try:
+            conn.execute(_INSERT, rows)
+        except IntegrityError as exc:
+            if "session_seq" not in str(exc.orig) and "session_events_session_order" not in str(exc.orig):
+                raise
+            raise OrderConflict(session_id) from None
     if new_state is not None:
         conn.execute(
             _FINISH, {"session_id": session_id, "new_state": new_state, "closed_at": now()}

@@ -1,7 +1,7 @@
 """The tables, as SQLAlchemy Core metadata.
 
-Portable types only (a later issue runs this on PostgreSQL): JSON documents
-are TEXT written by `json.dumps`, timestamps are the RFC 3339 strings of
+The store runs on SQLite and PostgreSQL, so types are portable: JSON documents
+are TEXT (the JsonText type below), timestamps are the RFC 3339 strings of
 `bae.timefmt` (they sort and compare as text). Every table has an integer
 `seq` primary key: it is the insertion order every list is sorted by and the
 pagination cursor, while `id` is the public identifier.
@@ -9,7 +9,7 @@ pagination cursor, while `id` is the public identifier.
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
 
 metadata = MetaData()
 
@@ -75,9 +75,33 @@ session_events = Table(
     Column("seq", Integer, primary_key=True, autoincrement=True),
     Column("id", ID, nullable=False, unique=True),
     Column("session_id", ID, nullable=False),
+    # 1, 2, … within the session: the database refuses a second event at a number (revision 0002).
+    Column("session_seq", Integer, nullable=False),
     Column("client_key_id", ID),
     Column("event_type", String(64), nullable=False),
     Column("payload", Text, nullable=False),
     Column("created_at", String(32), nullable=False),
 )
 Index("session_events_session_seq", session_events.c.session_id, session_events.c.seq)
+Index("session_events_session_order", session_events.c.session_id, session_events.c.session_seq, unique=True)
+
+# Session ownership across replicas (see services/session/ownership.py). A replica's row is its
+# heartbeat: every lease it holds is valid while `expires_at` (epoch seconds) lies ahead.
+replicas = Table(
+    "replicas",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("address", Text, nullable=False),  # host:port other replicas and gateways reach it at
+    Column("started_at", String(32), nullable=False),
+    Column("expires_at", Float, nullable=False),
+)
+
+session_leases = Table(
+    "session_leases",
+    metadata,
+    Column("session_id", ID, primary_key=True),
+    Column("replica_id", ID, nullable=False),
+    # Bumped at every change of owner: a takeover is a compare-and-swap on it.
+    Column("epoch", Integer, nullable=False),
+)
+Index("session_leases_replica", session_leases.c.replica_id)

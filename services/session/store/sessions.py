@@ -7,6 +7,7 @@ from sqlalchemy import Connection, Row, bindparam, insert, select, update
 from bae.ids import new_id
 from bae.timefmt import now
 from bae.jsontext import dump, load
+from services.session.store.locks import hold_session
 from services.session.store.records import SessionRecord
 from services.session.store.schema import sessions
 
@@ -90,6 +91,8 @@ def set_declarations(
     subagent_tools: list[dict] | None = None,
 ) -> None:
     """Replace one client's declaration lists (those given); other clients' stay untouched."""
+    # Before the row lock this update takes: a session's writers queue on its lock first (locks.py).
+    hold_session(conn, session.id)
     values = {}
     for column, current, new in (
         ("client_tools", session.client_tools, client_tools),

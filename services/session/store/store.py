@@ -23,7 +23,7 @@ from sqlalchemy.exc import OperationalError
 
 from bae.jsontext import RawJson
 from services.session.store import events, profiles, sessions
-from services.session.store.migrations import migrate
+from services.session.store.migrations import current, migrate
 from services.session.store.records import ProfileRecord, SessionRecord
 from services.session.store.sqlite import (
     BUSY_TIMEOUT_MS,
@@ -108,6 +108,7 @@ class _Worker:
 class Store:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self.migrations_applied: list[str] = []  # by `open`, oldest first
         self._writer = _Worker(engine, "bae-store")
         # An in-memory database exists once per connection: reads share the writer's.
         separate = engine.dialect.name != "sqlite" or is_file_database(engine.url)
@@ -118,7 +119,7 @@ class Store:
         """Connect and apply pending migrations."""
         store = cls(make_engine(url, synchronous))
         try:
-            await store.run(store._migrate)
+            store.migrations_applied = await store.run(store._migrate)
         except BaseException:
             await store.close()
             raise
@@ -126,6 +127,10 @@ class Store:
 
     def _migrate(self) -> list[str]:
         return migrate(self._writer.connection())
+
+    async def revision(self) -> str | None:
+        """The schema revision the database is at."""
+        return await self.read(current)
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run `fn()` on the writer thread (no transaction of its own)."""
