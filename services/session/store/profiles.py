@@ -8,7 +8,6 @@ from sqlalchemy import Connection, Row, and_, bindparam, exists, insert, select,
 
 from bae.ids import new_id
 from bae.timefmt import now
-from bae.jsontext import dump, load
 from services.session.store.records import ProfileRecord
 from services.session.store.schema import profiles
 
@@ -34,10 +33,10 @@ def record(row: Row) -> ProfileRecord:
         id=row.id,
         name=row.name,
         primary_provider=row.primary_provider,
-        fallback_providers=load(row.fallback_providers),
-        mcp_servers=load(row.mcp_servers),
-        allowed_tools=load(row.allowed_tools),
-        available_sandboxes=load(row.available_sandboxes),
+        fallback_providers=row.fallback_providers,
+        mcp_servers=row.mcp_servers,
+        allowed_tools=row.allowed_tools,
+        available_sandboxes=row.available_sandboxes,
         created_at=row.created_at,
         updated_at=row.updated_at,
         deleted_at=row.deleted_at,
@@ -80,13 +79,13 @@ def create(conn: Connection, fields: dict) -> ProfileRecord:
         "id": new_id("pro_"),
         "name": fields["name"],
         "primary_provider": fields["primary_provider"],
-        **{name: dump(fields[name]) for name in LIST_FIELDS},
+        **{name: fields[name] for name in LIST_FIELDS},
         "created_at": stamp,
         "updated_at": stamp,
         "deleted_at": None,
     }
     conn.execute(insert(profiles), row)
-    return ProfileRecord(**{**row, **{name: fields[name] for name in LIST_FIELDS}})
+    return ProfileRecord(**row)
 
 
 def replace(conn: Connection, profile_id: str, fields: dict) -> ProfileRecord | None:
@@ -104,7 +103,7 @@ def replace(conn: Connection, profile_id: str, fields: dict) -> ProfileRecord | 
             name=fields["name"],
             primary_provider=fields["primary_provider"],
             updated_at=stamp,
-            **{name: dump(fields[name]) for name in LIST_FIELDS},
+            **{name: fields[name] for name in LIST_FIELDS},
         )
     )
     return dataclasses.replace(current, **fields, updated_at=stamp)

@@ -4,14 +4,37 @@ The store runs on SQLite and PostgreSQL, so types are portable: JSON documents
 are TEXT (the JsonText type below), timestamps are the RFC 3339 strings of
 `bae.timefmt` (they sort and compare as text). Every table has an integer
 `seq` primary key: it is the insertion order every list is sorted by and the
-pagination cursor, while `id` is the public identifier.
+pagination cursor, while `id` is the public identifier. A change here is also a
+new revision in migrations/versions/.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
+from typing import Any
+
+from sqlalchemy import Column, Dialect, Float, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy.types import TypeDecorator
+
+from bae.jsontext import dump, load
 
 metadata = MetaData()
+
+
+class JsonText(TypeDecorator[Any]):
+    """A JSON document stored as TEXT: written with `bae.jsontext.dump`, read back parsed.
+
+    The DDL is plain TEXT (what revision 0001 creates), so this changes no schema.
+    """
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else dump(value)
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> Any:
+        return load(value)
+
 
 ID = String(64)
 
@@ -42,10 +65,10 @@ profiles = Table(
     Column("id", ID, nullable=False, unique=True),
     Column("name", Text, nullable=False, unique=True),  # unique across deleted rows too
     Column("primary_provider", Text, nullable=False),
-    Column("fallback_providers", Text, nullable=False),
-    Column("mcp_servers", Text, nullable=False),
-    Column("allowed_tools", Text, nullable=False),
-    Column("available_sandboxes", Text, nullable=False),
+    Column("fallback_providers", JsonText, nullable=False),
+    Column("mcp_servers", JsonText, nullable=False),
+    Column("allowed_tools", JsonText, nullable=False),
+    Column("available_sandboxes", JsonText, nullable=False),
     Column("created_at", String(32), nullable=False),
     Column("updated_at", String(32), nullable=False),
     Column("deleted_at", String(32)),
@@ -60,10 +83,10 @@ sessions = Table(
     Column("profile_id", ID, nullable=False),
     Column("state", String(16), nullable=False),
     Column("client_version", Text),
-    Column("client_tools", Text, nullable=False),
-    Column("sandbox_tools", Text, nullable=False),
-    Column("subagent_tools", Text, nullable=False),
-    Column("compaction", Text),
+    Column("client_tools", JsonText, nullable=False),
+    Column("sandbox_tools", JsonText, nullable=False),
+    Column("subagent_tools", JsonText, nullable=False),
+    Column("compaction", JsonText),
     Column("created_at", String(32), nullable=False),
     Column("closed_at", String(32)),
 )
@@ -79,6 +102,8 @@ session_events = Table(
     Column("session_seq", Integer, nullable=False),
     Column("client_key_id", ID),
     Column("event_type", String(64), nullable=False),
+    # Raw TEXT, not JsonText: an event's stored text is spliced into frames and pages as it is
+    # (events.EventView), and a payload is parsed only where this service reads it.
     Column("payload", Text, nullable=False),
     Column("created_at", String(32), nullable=False),
 )

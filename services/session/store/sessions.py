@@ -6,7 +6,6 @@ from sqlalchemy import Connection, Row, bindparam, insert, select, update
 
 from bae.ids import new_id
 from bae.timefmt import now
-from bae.jsontext import dump, load
 from services.session.store.locks import hold_session
 from services.session.store.records import SessionRecord
 from services.session.store.schema import sessions
@@ -33,10 +32,10 @@ def record(row: Row) -> SessionRecord:
         profile_id=row.profile_id,
         state=row.state,
         client_version=row.client_version,
-        client_tools=load(row.client_tools),
-        sandbox_tools=load(row.sandbox_tools),
-        subagent_tools=load(row.subagent_tools),
-        compaction=load(row.compaction),
+        client_tools=row.client_tools,
+        sandbox_tools=row.sandbox_tools,
+        subagent_tools=row.subagent_tools,
+        compaction=row.compaction,
         created_at=row.created_at,
         closed_at=row.closed_at,
     )
@@ -70,10 +69,10 @@ def create(
             "profile_id": profile_id,
             "state": state,
             "client_version": client_version,
-            "client_tools": dump({client_key_id: client_tools}),
-            "sandbox_tools": dump({client_key_id: sandbox_tools}),
-            "subagent_tools": dump({client_key_id: subagent_tools}),
-            "compaction": None if compaction is None else dump(compaction),
+            "client_tools": {client_key_id: client_tools},
+            "sandbox_tools": {client_key_id: sandbox_tools},
+            "subagent_tools": {client_key_id: subagent_tools},
+            "compaction": compaction,
             "created_at": stamp,
             "closed_at": None if state == "open" else stamp,
         },
@@ -100,7 +99,7 @@ def set_declarations(
         ("subagent_tools", session.subagent_tools, subagent_tools),
     ):
         if new is not None:
-            values[column] = dump({**current, client_key_id: new})
+            values[column] = {**current, client_key_id: new}
     if values:
         conn.execute(update(sessions).where(sessions.c.id == session.id).values(**values))
 
