@@ -1,23 +1,38 @@
-"""Store, pagination and body parsing, against a real SQLite file."""
+"""Store, pagination and body parsing, against a real SQLite file and a real PostgreSQL server."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
+from sqlalchemy import create_engine, event, insert
+from sqlalchemy.exc import IntegrityError
+
+from sqlalchemy.util import await_only
 
 from bae.errors import Problem
 from bae.jsontext import RawJson, dump
 from services.session.api import bodies
 from services.session.api.pagination import PageRequest, events_page, page_json, page_request
 from services.session.store import Store, events, keys, sessions
+from services.session.store.schema import session_events
+import postgres_support
 
 HEAD = "0003"
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """A fresh database of each kind."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/nested/bae.db"
+    return postgres_support.server().database_url(request.node.nodeid)
+
+
 @pytest.fixture
-async def store(tmp_path):
-    store = await Store.open(f"sqlite:///{tmp_path}/nested/bae.db")
+async def store(store_url):
+    store = await Store.open(store_url)
     yield store
     await store.close()
 
@@ -71,20 +86,99 @@ async def test_event_json_equals_serialized_view(store):
     assert json.loads(page)["items"][0] == events.event_view(row)
 
 
-async def test_migrations_are_idempotent_and_data_survives(tmp_path):
-    url = f"sqlite:///{tmp_path}/bae.db"
-    store = await Store.open(url)
+async def test_migrations_are_idempotent_and_data_survives(store_url):
+    store = await Store.open(store_url)
+    assert store.migrations_applied == ["0001", "0002", "0003"]
     sid = await new_session(store)
     await store.close()
-    store = await Store.open(url)
+    store = await Store.open(store_url)
     try:
+        assert store.migrations_applied == [] and await store.revision() == HEAD
         assert (await store.get_session(sid)).id == sid
-        versions = await store.call(lambda conn: conn.exec_driver_sql("SELECT version_num FROM alembic_version").all())
-        assert versions == [(HEAD,)]
-        mode = await store.call(lambda conn: conn.exec_driver_sql("PRAGMA journal_mode").scalar())
-        assert mode == "wal"
+        if store.dialect == "sqlite":
+            mode = await store.call(lambda conn: conn.exec_driver_sql("PRAGMA journal_mode").scalar())
+            assert mode == "wal"
     finally:
         await store.close()
+
+
+async def test_each_session_numbers_its_events(store):
+    first, second = await new_session(store), await new_session(store)
+    for sid in (first, second, first):
+        await store.append_events(sid, [(None, "a", {}), (None, "b", {})])
+    numbers = await store.read(lambda conn: [tuple(row) for row in conn.execute(
+        session_events.select().with_only_columns(session_events.c.session_id, session_events.c.session_seq)
+        .order_by(session_events.c.seq))])
+    assert numbers == [(first, 1), (first, 2), (second, 1), (second, 2), (first, 3), (first, 4)]
+
+
+async def test_appends_to_one_session_from_one_process_never_conflict(store):
+    """On PostgreSQL the pool runs these on several connections at once; the session lock orders them."""
+    sid = await new_session(store)
+    await asyncio.gather(*(store.append_events(sid, [(None, f"e{n}", {}), (None, f"f{n}", {})]) for n in range(20)))
+    listed = await store.list_events(sid, 0, 100)
+    assert len(listed) == 40
+    numbers = await store.read(lambda conn: list(conn.execute(
+        session_events.select().with_only_columns(session_events.c.session_seq)
+        .where(session_events.c.session_id == sid).order_by(session_events.c.seq)).scalars()))
+    assert numbers == list(range(1, 41))
+
+
+async def test_a_stale_append_of_a_taken_number_fails(store_url):
+    """Two writers (two stores, as two processes would be): the second one's stale number is refused."""
+    writer, other = await Store.open(store_url), await Store.open(store_url)
+    try:
+        sid = await new_session(writer)
+        await writer.append_events(sid, [(None, "a", {})])
+        stale = await other.read(lambda conn: conn.execute(events._LAST_SESSION_SEQ, {"session_id": sid}).scalar_one())
+        await writer.append_events(sid, [(None, "b", {})])  # takes number 2 meanwhile
+        row = {"id": "evt_stale", "session_id": sid, "session_seq": stale + 1, "client_key_id": None,
+               "event_type": "c", "payload": "{}", "created_at": "2026-01-01T00:00:00.000Z"}
+        with pytest.raises(IntegrityError):
+            await other.call(lambda conn: conn.execute(insert(session_events), row))
+        assert [view["event_type"] for _, view in await writer.list_events(sid, 0, 10)] == ["a", "b"]
+    finally:
+        await writer.close()
+        await other.close()
+
+
+async def test_a_concurrent_append_from_another_writer_raises(store_url):
+    """Another writer appends between our read of the next number and our insert: ours fails, not interleaves."""
+    writer, other = await Store.open(store_url), await Store.open(store_url)
+    try:
+        sid = await new_session(writer)
+        await writer.append_events(sid, [(None, "a", {})])
+
+        theirs = {"id": "evt_theirs", "session_id": sid, "session_seq": 2, "client_key_id": None,
+                  "event_type": "theirs", "payload": "{}", "created_at": "2026-01-01T00:00:00.000Z"}
+
+        def commit_theirs() -> None:
+            if writer.dialect == "postgresql":  # this runs inside the loop's greenlet bridge
+                await_only(other.call(lambda conn: conn.execute(insert(session_events), theirs)))
+            else:  # this runs on the writer thread: the other writer is a connection of its own
+                engine = create_engine(store_url)
+                with engine.begin() as conn:
+                    conn.execute(insert(session_events), theirs)
+                engine.dispose()
+
+        def append_racing(conn) -> None:
+            def before_insert(_conn, _cursor, statement, *_args) -> None:
+                if statement.startswith("INSERT INTO session_events"):
+                    commit_theirs()  # after our read of the next number, before our insert
+
+            event.listen(conn, "before_cursor_execute", before_insert)
+            try:
+                events.append(conn, sid, [(None, "ours", {})])
+            finally:
+                event.remove(conn, "before_cursor_execute", before_insert)
+
+        with pytest.raises(Problem) as caught:  # OrderConflict, or on SQLite a stale snapshot: both a 503
+            await writer.call(append_racing)
+        assert caught.value.status == 503 and caught.value.retry_after == 1
+        assert [view["event_type"] for _, view in await other.list_events(sid, 0, 10)] == ["a", "theirs"]
+    finally:
+        await writer.close()
+        await other.close()
 
 
 async def test_key_lookup_by_digest_and_revocation(store):

@@ -1,4 +1,5 @@
-"""SQLite durability and availability: synchronous mode, private files, a database locked by another process."""
+"""Durability and availability: SQLite's synchronous mode, private files and a database locked by another
+process; PostgreSQL's outages."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from bae.errors import UsageError
 from bae.settings import load_settings
 from services.session.store import Store, sessions
 from services.session.store.sqlite import StoreUnavailable
+import postgres_support
 
 
 def mode(path) -> int:
@@ -115,3 +117,30 @@ async def test_reads_do_not_wait_behind_a_blocked_write(locked):
     assert session.id == sid and not write.done()
     with pytest.raises(StoreUnavailable):
         await write
+
+
+async def test_a_postgresql_outage_is_a_503_and_the_password_never_logged(caplog):
+    """A server of its own, stopped under an open store: calls are 503s, then work again once it is back."""
+    server = postgres_support.PostgresServer(postgres_support.bin_dir_or_skip())
+    try:
+        server.start()
+        url = server.database_url("outage").replace("postgres@", "postgres:s3cret-pw@")
+        caplog.set_level("DEBUG")
+        store = await Store.open(url)
+        try:
+            sid = await new_session(store)
+            server.halt()
+            for call in (lambda: store.append_events(sid, [(None, "x", {})]), lambda: store.get_session(sid)):
+                with pytest.raises(StoreUnavailable) as caught:
+                    await call()
+                problem = caught.value
+                assert (problem.status, problem.retry_after, problem.busy) == (503, 5, False)
+                assert problem.detail == "the database is unavailable; retry later"
+            server.start()
+            await store.append_events(sid, [(None, "y", {})])
+            assert [view["event_type"] for _, view in await store.list_events(sid, 0, 10)] == ["y"]
+        finally:
+            await store.close()
+    finally:
+        server.stop()
+    assert "s3cret-pw" not in caplog.text

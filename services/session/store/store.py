@@ -1,13 +1,19 @@
-"""The store: a writer thread and a reader thread, each owning one database connection.
+"""The store, on SQLite or PostgreSQL. Only this package touches database connections.
 
-Every database call runs on a worker thread, so the asyncio loop never blocks
-on I/O. Writes go to a single thread, so SQLite writes are serialized without
-locks; reads go to their own thread and connection (WAL lets them proceed
-while a write waits), so a write blocked on a locked database never holds up
-a read. A call is one transaction: `await store.call(fn, *args)` (writes) or
+A call is one transaction: `await store.call(fn, *args)` (writes) or
 `await store.read(fn, *args)` runs `fn(conn, *args)` inside `BEGIN … COMMIT`
-(rolled back if it raises). A locked database or a full disk raises
+(rolled back if it raises), where `fn` is one of this package's synchronous
+functions. A database that cannot serve now (locked, full, unreachable) raises
 `StoreUnavailable` (a 503 problem).
+
+SQLite: a writer thread and a reader thread, each owning one connection, so the
+asyncio loop never blocks on I/O. Writes go to the single writer, so they are
+serialized without locks (this measured best); reads go to their own thread and
+connection (WAL lets them proceed while a write waits), so a write blocked on a
+locked database never holds up a read.
+
+PostgreSQL (postgres.py): an asyncio engine with a pool of asyncpg connections;
+`fn` runs through `AsyncConnection.run_sync`.
 """
 
 from __future__ import annotations
@@ -17,13 +23,15 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
+from bae.errors import UsageError
 from bae.jsontext import RawJson
 from services.session.store import events, profiles, sessions
 from services.session.store.migrations import current, migrate
+from services.session.store.postgres import PostgresBackend, is_postgres, make_postgres_engine
 from services.session.store.records import ProfileRecord, SessionRecord
 from services.session.store.sqlite import (
     BUSY_TIMEOUT_MS,
@@ -36,14 +44,6 @@ from services.session.store.sqlite import (
 
 
 T = TypeVar("T")
-
-
-def make_engine(url: str, synchronous: str = "FULL") -> Engine:
-    """An engine for `url`; SQLite gets a private directory and files, WAL, a busy timeout."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True)
-    return make_sqlite_engine(parsed, synchronous)
 
 
 def session_and_profile(conn: Connection, session_id: str) -> tuple[SessionRecord | None, ProfileRecord | None]:
@@ -105,50 +105,78 @@ class _Worker:
         self._executor.shutdown(wait=True)
 
 
-class Store:
+class _SqliteBackend:
+    """The writer thread, and the reader thread (the writer's, for an in-memory database)."""
+
     def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+        self.engine = engine
+        self.writer = _Worker(engine, "bae-store")
+        separate = is_file_database(engine.url)
+        self.reader = _Worker(engine, "bae-store-read") if separate else self.writer
+
+    async def close(self) -> None:
+        if self.reader is not self.writer:
+            await self.reader.close()
+        await self.writer.close()
+        self.engine.dispose()
+
+
+class Store:
+    def __init__(self, backend: _SqliteBackend | PostgresBackend) -> None:
+        self._backend = backend
         self.migrations_applied: list[str] = []  # by `open`, oldest first
-        self._writer = _Worker(engine, "bae-store")
-        # An in-memory database exists once per connection: reads share the writer's.
-        separate = engine.dialect.name != "sqlite" or is_file_database(engine.url)
-        self._reader = _Worker(engine, "bae-store-read") if separate else self._writer
 
     @classmethod
     async def open(cls, url: str, synchronous: str = "FULL") -> "Store":
-        """Connect and apply pending migrations."""
-        store = cls(make_engine(url, synchronous))
+        """Connect and apply pending migrations.
+
+        `url` as users write it: sqlite:///path, or postgresql://user:password@host:port/db.
+        """
+        parsed = make_url(url)
+        backend: _SqliteBackend | PostgresBackend
+        if is_postgres(parsed):
+            backend = PostgresBackend(make_postgres_engine(parsed))
+        elif parsed.get_backend_name() == "sqlite":
+            backend = _SqliteBackend(make_sqlite_engine(parsed, synchronous))
+        else:
+            raise UsageError(f"unsupported database {parsed.get_backend_name()!r}: use sqlite:// or postgresql://")
+        store = cls(backend)
         try:
-            store.migrations_applied = await store.run(store._migrate)
+            store.migrations_applied = await store._migrate()
         except BaseException:
             await store.close()
             raise
         return store
 
-    def _migrate(self) -> list[str]:
-        return migrate(self._writer.connection())
+    async def _migrate(self) -> list[str]:
+        backend = self._backend
+        if isinstance(backend, PostgresBackend):
+            return await backend.run_on_connection(migrate)
+        return await backend.writer.run(lambda: migrate(backend.writer.connection()))
+
+    @property
+    def dialect(self) -> str:
+        """"sqlite" or "postgresql"."""
+        return self._backend.engine.dialect.name
 
     async def revision(self) -> str | None:
         """The schema revision the database is at."""
         return await self.read(current)
 
-    async def run(self, fn: Callable[[], T]) -> T:
-        """Run `fn()` on the writer thread (no transaction of its own)."""
-        return await self._writer.run(fn)
-
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(conn, *args)` in one transaction on the writer thread."""
-        return await self._writer.call(fn, args)
+        """Run `fn(conn, *args)` in one writing transaction."""
+        if isinstance(self._backend, PostgresBackend):
+            return await self._backend.call(fn, args)
+        return await self._backend.writer.call(fn, args)
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(conn, *args)`, which only reads, in one transaction on the reader thread."""
-        return await self._reader.call(fn, args)
+        """Run `fn(conn, *args)`, which only reads, in one transaction."""
+        if isinstance(self._backend, PostgresBackend):
+            return await self._backend.call(fn, args)
+        return await self._backend.reader.call(fn, args)
 
     async def close(self) -> None:
-        if self._reader is not self._writer:
-            await self._reader.close()
-        await self._writer.close()
-        self._engine.dispose()
+        await self._backend.close()
 
     # The turn engine's API (SERVER-SPEC §7-§12 live on top of these).
 
