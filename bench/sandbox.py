@@ -5,6 +5,9 @@
 Prints, each as p50/p99 over sequential runs:
 - start a sandbox and run `echo` in it through the gateway
   (session.startRemoteSandbox + session.execRemoteSandbox on the client port);
+- session.startRemoteSandbox alone through the gateway, with no warm container
+  (BAE_SANDBOX_WARM=0) and with one ready (a second stack, BAE_SANDBOX_WARM=1,
+  each start once the pool has refilled);
 - `docker run --rm bae-busybox:test echo hi` with the docker CLI, the floor to compare with;
 - one session.execRemoteSandbox round trip in a running sandbox, next to the
   same exec (create, start, inspect) straight through the docker SDK.
@@ -34,9 +37,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.run import client_key, open_session, report, rpc, start_stack  # noqa: E402
+from bench.run import TOKEN, client_key, open_session, report, rpc, start_stack  # noqa: E402
 from bae.grpcutil import channel as internal_channel  # noqa: E402
 from bae.protos import sandbox_pb2, sandbox_pb2_grpc  # noqa: E402
+from conftest import launch_stack, mock_provider_toml  # noqa: E402
 from docker_support import TEST_IMAGE, SandboxHostProcess, docker_client, docker_skip_reason  # noqa: E402
 from mockllm import MockLLM, Reply  # noqa: E402
 from processes import TEST_PLANE, PeakRss  # noqa: E402
@@ -90,7 +94,7 @@ def sdk_exec_baseline() -> tuple[list[float], float]:
         client.close()
 
 
-async def bench_sandboxes(stack, key: str) -> None:
+async def bench_sandboxes(stack, key: str, tmp: Path, mock) -> None:
     async with httpx.AsyncClient(base_url=stack.client_url, timeout=120) as client:
         sid, skey = await open_session(client, key)
         await rpc(client, sid, skey, "session.registerDriver")
@@ -111,6 +115,9 @@ async def bench_sandboxes(stack, key: str) -> None:
             stops.append(await seconds(stop))
         report("start sandbox + echo through the gateway", starts, sum(starts))
         report("  then stop it through the gateway", stops, sum(stops))
+        samples = await sandbox_starts(client, sid, skey)
+        report("startRemoteSandbox through the gateway, cold", samples, sum(samples))
+        await bench_warm_starts(tmp, mock)
 
         samples, wall = await timed(lambda: asyncio.to_thread(docker_run_echo), STARTS)
         report(f"docker run --rm {TEST_IMAGE} echo hi (CLI)", samples, wall)
@@ -124,6 +131,49 @@ async def bench_sandboxes(stack, key: str) -> None:
         report("exec round trip in a running sandbox", samples, wall)
         await stop()
         report("  the same exec through the docker SDK directly", *await asyncio.to_thread(sdk_exec_baseline))
+
+
+async def sandbox_starts(client, sid: str, skey: str, ready=None) -> list[float]:
+    """session.startRemoteSandbox alone, each after `ready()` (when given) and followed by a stop."""
+    samples = []
+    for _ in range(STARTS):
+        if ready is not None:
+            await ready()
+        samples.append(await seconds(
+            lambda: rpc(client, sid, skey, "session.startRemoteSandbox", {"image": TEST_IMAGE})
+        ))
+        await rpc(client, sid, skey, "session.stopRemoteSandbox")
+    return samples
+
+
+async def bench_warm_starts(tmp: Path, mock) -> None:
+    """startRemoteSandbox on a stack whose sandbox host keeps one warm container (BAE_SANDBOX_WARM=1)."""
+    running = launch_stack(tmp, mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN, BAE_LOG="warning",
+                           BAE_SANDBOX_WARM="1")
+    host_id = running.stack.env["BAE_SANDBOX_HOST_ID"]
+    docker = docker_client()
+
+    async def spare_ready() -> None:
+        """Until the host runs a spare again: held ones are stopped after each start, so any is free."""
+        def count() -> int:
+            return len(docker.containers.list(filters={"label": ["bae.spare=1", f"bae.host={host_id}"]}))
+        deadline = time.monotonic() + 30
+        while await asyncio.to_thread(count) < 1:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the warm pool did not refill within 30 s")
+            await asyncio.sleep(0.02)
+
+    try:
+        key = client_key(running, available_sandboxes=[TEST_IMAGE])
+        async with httpx.AsyncClient(base_url=running.stack.client_url, timeout=120) as client:
+            sid, skey = await open_session(client, key)
+            await rpc(client, sid, skey, "session.registerDriver")
+            await sandbox_starts(client, sid, skey, spare_ready)  # warm up: channels, image checks
+            samples = await sandbox_starts(client, sid, skey, spare_ready)
+        report("startRemoteSandbox through the gateway, warm", samples, sum(samples))
+    finally:
+        running.close()
+        docker.close()
 
 
 async def flood_memory(stub, sandbox_id: str, pid: int) -> None:
@@ -270,7 +320,9 @@ async def main() -> int:
         running = start_stack(Path(tmp), mock)
         try:
             print("\n== Sandboxes ==")
-            await bench_sandboxes(running.stack, client_key(running, available_sandboxes=[TEST_IMAGE]))
+            warm = Path(tmp) / "warm"
+            warm.mkdir()
+            await bench_sandboxes(running.stack, client_key(running, available_sandboxes=[TEST_IMAGE]), warm, mock)
             print("\n== Subagents ==")
             await bench_subagent_launch(running, mock)
             print("\n== Sandbox host: background commands and output caps ==")

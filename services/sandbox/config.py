@@ -14,6 +14,8 @@ from bae.settings import Settings, is_truthy
 _MEMORY = re.compile(r"^[0-9]+[bkmg]?$")
 # Both streams of one capped output must fit in a gRPC message (64 MiB, bae/grpcutil.py).
 MAX_OUTPUT_LIMIT = 16 * 1024 * 1024
+# Warm spares per image: each is a running container holding its memory reservation.
+MAX_WARM = 32
 N = TypeVar("N", int, float)
 
 
@@ -33,6 +35,8 @@ class SandboxConfig:
     # Bytes kept of each output stream of a command; the rest is counted, not kept.
     output_limit: int
     health_interval: float
+    # Started, unassigned containers kept per allowed image (services/sandbox/warm.py); 0: none.
+    warm: int = 0
 
 
 def _positive(env: Mapping[str, str], var: str, default: str, kind: Callable[[str], N]) -> N:
@@ -51,6 +55,17 @@ def _output_limit(env: Mapping[str, str]) -> int:
     if limit > MAX_OUTPUT_LIMIT:
         raise UsageError(f'BAE_SANDBOX_OUTPUT_LIMIT: "{limit}" is more than {MAX_OUTPUT_LIMIT} bytes (16 MiB)')
     return limit
+
+
+def _warm(env: Mapping[str, str]) -> int:
+    value = env.get("BAE_SANDBOX_WARM", "0")
+    try:
+        warm = int(value.strip())
+    except ValueError:
+        warm = -1
+    if not 0 <= warm <= MAX_WARM:
+        raise UsageError(f'BAE_SANDBOX_WARM: "{value}" is not a whole number from 0 to {MAX_WARM}')
+    return warm
 
 
 def load_sandbox_config(settings: Settings, env: Mapping[str, str] | None = None) -> SandboxConfig:
@@ -79,4 +94,5 @@ def load_sandbox_config(settings: Settings, env: Mapping[str, str] | None = None
         exec_timeout=_positive(env, "BAE_SANDBOX_EXEC_TIMEOUT", "300", float),
         output_limit=_output_limit(env),
         health_interval=_positive(env, "BAE_SANDBOX_HEALTH_INTERVAL", "2", float),
+        warm=_warm(env),
     )

@@ -33,6 +33,7 @@ from services.sandbox.driver import (
     LABEL_HOST,
     LABEL_SANDBOX,
     LABEL_SESSION,
+    LABEL_SPARE,
     ExecOutput,
     SandboxFailure,
     SandboxInfo,
@@ -250,6 +251,27 @@ class DockerDriver:
         return error
 
     async def start(self, session_id: str, image: str) -> str:
+        sandbox_id = await self._create_started(image, {LABEL_SESSION: session_id})
+        log.info("started sandbox %s (image %s) for session %s", sandbox_id[:12], image, session_id)
+        return sandbox_id
+
+    async def start_spare(self, image: str) -> str:
+        sandbox_id = await self._create_started(image, {LABEL_SPARE: "1"})
+        log.debug("started warm spare %s (image %s)", sandbox_id[:12], image)
+        return sandbox_id
+
+    async def running(self, sandbox_id: str) -> bool:
+        api = await self._ready_api()
+        try:
+            info = await self._engine(api.inspect_container, sandbox_id)
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.APIError as exc:
+            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"cannot inspect sandbox: {_explain(exc)}") from None
+        return bool((info.get("State") or {}).get("Running"))
+
+    async def _create_started(self, image: str, labels: dict[str, str]) -> str:
+        """Create and start a container of `image`: every sandbox, a spare or not, gets these same limits."""
         api = await self._ready_api()
         config = self._config
         writable = {path: f"{TMPFS_OPTIONS},size={config.memory}" for path in (WORKSPACE, "/tmp")}
@@ -267,10 +289,10 @@ class DockerDriver:
             read_only=config.read_only,
             tmpfs=writable if config.read_only else None,
         )
-        labels = {LABEL_SANDBOX: "1", LABEL_SESSION: session_id, LABEL_HOST: config.host_id}
         try:
             created = await self._engine(
-                api.create_container, image, KEEPALIVE_COMMAND, labels=labels, host_config=host_config,
+                api.create_container, image, KEEPALIVE_COMMAND,
+                labels={LABEL_SANDBOX: "1", **labels, LABEL_HOST: config.host_id}, host_config=host_config,
                 working_dir=WORKSPACE if config.read_only else None,
             )
         except docker.errors.ImageNotFound:
@@ -285,7 +307,6 @@ class DockerDriver:
         except docker.errors.APIError as exc:
             await self._remove(api, sandbox_id)
             raise SandboxFailure(grpc.StatusCode.INTERNAL, f"cannot start sandbox: {_explain(exc)}") from None
-        log.info("started sandbox %s (image %s) for session %s", sandbox_id[:12], image, session_id)
         return sandbox_id
 
     async def _create_exec(self, api, sandbox_id: str, command: str, token: str, stdin: bool) -> str:
@@ -408,11 +429,13 @@ class DockerDriver:
         return [
             SandboxInfo(
                 sandbox_id=item["Id"],
-                session_id=(item.get("Labels") or {}).get(LABEL_SESSION, ""),
+                session_id=labels.get(LABEL_SESSION, ""),
                 image=item.get("Image", ""),
                 state=item.get("State", ""),
+                spare=LABEL_SPARE in labels,
             )
             for item in containers
+            for labels in [item.get("Labels") or {}]
         ]
 
     async def close(self) -> None:

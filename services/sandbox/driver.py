@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 LABEL_SANDBOX = "bae.sandbox"
 LABEL_SESSION = "bae.session_id"
 LABEL_HOST = "bae.host"
+# A warm spare (services/sandbox/warm.py): started before any session asked, in place of a session label.
+LABEL_SPARE = "bae.spare"
 
 
 class SandboxFailure(Exception):
@@ -40,6 +42,8 @@ class SandboxInfo:
     session_id: str
     image: str
     state: str
+    # A warm spare: its session (if a session holds it) is in the host's memory, not in a label.
+    spare: bool = False
 
 
 class Driver(Protocol):
@@ -54,6 +58,12 @@ class Driver(Protocol):
 
     async def start(self, session_id: str, image: str) -> str:
         """Start a sandbox; returns its id."""
+
+    async def start_spare(self, image: str) -> str:
+        """Start a warm spare: a sandbox like any other, labelled as a spare instead of with a session."""
+
+    async def running(self, sandbox_id: str) -> bool:
+        """Whether the sandbox exists and runs."""
 
     async def exec(self, sandbox_id: str, command: str, timeout: float) -> ExecOutput: ...
 
@@ -95,6 +105,12 @@ class UnsupportedDriver:
         raise self._failure
 
     async def start(self, session_id: str, image: str) -> str:
+        raise self._failure
+
+    async def start_spare(self, image: str) -> str:
+        raise self._failure
+
+    async def running(self, sandbox_id: str) -> bool:
         raise self._failure
 
     async def exec(self, sandbox_id: str, command: str, timeout: float) -> ExecOutput:

@@ -17,6 +17,7 @@ from services.sandbox.config import SandboxConfig
 from services.sandbox.driver import Driver, SandboxFailure
 from services.sandbox.images import ImageAllowlist
 from services.sandbox.exec_span import end_exec, start_exec
+from services.sandbox.warm import WarmPool
 
 log = logging.getLogger("bae.sandbox")
 
@@ -40,9 +41,10 @@ def command_status(command: Command, stdout_offset: int = 0, stderr_offset: int 
 
 
 class SandboxService(sandbox_pb2_grpc.SandboxServicer):
-    def __init__(self, driver: Driver, config: SandboxConfig) -> None:
+    def __init__(self, driver: Driver, config: SandboxConfig, warm: WarmPool) -> None:
         self._driver = driver
         self._config = config
+        self._warm = warm
         self._images = ImageAllowlist()
         self._commands = BackgroundCommands(driver, config.output_limit)
 
@@ -68,16 +70,22 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
             self._images.replace(list(request.images))
         except SandboxFailure as failure:
             await context.abort(failure.code, failure.detail)
+        self._warm.allow(frozenset(request.images))
         return sandbox_pb2.AllowImagesResponse()
 
     async def EnsureImage(self, request, context):
         await self._allowed(context, request.image)
+        if self._warm.has_spare(request.image):  # a container of it runs here: the image is present
+            return sandbox_pb2.EnsureImageResponse(pulled=False)
         pulled = await self._call(context, self._driver.ensure_image(request.image))
+        self._warm.ensured(request.image)
         return sandbox_pb2.EnsureImageResponse(pulled=pulled)
 
     async def Start(self, request, context):
         await self._allowed(context, request.image)
-        sandbox_id = await self._call(context, self._driver.start(request.session_id, request.image))
+        sandbox_id = await self._call(context, self._warm.take(request.session_id, request.image))
+        if sandbox_id is None:
+            sandbox_id = await self._call(context, self._driver.start(request.session_id, request.image))
         return sandbox_pb2.StartResponse(sandbox_id=sandbox_id, host_id=self._config.host_id)
 
     @staticmethod
@@ -105,6 +113,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
 
     async def Stop(self, request, context):
         was_running = await self._call(context, self._commands.stop_sandbox(request.sandbox_id))
+        self._warm.released(request.sandbox_id)
         return sandbox_pb2.StopResponse(was_running=was_running)
 
     async def StartCommand(self, request, context):
@@ -137,14 +146,15 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
 
     async def List(self, request, context):
         sandboxes = await self._call(context, self._driver.list())
-        return sandbox_pb2.ListResponse(
-            sandboxes=[
-                sandbox_pb2.SandboxInfo(
-                    sandbox_id=item.sandbox_id, session_id=item.session_id, image=item.image, state=item.state
-                )
-                for item in sandboxes
-            ]
-        )
+        listed = []
+        for item in sandboxes:
+            session_id = self._warm.holder(item.sandbox_id) if item.spare else item.session_id
+            if session_id is None:  # a spare no session holds (yet): nobody's sandbox
+                continue
+            listed.append(sandbox_pb2.SandboxInfo(
+                sandbox_id=item.sandbox_id, session_id=session_id, image=item.image, state=item.state
+            ))
+        return sandbox_pb2.ListResponse(sandboxes=listed)
 
 
 class EngineMonitor:
@@ -193,13 +203,16 @@ class EngineMonitor:
 async def serve_sandbox(config: SandboxConfig, driver: Driver, shutdown_timeout: float, plane: InternalPlane) -> None:
     """Serve until SIGTERM/SIGINT, with health following the container engine."""
     monitor = EngineMonitor(driver, config.health_interval)
+    # Fills once the session service sends the allowed images; its spares go with the host's others below.
+    warm = WarmPool(driver, config.warm)
 
     def register(server: grpc.aio.Server) -> list[str]:
-        sandbox_pb2_grpc.add_SandboxServicer_to_server(SandboxService(driver, config), server)
+        sandbox_pb2_grpc.add_SandboxServicer_to_server(SandboxService(driver, config, warm), server)
         return [SERVICE_NAME]
 
     async def shut_down() -> None:
         monitor.stop()
+        await warm.close()
         # In-flight calls have drained; a later start would remove these as orphans anyway.
         try:
             removed = await driver.remove_all()
