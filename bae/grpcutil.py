@@ -153,10 +153,11 @@ async def serve(
     log.info("%s stopped", name)
 
 
-def channel(target: str, plane: InternalPlane) -> grpc.aio.Channel:
+def channel(target: str, plane: InternalPlane, *, balanced: bool = False) -> grpc.aio.Channel:
     """An internal channel; callers always pass a deadline (`timeout=`).
 
     Its calls carry the internal token, the request id and trace context (bae.callcontext).
+    `balanced` spreads calls over every address a host name resolves to (round robin).
     """
     return grpc.aio.insecure_channel(
         target,
@@ -165,5 +166,6 @@ def channel(target: str, plane: InternalPlane) -> grpc.aio.Channel:
             *plane.channel_options(),
             ("grpc.max_reconnect_backoff_ms", 2_000),
             *MESSAGE_SIZE_OPTIONS,
+            *((("grpc.lb_policy_name", "round_robin"),) if balanced else ()),
         ],
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from sqlalchemy.engine import make_url
@@ -129,6 +129,13 @@ def parse_internal_token(value: str | None) -> str | None:
     return token
 
 
+def _replicas(value: str) -> int:
+    count = parse_count("BAE_SESSION_REPLICAS", value)
+    if not 1 <= count <= 64:
+        raise UsageError(f'BAE_SESSION_REPLICAS: "{value}" must be between 1 and 64')
+    return count
+
+
 def _grpc_targets(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
@@ -169,6 +176,21 @@ class Settings:
     grpc_keepalive: float = 30.0
     # stderr lines as "text" or "json" (BAE_LOG_FORMAT).
     log_format: str = "text"
+    # Session-service replicas `bae run` starts (BAE_SESSION_REPLICAS); more than one needs PostgreSQL.
+    session_replicas: int = 1
+    # Where the gateway finds the session replicas (BAE_SESSION_GRPC_ADDRS; host names resolve to all
+    # their addresses). Empty: BAE_SESSION_GRPC_ADDR alone.
+    session_grpc_addrs: list[str] = field(default_factory=list)
+    # How long a replica's hold on its sessions outlives its last heartbeat (BAE_SESSION_LEASE_SECONDS).
+    session_lease_seconds: float = 10.0
+    # The address other replicas and gateways reach this replica at (BAE_SESSION_ADVERTISE_ADDR);
+    # None: BAE_SESSION_GRPC_ADDR, with a wildcard host replaced by this machine's address.
+    session_advertise_addr: str | None = None
+
+    @property
+    def session_targets(self) -> list[str]:
+        """The session replicas the gateway sends to."""
+        return self.session_grpc_addrs or [self.session_grpc_addr]
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -227,4 +249,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_body_bytes=parse_body_limit(get("BAE_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES))),
         internal_token=parse_internal_token(get("BAE_INTERNAL_TOKEN")),
         grpc_keepalive=parse_timeout("BAE_GRPC_KEEPALIVE_INTERVAL", get("BAE_GRPC_KEEPALIVE_INTERVAL", "30")),
+        session_replicas=_replicas(get("BAE_SESSION_REPLICAS", "1")),
+        session_grpc_addrs=_grpc_targets(get("BAE_SESSION_GRPC_ADDRS", "")),
+        session_lease_seconds=parse_timeout("BAE_SESSION_LEASE_SECONDS", get("BAE_SESSION_LEASE_SECONDS", "10")),
+        session_advertise_addr=get("BAE_SESSION_ADVERTISE_ADDR", "").strip() or None,
     )

@@ -74,16 +74,29 @@ class Stack:
 
     def _grpc_services(self, settings: Settings) -> dict[str, tuple[list[str], str]]:
         """The restartable gRPC services: name -> (interpreter arguments, address to health-check)."""
-        return {
-            "session": (["-m", "bae", "session", "serve", *self.session_args], settings.session_grpc_addr),
-            "runner": (["-m", "bae", "runner"], settings.runner_grpc_addr),
-        }
+        services = {"runner": (["-m", "bae", "runner"], settings.runner_grpc_addr)}
+        for name, address in session_replicas(settings).items():
+            services[name] = (["-m", "bae", "session", "serve", *self.session_args], address)
+        return services
+
+    def _extra_env(self, name: str, settings: Settings) -> dict[str, str]:
+        if name.startswith("session"):
+            return {"BAE_SESSION_GRPC_ADDR": self._grpc_services(settings)[name][1]}
+        return {}
 
     def start(self, timeout: float = 30.0) -> None:
         settings = self.settings
         services = self._grpc_services(settings)
+        replicas = session_replicas(settings)
+        if len(replicas) > 1 and "BAE_SESSION_GRPC_ADDRS" not in self.env:
+            self.env["BAE_SESSION_GRPC_ADDRS"] = ",".join(replicas.values())
+        deadline = time.monotonic() + timeout
+        # The first replica migrates the store and writes the admin key before the others start.
+        self._spawn("session", services["session"][0], self._extra_env("session", settings))
+        self._wait_grpc("session", services["session"][1], deadline)
         for name, (args, _) in services.items():
-            self._spawn(name, args)
+            if name != "session":
+                self._spawn(name, args, self._extra_env(name, settings))
         for index, address in enumerate(settings.sandbox_grpc_addrs):
             self._spawn(
                 f"sandbox-{index}" if index else "sandbox",
@@ -95,7 +108,6 @@ class Stack:
                        if "BAE_SANDBOX_HOST_ID" in self.env and index else {}),
                 },
             )
-        deadline = time.monotonic() + timeout
         for name, (_, address) in services.items():
             self._wait_grpc(name, address, deadline)
         self._spawn("gateway", ["-m", "bae", "gateway"])
@@ -149,7 +161,7 @@ class Stack:
         """
         deadline = time.monotonic() + timeout
         codes: dict[str, int] = {}
-        first = [name for name in ("gateway", "session") if name in self.processes]
+        first = [name for name in self.processes if name == "gateway" or name.startswith("session")]
         rest = [name for name in self.processes if name not in first]
         for group in (first, rest):
             for name in group:
@@ -178,17 +190,50 @@ class Stack:
             process.kill()
             process.wait()
         args, address = self._grpc_services(self.settings)[name]
-        self._spawn(name, args)
+        self._spawn(name, args, self._extra_env(name, self.settings))
         self._wait_grpc(name, address, time.monotonic() + timeout)
 
-    def wait_any(self) -> tuple[str, int]:
-        """Block until one child exits; returns its name and exit code."""
+    def supervise(self) -> tuple[str, int]:
+        """Block until a child exits for good; returns its name and exit code.
+
+        With several session replicas, one that dies is started again while the others
+        serve (its sessions move to them meanwhile) unless it keeps dying at start-up.
+        """
+        settings = self.settings
+        replicated = settings.session_replicas > 1
+        quick_exits: dict[str, int] = {}
+        started = {name: time.monotonic() for name in self.processes}
         while True:
-            for name, process in self.processes.items():
+            for name, process in list(self.processes.items()):
                 code = process.poll()
-                if code is not None:
+                if code is None:
+                    continue
+                if not (replicated and name.startswith("session")):
                     return name, code
+                quick_exits[name] = quick_exits.get(name, 0) + 1 if time.monotonic() - started[name] < 10 else 1
+                if quick_exits[name] > 3:
+                    return name, code
+                print(f"{name} exited with code {code}; starting it again", file=sys.stderr, flush=True)
+                self._spawn(name, self._grpc_services(settings)[name][0], self._extra_env(name, settings))
+                started[name] = time.monotonic()
             time.sleep(0.2)
+
+
+def session_replicas(settings: Settings) -> dict[str, str]:
+    """name -> gRPC address of each session replica: consecutive ports from BAE_SESSION_GRPC_ADDR's."""
+    host, _, port = settings.session_grpc_addr.rpartition(":")
+    return {
+        f"session-{index}" if index else "session": f"{host}:{int(port) + index}"
+        for index in range(settings.session_replicas)
+    }
+
+
+def require_shared_store(settings: Settings) -> None:
+    if settings.session_replicas > 1 and not (settings.database_url or "").startswith("postgres"):
+        raise UsageError(
+            f"BAE_SESSION_REPLICAS={settings.session_replicas} needs a store the replicas share: "
+            "set BAE_DATABASE_URL=postgresql://user@host:port/db (SQLite serves one replica only)"
+        )
 
 
 DEMO_PROVIDER_ADDR = "127.0.0.1:8089"
@@ -228,7 +273,7 @@ def require_loopback(settings: Settings) -> None:
     """`bae run` starts every service on this machine: their gRPC ports stay on loopback."""
     exposed = [
         target
-        for target in (settings.session_grpc_addr, settings.runner_grpc_addr, *settings.sandbox_grpc_addrs)
+        for target in (*session_replicas(settings).values(), settings.runner_grpc_addr, *settings.sandbox_grpc_addrs)
         if not is_loopback_target(target)
     ]
     if exposed:
@@ -264,6 +309,7 @@ def main(argv: list[str]) -> int:
     try:
         settings = load_settings(env)
         require_loopback(settings)
+        require_shared_store(settings)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -287,7 +333,7 @@ def main(argv: list[str]) -> int:
             f"Press Ctrl-C to stop.\n",
             flush=True,
         )
-        name, code = stack.wait_any()
+        name, code = stack.supervise()
         print(f"{name} exited with code {code}; stopping the stack", file=sys.stderr)
         return code or 1
     except KeyboardInterrupt:

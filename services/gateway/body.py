@@ -50,8 +50,9 @@ class BodyReader:
         check = session_pb2.CredentialCheck(
             credential=credential, path_id=request.path_params.get("id", ""), **credentials(request)
         )
+        timeout = self.upstream.timeout
         try:
-            await self.upstream.stub.CheckCredential(check, timeout=self.upstream.timeout)
+            await self.upstream.call(None, lambda stub, metadata: stub.CheckCredential(check, timeout=timeout))
         except grpc.aio.AioRpcError as error:
             raise self.upstream.failure(error) from None
 

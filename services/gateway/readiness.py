@@ -20,6 +20,7 @@ from bae.grpcutil import channel
 from bae.internal import InternalPlane
 from bae.jsontext import dump
 from services.gateway.responses import JSON, problem_response
+from services.gateway.upstream import Upstream
 
 READY = dump({"status": "ready"})
 # A probe must answer quickly even when a dependency hangs.
@@ -35,12 +36,9 @@ async def _serving(stub: health_pb2_grpc.HealthStub) -> bool:
 
 
 class Readiness:
-    def __init__(
-        self, session_channel: grpc.aio.Channel, session_addr: str, runner_addr: str, plane: InternalPlane
-    ) -> None:
-        self.session_addr = session_addr
+    def __init__(self, sessions: Upstream, runner_addr: str, plane: InternalPlane) -> None:
+        self.sessions = sessions
         self.runner_addr = runner_addr
-        self.session = health_pb2_grpc.HealthStub(session_channel)
         self.runner_channel = channel(runner_addr, plane)
         self.runner = health_pb2_grpc.HealthStub(self.runner_channel)
 
@@ -48,9 +46,11 @@ class Readiness:
         await self.runner_channel.close()
 
     async def __call__(self, request: Request) -> Response:
-        session_ok, runner_ok = await asyncio.gather(_serving(self.session), _serving(self.runner))
-        if not session_ok:
-            detail = f"not ready: session service unreachable at {self.session_addr}"
+        # Ready while any session replica serves: the others' sessions move to it.
+        checks = [_serving(health_pb2_grpc.HealthStub(self.sessions.channel(t))) for t in self.sessions.targets]
+        runner_ok, *sessions_ok = await asyncio.gather(_serving(self.runner), *checks)
+        if not any(sessions_ok):
+            detail = f"not ready: session service unreachable at {self.sessions.address}"
         elif not runner_ok:
             detail = f"not ready: runner unreachable at {self.runner_addr}; turns cannot run"
         else:

@@ -7,11 +7,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from bae.errors import Problem
-from bae.protos import session_pb2
+from bae.protos import session_pb2, session_pb2_grpc
 from services.gateway.body import BodyReader, Credential
 from services.gateway.responses import JSON, problem_response
 from services.gateway.router import Endpoint
-from services.gateway.upstream import Upstream, credentials
+from services.gateway.upstream import Metadata, Upstream, credentials
+
+# Calls about one session: they go to the replica that owns it.
+SESSION_RPCS = frozenset({"JoinSession", "ListParticipants", "ListEvents", "CloseSession"})
 
 
 class Forwarder:
@@ -28,8 +31,8 @@ class Forwarder:
         """
         upstream = self.upstream
         bodies = self.bodies
-        rpc = getattr(upstream.stub, rpc_name)
         timeout = upstream.timeout
+        session_scoped = rpc_name in SESSION_RPCS
 
         async def handle(request: Request) -> Response:
             try:
@@ -43,8 +46,13 @@ class Forwarder:
                 content_type=request.headers.get("content-type", ""),
                 query=request.query_params,
             )
+
+
+            async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> session_pb2.JsonReply:
+                return await getattr(stub, rpc_name)(message, timeout=timeout, metadata=metadata)
+
             try:
-                reply = await rpc(message, timeout=timeout)
+                reply = await upstream.call(message.path_id if session_scoped else None, invoke)
             except grpc.aio.AioRpcError as error:
                 return problem_response(upstream.failure(error))
             if status == 204:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import grpc
 from starlette.requests import Request
@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from bae import telemetry
 from bae.errors import Problem, internal
-from bae.protos import session_pb2
+from bae.protos import session_pb2, session_pb2_grpc
 from services.gateway.body import SESSION_KEY, BodyReader
 from services.gateway.envelope import (
     STREAMING_METHODS,
@@ -31,7 +31,7 @@ from services.gateway.envelope import (
 from services.gateway.observe import link_session_span
 from services.gateway.frames import NDJSON, internal_error_frame, reply_frame
 from services.gateway.responses import problem_response
-from services.gateway.upstream import Upstream, credentials
+from services.gateway.upstream import Metadata, Upstream, credentials
 
 log = logging.getLogger("bae.gateway")
 
@@ -129,18 +129,23 @@ class RpcEndpoint:
         return await self._unary(rpc_request, envelope)
 
     async def _reject(self, rpc_request: session_pb2.RpcRequest, rejected: Rejected) -> Response:
+        timeout = self.upstream.timeout
         try:
-            await self.upstream.stub.CheckSessionKey(rpc_request, timeout=self.upstream.timeout)
+            await self.upstream.call(None, lambda stub, metadata: stub.CheckSessionKey(rpc_request, timeout=timeout))
         except grpc.aio.AioRpcError as error:
             return problem_response(self.upstream.failure(error))
         return Response(rejected.frame, media_type=NDJSON)
 
     async def _unary(self, rpc_request: session_pb2.RpcRequest, call: Call) -> Response:
-        method = getattr(self.upstream.stub, UNARY_METHODS[call.method])
+        rpc_name = UNARY_METHODS[call.method]
         timeout = None if call.method in UNBOUNDED_METHODS else self.upstream.timeout
+
+        async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> tuple[Any, Any]:
+            grpc_call = getattr(stub, rpc_name)(rpc_request, timeout=timeout, metadata=metadata)
+            return grpc_call, await grpc_call
+
         try:
-            grpc_call = method(rpc_request, timeout=timeout)
-            reply = await grpc_call
+            grpc_call, reply = await self.upstream.call(rpc_request.session_id, invoke)
         except grpc.aio.AioRpcError as error:
             return problem_response(self.upstream.failure(error))
         if telemetry.tracer is not None and call.method == REGISTER_DRIVER:
@@ -148,15 +153,19 @@ class RpcEndpoint:
         return Response(reply_frame(reply, call.id_json), media_type=NDJSON)
 
     async def _stream(self, rpc_name: str, rpc_request: session_pb2.RpcRequest, call: Call) -> Response:
-        # Live calls carry no deadline: a turn or a subscription lasts as long as it lasts.
-        grpc_call = getattr(self.upstream.stub, rpc_name)(rpc_request)
+        async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> tuple[Any, Any]:
+            # Live calls carry no deadline: a turn or a subscription lasts as long as it lasts.
+            grpc_call = getattr(stub, rpc_name)(rpc_request, metadata=metadata)
+            try:
+                return grpc_call, await grpc_call.read()
+            except BaseException:
+                grpc_call.cancel()
+                raise
+
         try:
-            first = await grpc_call.read()
+            grpc_call, first = await self.upstream.call(rpc_request.session_id, invoke)
         except grpc.aio.AioRpcError as error:
             return problem_response(self.upstream.failure(error))
-        except BaseException:
-            grpc_call.cancel()
-            raise
         if first is grpc.aio.EOF:
             log.error("session service ended %s before accepting it", rpc_name)
             return problem_response(internal())

@@ -76,11 +76,11 @@ async def serve(settings: Settings, config: Config) -> int:
         log.error("gateway cannot bind its listeners: %s", exc)
         return 1
 
-    upstream = Upstream.connect(settings.session_grpc_addr, settings.rpc_timeout, plane)
+    upstream = Upstream(settings.session_targets, settings.rpc_timeout, plane)
     bodies = BodyReader(upstream, settings.max_body_bytes)
     forward = Forwarder(upstream, bodies)
     rpc = RpcEndpoint(upstream, bodies)
-    readyz = Readiness(upstream.channel, settings.session_grpc_addr, settings.runner_grpc_addr, plane)
+    readyz = Readiness(upstream, settings.runner_grpc_addr, plane)
     metrics = MetricsEndpoint(
         [settings.session_grpc_addr, settings.runner_grpc_addr],
         plane,
@@ -95,7 +95,7 @@ async def serve(settings: Settings, config: Config) -> int:
         "gateway serving client API on http://%s and admin API on http://%s (session service %s)",
         settings.addr,
         settings.admin_addr,
-        settings.session_grpc_addr,
+        upstream.address,
     )
 
     stop = asyncio.Event()

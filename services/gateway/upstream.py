@@ -1,11 +1,13 @@
-"""The one connection to the session service and how its failures read over HTTP."""
+"""The connections to the session replicas and how their failures read over HTTP."""
 
 from __future__ import annotations
 
-from typing import TypedDict
-
+import asyncio
+import ipaddress
+import itertools
 import logging
-from dataclasses import dataclass
+from collections import OrderedDict
+from typing import Awaitable, Callable, TypedDict, TypeVar
 
 import grpc
 from starlette.requests import Request
@@ -14,8 +16,12 @@ from bae.errors import Problem, internal
 from bae.grpcutil import channel
 from bae.internal import InternalPlane
 from bae.protos import session_pb2_grpc
+from bae.session_routing import REDIRECTED_KEY, owner_of
 
 log = logging.getLogger("bae.gateway")
+
+T = TypeVar("T")
+Metadata = tuple[tuple[str, str], ...]
 
 
 class Credentials(TypedDict):
@@ -29,23 +35,107 @@ def credentials(request: Request) -> Credentials:
     return {"authorization": authorization or "", "has_authorization": authorization is not None}
 
 
-@dataclass
+# A call follows at most this many refusals (one is usual: the session moved once).
+MAX_HOPS = 3
+# Sessions whose replica is remembered; the oldest are forgotten first.
+OWNER_CACHE = 65_536
+
+Invoke = Callable[[session_pb2_grpc.SessionServiceStub, Metadata], Awaitable[T]]
+
+
+def _is_host_name(target: str) -> bool:
+    host = target.rpartition(":")[0].strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return host != "localhost"
+    return False
+
+
 class Upstream:
-    """A shared channel and stub; every request of both ports goes through it."""
+    """Channels to the session replicas, and which replica each session was last served by.
 
-    address: str
-    timeout: float
-    channel: grpc.aio.Channel
-    stub: session_pb2_grpc.SessionServiceStub
+    A call for a session goes to its replica; one without a session (or for a
+    session not seen yet) goes to the next configured target that is not known
+    to be down. A replica that does not own the session refuses the call before
+    acting on it and names the owner (bae.session_routing), and the call is sent
+    there. Each target may be a host name: its channel balances over every
+    address the name resolves to (a scaled compose service).
+    """
 
-    @classmethod
-    def connect(cls, address: str, timeout: float, plane: InternalPlane) -> "Upstream":
-        # Must run inside the event loop that will use the channel (grpc.aio binds to it).
-        chan = channel(address, plane)
-        return cls(address, timeout, chan, session_pb2_grpc.SessionServiceStub(chan))
+    def __init__(self, targets: list[str], timeout: float, plane: InternalPlane) -> None:
+        # Must be made inside the event loop that will use the channels (grpc.aio binds to it).
+        self.targets = targets
+        self.timeout = timeout
+        self._plane = plane
+        self._stubs: dict[str, session_pb2_grpc.SessionServiceStub] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._owners: OrderedDict[str, str] = OrderedDict()
+        self._turn = itertools.count()
+
+    @property
+    def address(self) -> str:
+        return ", ".join(self.targets)
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        chan = self._channels.get(address)
+        if chan is None:
+            # A configured host name may stand for several replicas: balance over its addresses.
+            balanced = address in self.targets and _is_host_name(address)
+            chan = self._channels[address] = channel(address, self._plane, balanced=balanced)
+            self._stubs[address] = session_pb2_grpc.SessionServiceStub(chan)
+        return chan
+
+    def stub(self, address: str) -> session_pb2_grpc.SessionServiceStub:
+        self.channel(address)
+        return self._stubs[address]
 
     async def close(self) -> None:
-        await self.channel.close()
+        await asyncio.gather(*(chan.close() for chan in self._channels.values()))
+
+    def _down(self, address: str) -> bool:
+        """Whether the last attempt to connect to `address` failed (so a call there was never sent)."""
+        return self.channel(address).get_state(try_to_connect=True) == grpc.ChannelConnectivity.TRANSIENT_FAILURE
+
+    def _pick(self, session_id: str | None, avoid: str | None = None) -> str:
+        if session_id and (owner := self._owners.get(session_id)) is not None and owner != avoid:
+            return owner
+        start = next(self._turn)
+        for offset in range(len(self.targets)):
+            target = self.targets[(start + offset) % len(self.targets)]
+            if target != avoid and not self._down(target):
+                return target
+        return self.targets[start % len(self.targets)]
+
+    def _remember(self, session_id: str, address: str) -> None:
+        self._owners[session_id] = address
+        self._owners.move_to_end(session_id)
+        if len(self._owners) > OWNER_CACHE:
+            self._owners.popitem(last=False)
+
+    async def call(self, session_id: str | None, invoke: Invoke[T]) -> T:
+        """`invoke(stub, metadata)` on the replica for `session_id`, following refusals."""
+        address = self._pick(session_id)
+        metadata: Metadata = ()
+        for hop in range(MAX_HOPS):
+            try:
+                result = await invoke(self.stub(address), metadata)
+            except grpc.aio.AioRpcError as error:
+                owner = owner_of(error)
+                unreachable = error.code() == grpc.StatusCode.UNAVAILABLE and owner is None and self._down(address)
+                if session_id and (owner is not None or unreachable):
+                    self._owners.pop(session_id, None)
+                if hop == MAX_HOPS - 1 or not (owner or unreachable):
+                    raise
+                if owner is not None:
+                    address, metadata = owner, ((REDIRECTED_KEY, "1"),)
+                else:  # never sent: the replica is gone; another one takes the session or names its owner
+                    address, metadata = self._pick(session_id, avoid=address), ()
+                continue
+            if session_id:
+                self._remember(session_id, address)
+            return result
+        raise AssertionError("unreachable")
 
     def failure(self, error: grpc.aio.AioRpcError) -> Problem:
         """The HTTP problem for a failed call: the service's own, or a generic one that names the outage.

@@ -12,12 +12,14 @@ from bae import telemetry
 from bae.errors import Problem, internal
 from bae.jsontext import dump
 from bae.protos import session_pb2, session_pb2_grpc
+from bae.session_routing import OWNER_KEY, was_redirected
 from services.session.api.admin import AdminApi
 from services.session.api.auth import Authenticator
 from services.session.api.calls import Credential, RestCall
 from services.session.api.faults import rpc_error
 from services.session.api.jsonrpc import ACCEPTED, RpcCall
 from services.session.api.live import LiveApi
+from services.session.engine.ownership import NotOwner, Ownership
 from services.session.engine.spans import session_spans
 from services.session.api.rest import ClientRestApi
 from services.session.api.sandbox_methods import SandboxMethods
@@ -42,8 +44,16 @@ async def _json(reply: Awaitable[str]) -> session_pb2.JsonReply:
 
 class SessionServicer(session_pb2_grpc.SessionServiceServicer):
     def __init__(
-        self, *, rest: ClientRestApi, admin: AdminApi, auth: Authenticator, live: LiveApi, sandboxes: SandboxMethods
+        self,
+        *,
+        rest: ClientRestApi,
+        admin: AdminApi,
+        auth: Authenticator,
+        live: LiveApi,
+        sandboxes: SandboxMethods,
+        ownership: Ownership,
     ) -> None:
+        self.ownership = ownership
         self.rest = rest
         self.admin = admin
         self.auth = auth
@@ -53,18 +63,25 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
     # Client REST.
 
     async def OpenSession(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
+        if not was_redirected(context):  # a new session goes to the least-loaded replica
+            target = await self.ownership.least_loaded()
+            if target is not None and target.id != self.ownership.replica_id:
+                await _redirect(context, target.address)
         return await _json(self.rest.open_session(RestCall.of(request)))
 
     async def JoinSession(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
+        await self._owned(request.path_id, context)
         return await _json(self.rest.join_session(RestCall.of(request)))
 
     async def ListParticipants(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
+        await self._owned(request.path_id, context)
         return await _json(self.rest.participants(RestCall.of(request)))
 
     async def ListEvents(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         return await _json(self.rest.events(RestCall.of(request)))
 
     async def CloseSession(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
+        await self._owned(request.path_id, context)
         return await _json(self.rest.close_session(RestCall.of(request)))
 
     # Admin REST.
@@ -134,75 +151,98 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         return await _json(check())
 
     async def RegisterDriver(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        reply = await self._unary(request, self.live.register_driver)
+        reply = await self._unary(request, self.live.register_driver, context)
         if (traceparent := session_spans.traceparent(request.session_id)) is not None:
             context.set_trailing_metadata(((telemetry.SESSION_TRACEPARENT_KEY, traceparent),))
         return reply
 
     async def SendMessage(self, request: session_pb2.RpcRequest, context: Context) -> AsyncIterator[session_pb2.RpcFrame]:
-        async for frame in self._stream(request, self.live.send_message):
+        async for frame in self._stream(request, self.live.send_message, context):
             yield frame
 
     async def Compact(self, request: session_pb2.RpcRequest, context: Context) -> AsyncIterator[session_pb2.RpcFrame]:
-        async for frame in self._stream(request, self.live.compact):
+        async for frame in self._stream(request, self.live.compact, context):
             yield frame
 
     async def Subscribe(self, request: session_pb2.RpcRequest, context: Context) -> AsyncIterator[session_pb2.RpcFrame]:
-        async for frame in self._stream(request, self.live.subscribe):
+        async for frame in self._stream(request, self.live.subscribe, context):
             yield frame
 
     async def Unsubscribe(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        return await self._unary(request, self.live.unsubscribe)
+        return await self._unary(request, self.live.unsubscribe, context)
 
     async def UpdateClientTools(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        return await self._unary(request, self.live.update_client_tools)
+        return await self._unary(request, self.live.update_client_tools, context)
 
     async def StartRemoteSandbox(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        return await self._unary(request, self.sandboxes.start_remote_sandbox)
+        return await self._unary(request, self.sandboxes.start_remote_sandbox, context)
 
     async def StopRemoteSandbox(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        return await self._unary(request, self.sandboxes.stop_remote_sandbox)
+        return await self._unary(request, self.sandboxes.stop_remote_sandbox, context)
 
     async def ExecRemoteSandbox(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        return await self._unary(request, self.sandboxes.exec_remote_sandbox)
+        return await self._unary(request, self.sandboxes.exec_remote_sandbox, context)
 
     async def ReportLocalSandbox(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        return await self._unary(request, self.sandboxes.report_local_sandbox)
+        return await self._unary(request, self.sandboxes.report_local_sandbox, context)
 
     async def ReportLocalSubagent(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        return await self._unary(request, self.live.report_local_subagent)
+        return await self._unary(request, self.live.report_local_subagent, context)
 
     async def CancelSubagent(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        return await self._unary(request, self.live.cancel_subagent)
+        return await self._unary(request, self.live.cancel_subagent, context)
+
+    # Between replicas.
+
+    async def ApplyRevocation(self, request: session_pb2.Revocation, context: Context) -> session_pb2.RevocationReply:
+        await self.admin.apply_revocation(request)
+        return session_pb2.RevocationReply()
 
     # JSON-RPC plumbing: authenticate once (a failure is a Problem: HTTP 401 before
     # any streaming), then map every fault to its error in one place.
 
-    async def _call(self, request: session_pb2.RpcRequest) -> RpcCall:
+    async def _call(self, request: session_pb2.RpcRequest, context: Context) -> RpcCall:
         principal, session, profile = await self.auth.session_principal_and_records(
             _credential(request), request.session_id
         )
+        await self._owned(request.session_id, context)
         return RpcCall(principal, session, profile, request.params_json)
 
+    async def _owned(self, session_id: str, context: Context) -> None:
+        """Serve the call here only if this replica owns the session (or takes it over); else
+        refuse it, before it has any effect, with the owner's address."""
+        try:
+            await self.ownership.claim(session_id)
+        except NotOwner as moved:
+            await _redirect(context, moved.address)
+
     async def _unary(
-        self, request: session_pb2.RpcRequest, method: Callable[[RpcCall], Awaitable[Any]]
+        self, request: session_pb2.RpcRequest, method: Callable[[RpcCall], Awaitable[Any]], context: Context
     ) -> session_pb2.RpcReply:
-        call = await self._call(request)
+        call = await self._call(request, context)
         try:
             return session_pb2.RpcReply(result_json=dump(await method(call)))
         except Exception as exc:
             return session_pb2.RpcReply(error=rpc_error(exc, _method_name(method)))
 
     async def _stream(
-        self, request: session_pb2.RpcRequest, method: Callable[[RpcCall], AsyncIterator[session_pb2.RpcFrame]]
+        self,
+        request: session_pb2.RpcRequest,
+        method: Callable[[RpcCall], AsyncIterator[session_pb2.RpcFrame]],
+        context: Context,
     ) -> AsyncIterator[session_pb2.RpcFrame]:
-        call = await self._call(request)
+        call = await self._call(request, context)
         yield ACCEPTED
         try:
             async for frame in method(call):
                 yield frame
         except Exception as exc:
             yield session_pb2.RpcFrame(error=rpc_error(exc, _method_name(method)))
+
+
+async def _redirect(context: Context, address: str) -> None:
+    context.set_trailing_metadata(((OWNER_KEY, address),))
+    await context.abort(grpc.StatusCode.UNAVAILABLE, f"served by the session replica at {address}")
 
 
 def _credential(request: session_pb2.RpcRequest | session_pb2.CredentialCheck) -> Credential:

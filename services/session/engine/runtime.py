@@ -2,9 +2,9 @@
 
 Everything here is memory only (SERVER-SPEC §0.1): the driver registry, the
 turn gate and parked turn, the live feed, the cached provider history, MCP
-connections, the remote sandbox handle and the auto-compaction backoff. A
-later multi-replica deployment gives each session to one replica, which then
-owns exactly this object.
+connections, the remote sandbox handle and the auto-compaction backoff. With
+several replicas, each open session is owned by one of them, which alone
+holds this object (engine/ownership.py).
 """
 
 from __future__ import annotations
@@ -17,17 +17,21 @@ from typing import Any
 
 from bae.config import Config
 from bae.internal import InternalPlane
+from bae.protos import session_pb2
 from bae.settings import Settings
 from services.session.engine.domain import SessionState
 from services.session.engine.errors import SessionNotOpen
 from services.session.engine.feed import SessionFeed
 from services.session.engine.gate import ParkedTurn, TurnGate
 from services.session.engine.history import History
+from services.session.engine.ownership import NotOwner, Ownership, advertised_address
 from services.session.engine import subagent_calls
 from services.session.engine.sandbox_calls import stop_sandbox
+from services.session.engine.spans import session_spans
 from services.session.engine.subagents import Subagent, SubagentTracker
 from services.session.engine.tasks import TaskOwner
 from services.session.remote.mcp import McpSessionConnections
+from services.session.remote.peers import Peers
 from services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery
 from services.session.remote.sandbox_idle import Handle as IdleHandle
 from services.session.remote.sandbox_idle import IdleWatch
@@ -87,6 +91,14 @@ class SessionRuntime:
         self.settings = settings
         self.config = config
         self.sessions: dict[str, LiveSession] = {}
+        self.ownership = Ownership(
+            store=store,
+            address=advertised_address(settings.session_grpc_addr, settings.session_advertise_addr),
+            lease_seconds=settings.session_lease_seconds,
+            on_lost=self._drop,
+            on_adopt=self._adopt,
+        )
+        self.peers = Peers(InternalPlane.of(settings), settings.rpc_timeout)
         self.sandboxes: SandboxPool | None = (
             SandboxPool(
                 settings.sandbox_grpc_addrs, settings.rpc_timeout, InternalPlane.of(settings),
@@ -110,7 +122,8 @@ class SessionRuntime:
         return live
 
     async def attach(self, session_id: str) -> LiveSession:
-        """The session's live state, created on first use, and only while the session is open.
+        """The session's live state, created on first use, and only while the session is open
+        and this replica owns it (NotOwner names the owner otherwise).
 
         A close can land between a caller's state check and this call. Creating
         the state first and re-reading the session after closes that window:
@@ -118,6 +131,10 @@ class SessionRuntime:
         or this re-read sees the close and removes it.
         """
         live = self.sessions.get(session_id)
+        if live is not None:
+            return live
+        await self.ownership.claim(session_id)
+        live = self.sessions.get(session_id)  # attached by another caller meanwhile
         if live is not None:
             return live
         live = self.sessions[session_id] = LiveSession(session_id)
@@ -187,6 +204,7 @@ class SessionRuntime:
 
         No re-read as in `attach`: nobody holds the session's key yet, so nothing can have closed it.
         """
+        await self.ownership.claim(session_id)
         live = self.sessions.setdefault(session_id, LiveSession(session_id))
         self._start_mcp(live, profile)
 
@@ -212,6 +230,43 @@ class SessionRuntime:
         live.mcp = connections
         return connections
 
+    async def revoke_key(self, key_id: str, closed: dict[str, list[EventView]], still_open: list[str]) -> None:
+        """A client key was revoked, and the store says what that did: the sessions it alone held
+        are closed (their close events written), on the others it loses its live access. Each
+        session's owner applies that to its live state, whichever replica that is."""
+        owners = await self.ownership.owners(
+            [session_id for session_id in (*closed, *still_open) if session_id not in self.ownership.held]
+        )
+        elsewhere: dict[str, session_pb2.Revocation] = {}
+        for session_id, views in closed.items():
+            if (address := owners.get(session_id)) is not None:
+                revocation = elsewhere.setdefault(address, session_pb2.Revocation(key_id=key_id))
+                revocation.closed.add(session_id=session_id, event_ids=[view["id"] for view in views])
+            else:
+                await self._closed_by_revocation(key_id, session_id, views)
+        for session_id in still_open:
+            if (address := owners.get(session_id)) is not None:
+                elsewhere.setdefault(address, session_pb2.Revocation(key_id=key_id)).session_ids.append(session_id)
+        self.revoke(key_id, [session_id for session_id in still_open if session_id not in owners])
+        await asyncio.gather(*(self.peers.apply_revocation(address, r) for address, r in elsewhere.items()))
+
+    async def apply_revocation(self, revocation: session_pb2.Revocation) -> None:
+        """Another replica revoked a key: apply it to the sessions this one owns."""
+        for closed in revocation.closed:
+            views: list[EventView] = []
+            if closed.event_ids:
+                first = await self.store.event_seq(closed.session_id, closed.event_ids[0])
+                if first is not None:
+                    page = await self.store.list_events(closed.session_id, first - 1, len(closed.event_ids))
+                    views = [view for _, view in page if view["id"] in closed.event_ids]
+            await self._closed_by_revocation(revocation.key_id, closed.session_id, views)
+        self.revoke(revocation.key_id, list(revocation.session_ids))
+
+    async def _closed_by_revocation(self, key_id: str, session_id: str, views: list[EventView]) -> None:
+        await self.publish(session_id, views)
+        await self.close(session_id, attribute_to=key_id)
+        session_spans.end(session_id)  # a forced close ends the session's span as DELETE does
+
     def revoke(self, key_id: str, session_ids: list[str]) -> None:
         """A revoked client key loses its live access: its streams end, it is no longer a
         driver, and a turn it left paused becomes reclaimable at once (§7.3 abandonment)."""
@@ -227,6 +282,26 @@ class SessionRuntime:
         live = self.sessions.pop(session_id, None)
         if live is not None:
             await self._teardown(live, attribute_to)
+        await self.ownership.release(session_id)
+
+    async def _drop(self, session_ids: set[str]) -> None:
+        """Sessions this replica no longer owns: forget their live state, leaving their work running
+        (the new owner takes the sandboxes and subagents back)."""
+        for session_id in session_ids:
+            live = self.sessions.pop(session_id, None)
+            if live is not None:
+                await self._teardown(live, None, closing=False)
+
+    async def _adopt(self, session_id: str) -> None:
+        """A session taken over from a replica that died: its log is read again (a turn it left
+        parked comes back expired, to be abandoned) and its sandbox and subagents re-attached."""
+        try:
+            live = await self.attach(session_id)
+        except (SessionNotOpen, NotOwner):
+            return
+        await self.load_history(live)
+        if self.sandboxes is not None:
+            await self.reconcile(session_id)
 
     async def _teardown(self, live: LiveSession, attribute_to: str | None, *, closing: bool = True) -> None:
         if closing:  # a shutdown leaves subagents running on their hosts; a close ends them (§14.13)
@@ -267,8 +342,9 @@ class SessionRuntime:
             self.sandboxes.provision(profile.id, profile.available_sandboxes)  # [] forgets the profile
 
     async def start(self) -> None:
-        """Resolve the sandbox hosts, re-provision the images of every live profile that declares
-        any, then take back what the hosts still run for open sessions."""
+        """Join the replicas, resolve the sandbox hosts, re-provision the images of every live
+        profile that declares any, then take back what the hosts still run for open sessions."""
+        await self.ownership.start()
         if self.sandbox_discovery is not None:
             await self.sandbox_discovery.refresh()
             self.sandbox_discovery.start()
@@ -278,13 +354,15 @@ class SessionRuntime:
                     self.provision(profile)
             await self.reconcile()
 
-    async def reconcile(self) -> None:
-        """Adopt the sandboxes and subagents of open sessions that the hosts still run (a
-        restart of this service leaves them running), and stop the containers of sessions
-        that are closed, failed or unknown."""
+    async def reconcile(self, only_session: str | None = None) -> None:
+        """Adopt the sandboxes and subagents of open sessions this replica owns that the hosts
+        still run (a restart or a takeover leaves them running), and stop the containers of
+        sessions that are closed, failed or unknown. Sessions other replicas own are theirs."""
         assert self.sandboxes is not None
         for host, sandboxes, commands in await self.sandboxes.inventory():
             for info in sandboxes:
+                if only_session is not None and info.session_id != only_session:
+                    continue
                 handle = SandboxHandle(host=host, sandbox_id=info.sandbox_id, image=info.image)
                 session = await self.store.get_session(info.session_id)
                 live = self.sessions.get(info.session_id)
@@ -304,7 +382,7 @@ class SessionRuntime:
                     continue
                 try:
                     live = await self.attach(info.session_id)
-                except SessionNotOpen:
+                except (SessionNotOpen, NotOwner):
                     continue
                 live.sandbox = handle
                 self.sandboxes.adopt(info.session_id, handle)
@@ -343,3 +421,5 @@ class SessionRuntime:
             await self._teardown(live, None, closing=False)
         if self.sandboxes is not None:
             await self.sandboxes.close()
+        await self.ownership.stop()
+        await self.peers.close()

@@ -1,0 +1,43 @@
+"""Calls from this session replica to the others (over the internal plane)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from bae.grpcutil import channel
+from bae.internal import InternalPlane
+from bae.protos import session_pb2, session_pb2_grpc
+
+log = logging.getLogger("bae.session.peers")
+
+
+class Peers:
+    """One channel per replica address, made on first use."""
+
+    def __init__(self, plane: InternalPlane, timeout: float) -> None:
+        self._plane = plane
+        self._timeout = timeout
+        self._stubs: dict[str, session_pb2_grpc.SessionServiceStub] = {}
+        self._channels: list[grpc.aio.Channel] = []
+
+    def _stub(self, address: str) -> session_pb2_grpc.SessionServiceStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            chan = channel(address, self._plane)
+            self._channels.append(chan)
+            stub = self._stubs[address] = session_pb2_grpc.SessionServiceStub(chan)
+        return stub
+
+    async def apply_revocation(self, address: str, revocation: session_pb2.Revocation) -> None:
+        """Best effort: a replica that cannot be reached holds nothing live for long (its lease lapses)."""
+        try:
+            await self._stub(address).ApplyRevocation(revocation, timeout=self._timeout)
+        except grpc.aio.AioRpcError as error:
+            log.warning("replica at %s did not take the revocation of %s: %s",
+                        address, revocation.key_id, error.code().name)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(chan.close() for chan in self._channels))
