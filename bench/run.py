@@ -1,7 +1,7 @@
 """Benchmarks: start a private stack on loopback and print latency/throughput figures.
 
     make bench                 # everything
-    make bench ARGS="rest"     # only the REST figures (or "turns", "compaction", or "telemetry")
+    make bench ARGS="rest"     # only the REST figures (or "turns", "compaction", "replicas" or "telemetry")
 
 REST: authenticated GET /api/v1/sessions/{id}/events and POST /api/v1/sessions
 with 1 and 16 concurrent clients, next to one Argon2id verification
@@ -12,6 +12,9 @@ against the same mock called directly with the anthropic SDK, with 1, 8 and
 Compaction: a session of about 2,000 events before and after `session.compact`:
 the provider request body, the turn's added latency, and what one compaction
 run costs over the same provider call made directly.
+Replicas (bench/replicas.py): on a PostgreSQL server it starts, REST p50 against
+SQLite, turns per second across 64 sessions with 1 and 2 session replicas, and
+the failover time after a replica is killed.
 Telemetry (only when asked for): REST p50 and text-turn latency with [telemetry]
 off, and on at sample ratio 1.0 exporting to the tests' OTLP receiver; two rounds,
 alternating, on fresh stacks.
@@ -368,7 +371,14 @@ async def main(which: list[str]) -> None:
                 await bench_compaction(running.stack, key, mock)
         finally:
             running.close()
-            mock.stop()
+    try:
+        if not which or "replicas" in which:
+            from replicas import bench_replicas
+
+            await bench_replicas(mock, TOKEN, client_key=client_key, open_session=open_session, rpc=rpc,
+                                 load=load, percentile=percentile)
+    finally:
+        mock.stop()
 
 
 if __name__ == "__main__":

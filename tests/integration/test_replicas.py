@@ -1,0 +1,384 @@
+"""Several session replicas on one PostgreSQL store, behind two gateways.
+
+Each open session is owned by one replica (a lease in the store); a gateway
+sends a call to the owner, and a replica that does not own a session refuses
+its calls with the owner's address before acting on them. A replica killed
+with SIGKILL loses its leases when its heartbeat expires; another replica
+takes its sessions, with every event kept once and a parked turn abandoned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+
+import asyncpg
+import httpx
+import pytest
+
+from conftest import ROOT, free_port, mock_provider_toml
+from live import declared, join, new_session, register, result, rpc, send, types
+from mockllm import Reply
+from postgres_support import postgres, postgres_url  # noqa: F401 - fixtures
+
+TOKEN = "sk-test-secret-token-123456"
+LEASE_SECONDS = 2
+
+
+def event_log(stack, sid: str, skey: str) -> list[dict]:
+    page = stack.client.get(f"/api/v1/sessions/{sid}/events", params={"limit": 200},
+                            headers={"Authorization": f"Bearer {skey}"})
+    assert page.status_code == 200, page.text
+    return page.json()["items"]
+
+
+def turn_in_background(stack, sid: str, skey: str, text: str) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["frames"] = send(stack, sid, skey, text)
+        except Exception as exc:  # the stream is cut when its replica dies
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def consecutive_ports(count: int) -> int:
+    """The first of `count` consecutive free loopback ports."""
+    for _ in range(100):
+        first = free_port()
+        sockets = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+        return first
+    raise RuntimeError("no consecutive free ports")
+
+
+@pytest.fixture
+def replicated(start_stack, mock, postgres_url):  # noqa: F811 - the fixture
+    mock.reset()
+    port = consecutive_ports(2)
+    return start_stack(
+        config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
+        BAE_DATABASE_URL=postgres_url, BAE_SESSION_REPLICAS="2", BAE_SESSION_GRPC_ADDR=f"127.0.0.1:{port}",
+        BAE_SESSION_LEASE_SECONDS=str(LEASE_SECONDS), BAE_TURN_TIMEOUT="300",
+    )
+
+
+class Gateway:
+    """A second gateway of the same stack, on ports of its own."""
+
+    def __init__(self, stack) -> None:
+        self.addr = f"127.0.0.1:{free_port()}"
+        env = {**stack.stack.env, "BAE_ADDR": self.addr, "BAE_ADMIN_ADDR": f"127.0.0.1:{free_port()}"}
+        self.process = subprocess.Popen([sys.executable, "-m", "bae", "gateway"], cwd=ROOT, env=env,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.client = httpx.Client(base_url=f"http://{self.addr}", timeout=30)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if self.client.get("/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the second gateway did not start"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.client.close()
+        self.process.terminate()
+        self.process.wait(10)
+
+
+@pytest.fixture
+def gateway2(replicated):
+    gateway = Gateway(replicated)
+    yield gateway
+    gateway.close()
+
+
+class Via:
+    """The stack as seen through another gateway (what live.py's helpers need)."""
+
+    def __init__(self, stack, gateway: Gateway) -> None:
+        self.client = gateway.client
+        self.admin = stack.admin
+
+
+def owners(stack) -> dict[str, str]:
+    """session id -> address of the replica holding its lease, read from the store."""
+
+    async def read() -> dict[str, str]:
+        url = stack.stack.env["BAE_DATABASE_URL"]
+        conn = await asyncpg.connect(url)
+        try:
+            rows = await conn.fetch("SELECT session_id, replica_id FROM session_leases")
+        finally:
+            await conn.close()
+        return {row["session_id"]: row["replica_id"] for row in rows}
+
+    return asyncio.run(read())
+
+
+def replica_addresses(stack) -> dict[str, str]:
+    """replica address -> its process name in the stack."""
+    host, _, port = stack.stack.env["BAE_SESSION_GRPC_ADDR"].rpartition(":")
+    return {f"{host}:{port}": "session", f"{host}:{int(port) + 1}": "session-1"}
+
+
+def assert_each_event_once(events: list[dict]) -> None:
+    ids = Counter(event["id"] for event in events)
+    assert max(ids.values(), default=1) == 1
+
+
+def test_more_than_one_replica_needs_postgresql(tmp_path):
+    env = {**os.environ, "BAE_SESSION_REPLICAS": "2", "BAE_DB_PATH": str(tmp_path / "bae.db")}
+    env.pop("BAE_DATABASE_URL", None)
+    done = subprocess.run([sys.executable, "-m", "bae", "run"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert "BAE_SESSION_REPLICAS=2" in done.stderr and "postgresql://" in done.stderr
+
+
+def test_sessions_spread_over_replicas_and_either_gateway_reaches_them(replicated, gateway2, mock):
+    stack = replicated
+    opened = [new_session(stack) for _ in range(4)]
+    held = owners(stack)
+    # Each new session went to the replica holding fewest: two each.
+    assert sorted(Counter(held[sid] for sid, _, _ in opened).values()) == [2, 2]
+    other = Via(stack, gateway2)
+    for index, (sid, skey, _) in enumerate(opened):
+        register(other, sid, skey)
+        mock.enqueue(Reply.text(f"via two {index}"), Reply.text(f"via one {index}"))
+        assert result(send(other, sid, skey, "hello"))["message"]["content"][0]["text"] == f"via two {index}"
+        assert result(send(stack, sid, skey, "again"))["message"]["content"][0]["text"] == f"via one {index}"
+        events = event_log(stack, sid, skey)
+        assert_each_event_once(events)
+        assert types(events).count("server.message.send") == 2
+    assert owners(stack) == held  # nothing moved: every call reached the owner
+
+
+def test_two_drivers_on_two_gateways_take_turns_in_arrival_order(replicated, gateway2, mock):
+    stack = replicated
+    sid, a_key, profile = new_session(stack)
+    b_key = join(stack, sid, profile)
+    other = Via(stack, gateway2)
+    register(stack, sid, a_key)
+    register(other, sid, b_key)
+    mock.enqueue(Reply.hang(1.5), Reply.text("for b"))
+    first, first_outcome = turn_in_background(stack, sid, a_key, "from a")
+    deadline = time.monotonic() + 15
+    while len(mock.requests) < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    second, second_outcome = turn_in_background(other, sid, b_key, "from b")
+    first.join(30)
+    second.join(30)
+    assert result(first_outcome["frames"])["message"]["content"][0]["text"] == "ok"
+    assert result(second_outcome["frames"])["message"]["content"][0]["text"] == "for b"
+    events = event_log(stack, sid, a_key)
+    sends = [(e["event_type"], e["payload"].get("content")) for e in events
+             if e["event_type"] in ("client.message.send", "server.message.send")]
+    # B's message waited at the owner for A's turn to end.
+    assert [kind for kind, _ in sends] == ["client.message.send", "server.message.send"] * 2
+    assert sends[0][1] == "from a" and sends[2][1] == "from b"
+
+
+def test_a_revocation_on_any_replica_reaches_the_owner(replicated, mock):
+    """Admin calls go to either replica; each session's owner ends its live streams."""
+    stack = replicated
+    sessions = [new_session(stack) for _ in range(2)]
+    held = owners(stack)
+    assert len({held[sid] for sid, _, _ in sessions}) == 2  # one on each replica
+    subscriptions = []
+    for sid, skey, _ in sessions:
+        register(stack, sid, skey)
+        subscriptions.append(Subscription(stack, sid, skey))
+    for sid, skey, _ in sessions:
+        (client_key_id,) = {e["client_key_id"] for e in event_log(stack, sid, skey)
+                            if e["event_type"] == "session.open"}
+        assert stack.admin.delete(f"/admin/v1/keys/{client_key_id}").status_code == 204
+    for subscription in subscriptions:
+        # The owner published the close and ended the live stream, wherever the revocation ran.
+        lines = subscription.finish()
+        assert any(line.get("params", {}).get("event_type") == "session.close" for line in lines), lines
+
+
+class Subscription:
+    """A `session.subscribe` stream read on a thread until it ends."""
+
+    def __init__(self, stack, sid: str, skey: str) -> None:
+        self.lines: list[dict] = []
+        self.thread = threading.Thread(target=self._read, args=(stack, sid, skey))
+        self.thread.start()
+        time.sleep(0.3)
+
+    def _read(self, stack, sid, skey) -> None:
+        self.lines = rpc(stack.client, sid, skey, "session.subscribe")
+
+    def finish(self) -> list[dict]:
+        self.thread.join(20)
+        assert not self.thread.is_alive(), "the subscription did not end"
+        return self.lines
+
+
+def test_a_replica_killed_mid_turn_loses_no_session(replicated, mock):
+    stack = replicated
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    mock.enqueue(Reply.text("first"))
+    assert result(send(stack, sid, skey, "one"))["message"]["content"][0]["text"] == "first"
+    owner = replica_addresses(stack)[owners(stack)[sid]]
+    mock.enqueue(Reply.hang(3))
+    thread, outcome = turn_in_background(stack, sid, skey, "two")
+    deadline = time.monotonic() + 15
+    while types(before := event_log(stack, sid, skey))[-1] != "provider.request":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+    killed_at = time.monotonic()
+    stack.stack.processes[owner].send_signal(signal.SIGKILL)
+    stack.stack.processes[owner].wait(10)
+    thread.join(30)
+    assert "result" not in (outcome.get("frames") or [{}])[-1]
+
+    # The survivor takes the session once the lease lapses; until then calls are refused (503), never lost.
+    mock.enqueue(Reply.text("after the failover"))
+    while True:
+        response = stack.client.post(
+            f"/api/v1/sessions/{sid}/rpc", headers={"Authorization": f"Bearer {skey}"},
+            json={"jsonrpc": "2.0", "id": 1, "method": "session.registerDriver"},
+        )
+        if response.status_code == 200:
+            break
+        assert response.status_code == 503, response.text
+        assert time.monotonic() - killed_at < LEASE_SECONDS + 10, "no replica took the session over"
+        time.sleep(0.1)
+    after = result(send(stack, sid, skey, "three"))
+    failover = time.monotonic() - killed_at
+    assert after["message"]["content"][0]["text"] == "after the failover"
+    assert failover < LEASE_SECONDS + 10
+
+    events = event_log(stack, sid, skey)
+    assert_each_event_once(events)
+    assert events[: len(before)] == before
+    assert types(events[len(before):]) == [
+        "session.driver.register", "client.message.send", "provider.request", "provider.response",
+        "server.message.send",
+    ]
+    survivor = next(address for address, name in replica_addresses(stack).items() if name != owner)
+    assert owners(stack)[sid] == survivor
+
+
+def test_a_turn_paused_on_a_killed_replica_is_abandoned_on_the_next(replicated, mock):
+    """The pause lived in the dead owner's memory: the new owner holds it again, expired, and another
+    driver's message answers it with synthetic results, so the provider never sees an unanswered tool_use."""
+    stack = replicated
+    profile = stack.create_profile(f"p{time.monotonic_ns()}", allowed_tools=["lookup"])
+    a_key = stack.create_key(profile["id"], name="a")
+    opened = stack.open_session(a_key["key"], tools=declared(("lookup",)))
+    sid, a = opened["session_id"], opened["session_key"]
+    b = join(stack, sid, profile)
+    register(stack, sid, a)
+    mock.enqueue(Reply.tool_use([("tu_1", "lookup", {"q": 1})]))
+    assert result(send(stack, sid, a, "look"))["message"]["content"][0]["dispatch"] == "client"
+
+    owner = replica_addresses(stack)[owners(stack)[sid]]
+    stack.stack.processes[owner].send_signal(signal.SIGKILL)
+    stack.stack.processes[owner].wait(10)
+    # The survivor adopts the session by itself once the lease lapses (no call needed).
+    deadline = time.monotonic() + LEASE_SECONDS + 10
+    while replica_addresses(stack)[owners(stack)[sid]] == owner:
+        assert time.monotonic() < deadline, "the session was not taken over"
+        time.sleep(0.1)
+
+    register(stack, sid, b)
+    mock.enqueue(Reply.text("moved on"))
+    outcome = result(send(stack, sid, b, "carry on"))
+    assert outcome["message"]["content"][0]["text"] == "moved on"
+    assert types(outcome["events"])[:2] == ["client.message.send", "tool.result"]
+    events = event_log(stack, sid, b)
+    assert_each_event_once(events)
+    errors = [e["payload"] for e in events if e["event_type"] == "session.error"]
+    assert errors == [{"reason": "driver_turn_abandoned", "owner_client_key_id": a_key["id"]}]
+    sent = mock.requests[-1]["body"]["messages"]
+    (asked,) = [i for i, m in enumerate(sent) if isinstance(m["content"], list)
+                and any(b.get("type") == "tool_use" for b in m["content"])]
+    answered = [b.get("tool_use_id") for b in sent[asked + 1]["content"] if b.get("type") == "tool_result"]
+    assert answered == ["tu_1"]
+
+
+def children(pid: int) -> dict[int, str]:
+    """pid -> command line of the processes `pid` started."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == pid:
+            found[int(entry)] = command
+    return found
+
+
+def test_bae_run_restarts_a_replica_that_dies(tmp_path, mock, postgres_url):  # noqa: F811 - the fixture
+    from conftest import stack_env
+
+    port = consecutive_ports(2)
+    config = tmp_path / "bae-config.toml"
+    config.write_text(mock_provider_toml(mock.base_url))
+    env = stack_env(tmp_path, BAE_DATABASE_URL=postgres_url, BAE_SESSION_REPLICAS="2",
+                    BAE_SESSION_GRPC_ADDR=f"127.0.0.1:{port}", BAE_CONFIG=str(config), MOCK_LLM_TOKEN=TOKEN)
+    launcher = subprocess.Popen([sys.executable, "-m", "bae", "run"], cwd=ROOT, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert launcher.stdout is not None
+        for line in launcher.stdout:
+            if "Press Ctrl-C" in line:
+                break
+        replicas = {pid: command for pid, command in children(launcher.pid).items() if "session serve" in command}
+        assert len(replicas) == 2
+        victim = sorted(replicas)[1]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:
+            now = {pid for pid, command in children(launcher.pid).items() if "session serve" in command}
+            if len(now) == 2 and victim not in now:
+                break  # started again
+            assert launcher.poll() is None, "the launcher stopped the stack"
+            assert time.monotonic() < deadline, "the dead replica was not started again"
+            time.sleep(0.1)
+        client = httpx.Client(base_url=f"http://{env['BAE_ADDR']}", timeout=10)
+        deadline = time.monotonic() + 30
+        while client.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        client.close()
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        _, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, stderr
+    assert "starting it again" in stderr
