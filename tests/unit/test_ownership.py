@@ -1,0 +1,100 @@
+"""Session leases between two replicas sharing one store (SQLite file and PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.session.engine.ownership import NotOwner, Ownership
+from services.session.store import Store, sessions
+import postgres_support
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store(request, tmp_path):
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/bae.db"
+    else:
+        url = postgres_support.server().database_url(request.node.nodeid)
+    store = await Store.open(url)
+    yield store
+    await store.close()
+
+
+async def open_session(store: Store) -> str:
+    return await store.call(
+        lambda conn: sessions.create(
+            conn, client_key_id="key_a", profile_id="pro_a", state="open", client_version=None,
+            client_tools=[], sandbox_tools=[], subagent_tools=[], compaction=None,
+        )
+    )
+
+
+class Replica:
+    """An Ownership with recorded callbacks."""
+
+    def __init__(self, store: Store, address: str, lease: float) -> None:
+        self.lost: list[set[str]] = []
+        self.adopted: list[str] = []
+        self.ownership = Ownership(store=store, address=address, lease_seconds=lease,
+                                   on_lost=self._lost, on_adopt=self._adopt)
+
+    async def _lost(self, session_ids: set[str]) -> None:
+        self.lost.append(set(session_ids))
+
+    async def _adopt(self, session_id: str) -> None:
+        self.adopted.append(session_id)
+
+
+async def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def test_one_owner_at_a_time_and_placement_by_load(store):
+    a, b = Replica(store, "10.0.0.1:50051", 30), Replica(store, "10.0.0.2:50051", 30)
+    await a.ownership.start()
+    await b.ownership.start()
+    try:
+        first, second = await open_session(store), await open_session(store)
+        await a.ownership.claim(first)
+        with pytest.raises(NotOwner) as refused:
+            await b.ownership.claim(first)
+        assert refused.value.address == "10.0.0.1:50051"
+        # b holds nothing yet: it is where the next session goes, whoever asks.
+        assert (await a.ownership.least_loaded()).id == "10.0.0.2:50051"
+        await b.ownership.claim(second)
+        assert {r.id: r.sessions for r in await a.ownership.replicas()} == {"10.0.0.1:50051": 1, "10.0.0.2:50051": 1}
+        # A session that is not open has no live state to own: nothing is claimed.
+        await a.ownership.claim("ses_unknown")
+        assert "ses_unknown" not in a.ownership.held
+    finally:
+        await a.ownership.stop()
+        await b.ownership.stop()
+    # Replicas that stop give their sessions up at once.
+    assert await a.ownership.replicas() == []
+
+
+async def test_a_dead_owners_sessions_are_adopted_and_it_is_fenced(store):
+    a, b = Replica(store, "10.0.0.1:50051", 0.6), Replica(store, "10.0.0.2:50051", 0.6)
+    await a.ownership.start()
+    session_id = await open_session(store)
+    await a.ownership.claim(session_id)
+    await a.ownership._tasks.cancel()  # a stops beating, as a stalled or dead process would
+    await b.ownership.start()
+    try:
+        await wait_for(lambda: b.adopted == [session_id])
+        assert session_id in b.ownership.held
+        with pytest.raises(NotOwner):  # a's own cache is stale, but the store says b
+            a.ownership.held.discard(session_id)
+            await a.ownership.claim(session_id)
+        # Had a woken up still believing it owned the session, its next beat drops it.
+        a.ownership.held.add(session_id)
+        await a.ownership._beat()
+        await a.ownership._check_held()
+        assert a.lost == [{session_id}] and session_id not in a.ownership.held
+    finally:
+        await b.ownership.stop()
