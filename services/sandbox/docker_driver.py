@@ -1,7 +1,8 @@
 """The docker driver: sandboxes are containers of the local engine, through the docker SDK.
 
 The SDK is synchronous, so every call runs on a dedicated thread pool and the
-event loop never blocks. Two clients: `_control` has a bounded read timeout
+event loop never blocks; an Exec, the hot path, goes straight over the engine's
+unix socket from the event loop instead (engine_socket.py) when it has one. Two clients: `_control` has a bounded read timeout
 for quick calls; `_long` has none, for exec output that may be silent for
 minutes (our own deadline bounds it instead). A command's output is read from
 the exec's attached socket as it comes and kept up to the output limit, so a
@@ -38,6 +39,7 @@ from services.sandbox.driver import (
     SandboxFailure,
     SandboxInfo,
 )
+from services.sandbox.engine_socket import EngineError, EngineSocket, unix_socket_path
 from services.sandbox.output import CappedOutput
 
 log = logging.getLogger("bae.sandbox")
@@ -139,6 +141,10 @@ class DockerDriver:
         self._threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="docker")
         self._control: docker.DockerClient | None = None
         self._long: docker.DockerClient | None = None
+        # The exec hot path when the engine is on a unix socket (engine_socket.py); else the SDK's.
+        self._socket: EngineSocket | None = None
+        # Execs whose output is still being read after their caller stopped waiting (a timeout).
+        self._draining: set[asyncio.Future] = set()
         self._clients_lock = threading.Lock()
         # This host's containers: the only ones it lists, and its orphans at start.
         self._own_filters = {"label": [f"{LABEL_SANDBOX}=1", f"{LABEL_HOST}={config.host_id}"]}
@@ -158,6 +164,8 @@ class DockerDriver:
                 try:
                     control = docker.from_env(timeout=CONTROL_TIMEOUT)
                     self._long = docker.from_env(timeout=None, version=control.api.api_version)
+                    path = unix_socket_path()
+                    self._socket = None if path is None else EngineSocket(path, control.api.api_version)
                     self._control = control  # last: once it is set, both clients are
                 except docker.errors.DockerException as exc:
                     raise _unreachable(exc) from None
@@ -340,15 +348,30 @@ class DockerDriver:
     async def exec(self, sandbox_id: str, command: str, timeout: float) -> ExecOutput:
         api = await self._ready_api()
         token = uuid.uuid4().hex
-        exec_id = await self._create_exec(api, sandbox_id, command, token, stdin=False)
         limit = self._config.output_limit
         stdout, stderr = CappedOutput(limit), CappedOutput(limit)
+        engine = self._socket
+        if engine is None:
+            exec_id = await self._create_exec(api, sandbox_id, command, token, stdin=False)
 
-        async def run() -> None:
-            await self._engine(_drain, await self._attach(exec_id, None), stdout, stderr)
+            async def run() -> None:
+                await self._engine(_drain, await self._attach(exec_id, None), stdout, stderr)
+        else:
+            exec_id = await self._socket_create(engine, sandbox_id, command, token)
 
+            async def run() -> None:
+                try:
+                    await engine.run_exec(exec_id, stdout, stderr)
+                except EngineError as exc:
+                    raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {exc.explanation}") from None
+
+        # Shielded: past a timeout (or a caller gone) the output is still read until the streams
+        # close, as the kill below (or the command's end) closes them, so the command never blocks on a full pipe.
+        drained = asyncio.ensure_future(run())
+        self._draining.add(drained)
+        drained.add_done_callback(self._draining.discard)
         try:
-            await asyncio.wait_for(run(), timeout)
+            await asyncio.wait_for(asyncio.shield(drained), timeout)
         except TimeoutError:
             await self._kill_marked(api, sandbox_id, token)
             raise SandboxFailure(
@@ -357,7 +380,10 @@ class DockerDriver:
         except OSError as exc:
             raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {exc}") from None
         try:
-            exit_code = await self._engine(_exit_code, api, exec_id)
+            if engine is None:
+                exit_code = await self._engine(_exit_code, api, exec_id)
+            else:
+                exit_code = await self._socket_exit_code(engine, exec_id)
         except docker.errors.APIError as exc:
             raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {_explain(exc)}") from None
         return ExecOutput(
@@ -367,6 +393,41 @@ class DockerDriver:
             stdout_truncated=stdout.truncated,
             stderr_truncated=stderr.truncated,
         )
+
+    @staticmethod
+    async def _socket_create(engine: EngineSocket, sandbox_id: str, command: str, token: str) -> str:
+        try:
+            return await asyncio.wait_for(
+                engine.create_exec(sandbox_id, ["sh", "-c", command], [_marker(token)]), CONTROL_TIMEOUT
+            )
+        except EngineError as exc:
+            if exc.status == 404:
+                raise SandboxFailure(grpc.StatusCode.NOT_FOUND, f"no such sandbox: {sandbox_id}") from None
+            raise SandboxFailure(
+                grpc.StatusCode.FAILED_PRECONDITION, f"cannot exec in sandbox: {exc.explanation}"
+            ) from None
+        except TimeoutError:
+            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: no answer within {CONTROL_TIMEOUT}s") from None
+        except OSError as exc:
+            raise _unreachable(exc) from None
+
+    @staticmethod
+    async def _socket_exit_code(engine: EngineSocket, exec_id: str) -> int:
+        """As _exit_code: the engine may close the streams a moment before it records the exit code."""
+        try:
+            for _ in range(INSPECT_TRIES):
+                info = await asyncio.wait_for(engine.inspect_exec(exec_id), CONTROL_TIMEOUT)
+                if not info.get("Running"):
+                    break
+                await asyncio.sleep(INSPECT_PAUSE)
+        except EngineError as exc:
+            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {exc.explanation}") from None
+        except TimeoutError:
+            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: no answer within {CONTROL_TIMEOUT}s") from None
+        except OSError as exc:
+            raise _unreachable(exc) from None
+        code = info.get("ExitCode")
+        return -1 if code is None else int(code)
 
     async def spawn(self, command: Command, script: str, stdin: bytes) -> None:
         api = await self._ready_api()
