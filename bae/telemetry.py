@@ -60,6 +60,9 @@ ROLE_INSTRUMENTS: dict[str, tuple[str, ...]] = {
     "sandbox": (),
     "gateway": (),
 }
+# Gauges read from the shared store: every session replica reports the same count, so
+# merged views (the gateway's /metrics) take one value instead of summing them.
+STORE_GAUGES = ("bae.sessions.open", "bae.sessions.total", "bae.events.total", "bae.profiles.count", "bae.keys.count")
 COUNTERS = {
     "bae.turns.completed": "Turns that returned normally, by outcome",
     "bae.provider.requests": "Provider attempts, by provider kind and outcome",

@@ -26,6 +26,7 @@ from starlette.responses import Response
 from bae.errors import Problem
 from bae.grpcutil import channel
 from bae.internal import InternalPlane
+from bae import telemetry
 from bae.telemetry import METRICS_METHOD
 from services.gateway.responses import problem_response
 
@@ -49,7 +50,8 @@ def _labels(attributes: list[KeyValue]) -> Labels:
 
 
 def merge(snapshots: list[ExportMetricsServiceRequest]) -> dict[str, _Family]:
-    """Every data point of every snapshot, summed per metric name and attribute set."""
+    """Every data point of every snapshot, summed per metric name and attribute set (the store-wide
+    gauges, which every session replica reports alike, by their largest value)."""
     families: dict[str, _Family] = {}
     for snapshot in snapshots:
         for resource in snapshot.resource_metrics:
@@ -58,9 +60,14 @@ def merge(snapshots: list[ExportMetricsServiceRequest]) -> dict[str, _Family]:
                     kind = metric.WhichOneof("data")
                     family = families.setdefault(metric.name, _Family(kind, metric.description, metric.unit))
                     if kind in ("gauge", "sum"):
+                        store_wide = metric.name in telemetry.STORE_GAUGES
                         for point in getattr(metric, kind).data_points:
                             value = point.as_int if point.WhichOneof("value") == "as_int" else point.as_double
-                            family.points[_labels(point.attributes)] += value
+                            labels = _labels(point.attributes)
+                            if store_wide:
+                                family.points[labels] = max(family.points.get(labels, value), value)
+                            else:
+                                family.points[labels] += value
                     elif kind == "histogram":
                         for point in metric.histogram.data_points:
                             labels = _labels(point.attributes)

@@ -82,7 +82,8 @@ async def serve(settings: Settings, config: Config) -> int:
     rpc = RpcEndpoint(upstream, bodies)
     readyz = Readiness(upstream, settings.runner_grpc_addr, plane)
     metrics = MetricsEndpoint(
-        [settings.session_grpc_addr, settings.runner_grpc_addr],
+        # Summed over the session replicas: each counts its own sessions and turns.
+        [*settings.session_targets, settings.runner_grpc_addr],
         plane,
         enabled=config.telemetry.enabled and config.telemetry.metrics_enabled,
         timeout=settings.rpc_timeout,

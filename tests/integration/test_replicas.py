@@ -382,3 +382,17 @@ def test_bae_run_restarts_a_replica_that_dies(tmp_path, mock, postgres_url):  # 
         _, stderr = launcher.communicate(timeout=60)
     assert launcher.returncode == 0, stderr
     assert "starting it again" in stderr
+
+
+def test_metrics_sum_every_replica(start_stack, mock, postgres_url):  # noqa: F811 - the fixture
+    telemetry = (f'[telemetry]\nenabled = true\notlp_endpoint = "http://127.0.0.1:{free_port()}"\n'
+                 "[telemetry.metrics]\nenabled = true\n")
+    stack = start_stack(
+        config_toml=mock_provider_toml(mock.base_url) + telemetry, MOCK_LLM_TOKEN=TOKEN,
+        BAE_DATABASE_URL=postgres_url, BAE_SESSION_REPLICAS="2",
+        BAE_SESSION_GRPC_ADDR=f"127.0.0.1:{consecutive_ports(2)}",
+    )
+    opened = [new_session(stack) for _ in range(2)]
+    assert len({owners(stack)[sid] for sid, _, _ in opened}) == 2
+    lines = [line for line in stack.admin.get("/metrics").text.splitlines() if line.startswith("bae_sessions_open")]
+    assert lines and float(lines[0].split()[-1]) == 2, lines
