@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 
 import asyncpg
@@ -24,6 +25,7 @@ import httpx
 import pytest
 
 from conftest import ROOT, free_port, mock_provider_toml
+from docker_support import TEST_IMAGE, require_docker, sandboxes_of_hosts, stack_with_sandbox_hosts
 from live import declared, join, new_session, register, result, rpc, send, types
 from mockllm import Reply
 from postgres_support import postgres, postgres_url  # noqa: F401 - fixtures
@@ -396,3 +398,34 @@ def test_metrics_sum_every_replica(start_stack, mock, postgres_url):  # noqa: F8
     assert len({owners(stack)[sid] for sid, _, _ in opened}) == 2
     lines = [line for line in stack.admin.get("/metrics").text.splitlines() if line.startswith("bae_sessions_open")]
     assert lines and float(lines[0].split()[-1]) == 2, lines
+
+
+def test_a_sandbox_moves_with_its_session_when_the_owner_dies(tmp_path, mock, postgres_url):  # noqa: F811
+    require_docker()
+    mock.reset()
+    host = f"test-replicas-{uuid.uuid4().hex[:8]}"
+    env = {"MOCK_LLM_TOKEN": TOKEN, "BAE_DATABASE_URL": postgres_url, "BAE_SESSION_REPLICAS": "2",
+           "BAE_SESSION_GRPC_ADDR": f"127.0.0.1:{consecutive_ports(2)}",
+           "BAE_SESSION_LEASE_SECONDS": str(LEASE_SECONDS), "BAE_SANDBOX_HOST_ID": host}
+    with stack_with_sandbox_hosts(tmp_path, mock.base_url, host, **env) as stack:
+        profile = stack.create_profile("sandboxed", available_sandboxes=[TEST_IMAGE])
+        opened = stack.open_session(stack.create_key(profile["id"])["key"])
+        sid, skey = opened["session_id"], opened["session_key"]
+        register(stack, sid, skey)
+        started = result(rpc(stack.client, sid, skey, "session.startRemoteSandbox", {"image": TEST_IMAGE}))
+        command = {"command": "echo kept > /tmp/mark"}
+        assert result(rpc(stack.client, sid, skey, "session.execRemoteSandbox", command))["exit_code"] == 0
+
+        owner = replica_addresses(stack)[owners(stack)[sid]]
+        stack.stack.processes[owner].send_signal(signal.SIGKILL)
+        stack.stack.processes[owner].wait(10)
+        deadline = time.monotonic() + LEASE_SECONDS + 15
+        while replica_addresses(stack)[owners(stack)[sid]] == owner:
+            assert time.monotonic() < deadline, "the session was not taken over"
+            time.sleep(0.1)
+        register(stack, sid, skey)
+        # The same container, re-attached by the new owner: what the first command wrote is there.
+        ran = result(rpc(stack.client, sid, skey, "session.execRemoteSandbox", {"command": "cat /tmp/mark"}))
+        assert ran["exit_code"] == 0 and ran["stdout"].strip() == "kept", ran
+        assert [c.id for c in sandboxes_of_hosts(host)] and started["sandbox_id"]
+        assert stack.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"}).status_code == 200
