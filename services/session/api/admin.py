@@ -6,20 +6,17 @@ Handlers take the gateway's RestRequest and return the response body text
 
 from __future__ import annotations
 
-from sqlalchemy import Connection
-
 from bae import config as config_views
 from bae.config import Config
 from bae.errors import Problem, bad_request, not_found
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
 from services.session.api.calls import RestCall
-from services.session.api.pagination import events_page, page_json, page_request
+from services.session.api.pagination import page_json, page_request
 from services.session.engine.spans import session_spans
 from services.session.engine.runtime import SessionRuntime
-from services.session.store.events import EventView
 from services.session.store.records import KeyRecord
-from services.session.store import events, keys, profiles, sessions
+from services.session.store import events, keys, profiles, revocation, sessions
 from bae.jsontext import dump
 from services.session.store.store import Store
 
@@ -90,19 +87,15 @@ class AdminApi:
         await self._admin(call)
         profile_id = call.path_id
 
-        def _delete(conn: Connection) -> None:
-            if profiles.active(conn, profile_id) is None:
-                raise not_found(f"no profile {profile_id}")
-            in_use = keys.active_client_count(conn, profile_id)
-            if in_use:
-                raise Problem(
-                    409,
-                    "profile_in_use",
-                    f"profile has {in_use} active client key(s); revoke them before deleting",
-                )
-            profiles.soft_delete(conn, profile_id)
-
-        await self.store.call(_delete)
+        in_use = await self.store.call(profiles.delete_unused, profile_id)
+        if in_use is None:
+            raise not_found(f"no profile {profile_id}")
+        if in_use:
+            raise Problem(
+                409,
+                "profile_in_use",
+                f"profile has {in_use} active client key(s); revoke them before deleting",
+            )
         return ""
 
     # Client keys (§4.3).
@@ -111,12 +104,10 @@ class AdminApi:
         await self._admin(call)
         name, profile_id = bodies.parse_key_body(call.body, call.content_type)
 
-        def _create(conn: Connection) -> tuple[str, KeyRecord]:
-            if profiles.active(conn, profile_id) is None:
-                raise Problem(422, "profile_unavailable", f"no active profile {profile_id}")
-            return keys.mint(conn, role="client", name=name, profile_id=profile_id)
-
-        token, key = await self.store.call(_create)
+        minted = await self.store.call(keys.mint_client, name, profile_id)
+        if minted is None:
+            raise Problem(422, "profile_unavailable", f"no active profile {profile_id}")
+        token, key = minted
         return dump(
             {
                 "id": key.id,
@@ -132,38 +123,19 @@ class AdminApi:
         await self._admin(call)
         page = page_request(call.query)
 
-        def _list(conn: Connection) -> list[tuple[int, KeyRecord]]:
-            self.auth.flush_stamps(conn)  # show the latest coalesced last_used_at
-            return keys.client_page(conn, page.after_seq, page.fetch)
-
-        rows = await self.store.call(_list)
+        # Written first, so the page shows the latest coalesced last_used_at.
+        stamps = self.auth.stamps.take()
+        rows = await self.store.call(keys.stamped_client_page, stamps, page.after_seq, page.fetch)
         return page_json([(seq, dump(key_view(key))) for seq, key in rows], page)
 
     async def revoke_key(self, call: RestCall) -> str:
         await self._admin(call)
         key_id = call.path_id
 
-        def _revoke(conn: Connection) -> tuple[list[str], dict[str, list[EventView]]]:
-            held = keys.revoke_client(conn, key_id)
-            if held is None:
-                raise not_found(f"no active client key {key_id}")
-            still_keyed = keys.sessions_with_active_keys(conn, held)
-            closed = {}
-            for session_id in held:
-                if session_id in still_keyed:
-                    continue
-                session = sessions.get(conn, session_id)
-                if session is None or session.state != "open":
-                    continue
-                closed[session_id] = events.append(
-                    conn,
-                    session_id,
-                    [(key_id, "session.close", {"reason": "client_key_revoked"})],
-                    new_state="closed",
-                )
-            return held, closed
-
-        held, closed = await self.store.call(_revoke)
+        revoked = await self.store.call(revocation.revoke_client, key_id)
+        if revoked is None:
+            raise not_found(f"no active client key {key_id}")
+        held, closed = revoked
         for session_id, views in closed.items():
             await self.runtime.publish(session_id, views)
             await self.runtime.close(session_id, attribute_to=key_id)
@@ -188,12 +160,10 @@ class AdminApi:
         page = page_request(call.query)
         session_id = call.path_id
 
-        def _events(conn: Connection) -> str:
-            if sessions.get(conn, session_id) is None:
-                raise not_found(f"no session {session_id}")
-            return events_page(conn, session_id, page)
-
-        return await self.store.read(_events)
+        items = await self.store.read(events.page_items_of_existing, session_id, page.after_seq, page.fetch)
+        if items is None:
+            raise not_found(f"no session {session_id}")
+        return page_json(items, page)
 
     # Registries and config (§4.5): startup snapshots.
 

@@ -17,15 +17,12 @@ from pathlib import Path
 
 from argon2 import extract_parameters
 from argon2.exceptions import InvalidHashError
-from sqlalchemy import Connection
-
 from bae.errors import BaeError, UsageError
 from services.session.store import keys
 from services.session.store.store import Store
 
 log = logging.getLogger("bae.session.admin_key")
 
-BOOTSTRAP_NAME = "bootstrap-admin"
 PROVISIONED_NAME = "provisioned-admin"
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -110,40 +107,20 @@ def write_key_file(path: Path, token: str) -> None:
         raise AdminKeyError(f"cannot write admin key file {path}: {exc}") from None
 
 
-def _self_generate(conn: Connection, key_file: Path) -> None:
-    token, _ = keys.mint(conn, role="admin", name=BOOTSTRAP_NAME)
-    # Written inside the transaction: a failed write rolls the row back, so
-    # there is never an active admin row whose plaintext nobody has.
-    write_key_file(key_file, token)
+def _remove_key_file(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise AdminKeyError(f"cannot delete admin key file {path}: {exc}") from None
 
 
-def _bootstrap(conn: Connection, options: AdminKeyOptions) -> None:
-    if options.rotate:
-        keys.soft_delete_admins(conn)
-        try:
-            options.key_file.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise AdminKeyError(f"cannot delete admin key file {options.key_file}: {exc}") from None
-        _self_generate(conn, options.key_file)
-        log.info("admin key rotated; new key written to %s", options.key_file)
-        return
-    if keys.active_admins(conn):
-        return
-    if options.hash_file.exists():
-        provisioned = read_hash_file(options.hash_file)
-        keys.insert_key(
-            conn,
-            name=provisioned.name,
-            key_hash=provisioned.key_hash,
-            prefix=provisioned.prefix,
-            role="admin",
-        )
-        log.info("admin key hash loaded from pre-provisioned file %s", options.hash_file)
-        return
-    _self_generate(conn, options.key_file)
-    log.info("no admin key found; generated new admin key, written to file %s", options.key_file)
+def _provisioned(path: Path) -> tuple[str, str, str] | None:
+    if not path.exists():
+        return None
+    provisioned = read_hash_file(path)
+    return provisioned.name, provisioned.key_hash, provisioned.prefix
 
 
 async def bootstrap_admin_key(store: Store, options: AdminKeyOptions) -> None:
@@ -152,4 +129,16 @@ async def bootstrap_admin_key(store: Store, options: AdminKeyOptions) -> None:
             "admin auth is DISABLED: anyone who can reach the admin port has full control"
         )
         return
-    await store.call(_bootstrap, options)
+    done = await store.call(
+        keys.bootstrap_admin,
+        options.rotate,
+        lambda: _remove_key_file(options.key_file),
+        lambda token: write_key_file(options.key_file, token),
+        lambda: _provisioned(options.hash_file),
+    )
+    if done == "rotated":
+        log.info("admin key rotated; new key written to %s", options.key_file)
+    elif done == "provisioned":
+        log.info("admin key hash loaded from pre-provisioned file %s", options.hash_file)
+    elif done == "generated":
+        log.info("no admin key found; generated new admin key, written to file %s", options.key_file)

@@ -6,23 +6,22 @@ validity is cached: a revocation is visible to the very next request. The
 one cache holds successful Argon2id verifications of pre-provisioned admin
 hashes (digest -> row id); the row is still re-read on every request.
 Those Argon2id checks run in `admin_hash`, off the store threads and throttled.
-Lookups that only read run on the store's reader (`Store.read`).
+Lookups that only read run on the store's reader (`Store.read`); the lookups
+themselves are store functions (store/keys.py, store/access.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, TypeVar
-
-from sqlalchemy import Connection
+from typing import Any, Callable, TypeVar
 
 from bae.errors import unauthorized
-from bae.ids import digests_equal, token_digest
+from bae.ids import token_digest
 from bae.timefmt import now
 from services.session.api.admin_hash import AdminHashVerifier
 from services.session.api.calls import Credential
-from services.session.store import keys
+from services.session.store import access, keys
 from services.session.store.records import KeyRecord, Principal, ProfileRecord, SessionRecord
 from services.session.store.store import Store, session_and_profile
 
@@ -55,90 +54,56 @@ class Authenticator:
         self._admin_hashes = AdminHashVerifier()
         self._flusher: asyncio.Task | None = None
 
-    # Lookups; each is a plain function of a connection so a route can run its
-    # authentication and its read in one store call.
-
-    def find_client_key(self, conn: Connection, token: str) -> KeyRecord:
-        row = _active_by_digest(conn, token_digest(token), "client")
-        if row is None:
-            raise unauthorized("invalid client key")
-        self.stamps.stamp(row.id)
-        return row
-
-    def find_session_key(self, conn: Connection, token: str, session_id: str) -> Principal:
-        row = _active_by_digest(conn, token_digest(token), "session")
-        if row is None or row.name != session_id:
-            raise unauthorized("invalid session key")
-        self.stamps.stamp(row.id)
-        return Principal(
-            key_id=row.id,
-            client_key_id=row.client_id or "",
-            session_id=session_id,
-            profile_id=row.profile_id,
-        )
-
-    def find_admin_key(self, conn: Connection, digest: str) -> tuple[KeyRecord | None, list[tuple[str, str]]]:
-        """The admin row of a token digest (directly, or one that passed Argon2id before);
-        otherwise None and the (row id, PHC hash) pairs left to verify against."""
-        row = _active_by_digest(conn, digest, "admin")
-        if row is not None:
-            return row, []
-        verified = self._admin_hashes.verified_row(digest)
-        if verified is not None:
-            row = keys.by_id(conn, verified)
-            if row is not None and row.role == "admin" and row.deleted_at is None:
-                return row, []
-            self._admin_hashes.forget(digest)
-            return None, []
-        return None, [
-            (row.id, row.key_hash) for row in keys.active_admins(conn) if row.key_hash.startswith(keys.PHC_PREFIX)
-        ]
-
     # Async entry points.
 
+    async def _as_session_key(
+        self, credential: Credential, session_id: str, fn: Callable[..., T] | None, args: tuple[Any, ...],
+        writes: bool,
+    ) -> tuple[Principal, T | None]:
+        digest = token_digest(credential.token())
+        run = self.store.call if writes else self.store.read
+        principal, result = await run(access.as_session_key, digest, session_id, fn, args)
+        if principal is None:
+            raise unauthorized("invalid session key")
+        self.stamps.stamp(principal.key_id)
+        return principal, result
+
     async def with_session_key(
-        self,
-        credential: Credential,
-        session_id: str,
-        fn: Callable[[Connection, Principal], T],
-        *,
-        writes: bool = True,
+        self, credential: Credential, session_id: str, fn: Callable[..., T], *args: Any, writes: bool = True
     ) -> T:
-        """Authenticate a session key, then run `fn(conn, principal)` in the same store call
-        (on the store's reader when `fn` only reads)."""
-        token = credential.token()
-
-        def authenticated(conn: Connection) -> T:
-            return fn(conn, self.find_session_key(conn, token, session_id))
-
-        return await (self.store.call if writes else self.store.read)(authenticated)
+        """Authenticate a session key, then run the store function `fn(conn, *args)` in the same store
+        call (on the store's reader when `fn` only reads)."""
+        _, result = await self._as_session_key(credential, session_id, fn, args, writes)
+        return result  # type: ignore[return-value]  # fn ran: the key was valid
 
     async def session_principal(self, credential: Credential, session_id: str) -> Principal:
-        return await self.with_session_key(
-            credential, session_id, lambda _conn, principal: principal, writes=False
-        )
+        principal, _ = await self._as_session_key(credential, session_id, None, (), False)
+        return principal
 
     async def session_principal_and_records(
         self, credential: Credential, session_id: str
     ) -> tuple[Principal, SessionRecord | None, ProfileRecord | None]:
         """The principal, the session's record and its live profile, read in one store call."""
-        return await self.with_session_key(
-            credential,
-            session_id,
-            lambda conn, principal: (principal, *session_and_profile(conn, session_id)),
-            writes=False,
-        )
+        principal, records = await self._as_session_key(credential, session_id, session_and_profile, (session_id,),
+                                                        False)
+        assert records is not None  # the key was valid, so session_and_profile ran
+        return principal, *records
 
     async def client_key(self, credential: Credential) -> KeyRecord:
-        token = credential.token()
-        return await self.store.read(self.find_client_key, token)
+        row = await self.store.read(keys.active_by_digest, token_digest(credential.token()), "client")
+        if row is None:
+            raise unauthorized("invalid client key")
+        self.stamps.stamp(row.id)
+        return row
 
     async def require_admin(self, credential: Credential) -> None:
         if self.admin_auth_disabled:
             return
         token = credential.token()
         digest = token_digest(token)
-        row, hashes = await self.store.read(self.find_admin_key, digest)
+        row, hashes, stale = await self.store.read(keys.admin_lookup, digest, self._admin_hashes.verified_row(digest))
+        if stale:
+            self._admin_hashes.forget(digest)
         row_id = row.id if row is not None else None
         if row_id is None and hashes:
             row_id = await self._admin_hashes.verify(token, digest, hashes)
@@ -148,13 +113,9 @@ class Authenticator:
 
     # last_used_at.
 
-    def flush_stamps(self, conn: Connection) -> None:
-        """Write pending stamps (inside a store call)."""
-        keys.stamp_last_used(conn, self.stamps.take())
-
     async def flush(self) -> None:
         if self.stamps.pending:
-            await self.store.call(self.flush_stamps)
+            await self.store.call(keys.stamp_last_used, self.stamps.take())
 
     def start(self) -> None:
         self._flusher = asyncio.create_task(self._flush_forever())
@@ -177,10 +138,3 @@ class Authenticator:
             except Exception:
                 log.exception("writing last_used_at stamps failed")
 
-
-def _active_by_digest(conn: Connection, digest: str, role: str) -> KeyRecord | None:
-    row = keys.by_digest(conn, digest)
-    if row is None or row.role != role or row.deleted_at is not None:
-        return None
-    # The index found the row by digest; compare again in constant time anyway.
-    return row if digests_equal(row.key_hash, digest) else None

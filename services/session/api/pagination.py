@@ -10,10 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from sqlalchemy import Connection
-
 from bae.errors import bad_request, echo
-from services.session.store import events
 from bae.jsontext import dump
 
 DEFAULT_LIMIT = 50
@@ -60,8 +57,3 @@ def page_json(rows: list[tuple[int, str]], request: PageRequest) -> str:
     next_cursor = str(shown[-1][0]) if more and shown else None
     return '{"items":[' + ",".join(item for _, item in shown) + '],"next_cursor":' + dump(next_cursor) + "}"
 
-
-def events_page(conn: Connection, session_id: str, request: PageRequest) -> str:
-    """A page of a session's EventViews; the admin and client endpoints both answer this."""
-    rows = events.page(conn, session_id, request.after_seq, request.fetch)
-    return page_json([(row.seq, events.event_json(row)) for row in rows], request)

@@ -9,41 +9,23 @@ live feed only after their transaction committed.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-
-from sqlalchemy import Connection
 
 from bae.config import Config
 from bae.errors import Problem, not_found
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
 from services.session.api.calls import RestCall
-from services.session.api.bodies import RESERVED_TOOL, SessionBody
+from services.session.api.bodies import RESERVED_TOOL
 from services.session.engine.spans import session_spans
-from services.session.api.pagination import events_page, page_request
-from services.session.store import events, keys, profiles, sessions
+from services.session.api.pagination import page_json, page_request
+from services.session.store import events, opening, sessions
 from bae.jsontext import dump
 from services.session.engine.runtime import SessionRuntime
-from services.session.store.events import EventView
-from services.session.store.records import KeyRecord, Principal, ProfileRecord, SessionRecord
+from services.session.store.opening import Declarations, Opened, Refusal, Refused
+from services.session.store.records import KeyRecord, ProfileRecord, SessionRecord
 from services.session.store.store import Store
 
 log = logging.getLogger("bae.session.rest")
-
-
-@dataclass(frozen=True)
-class Opened:
-    session_id: str
-    token: str
-    profile: ProfileRecord
-    views: list[EventView]
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A refusal whose audit row was committed; raised after the transaction."""
-
-    problem: Problem
 
 
 def session_closed(state: str) -> Problem:
@@ -62,7 +44,7 @@ class ClientRestApi:
     async def open_session(self, call: RestCall) -> str:
         key = await self.auth.client_key(call.credential)
         body = bodies.parse_session_body(call.body, call.content_type, joining=False)
-        outcome = await self.store.call(self._open, key, body)
+        outcome = await self.store.call(opening.open_session, key, body, self)
         if isinstance(outcome, Refused):
             raise outcome.problem
         await self.runtime.publish(outcome.session_id, outcome.views)
@@ -70,38 +52,20 @@ class ClientRestApi:
         await self.runtime.on_open(outcome.session_id, outcome.profile)
         return self._created(outcome)
 
-    def _open(self, conn: Connection, key: KeyRecord, body: SessionBody) -> Opened | Refused:
-        profile = self._usable_profile(conn, key, body)
-        if isinstance(profile, Refused):
-            return profile
-        session_id = sessions.create(
-            conn,
-            client_key_id=key.id,
-            profile_id=profile.id,
-            state="open",
-            client_version=body.client_version,
-            client_tools=body.tools,
-            sandbox_tools=body.sandbox_tools,
-            subagent_tools=body.subagent_tools,
-            compaction=body.compaction,
-        )
-        token = self._mint_session_key(conn, session_id, key)
-        views = events.append(conn, session_id, [(key.id, "session.open", body.names())])
-        return Opened(session_id, token, profile, views)
-
     # POST /api/v1/sessions/{id}/join (§5.2)
 
     async def join_session(self, call: RestCall) -> str:
         key = await self.auth.client_key(call.credential)
         body = bodies.parse_session_body(call.body, call.content_type, joining=True)
-        outcome = await self.store.call(self._join, key, call.path_id, body)
+        outcome = await self.store.call(opening.join_session, key, call.path_id, body, self)
         if isinstance(outcome, Refused):
             raise outcome.problem
         await self.runtime.publish(outcome.session_id, outcome.views)
         return self._created(outcome)
 
-    def _join(self, conn: Connection, key: KeyRecord, session_id: str, body: SessionBody) -> Opened | Refused:
-        session = sessions.get(conn, session_id)
+    # opening.Vetting: the decisions of open and join, made inside their transactions.
+
+    def vet_join(self, key: KeyRecord, session_id: str, session: SessionRecord | None) -> None:
         if session is None:
             raise not_found(f"no session {session_id}")
         if session.state != "open":
@@ -112,36 +76,22 @@ class ClientRestApi:
                 "profile_mismatch",
                 "the client key's profile does not match this session's profile",
             )
-        profile = self._usable_profile(conn, key, body)
-        if isinstance(profile, Refused):
-            return profile
-        sessions.set_declarations(
-            conn,
-            session,
-            key.id,
-            client_tools=body.tools,
-            sandbox_tools=body.sandbox_tools,
-            subagent_tools=body.subagent_tools,
-        )
-        token = self._mint_session_key(conn, session_id, key)
-        views = events.append(conn, session_id, [(key.id, "session.join", body.names())])
-        return Opened(session_id, token, profile, views)
 
     # Shared by open and join: checks 4-8 of §5.1 (5-8 of §5.2). A join has
     # already checked that the key's profile is the session's.
 
-    def _usable_profile(self, conn: Connection, key: KeyRecord, body: SessionBody) -> ProfileRecord | Refused:
-        profile_id = key.profile_id or ""
-        profile = profiles.active(conn, profile_id)
+    def vet_profile(self, key: KeyRecord, profile: ProfileRecord | None, body: Declarations) -> Refusal | None:
         if profile is None:
+            profile_id = key.profile_id or ""
             log.error("client key %s: profile %s is no longer available", key.id, profile_id)
-            self._audit(conn, key, profile_id, body, {"reason": "profile_unavailable", "profile_id": profile_id})
-            return Refused(
+            return Refusal(
                 Problem(
                     422,
                     "profile_unavailable",
                     "the profile bound to this client key is no longer available",
-                )
+                ),
+                profile_id,
+                {"reason": "profile_unavailable", "profile_id": profile_id},
             )
         if self.config.provider(profile.primary_provider) is None:
             # Logged on every attempt, never deduplicated (§5.1 step 5).
@@ -150,24 +100,19 @@ class ClientRestApi:
                 profile.id,
                 profile.primary_provider,
             )
-            self._audit(
-                conn,
-                key,
-                profile.id,
-                body,
-                {
-                    "reason": "primary_provider_unavailable",
-                    "profile_id": profile.id,
-                    "primary_provider": profile.primary_provider,
-                },
-            )
-            return Refused(
+            return Refusal(
                 Problem(
                     422,
                     "primary_provider_unavailable",
                     f'the profile\'s primary provider "{profile.primary_provider}" '
                     "is not configured in bae-config.toml",
-                )
+                ),
+                profile.id,
+                {
+                    "reason": "primary_provider_unavailable",
+                    "profile_id": profile.id,
+                    "primary_provider": profile.primary_provider,
+                },
             )
         for tool in (*body.tools, *body.sandbox_tools):
             if tool["name"] == RESERVED_TOOL:
@@ -181,31 +126,7 @@ class ClientRestApi:
                     f'tool "{tool["name"]}" is not in the profile\'s allowlist',
                 )
         bodies.validate_subagent_tools(body.subagent_tools)
-        return profile
-
-    def _audit(self, conn: Connection, key: KeyRecord, profile_id: str, body: SessionBody, payload: dict) -> None:
-        """A separate `error` session recording a refused open/join (tool names only)."""
-
-        def names(tools: list[dict]) -> list[dict]:
-            return [{"name": tool["name"]} for tool in tools]
-
-        session_id = sessions.create(
-            conn,
-            client_key_id=key.id,
-            profile_id=profile_id,
-            state="error",
-            client_version=body.client_version,
-            client_tools=names(body.tools),
-            sandbox_tools=names(body.sandbox_tools),
-            subagent_tools=names(body.subagent_tools),
-            compaction=body.compaction,
-        )
-        events.append(conn, session_id, [(key.id, "session.error", payload)])
-
-    def _mint_session_key(self, conn: Connection, session_id: str, key: KeyRecord) -> str:
-        """A session key bound to `session_id` (its row name) for the acting client key."""
-        token, _ = keys.mint(conn, role="session", name=session_id, profile_id=key.profile_id, client_id=key.id)
-        return token
+        return None
 
     def _created(self, opened: Opened) -> str:
         profile = opened.profile
@@ -231,12 +152,7 @@ class ClientRestApi:
 
     async def participants(self, call: RestCall) -> str:
         session_id = call.path_id
-        session = await self.auth.with_session_key(
-            call.credential,
-            session_id,
-            lambda conn, _principal: sessions.get(conn, session_id),
-            writes=False,
-        )
+        session = await self.auth.with_session_key(call.credential, session_id, sessions.get, session_id, writes=False)
         if session is None:
             raise not_found(f"no session {session_id}")
         return dump({"drivers": self.runtime.drivers(session_id)})
@@ -251,35 +167,21 @@ class ClientRestApi:
             # Credentials are checked before the query: a bad key beats a bad cursor.
             await self.auth.session_principal(call.credential, session_id)
             raise
-        return await self.auth.with_session_key(
-            call.credential,
-            session_id,
-            lambda conn, _principal: events_page(conn, session_id, page),
-            writes=False,
+        items = await self.auth.with_session_key(
+            call.credential, session_id, events.page_items, session_id, page.after_seq, page.fetch, writes=False
         )
+        return page_json(items, page)
 
     # DELETE /api/v1/sessions/{id} (§5.5)
 
     async def close_session(self, call: RestCall) -> str:
         session_id = call.path_id
 
-        def _close(conn: Connection, _principal: Principal) -> tuple[SessionRecord, list[EventView]]:
-            session = sessions.get(conn, session_id)
-            if session is None:
-                raise not_found(f"no session {session_id}")
-            if session.state != "open":
-                return session, []
-            views = events.append(
-                conn,
-                session_id,
-                [(session.client_key_id, "session.close", {"reason": "client_close"})],
-                new_state="closed",
-            )
-            return session, views
-
         session, views = await self.auth.with_session_key(
-            call.credential, session_id, _close
+            call.credential, session_id, opening.close_by_client, session_id
         )
+        if session is None:
+            raise not_found(f"no session {session_id}")
         if views:
             await self.runtime.publish(session_id, views)
         # Teardown runs whatever the previous state was (idempotent).

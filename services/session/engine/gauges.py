@@ -13,35 +13,15 @@ import threading
 import time
 from typing import Callable
 
-from sqlalchemy import ColumnElement, Connection, ScalarSelect, Table, and_, func, select
-
 from bae import telemetry
 from services.session.engine.runtime import SessionRuntime
 from services.session.store import Store
-from services.session.store.schema import keys, profiles, session_events, sessions
+from services.session.store.stats import activity_counts
 
 log = logging.getLogger("bae.session.telemetry")
 
 COUNTS_CACHE_SECONDS = 0.25
 COUNT_QUERY_TIMEOUT = 5.0
-DB_GAUGES = ("bae.sessions.open", "bae.sessions.total", "bae.events.total", "bae.profiles.count", "bae.keys.count")
-
-
-def _activity_counts(conn: Connection) -> tuple[int, ...]:
-    def count(table: Table, *where: ColumnElement[bool]) -> ScalarSelect[int]:
-        query = select(func.count()).select_from(table)
-        return (query.where(and_(*where)) if where else query).scalar_subquery()
-
-    row = conn.execute(
-        select(
-            count(sessions, sessions.c.state == "open"),
-            count(sessions),
-            count(session_events),
-            count(profiles, profiles.c.deleted_at.is_(None)),
-            count(keys, keys.c.role == "client", keys.c.deleted_at.is_(None)),
-        )
-    ).one()
-    return tuple(int(value) for value in row)
 
 
 class ActivityCounts:
@@ -56,7 +36,7 @@ class ActivityCounts:
 
     def _refresh(self) -> None:
         try:
-            future = asyncio.run_coroutine_threadsafe(self._store.call(_activity_counts), self._loop)
+            future = asyncio.run_coroutine_threadsafe(self._store.call(activity_counts), self._loop)
             self._values = future.result(COUNT_QUERY_TIMEOUT)
         except Exception as exc:  # no data point this collection, never a false zero
             self._values = None
@@ -76,7 +56,7 @@ def register_gauges(runtime: SessionRuntime, store: Store) -> None:
     def db_count(index: int) -> Callable[[], int | None]:
         return lambda: counts.value(index)
 
-    for index, name in enumerate(DB_GAUGES):
+    for index, name in enumerate(telemetry.STORE_GAUGES):
         telemetry.observe(name, db_count(index))
 
     def live_count(measure: Callable[..., int]) -> Callable[[], int]:

@@ -266,6 +266,20 @@ def page(conn: Connection, session_id: str, after_seq: int, limit: int) -> list[
     return list(conn.execute(_PAGE, {"session_id": session_id, "after": after_seq, "limit": limit}))
 
 
+def page_items(conn: Connection, session_id: str, after_seq: int, limit: int) -> list[tuple[int, str]]:
+    """A page of a session's events as (seq, wire text), for the list endpoints."""
+    return [(row.seq, event_json(row)) for row in page(conn, session_id, after_seq, limit)]
+
+
+def page_items_of_existing(
+    conn: Connection, session_id: str, after_seq: int, limit: int
+) -> list[tuple[int, str]] | None:
+    """`page_items`, or None when there is no such session."""
+    if conn.execute(select(sessions.c.seq).where(sessions.c.id == session_id)).first() is None:
+        return None
+    return page_items(conn, session_id, after_seq, limit)
+
+
 def seq_of(conn: Connection, session_id: str, event_id: str) -> int | None:
     return conn.execute(_SEQ_OF, {"session_id": session_id, "event_id": event_id}).scalar()
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy import Connection, Row, and_, bindparam, func, insert, select, update
 
-from bae.ids import new_id, new_token, token_digest
+from bae.ids import digests_equal, new_id, new_token, token_digest
 from bae.timefmt import now
-from services.session.store.records import KeyRecord
-from services.session.store.schema import keys
+from services.session.store.records import KeyRecord, Principal
+from services.session.store.schema import keys, profiles
 
 PHC_PREFIX = "$argon2id$"
 
@@ -37,6 +37,7 @@ _STAMP = (
     .values(last_used_at=bindparam("stamp"))
 )
 _INSERT = insert(keys)
+_ACTIVE_PROFILE = select(profiles.c.seq).where(and_(profiles.c.id == bindparam("id"), profiles.c.deleted_at.is_(None)))
 
 
 def record(row: Row) -> KeyRecord:
@@ -172,3 +173,86 @@ def sessions_with_active_keys(conn: Connection, session_ids: list[str]) -> set[s
         .distinct()
     )
     return set(rows.scalars())
+
+
+def active_by_digest(conn: Connection, digest: str, role: str) -> KeyRecord | None:
+    """The active key of `role` whose stored digest is `digest`."""
+    row = by_digest(conn, digest)
+    if row is None or row.role != role or row.deleted_at is not None:
+        return None
+    # The index found the row by digest; compare again in constant time anyway.
+    return row if digests_equal(row.key_hash, digest) else None
+
+
+def session_principal(conn: Connection, digest: str, session_id: str) -> Principal | None:
+    """Who an active session key of `session_id` acts as; None for any other token."""
+    row = active_by_digest(conn, digest, "session")
+    if row is None or row.name != session_id:
+        return None
+    return Principal(key_id=row.id, client_key_id=row.client_id or "", session_id=session_id, profile_id=row.profile_id)
+
+
+def admin_lookup(
+    conn: Connection, digest: str, verified_id: str | None
+) -> tuple[KeyRecord | None, list[tuple[str, str]], bool]:
+    """The active admin row of a token digest, directly or through `verified_id` (a row the token
+    passed Argon2id for before). Otherwise None and the (row id, PHC hash) pairs left to verify
+    against; the flag says `verified_id` no longer names an active admin row."""
+    row = active_by_digest(conn, digest, "admin")
+    if row is not None:
+        return row, [], False
+    if verified_id is not None:
+        row = by_id(conn, verified_id)
+        if row is not None and row.role == "admin" and row.deleted_at is None:
+            return row, [], False
+        return None, [], True
+    return None, [(row.id, row.key_hash) for row in active_admins(conn) if row.key_hash.startswith(PHC_PREFIX)], False
+
+
+def mint_client(conn: Connection, name: str, profile_id: str) -> tuple[str, KeyRecord] | None:
+    """A new client key bound to an active profile; None when there is no such active profile."""
+    if conn.execute(_ACTIVE_PROFILE, {"id": profile_id}).first() is None:
+        return None
+    return mint(conn, role="client", name=name, profile_id=profile_id)
+
+
+def stamped_client_page(
+    conn: Connection, stamps: dict[str, str], after_seq: int, limit: int
+) -> list[tuple[int, KeyRecord]]:
+    """Write pending last_used_at stamps, then read a page of active client keys (showing them)."""
+    stamp_last_used(conn, stamps)
+    return client_page(conn, after_seq, limit)
+
+
+BOOTSTRAP_ADMIN_NAME = "bootstrap-admin"
+
+
+def bootstrap_admin(
+    conn: Connection,
+    rotate: bool,
+    remove_key_file: Callable[[], None],
+    write_key_file: Callable[[str], None],
+    read_provisioned: Callable[[], tuple[str, str, str] | None],
+) -> str:
+    """Make sure an admin key exists (SERVER-SPEC §2.3); says what it did: rotated, kept, provisioned, generated.
+
+    `read_provisioned` gives a pre-provisioned (name, key hash, prefix), or None. A generated
+    key's plaintext is written by `write_key_file` inside this transaction: a failed write rolls
+    the row back, so there is never an active admin row whose plaintext nobody has.
+    """
+    if rotate:
+        soft_delete_admins(conn)
+        remove_key_file()
+        token, _ = mint(conn, role="admin", name=BOOTSTRAP_ADMIN_NAME)
+        write_key_file(token)
+        return "rotated"
+    if active_admins(conn):
+        return "kept"
+    provisioned = read_provisioned()
+    if provisioned is not None:
+        name, key_hash, prefix = provisioned
+        insert_key(conn, name=name, key_hash=key_hash, prefix=prefix, role="admin")
+        return "provisioned"
+    token, _ = mint(conn, role="admin", name=BOOTSTRAP_ADMIN_NAME)
+    write_key_file(token)
+    return "generated"

@@ -9,6 +9,7 @@ from sqlalchemy import Connection, Row, and_, bindparam, exists, insert, select,
 from bae.ids import new_id
 from bae.timefmt import now
 from services.session.store.records import ProfileRecord
+from services.session.store import keys
 from services.session.store.schema import profiles
 
 LIST_FIELDS = ("fallback_providers", "mcp_servers", "allowed_tools", "available_sandboxes")
@@ -111,6 +112,17 @@ def replace(conn: Connection, profile_id: str, fields: dict) -> ProfileRecord | 
 
 def soft_delete(conn: Connection, profile_id: str) -> None:
     conn.execute(update(profiles).where(profiles.c.id == profile_id).values(deleted_at=now()))
+
+
+def delete_unused(conn: Connection, profile_id: str) -> int | None:
+    """Soft-delete an active profile no active client key uses. None: no such active profile;
+    otherwise the number of active client keys that use it (0: it was deleted)."""
+    if active(conn, profile_id) is None:
+        return None
+    in_use = keys.active_client_count(conn, profile_id)
+    if not in_use:
+        soft_delete(conn, profile_id)
+    return in_use
 
 
 def page(conn: Connection, after_seq: int, limit: int) -> list[tuple[int, ProfileRecord]]:
