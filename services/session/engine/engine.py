@@ -63,6 +63,10 @@ class TurnEngine:
         self.runner = runner
         self._work = TaskOwner("turn")
         self._accepting = True
+        # One history load per session at a time, which every caller that arrives meanwhile awaits:
+        # they resume in arrival order, so they reach the gate in arrival order even on a store
+        # whose concurrent reads finish in any order (PostgreSQL's pool).
+        self._loading: dict[str, asyncio.Future[Any]] = {}
 
     # -- entry points -----------------------------------------------------------
 
@@ -109,7 +113,13 @@ class TurnEngine:
         if not self._accepting:
             raise ShuttingDown
         live = self.runtime.existing(session_id)
-        await self.runtime.load_history(live)  # before the gate: it may hold a recovered pause
+        if live.history is None:  # loaded before the gate: it may hold a recovered pause
+            loading = self._loading.get(session_id)
+            if loading is None:
+                loading = asyncio.ensure_future(self.runtime.load_history(live))
+                self._loading[session_id] = loading
+                loading.add_done_callback(lambda _: self._loading.pop(session_id, None))
+            await asyncio.shield(loading)
         return live
 
     # -- a turn -----------------------------------------------------------------
