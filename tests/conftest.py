@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from bae.stack import Stack  # noqa: E402
 from mockllm import MockLLM  # noqa: E402
 from processes import service_env  # noqa: E402
+import postgres_support  # noqa: E402
 
 
 def free_port() -> int:
@@ -26,8 +27,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def store_url(tmp: Path) -> str:
+    """The store a stack or a test with files in `tmp` uses: SQLite in `tmp`, or with BAE_TEST_STORE=postgresql
+    a PostgreSQL database of its own (the same one for the same `tmp`, so a restarted stack finds its data)."""
+    if postgres_support.on_postgres():
+        return postgres_support.server().database_url(str(tmp))
+    return f"sqlite:///{tmp / 'bae.db'}"
+
+
+def database_url_of(env: dict[str, str]) -> str:
+    """The store URL a service started with `env` uses."""
+    return env.get("BAE_DATABASE_URL") or f"sqlite:///{env['BAE_DB_PATH']}"
+
+
 def stack_env(tmp: Path, **overrides: str) -> dict[str, str]:
-    """An environment for one isolated stack: its own ports, store and key files."""
+    """An environment for one isolated stack: its own ports, store and key files.
+
+    BAE_TEST_STORE=postgresql gives it a PostgreSQL database unless the test names its SQLite file.
+    """
     defaults = {
         "BAE_ADDR": f"127.0.0.1:{free_port()}",
         "BAE_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
@@ -43,6 +60,8 @@ def stack_env(tmp: Path, **overrides: str) -> dict[str, str]:
         "BAE_SHUTDOWN_TIMEOUT": "5",
         "BAE_LOG": "info",
     }
+    if postgres_support.on_postgres() and not {"BAE_DB_PATH", "BAE_DATABASE_URL"} & overrides.keys():
+        defaults["BAE_DATABASE_URL"] = store_url(tmp)
     return service_env(**{**defaults, **overrides})
 
 

@@ -17,7 +17,7 @@ import pytest
 from bae.config import load_config
 from bae.internal import InternalPlane
 from bae.settings import load_settings
-from conftest import free_port, mock_provider_toml
+from conftest import free_port, mock_provider_toml, store_url
 from mockllm import MockLLM, Reply
 from processes import ServiceProcess, service_env
 from services.session.engine.domain import CompactRequest, Message, TurnEnd, TurnRequest
@@ -84,7 +84,7 @@ async def harness(runner, tmp_path: Path, mock: MockLLM) -> AsyncIterator[Engine
     settings = load_settings(
         {"BAE_RUNNER_GRPC_ADDR": runner["address"], "BAE_INTERNAL_TOKEN": runner["token"], "BAE_TURN_TIMEOUT": "1"}
     )
-    store = await Store.open(f"sqlite:///{tmp_path}/bae.db")
+    store = await Store.open(store_url(tmp_path))
     runtime = SessionRuntime(store=store, settings=settings, config=load_config(str(runner["config"])))
     client = RunnerClient(runner["address"], 5.0, InternalPlane.of(settings))
     engine = TurnEngine(runtime=runtime, runner=client)

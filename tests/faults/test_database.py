@@ -20,6 +20,7 @@ from checks import assert_history_kept, assert_no_container_left
 from conftest import mock_provider_toml
 from live import new_session, register, result, send, session_state, terminal, types
 from mockllm import Reply
+from postgres_support import sqlite_only
 from test_sigterm import event_log
 
 TOKEN = "sk-test-secret-token-123456"
@@ -80,6 +81,7 @@ def open_with_a_turn(stack, mock) -> tuple[str, str, str, list[dict]]:
     return sid, skey, client_key, event_log(stack, sid, skey)
 
 
+@sqlite_only("another process holds the SQLite file's write lock")
 def test_a_database_locked_by_another_process(start_stack, mock):
     mock.reset()
     stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN)
@@ -122,6 +124,7 @@ def fill(directory: Path) -> Path:
     return filler
 
 
+@sqlite_only("the SQLite file's disk fills up")
 def test_a_full_disk_under_the_database(start_stack, mock, small_disk):
     mock.reset()
     stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,

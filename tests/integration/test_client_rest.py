@@ -6,9 +6,13 @@ import json
 
 import grpc
 import pytest
+from sqlalchemy import update
 
 from bae.errors import Problem
 from bae.protos import session_pb2
+from conftest import database_url_of
+from services.session.store import Store
+from services.session.store.schema import profiles
 from test_admin_api import Service, problem_of, profile_body
 
 
@@ -236,12 +240,11 @@ async def test_profile_deleted_after_key_creation(tmp_path):
     finally:
         await svc.stop()
     # Simulate the race with direct SQL while the service is down.
-    import sqlite3
-
-    db = sqlite3.connect(svc.env["BAE_DB_PATH"])
-    db.execute("UPDATE profiles SET deleted_at = '2026-01-01T00:00:00.000Z'")
-    db.commit()
-    db.close()
+    store = await Store.open(database_url_of(svc.env))
+    try:
+        await store.call(lambda conn: conn.execute(update(profiles).values(deleted_at="2026-01-01T00:00:00.000Z")))
+    finally:
+        await store.close()
     svc = Service(tmp_path)
     try:
         problem = await problem_of(env_open(svc, env.key_a))
