@@ -22,6 +22,9 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, inspect, text
 
 log = logging.getLogger("bae.session.store")
+# Alembic says "Context impl …" and "Will assume transactional DDL" at every start; the revisions
+# applied are logged here, once each.
+logging.getLogger("alembic").setLevel(logging.WARNING)
 
 HERE = Path(__file__).parent
 LEGACY_TABLE = "schema_migrations"
