@@ -32,7 +32,7 @@ demo: venv protos
 
 # The store, REST and turn tests again on PostgreSQL, on a server the tests start themselves
 # (tests/postgres_support.py: the Debian postgresql package; skipped without it unless BAE_REQUIRE_POSTGRES=1).
-PG_TESTS := tests/unit/test_store.py tests/unit/test_store_durability.py tests/unit/test_store_upgrade.py \
+PG_TESTS := tests/unit/test_store.py tests/unit/test_store_durability.py \
 	tests/integration/test_client_rest.py tests/integration/test_admin_api.py \
 	tests/integration/test_live_turns.py tests/integration/test_live_stack.py tests/engine
 
