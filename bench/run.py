@@ -1,7 +1,7 @@
 """Benchmarks: start a private stack on loopback and print latency/throughput figures.
 
     make bench                 # everything
-    make bench ARGS="rest"     # only the REST figures (or "turns", "compaction", "replicas" or "telemetry")
+    make bench ARGS="rest"     # only the REST figures (or "turns", "observers", "compaction", "replicas" or "telemetry")
 
 REST: authenticated GET /api/v1/sessions/{id}/events and POST /api/v1/sessions
 with 1 and 16 concurrent clients, next to one Argon2id verification
@@ -15,6 +15,8 @@ run costs over the same provider call made directly.
 Replicas (bench/replicas.py): on a PostgreSQL server it starts, REST p50 against
 SQLite, turns per second across 64 sessions with 1 and 2 session replicas, and
 the failover time after a replica is killed.
+Observers: 100 `session.subscribe` streams on one session, each event's arrival
+against the driver's own stream.
 Telemetry (only when asked for): REST p50 and text-turn latency with [telemetry]
 off, and on at sample ratio 1.0 exporting to the tests' OTLP receiver; two rounds,
 alternating, on fresh stacks.
@@ -40,6 +42,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import RunningStack, free_port, launch_stack, mock_provider_toml  # noqa: E402
 
 from bae.stack import Stack  # noqa: E402
+from table import print_table, record  # noqa: E402
 
 TOKEN = "bench-token"
 
@@ -133,19 +136,39 @@ async def rpc(client, sid, skey, method, params=None):
     return last["result"]
 
 
+async def health_floor(address: str) -> list[float]:
+    """A bare gRPC health call to the session service: the floor of any call through the gateway."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest()
+        for _ in range(200):
+            await stub.Check(request, timeout=5)
+        samples, _ = await load(lambda _: stub.Check(request, timeout=5), 1, 2000)
+    return samples
+
+
 async def bench_rest(stack: Stack, key: str) -> None:
     print("\n== REST ==")
+    floor = await health_floor(stack.settings.session_grpc_addr)
+    report("gRPC health call straight to the session service", floor, sum(floor))
     async with httpx.AsyncClient(base_url=stack.client_url, timeout=30) as client:
         sid, skey = await open_session(client, key)
         auth = {"Authorization": f"Bearer {skey}"}
+        events = f"/api/v1/sessions/{sid}/events?limit=1"
         for _ in range(200):  # warm up
-            await client.get(f"/api/v1/sessions/{sid}/events", headers=auth)
+            await client.get(events, headers=auth)
         url = stack.client_url
         for concurrency in (1, 16):
-            samples, wall = await load(
-                lambda c: c.get(f"/api/v1/sessions/{sid}/events", headers=auth), concurrency, 3000, url
-            )
-            report(f"GET events (authenticated), {concurrency} client(s)", samples, wall)
+            samples, wall = await load(lambda c: c.get(events, headers=auth), concurrency, 3000, url)
+            report(f"GET events?limit=1 (authenticated), {concurrency} client(s)", samples, wall)
+            if concurrency == 1:
+                record("authenticated `GET …/events?limit=1`, 1 client", f"p50 {ms(samples)}",
+                       f"a bare gRPC health call, p50 {ms(floor)}", "p50 ≤ 1.0 ms")
+            else:
+                record("same, 16 clients", f"{len(samples) / wall:,.0f} req/s", "-", "≥ 2,000 req/s")
         for concurrency in (1, 16):
             samples, wall = await load(lambda c: open_session(c, key), concurrency, 1000, url)
             report(f"POST /api/v1/sessions, {concurrency} client(s)", samples, wall)
@@ -160,6 +183,10 @@ async def bench_rest(stack: Stack, key: str) -> None:
         hasher.verify(digest, "bae_" + "0" * 48)
         samples.append(time.perf_counter() - started)
     print(f"{'one Argon2id verification (64 MiB, t=3)':<52} p50 {statistics.median(samples) * 1000:7.2f} ms")
+
+
+def ms(samples: list[float], q: float = 0.5) -> str:
+    return f"{percentile(samples, q) * 1000:.2f} ms"
 
 
 def print_added(samples: list[float], baseline: float, baseline_p99: float) -> None:
@@ -208,6 +235,13 @@ async def bench_turns(stack: Stack, key: str, mock: MockProcess) -> None:
             print_added(all_samples, baseline, baseline_p99)
             if sessions == 1:
                 fresh = percentile(all_samples, 0.5)
+                added = (percentile(all_samples, 0.5) - baseline) * 1000
+                added99 = (percentile(all_samples, 0.99) - baseline_p99) * 1000
+                record("simple text turn, added over the same provider call made directly",
+                       f"+{added:.2f} ms p50; +{added99:.1f} ms p99", "0", "≤ 3 ms p50, p99 ≤ 15 ms")
+            if sessions == 64:
+                record("simple turns across 64 sessions", f"{len(all_samples) / wall:.0f} turns/s", "-",
+                       "≥ 400 turns/s")
 
         sid, skey = await open_session(client, key)
         await rpc(client, sid, skey, "session.registerDriver")
@@ -222,6 +256,58 @@ async def bench_turns(stack: Stack, key: str, mock: MockProcess) -> None:
         report("text turn on a session with 2,000+ prior events", samples, sum(samples))
         print_added(samples, baseline, baseline_p99)
         print(f"{'  ratio to a fresh session at p50':<52} {percentile(samples, 0.5) / fresh:7.2f}x")
+        record("added latency, 2,000-event session against a fresh one", f"×{percentile(samples, 0.5) / fresh:.2f}",
+               "×1.0", "≤ ×1.1")
+
+
+OBSERVERS = 100
+OBSERVED_TURNS = 30
+
+
+async def bench_observers(stack: Stack, key: str) -> None:
+    """100 `session.subscribe` streams on one session: how long after the driver's own stream
+    each observer receives the same event."""
+    print("\n== Observers ==")
+    url = stack.client_url
+    async with httpx.AsyncClient(base_url=url, timeout=60) as driver:
+        sid, skey = await open_session(driver, key)
+        await rpc(driver, sid, skey, "session.registerDriver")
+        auth = {"Authorization": f"Bearer {skey}"}
+        arrivals: list[dict[str, float]] = [{} for _ in range(OBSERVERS)]
+        subscribed = asyncio.Semaphore(0)
+
+        async def observe(index: int) -> None:
+            body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe", "params": {}}
+            async with httpx.AsyncClient(base_url=url, timeout=None) as client:
+                async with client.stream("POST", f"/api/v1/sessions/{sid}/rpc", json=body, headers=auth) as reply:
+                    subscribed.release()
+                    async for line in reply.aiter_lines():
+                        frame = json.loads(line)
+                        if frame.get("method") == "session.event":
+                            arrivals[index][frame["params"]["id"]] = time.perf_counter()
+
+        observers = [asyncio.create_task(observe(index)) for index in range(OBSERVERS)]
+        for _ in range(OBSERVERS):
+            await subscribed.acquire()
+        await asyncio.sleep(0.5)
+        sent: dict[str, float] = {}
+        body = {"jsonrpc": "2.0", "id": 2, "method": "session.sendMessage", "params": {"message": {"content": "hi"}}}
+        for _ in range(OBSERVED_TURNS):
+            async with driver.stream("POST", f"/api/v1/sessions/{sid}/rpc", json=body, headers=auth) as reply:
+                async for line in reply.aiter_lines():
+                    frame = json.loads(line)
+                    if frame.get("method") == "session.event":
+                        sent[frame["params"]["id"]] = time.perf_counter()
+        await asyncio.sleep(0.5)
+        for task in observers:
+            task.cancel()
+        await asyncio.gather(*observers, return_exceptions=True)
+    lags = [seen[event_id] - at for seen in arrivals for event_id, at in sent.items() if event_id in seen]
+    missing = OBSERVERS * len(sent) - len(lags)
+    print(f"{f'{OBSERVERS} observers, lag behind the driver':<52} p50 {ms(lags)}   p99 {ms(lags, 0.99)}"
+          f"   ({len(sent)} events each, {missing} not received)")
+    record(f"{OBSERVERS} observers on one session, lag behind the driver", f"p99 {ms(lags, 0.99)}", "-",
+           "p99 ≤ 5 ms")
 
 
 COMPACTION_HISTORY_TURNS = 500  # each text turn writes 4 events: about 2,000
@@ -367,6 +453,8 @@ async def main(which: list[str]) -> None:
                 await bench_rest(running.stack, key)
             if not which or "turns" in which:
                 await bench_turns(running.stack, key, mock)
+            if not which or "observers" in which:
+                await bench_observers(running.stack, key)
             if not which or "compaction" in which:
                 await bench_compaction(running.stack, key, mock)
         finally:
@@ -379,6 +467,7 @@ async def main(which: list[str]) -> None:
                                  load=load, percentile=percentile)
     finally:
         mock.stop()
+    print_table()
 
 
 if __name__ == "__main__":
