@@ -329,6 +329,7 @@ def main(argv: list[str]) -> int:
             f"  admin API  : {stack.admin_url}  (loopback only)\n"
             f"  admin key  : {settings.admin_key_file}\n"
             f"  store      : {settings.printable_database_url}\n"
+            f"  sessions   : {', '.join(session_replicas(settings).values())}\n"
             f"{demo_line}"
             f"Press Ctrl-C to stop.\n",
             flush=True,

@@ -112,9 +112,13 @@ class Ownership:
             return await self.store.call(leases.claim, session_id, self.replica_id, self.address, time.time())
 
     async def release(self, session_id: str) -> None:
+        """A closed session's lease goes (best effort: a lease left on a closed session binds nothing)."""
         if session_id in self.held:
             self.held.discard(session_id)
-            await self.store.call(leases.release, session_id, self.replica_id)
+            try:
+                await self.store.call(leases.release, session_id, self.replica_id)
+            except Exception as exc:
+                log.warning("releasing the lease of closed session %s failed: %s", session_id, exc)
 
     async def owners(self, session_ids: list[str]) -> dict[str, str]:
         """session id -> address of the live replica that owns it, for those that have one."""
