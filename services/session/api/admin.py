@@ -9,11 +9,11 @@ from __future__ import annotations
 from bae import config as config_views
 from bae.config import Config
 from bae.errors import Problem, bad_request, not_found
+from bae.protos import session_pb2
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
 from services.session.api.calls import RestCall
 from services.session.api.pagination import page_json, page_request
-from services.session.engine.spans import session_spans
 from services.session.engine.runtime import SessionRuntime
 from services.session.store.records import KeyRecord
 from services.session.store import events, keys, profiles, revocation, sessions
@@ -42,6 +42,10 @@ class AdminApi:
         self.auth = auth
         self.runtime = runtime
         self.config = config
+
+    async def apply_revocation(self, revocation: session_pb2.Revocation) -> None:
+        """From another replica (internal plane): a revoked key's sessions that this one owns."""
+        await self.runtime.apply_revocation(revocation)
 
     async def _admin(self, call: RestCall) -> None:
         await self.auth.require_admin(call.credential)
@@ -136,12 +140,8 @@ class AdminApi:
         if revoked is None:
             raise not_found(f"no active client key {key_id}")
         held, closed = revoked
-        for session_id, views in closed.items():
-            await self.runtime.publish(session_id, views)
-            await self.runtime.close(session_id, attribute_to=key_id)
-            session_spans.end(session_id)  # a forced close ends the session's span as DELETE does
         # Sessions other keys still hold stay open; the revoked key loses its live access there.
-        self.runtime.revoke(key_id, [session_id for session_id in held if session_id not in closed])
+        await self.runtime.revoke_key(key_id, closed, [session_id for session_id in held if session_id not in closed])
         return ""
 
     # Sessions (§4.4).
