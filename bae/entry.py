@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import sys
 from typing import Any, Callable, Coroutine
 
@@ -24,6 +25,17 @@ def service_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("-V", "--version", action="version", version=version_text())
     return parser
+
+
+def freeze_startup_heap() -> None:
+    """Take what start-up allocated (modules, provider SDKs, config) out of the collector's sight.
+
+    It lives as long as the process, yet every full collection walked it again: a pass over the
+    provider SDKs' objects stalled every request of the process for 100 ms and more, which was
+    most of the turn p99. After this, a full collection walks only what requests allocate.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def run_async(main: Callable[[], Coroutine[Any, Any, int | None]]) -> int:

@@ -12,6 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bae import telemetry
 from bae.callcontext import bind_incoming, outgoing_context
+from bae.entry import freeze_startup_heap
 from bae.errors import PROBLEM_TRAILER, Problem
 from bae.internal import HEALTH_METHOD_PREFIX, InternalPlane
 from bae.logs import install_handler
@@ -129,6 +130,7 @@ async def serve(
     else:
         await report_health(health_servicer)
     await server.start()
+    freeze_startup_heap()
     log.info("%s serving gRPC on %s", name, address)
 
     stop = asyncio.Event()

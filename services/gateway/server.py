@@ -12,6 +12,7 @@ from starlette.types import ASGIApp
 
 from bae import telemetry
 from bae.config import Config
+from bae.entry import freeze_startup_heap
 from bae.internal import InternalPlane
 from bae.settings import Address, Settings
 from services.gateway.app import admin_app, client_app
@@ -92,6 +93,7 @@ async def serve(settings: Settings, config: Config) -> int:
     admin = _uvicorn(Observed(admin_app(forward, readyz, metrics)), settings)
     await client.startup(sockets=[sockets[0]])
     await admin.startup(sockets=[sockets[1]])
+    freeze_startup_heap()
     log.info(
         "gateway serving client API on http://%s and admin API on http://%s (session service %s)",
         settings.addr,
