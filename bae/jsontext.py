@@ -14,7 +14,20 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
+# orjson writes the same compact UTF-8 form as this encoder, 10-30x faster (a provider request
+# carries the whole history); the standard library takes what orjson refuses: integers beyond
+# 64 bits (valid client input) and lone surrogates. A non-finite float becomes null.
 _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS
+
+
+def _encode(value: Any) -> str:
+    try:
+        return orjson.dumps(value, option=_ORJSON_OPTIONS).decode()
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return _encoder.encode(value)
 
 
 @dataclass(frozen=True)
@@ -29,13 +42,14 @@ def dump(value: Any) -> str:
     if isinstance(value, RawJson):
         return value.text
     if isinstance(value, dict) and any(isinstance(item, RawJson) for item in value.values()):
-        return "{" + ",".join(f"{_encoder.encode(key)}:{dump(item)}" for key, item in value.items()) + "}"
+        return "{" + ",".join(f"{_encode(key)}:{dump(item)}" for key, item in value.items()) + "}"
     if isinstance(value, list) and any(isinstance(item, RawJson) for item in value):
         return "[" + ",".join(dump(item) for item in value) + "]"
-    return _encoder.encode(value)
+    return _encode(value)
 
 
 def load(text: str | None) -> Any:
+    # Not orjson: it reads an integer beyond 64 bits as a float, silently losing digits.
     return None if text is None else json.loads(text)
 
 

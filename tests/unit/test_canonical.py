@@ -249,3 +249,13 @@ def test_openai_response_to_canonical():
 def test_openai_unreadable_responses_fail(body):
     with pytest.raises(WireFormatError):
         openai_wire.assistant_message(body)
+
+
+def test_json_text_round_trips_what_the_fast_encoder_refuses():
+    from bae.jsontext import RawJson, dump, load
+
+    value = {"big": 10**30, "negative": -(2**70), 1: "non-string key", "text": "é\u2028", "nested": [1.5, None]}
+    text = dump(value)
+    assert load(text) == {**{k: v for k, v in value.items() if k != 1}, "1": "non-string key"}
+    assert dump({"raw": RawJson('{"x":1}'), "n": 2}) == '{"raw":{"x":1},"n":2}'
+    assert dump({"x": float("nan")}) == '{"x":null}'  # never the invalid NaN token
