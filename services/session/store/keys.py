@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from sqlalchemy import Connection, Row, and_, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Row, and_, bindparam, func, insert, select, text, update
 
 from bae.ids import digests_equal, new_id, new_token, token_digest
 from bae.timefmt import now
@@ -12,6 +12,8 @@ from services.session.store.records import KeyRecord, Principal
 from services.session.store.schema import keys, profiles
 
 PHC_PREFIX = "$argon2id$"
+# Held by `bootstrap_admin`'s transaction on PostgreSQL: replicas starting together make one admin key.
+_PG_ADMIN_BOOTSTRAP_LOCK = 0x6261655F61646D  # "bae_adm"
 
 _BY_DIGEST = select(keys).where(keys.c.key_hash == bindparam("digest"))
 _BY_ID = select(keys).where(keys.c.id == bindparam("id"))
@@ -240,6 +242,9 @@ def bootstrap_admin(
     key's plaintext is written by `write_key_file` inside this transaction: a failed write rolls
     the row back, so there is never an active admin row whose plaintext nobody has.
     """
+    if conn.dialect.name == "postgresql":
+        # The next replica waits here until this transaction commits, then finds the key made.
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_ADMIN_BOOTSTRAP_LOCK})
     if rotate:
         soft_delete_admins(conn)
         remove_key_file()
