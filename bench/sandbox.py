@@ -10,7 +10,10 @@ Prints, each as p50/p99 over sequential runs:
   each start once the pool has refilled);
 - `docker run --rm bae-busybox:test echo hi` with the docker CLI, the floor to compare with;
 - one session.execRemoteSandbox round trip in a running sandbox, next to the
-  same exec (create, start, inspect) straight through the docker SDK.
+  same exec (create, start, inspect) in the same container straight through the
+  docker SDK (the floor), the same Exec sent straight to the sandbox host over
+  gRPC, and execRemoteSandbox in a session without a sandbox (the gateway and
+  session service alone); the four are interleaved.
 
 A remote subagent launch: from the model's `tool.call` to the tool's `started`
 result (the turn goes on without waiting), over sequential launches.
@@ -68,30 +71,54 @@ def docker_run_echo() -> None:
     subprocess.run(["docker", "run", "--rm", TEST_IMAGE, "echo", "hi"], check=True, capture_output=True)
 
 
-def sdk_exec_baseline() -> tuple[list[float], float]:
-    """What the sandbox host does per exec, without gRPC, the session service or the gateway."""
-    client = docker_client()
-    container = client.containers.run(TEST_IMAGE, ["sleep", "infinity"], detach=True, auto_remove=True)
-    api = client.api
+def sdk_exec(api, container_id: str) -> None:
+    """What the sandbox host does per exec (create, start, inspect), without gRPC, the session service or the gateway."""
+    exec_id = api.exec_create(container_id, ["sh", "-c", "echo hi"])["Id"]
+    api.exec_start(exec_id, demux=True)
+    api.exec_inspect(exec_id)
 
-    def echo() -> None:
-        exec_id = api.exec_create(container.id, ["sh", "-c", "echo hi"])["Id"]
-        api.exec_start(exec_id, demux=True)
-        api.exec_inspect(exec_id)
 
+async def exec_round_trips(stack, client, sid: str, skey: str, sandbox_id: str, idle: tuple[str, str]) -> None:
+    """One exec of `echo hi` four ways, interleaved so that a noisy machine weighs on each alike."""
+    docker = docker_client()
+    host = internal_channel(stack.env["BAE_SANDBOX_GRPC_ADDRS"].split(",")[0], TEST_PLANE)
+    stub = sandbox_pb2_grpc.SandboxStub(host)
+    request = sandbox_pb2.ExecRequest(sandbox_id=sandbox_id, command="echo hi")
+
+    async def through_gateway() -> None:
+        await rpc(client, sid, skey, "session.execRemoteSandbox", {"command": "echo hi"})
+
+    async def to_the_host() -> None:
+        await stub.Exec(request, timeout=30)
+
+    async def through_the_sdk() -> None:
+        await asyncio.to_thread(sdk_exec, docker.api, sandbox_id)
+
+    async def without_a_sandbox() -> None:
+        """The same call in a session without a sandbox: the gateway and the session service alone."""
+        body = {"jsonrpc": "2.0", "id": 1, "method": "session.execRemoteSandbox", "params": {"command": "echo hi"}}
+        reply = await client.post(f"/api/v1/sessions/{idle[0]}/rpc", json=body,
+                                  headers={"Authorization": f"Bearer {idle[1]}"})
+        assert '"error"' in reply.text, reply.text
+
+    ways = {
+        "exec round trip in a running sandbox": through_gateway,
+        "  the same exec through the docker SDK directly": through_the_sdk,
+        "  the same Exec straight to the sandbox host (gRPC)": to_the_host,
+        "  execRemoteSandbox without a sandbox (no host call)": without_a_sandbox,
+    }
+    samples: dict[str, list[float]] = {name: [] for name in ways}
     try:
-        for _ in range(20):
-            echo()
-        started = time.perf_counter()
-        samples = []
-        for _ in range(EXECS):
-            began = time.perf_counter()
-            echo()
-            samples.append(time.perf_counter() - began)
-        return samples, time.perf_counter() - started
+        for round_ in range(EXECS + 20):
+            for name, way in ways.items():
+                took = await seconds(way)
+                if round_ >= 20:  # warm-up rounds first
+                    samples[name].append(took)
     finally:
-        container.remove(force=True)
-        client.close()
+        await host.close()
+        docker.close()
+    for name, taken in samples.items():
+        report(name, taken, sum(taken))
 
 
 async def bench_sandboxes(stack, key: str, tmp: Path, mock) -> None:
@@ -122,15 +149,11 @@ async def bench_sandboxes(stack, key: str, tmp: Path, mock) -> None:
         samples, wall = await timed(lambda: asyncio.to_thread(docker_run_echo), STARTS)
         report(f"docker run --rm {TEST_IMAGE} echo hi (CLI)", samples, wall)
 
-        await start_and_echo()
-        for _ in range(20):
-            await rpc(client, sid, skey, "session.execRemoteSandbox", {"command": "echo hi"})
-        samples, wall = await timed(
-            lambda: rpc(client, sid, skey, "session.execRemoteSandbox", {"command": "echo hi"}), EXECS
-        )
-        report("exec round trip in a running sandbox", samples, wall)
+        started = await rpc(client, sid, skey, "session.startRemoteSandbox", {"image": TEST_IMAGE})
+        idle = await open_session(client, key)
+        await rpc(client, *idle, "session.registerDriver")
+        await exec_round_trips(stack, client, sid, skey, started["sandbox_id"], idle)
         await stop()
-        report("  the same exec through the docker SDK directly", *await asyncio.to_thread(sdk_exec_baseline))
 
 
 async def sandbox_starts(client, sid: str, skey: str, ready=None) -> list[float]:

@@ -500,6 +500,8 @@ class DockerDriver:
         ]
 
     async def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
         for client in (self._control, self._long):
             if client is not None:
                 client.close()

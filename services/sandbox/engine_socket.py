@@ -4,9 +4,10 @@ An exec is three engine requests whatever the client: create it, start it and
 read its output until it closes, then inspect it for the exit code. Through the
 docker SDK each is a thread hop plus requests/urllib3 (about a millisecond of
 Python per request on a loaded host); here each is one HTTP/1.1 exchange on a
-fresh unix-socket connection, written and parsed in the event loop. A fresh
-connection per request costs a connect (tens of microseconds) and keeps no idle
-connection the engine could close under us.
+unix-socket connection, written and parsed in the event loop. Connections are
+kept alive and reused (the start of an exec consumes one: the engine closes it
+when the output ends); a reused one the engine closed while it sat idle is
+replaced and the request sent again, as it never reached the engine.
 
 Only for an engine on a unix socket (the default, and `DOCKER_HOST=unix://...`);
 any other engine address uses the SDK path.
@@ -29,6 +30,8 @@ UNIX_SCHEME = "http+unix://"
 # Bounds on what the engine sends back outside an output stream: a JSON document, a header line.
 MAX_BODY = 4 * 1024 * 1024
 MAX_HEADER_LINE = 64 * 1024
+# Idle keep-alive connections kept for reuse; more concurrent requests open more, closed after use.
+MAX_IDLE = 8
 STDERR = 2
 
 
@@ -53,28 +56,57 @@ class EngineSocket:
     def __init__(self, path: str, api_version: str) -> None:
         self._path = path
         self._prefix = f"/v{api_version}"
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     async def _exchange(self, method: str, path: str, body: dict | None):
-        """Send one request on a new connection; returns (status, headers, reader, writer)."""
-        reader, writer = await asyncio.open_unix_connection(self._path, limit=MAX_HEADER_LINE)
-        try:
-            data = b"" if body is None else json.dumps(body).encode()
-            writer.write(
-                f"{method} {self._prefix}{path} HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(data)}\r\n\r\n".encode() + data
-            )
-            status_line = await reader.readline()
-            parts = status_line.split(None, 2)
-            if len(parts) < 2 or not parts[1].isdigit():
-                raise ConnectionError(f"the engine sent no HTTP status line: {status_line[:80]!r}")
-            headers = {}
-            while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-                name, _, value = line.decode("latin-1").partition(":")
-                headers[name.strip().lower()] = value.strip()
-            return int(parts[1]), headers, reader, writer
-        except BaseException:
+        """Send one request; returns (status, headers, reader, writer), the connection now the caller's."""
+        data = b"" if body is None else json.dumps(body).encode()
+        request = (
+            f"{method} {self._prefix}{path} HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n".encode() + data
+        )
+        while True:
+            reused = bool(self._idle)
+            if reused:
+                reader, writer = self._idle.pop()
+            else:
+                reader, writer = await asyncio.open_unix_connection(self._path, limit=MAX_HEADER_LINE)
+            try:
+                writer.write(request)
+                try:
+                    status_line = await reader.readline()
+                except ConnectionResetError:
+                    if not reused:
+                        raise
+                    status_line = b""
+                if not status_line and reused:  # closed by the engine while idle: send it again
+                    writer.close()
+                    continue
+                parts = status_line.split(None, 2)
+                if len(parts) < 2 or not parts[1].isdigit():
+                    raise ConnectionError(f"the engine sent no HTTP status line: {status_line[:80]!r}")
+                headers = {}
+                while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    name, _, value = line.decode("latin-1").partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                return int(parts[1]), headers, reader, writer
+            except BaseException:
+                writer.close()
+                raise
+
+    def _release(self, headers: dict[str, str], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """After a whole answer was read: keep the connection for the next request, or close it."""
+        framed = "content-length" in headers or headers.get("transfer-encoding", "").lower() == "chunked"
+        if framed and headers.get("connection", "").lower() != "close" and len(self._idle) < MAX_IDLE \
+                and not reader.at_eof():
+            self._idle.append((reader, writer))
+        else:
             writer.close()
-            raise
+
+    def close(self) -> None:
+        for _, writer in self._idle:
+            writer.close()
+        self._idle.clear()
 
     @staticmethod
     async def _body(headers: dict[str, str], reader: asyncio.StreamReader) -> bytes:
@@ -90,6 +122,7 @@ class EngineSocket:
                     raise ConnectionError(f"the engine's answer is larger than {MAX_BODY} bytes")
                 body += await reader.readexactly(size)
                 await reader.readline()
+            await reader.readline()  # the blank line after the last chunk (no trailers)
             return bytes(body)
         return await reader.read(MAX_BODY)
 
@@ -97,8 +130,10 @@ class EngineSocket:
         status, headers, reader, writer = await self._exchange(method, path, body)
         try:
             data = await self._body(headers, reader)
-        finally:
+        except BaseException:
             writer.close()
+            raise
+        self._release(headers, reader, writer)
         document = json.loads(data) if data.strip() else {}
         if status >= 400:
             message = document.get("message") if isinstance(document, dict) else None

@@ -5,6 +5,7 @@ engine address). Both must answer alike: output, exit code, caps, timeout kill, 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import grpc
@@ -77,3 +78,25 @@ def test_the_socket_path_follows_docker_host():
     assert unix_socket_path({"DOCKER_HOST": "unix:///run/user/1000/docker.sock"}) == "/run/user/1000/docker.sock"
     assert unix_socket_path({"DOCKER_HOST": "tcp://10.0.0.2:2376", "DOCKER_TLS_VERIFY": "1"}) is None
     assert unix_socket_path({"DOCKER_HOST": "ssh://user@builder"}) is None
+
+
+async def test_connections_are_reused_and_one_the_engine_closed_is_replaced(sandbox, tmp_path):
+    driver, sandbox_id = sandbox
+    engine = driver._socket
+    if engine is None:
+        pytest.skip("the SDK path keeps its own connections")
+    await driver.exec(sandbox_id, "true", 10)
+    assert engine._idle, "the create and inspect connection is kept for the next exec"
+
+    async def hang_up(reader, writer) -> None:
+        writer.close()
+
+    # Stands in for an idle connection the engine closed: it answers nothing.
+    server = await asyncio.start_unix_server(hang_up, path=str(tmp_path / "closed.sock"))
+    try:
+        engine.close()
+        engine._idle.append(await asyncio.open_unix_connection(str(tmp_path / "closed.sock")))
+        await asyncio.sleep(0.05)  # the hang-up has arrived
+        assert (await driver.exec(sandbox_id, "echo again", 10)).stdout == "again\n"
+    finally:
+        server.close()
