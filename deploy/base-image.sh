@@ -4,13 +4,19 @@
 # then `docker import`. The result replaces python:3.11-slim as the Dockerfile's
 # BASE_IMAGE (Debian bookworm's python3 is 3.11).
 #
+#   deploy/base-image.sh [IMAGE [PACKAGES]]
+#
+# With arguments it builds another image the same way: run.sh makes the
+# PostgreSQL + haproxy image of the replicas stack with
+#   deploy/base-image.sh bae-infra:bookworm postgresql,haproxy
+#
 # Cached by tag: nothing is done when the image already exists.
 set -euo pipefail
 
-IMAGE="${BAE_BASE_IMAGE:-bae-base:bookworm}"
+IMAGE="${1:-${BAE_BASE_IMAGE:-bae-base:bookworm}}"
 SUITE="${BAE_BASE_SUITE:-bookworm}"
 MIRROR="${BAE_BASE_MIRROR:-http://deb.debian.org/debian}"
-PACKAGES="python3,python3-venv,ca-certificates"
+PACKAGES="${2:-python3,python3-venv,ca-certificates}"
 
 log() { echo "base-image: $*" >&2; }
 
