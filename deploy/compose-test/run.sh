@@ -10,6 +10,7 @@ cd "$(dirname "$0")/../.."
 
 export COMPOSE="${COMPOSE:-docker-compose}"
 export BAE_BASE_IMAGE="${BAE_BASE_IMAGE:-bae-base:bookworm}"
+export BAE_INFRA_BASE_IMAGE="${BAE_INFRA_BASE_IMAGE:-bae-infra:bookworm}"
 export BAE_PIP_NO_INDEX=1
 export BAE_IMAGE_PREFIX="${BAE_IMAGE_PREFIX:-bae}"
 export BAE_IMAGE_TAG="${BAE_IMAGE_TAG:-latest}"
@@ -24,9 +25,12 @@ export BAE_SANDBOX_USER="10001:$(stat -c %g /var/run/docker.sock)"
 free_port() { .venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 export BAE_PUBLISH_ADDR="127.0.0.1:$(free_port)"
 export BAE_E2E_MOCK_PORT="$(free_port)"
+# The load balancer of the replicas stack (test_replicas.py).
+export BAE_REPLICAS_PUBLISH_ADDR="127.0.0.1:$(free_port)"
 
 log() { echo "compose-test: $*" >&2; }
 compose() { $COMPOSE -p "$BAE_E2E_PROJECT" -f docker-compose.yml -f deploy/compose-test/docker-compose.test.yml "$@"; }
+replicas() { $COMPOSE -p "$BAE_E2E_PROJECT-replicas" -f docker-compose.replicas.yml "$@"; }
 
 if ! command -v docker-compose >/dev/null 2>&1; then
     log "installing docker-compose"
@@ -36,12 +40,15 @@ fi
 # Whatever happens below, the test project is gone afterwards.
 # Images superseded by this build are pruned too, so repeated runs do not pile them up.
 trap 'compose down -v --remove-orphans -t 40 >/dev/null 2>&1 || true
+      BAE_POSTGRES_PASSWORD=unused replicas down -v --remove-orphans -t 40 >/dev/null 2>&1 || true
       docker image prune -f --filter label=bae.image=1 >/dev/null 2>&1 || true' EXIT
 
-log "validating docker-compose.yml"
+log "validating docker-compose.yml and docker-compose.replicas.yml"
 compose config -q
-log "base image $BAE_BASE_IMAGE"
+BAE_POSTGRES_PASSWORD=unused replicas config -q
+log "base images $BAE_BASE_IMAGE, $BAE_INFRA_BASE_IMAGE"
 bash deploy/base-image.sh
+bash deploy/base-image.sh "$BAE_INFRA_BASE_IMAGE" postgresql,haproxy
 log "wheelhouse deploy/wheels"
 if ! output="$(.venv/bin/pip wheel --quiet -w deploy/wheels -r requirements.txt -c constraints.txt 'setuptools>=70.1' 2>&1)"; then
     echo "$output" >&2
@@ -50,5 +57,7 @@ fi
 log "building the images"
 start=$SECONDS
 compose build --quiet gateway session runner sandbox
+BAE_POSTGRES_PASSWORD=unused replicas build --quiet postgres
 log "images built in $((SECONDS - start))s"
-.venv/bin/python -m pytest -p no:cacheprovider -q deploy/compose-test/test_compose.py
+# -s: the tests' progress lines (stack up, kills, the failover times they measure) show as they happen.
+.venv/bin/python -m pytest -p no:cacheprovider -q -s deploy/compose-test/test_compose.py deploy/compose-test/test_replicas.py

@@ -1,133 +1,43 @@
 """End to end through docker-compose: the real images, talked to only through the published port.
 
 Run by deploy/compose-test/run.sh (`make compose-test`), which builds the images
-and sets the environment: the compose command (COMPOSE), the project name, the
-published gateway and mock LLM ports. The tests run in file order and share
-one deployment; the last one tears it down and checks nothing is left behind.
+and sets the environment (harness.py). The tests run in file order and share one
+deployment of docker-compose.yml (one session replica, SQLite); the last one tears
+it down and checks nothing is left behind. test_replicas.py does the same for
+docker-compose.replicas.yml.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
-import subprocess
 import sys
 import threading
-import time
-from pathlib import Path
 
 import docker
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from live import notifications, result, rpc, types  # noqa: E402
-
 if "BAE_E2E_PROJECT" not in os.environ:
     pytest.skip("run through `make compose-test`", allow_module_level=True)
 
-PROJECT = os.environ["BAE_E2E_PROJECT"]
-COMPOSE = [*shlex.split(os.environ.get("COMPOSE", "docker-compose")), "-p", PROJECT,
-           "-f", "docker-compose.yml", "-f", "deploy/compose-test/docker-compose.test.yml"]
+from harness import IMAGE, STOP_SECONDS, Deployment, Project, progress, wait_until  # noqa: E402
+from live import notifications, result, rpc, types  # noqa: E402
+
+PROJECT = Project(os.environ["BAE_E2E_PROJECT"], ["docker-compose.yml", "deploy/compose-test/docker-compose.test.yml"])
 GATEWAY_URL = f"http://{os.environ['BAE_PUBLISH_ADDR']}"
-MOCK_URL = f"http://127.0.0.1:{os.environ['BAE_E2E_MOCK_PORT']}"
-IMAGE = os.environ.get("BAE_TEST_IMAGE", "bae-busybox:test")
-STOP_SECONDS = "40"
-SHELL_TOOL = {
-    "name": "sh",
-    "description": "run a shell command",
-    "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
-}
-
-
-def progress(message: str) -> None:
-    print(f"compose-test: {message}", file=sys.stderr, flush=True)
-
-
-def compose(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([*COMPOSE, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    if check and done.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
-    return done
+compose, containers, all_healthy = PROJECT.compose, PROJECT.containers, PROJECT.all_healthy
 
 
 def baectl(*args: str) -> dict:
     return json.loads(compose("exec", "-T", "gateway", "baectl", *args, "--json").stdout)
 
 
-def containers(service: str | None = None, all: bool = False) -> list:
-    labels = [f"com.docker.compose.project={PROJECT}"]
-    if service is not None:
-        labels.append(f"com.docker.compose.service={service}")
-    return docker.from_env().containers.list(all=all, filters={"label": labels})
-
-
-def wait_until(what: str, check, timeout: float = 120.0, every: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(every)
-
-
-def all_healthy(expected: dict[str, int]) -> bool:
-    for service, count in expected.items():
-        running = containers(service)
-        states = [c.attrs["State"].get("Health", {}).get("Status") for c in running]
-        if len(running) != count or any(state != "healthy" for state in states):
-            return False
-    return True
-
-
-class Deployment:
-    def __init__(self) -> None:
-        self.client = httpx.Client(base_url=GATEWAY_URL, timeout=60)
-        self.mock = httpx.Client(base_url=MOCK_URL, timeout=10)
-        self.key = ""
-        self.profile: dict = {}
-        self.session_ids: list[str] = []
-
-    def script(self, *replies: dict) -> None:
-        assert self.mock.post("/_mock/enqueue", json=list(replies)).status_code == 200
-
-    def open_session(self) -> tuple[str, str]:
-        response = self.client.post("/api/v1/sessions", json={"tools": [
-            {"name": "get_time", "description": "the time", "input_schema": {"type": "object"}}
-        ], "sandbox_tools": [SHELL_TOOL]}, headers={"Authorization": f"Bearer {self.key}"})
-        assert response.status_code == 201, response.text
-        opened = response.json()
-        self.session_ids.append(opened["session_id"])
-        sid, skey = opened["session_id"], opened["session_key"]
-        assert result(rpc(self.client, sid, skey, "session.registerDriver")) == {"registered": True}
-        return sid, skey
-
-    def events(self, sid: str, skey: str) -> list[dict]:
-        response = self.client.get(f"/api/v1/sessions/{sid}/events", headers={"Authorization": f"Bearer {skey}"},
-                                   params={"limit": 200})
-        assert response.status_code == 200, response.text
-        return response.json()["items"]
-
-    def send(self, sid: str, skey: str, content) -> list[dict]:
-        return rpc(self.client, sid, skey, "session.sendMessage", {"message": {"role": "user", "content": content}})
-
-    def sandbox_host(self, sid: str) -> str:
-        """The `bae.host` label of the session's sandbox container: which sandbox replica placed it."""
-        found = docker.from_env().containers.list(filters={"label": f"bae.session_id={sid}"})
-        assert len(found) == 1, found
-        return found[0].labels["bae.host"]
-
-
 @pytest.fixture(scope="module")
 def stack(request):
-    progress(f"docker-compose up ({PROJECT})")
+    progress(f"docker-compose up ({PROJECT.name})")
     compose("down", "-v", "--remove-orphans", "-t", "5", check=False)  # leftovers of an interrupted run
-    deployment = Deployment()
+    deployment = Deployment(GATEWAY_URL)
     try:
         compose("up", "-d")
         wait_until("every service healthy", lambda: all_healthy(
@@ -138,8 +48,7 @@ def stack(request):
         if request.session.testsfailed:
             print(compose("logs", "--no-color", "--tail", "150", check=False).stdout, file=sys.stderr)
         compose("down", "-v", "--remove-orphans", "-t", STOP_SECONDS, check=False)
-        deployment.client.close()
-        deployment.mock.close()
+        deployment.close()
 
 
 def test_admin_cli_in_the_gateway_creates_a_profile_and_a_key(stack):
@@ -311,5 +220,4 @@ def test_down_finishes_the_turn_in_flight_and_leaves_nothing_behind(stack):
     leftover = [c for s in stack.session_ids for c in docker.from_env().containers.list(
         all=True, filters={"label": f"bae.session_id={s}"})]
     assert leftover == []
-    names = {volume.name for volume in docker.from_env().volumes.list(filters={"label": f"com.docker.compose.project={PROJECT}"})}
-    assert names == set()
+    assert PROJECT.volumes() == set()

@@ -1,0 +1,128 @@
+"""What the compose tests share: a compose project driven from the host, and a client of its published port.
+
+The tests run through `make compose-test` (run.sh), which builds the images and
+sets the environment: the compose command (COMPOSE), the project name, the
+published ports of the gateway and of the mock LLM.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from live import result, rpc  # noqa: E402
+
+MOCK_URL = f"http://127.0.0.1:{os.environ.get('BAE_E2E_MOCK_PORT', '9100')}"
+IMAGE = os.environ.get("BAE_TEST_IMAGE", "bae-busybox:test")
+STOP_SECONDS = "40"
+SHELL_TOOL = {
+    "name": "sh",
+    "description": "run a shell command",
+    "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+}
+
+
+def progress(message: str) -> None:
+    print(f"compose-test: {message}", file=sys.stderr, flush=True)
+
+
+def wait_until(what: str, check, timeout: float = 120.0, every: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(every)
+
+
+class Project:
+    """One compose project: its files, its name and the variables its commands get on top of run.sh's."""
+
+    def __init__(self, name: str, files: list[str], env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.command = [*shlex.split(os.environ.get("COMPOSE", "docker-compose")), "-p", name]
+        for file in files:
+            self.command += ["-f", file]
+        self.env = {**os.environ, **(env or {})}
+
+    def compose(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        done = subprocess.run([*self.command, *args], cwd=ROOT, env=self.env, capture_output=True, text=True,
+                              timeout=600)
+        if check and done.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def containers(self, service: str | None = None, all: bool = False) -> list:
+        labels = [f"com.docker.compose.project={self.name}"]
+        if service is not None:
+            labels.append(f"com.docker.compose.service={service}")
+        return docker.from_env().containers.list(all=all, filters={"label": labels})
+
+    def all_healthy(self, expected: dict[str, int]) -> bool:
+        for service, count in expected.items():
+            running = self.containers(service)
+            states = [c.attrs["State"].get("Health", {}).get("Status") for c in running]
+            if len(running) != count or any(state != "healthy" for state in states):
+                return False
+        return True
+
+    def volumes(self) -> set[str]:
+        found = docker.from_env().volumes.list(filters={"label": f"com.docker.compose.project={self.name}"})
+        return {volume.name for volume in found}
+
+
+class Deployment:
+    """A client of one gateway address (the published port), and the mock LLM's control port."""
+
+    def __init__(self, gateway_url: str) -> None:
+        self.client = httpx.Client(base_url=gateway_url, timeout=60)
+        self.mock = httpx.Client(base_url=MOCK_URL, timeout=10)
+        self.key = ""
+        self.profile: dict = {}
+        self.session_ids: list[str] = []
+
+    def close(self) -> None:
+        self.client.close()
+        self.mock.close()
+
+    def script(self, *replies: dict) -> None:
+        assert self.mock.post("/_mock/enqueue", json=list(replies)).status_code == 200
+
+    def open_session(self) -> tuple[str, str]:
+        response = self.client.post("/api/v1/sessions", json={"tools": [
+            {"name": "get_time", "description": "the time", "input_schema": {"type": "object"}}
+        ], "sandbox_tools": [SHELL_TOOL]}, headers={"Authorization": f"Bearer {self.key}"})
+        assert response.status_code == 201, response.text
+        opened = response.json()
+        self.session_ids.append(opened["session_id"])
+        sid, skey = opened["session_id"], opened["session_key"]
+        assert result(rpc(self.client, sid, skey, "session.registerDriver")) == {"registered": True}
+        return sid, skey
+
+    def events(self, sid: str, skey: str, client: httpx.Client | None = None) -> list[dict]:
+        response = (client or self.client).get(f"/api/v1/sessions/{sid}/events",
+                                                headers={"Authorization": f"Bearer {skey}"}, params={"limit": 200})
+        assert response.status_code == 200, response.text
+        return response.json()["items"]
+
+    def send(self, sid: str, skey: str, content, client: httpx.Client | None = None) -> list[dict]:
+        return rpc(client or self.client, sid, skey, "session.sendMessage",
+                   {"message": {"role": "user", "content": content}})
+
+    def sandbox_host(self, sid: str) -> str:
+        """The `bae.host` label of the session's sandbox container: which sandbox replica placed it."""
+        found = docker.from_env().containers.list(filters={"label": f"bae.session_id={sid}"})
+        assert len(found) == 1, found
+        return found[0].labels["bae.host"]
