@@ -56,3 +56,15 @@ def test_the_host_output_limit_setting() -> None:
         with pytest.raises(UsageError) as caught:
             load_sandbox_config(settings, {**env, "BAE_SANDBOX_OUTPUT_LIMIT": value})
         assert str(caught.value) == message
+
+
+def test_the_host_warm_setting() -> None:
+    settings = load_settings({})
+    env = {"BAE_SANDBOX_LISTEN_ADDR": "127.0.0.1:50053"}
+    assert load_sandbox_config(settings, env).warm == 0
+    assert load_sandbox_config(settings, {**env, "BAE_SANDBOX_WARM": " 2 "}).warm == 2
+    assert load_sandbox_config(settings, {**env, "BAE_SANDBOX_WARM": "32"}).warm == 32
+    for value in ("-1", "33", "two", "1.5"):
+        with pytest.raises(UsageError) as caught:
+            load_sandbox_config(settings, {**env, "BAE_SANDBOX_WARM": value})
+        assert str(caught.value) == f'BAE_SANDBOX_WARM: "{value}" is not a whole number from 0 to 32'
