@@ -78,6 +78,7 @@ async def serve(settings: Settings, config: Config) -> int:
         return 1
 
     upstream = Upstream(settings.session_targets, settings.rpc_timeout, plane)
+    upstream.start()
     bodies = BodyReader(upstream, settings.max_body_bytes)
     forward = Forwarder(upstream, bodies)
     rpc = RpcEndpoint(upstream, bodies)

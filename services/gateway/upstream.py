@@ -10,6 +10,7 @@ from collections import OrderedDict
 from typing import Awaitable, Callable, TypedDict, TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from starlette.requests import Request
 
 from bae.errors import Problem, internal
@@ -39,6 +40,12 @@ def credentials(request: Request) -> Credentials:
 MAX_HOPS = 3
 # Sessions whose replica is remembered; the oldest are forgotten first.
 OWNER_CACHE = 65_536
+# Replicas known by address are health-checked this often, each check bounded by the same time: a
+# replica whose host vanished (no connection reset) is then avoided within about two seconds instead
+# of costing every call its full deadline.
+PROBE_INTERVAL = 1.0
+# How long a call waits for the only replica it may go to to accept connections again (a restart).
+RECONNECT_WAIT = 3.0
 
 Invoke = Callable[[session_pb2_grpc.SessionServiceStub, Metadata], Awaitable[T]]
 
@@ -61,6 +68,9 @@ class Upstream:
     acting on it and names the owner (bae.session_routing), and the call is sent
     there. Each target may be a host name: its channel balances over every
     address the name resolves to (a scaled compose service).
+
+    A call is sent again elsewhere only when it was never sent (its replica
+    refused the connection); one cut off mid-way fails, as it may have acted.
     """
 
     def __init__(self, targets: list[str], timeout: float, plane: InternalPlane) -> None:
@@ -72,6 +82,11 @@ class Upstream:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._owners: OrderedDict[str, str] = OrderedDict()
         self._turn = itertools.count()
+        self._silent: set[str] = set()  # replicas whose last health check went unanswered
+        self._probe: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._probe = asyncio.create_task(self._probe_replicas(), name="upstream-probe")
 
     @property
     def address(self) -> str:
@@ -91,19 +106,54 @@ class Upstream:
         return self._stubs[address]
 
     async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
         await asyncio.gather(*(chan.close() for chan in self._channels.values()))
 
-    def _down(self, address: str) -> bool:
+    async def _probe_replicas(self) -> None:
+        while True:
+            await asyncio.sleep(PROBE_INTERVAL)
+            addresses = [address for address in self._channels if not _is_host_name(address)]
+            answers = await asyncio.gather(*(self._answers(address) for address in addresses))
+            silent = {address for address, answered in zip(addresses, answers) if not answered}
+            for address in silent - self._silent:
+                log.warning("session replica at %s stopped answering; routing around it", address)
+                for session_id in [sid for sid, owner in self._owners.items() if owner == address]:
+                    del self._owners[session_id]
+            self._silent = silent
+
+    async def _answers(self, address: str) -> bool:
+        try:
+            await health_pb2_grpc.HealthStub(self.channel(address)).Check(
+                health_pb2.HealthCheckRequest(), timeout=PROBE_INTERVAL
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return True
+
+    async def _reconnected(self, address: str) -> None:
+        try:
+            async with asyncio.timeout(RECONNECT_WAIT):
+                await self.channel(address).channel_ready()
+        except TimeoutError:
+            pass  # the retry fails as the service being unavailable
+
+    def _refused(self, address: str) -> bool:
         """Whether the last attempt to connect to `address` failed (so a call there was never sent)."""
         return self.channel(address).get_state(try_to_connect=True) == grpc.ChannelConnectivity.TRANSIENT_FAILURE
 
+    def _usable(self, address: str) -> bool:
+        return address not in self._silent and not self._refused(address)
+
     def _pick(self, session_id: str | None, avoid: str | None = None) -> str:
-        if session_id and (owner := self._owners.get(session_id)) is not None and owner != avoid:
+        owner = self._owners.get(session_id) if session_id else None
+        if owner is not None and owner != avoid and self._usable(owner):
             return owner
         start = next(self._turn)
         for offset in range(len(self.targets)):
             target = self.targets[(start + offset) % len(self.targets)]
-            if target != avoid and not self._down(target):
+            if target != avoid and self._usable(target):
                 return target
         return self.targets[start % len(self.targets)]
 
@@ -122,15 +172,19 @@ class Upstream:
                 result = await invoke(self.stub(address), metadata)
             except grpc.aio.AioRpcError as error:
                 owner = owner_of(error)
-                unreachable = error.code() == grpc.StatusCode.UNAVAILABLE and owner is None and self._down(address)
-                if session_id and (owner is not None or unreachable):
-                    self._owners.pop(session_id, None)
-                if hop == MAX_HOPS - 1 or not (owner or unreachable):
+                unreachable = error.code() == grpc.StatusCode.UNAVAILABLE and owner is None and self._refused(address)
+                if session_id and (owner is not None or unreachable
+                                   or error.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
+                    self._owners.pop(session_id, None)  # the next call asks afresh
+                # An owner that stopped answering holds its sessions until its lease lapses: 503 now.
+                if hop == MAX_HOPS - 1 or not (owner or unreachable) or owner in self._silent:
                     raise
                 if owner is not None:
                     address, metadata = owner, ((REDIRECTED_KEY, "1"),)
-                else:  # never sent: the replica is gone; another one takes the session or names its owner
-                    address, metadata = self._pick(session_id, avoid=address), ()
+                else:  # never sent: another replica takes the session or names its owner
+                    refused, address, metadata = address, self._pick(session_id, avoid=address), ()
+                    if address == refused:  # no other replica: wait a little for this one to be back
+                        await self._reconnected(address)
                 continue
             if session_id:
                 self._remember(session_id, address)
