@@ -52,11 +52,10 @@ def session_and_profile(conn: Connection, session_id: str) -> tuple[SessionRecor
 
 
 class _Worker:
-    """One thread and its connection."""
+    """One thread and its SQLite connection."""
 
     def __init__(self, engine: Engine, name: str) -> None:
         self._engine = engine
-        self._sqlite = engine.dialect.name == "sqlite"
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._conn: Connection | None = None
         self._impatient = False  # the last call found the database locked
@@ -68,7 +67,7 @@ class _Worker:
         return self._conn
 
     def _patience(self, conn: Connection, impatient: bool) -> None:
-        if self._sqlite and impatient != self._impatient:
+        if impatient != self._impatient:
             set_busy_timeout(conn.connection.driver_connection, LOCKED_BUSY_TIMEOUT_MS if impatient else BUSY_TIMEOUT_MS)
             self._impatient = impatient
 
