@@ -40,7 +40,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.run import TOKEN, client_key, open_session, report, rpc, start_stack  # noqa: E402
+from bench.run import TOKEN, client_key, ms, open_session, report, rpc, start_stack  # noqa: E402
+from table import print_table, record  # noqa: E402
 from bae.grpcutil import channel as internal_channel  # noqa: E402
 from bae.protos import sandbox_pb2, sandbox_pb2_grpc  # noqa: E402
 from conftest import launch_stack, mock_provider_toml  # noqa: E402
@@ -119,6 +120,9 @@ async def exec_round_trips(stack, client, sid: str, skey: str, sandbox_id: str, 
         docker.close()
     for name, taken in samples.items():
         report(name, taken, sum(taken))
+    record("exec round trip in a running sandbox", f"p50 {ms(samples['exec round trip in a running sandbox'])}",
+           f"the same exec through the docker SDK, {ms(samples['  the same exec through the docker SDK directly'])}",
+           "≤ SDK + 2 ms")
     # Each round's difference, then its median: steadier than a difference of p50s on a busy machine.
     floor = samples["  the same exec through the docker SDK directly"]
     for name, label in (("exec round trip in a running sandbox", "gateway"),
@@ -151,10 +155,12 @@ async def bench_sandboxes(stack, key: str, tmp: Path, mock) -> None:
         report("  then stop it through the gateway", stops, sum(stops))
         samples = await sandbox_starts(client, sid, skey)
         report("startRemoteSandbox through the gateway, cold", samples, sum(samples))
-        await bench_warm_starts(tmp, mock)
+        warm = await bench_warm_starts(tmp, mock)
 
-        samples, wall = await timed(lambda: asyncio.to_thread(docker_run_echo), STARTS)
-        report(f"docker run --rm {TEST_IMAGE} echo hi (CLI)", samples, wall)
+        runs, wall = await timed(lambda: asyncio.to_thread(docker_run_echo), STARTS)
+        report(f"docker run --rm {TEST_IMAGE} echo hi (CLI)", runs, wall)
+        record("start a sandbox through the gateway", f"p50 {ms(samples)}; {ms(warm)} with a warm container",
+               f"`docker run --rm`, {ms(runs)}", "≤ 50 ms with a warm container")
 
         started = await rpc(client, sid, skey, "session.startRemoteSandbox", {"image": TEST_IMAGE})
         idle = await open_session(client, key)
@@ -176,7 +182,7 @@ async def sandbox_starts(client, sid: str, skey: str, ready=None) -> list[float]
     return samples
 
 
-async def bench_warm_starts(tmp: Path, mock) -> None:
+async def bench_warm_starts(tmp: Path, mock) -> list[float]:
     """startRemoteSandbox on a stack whose sandbox host keeps one warm container (BAE_SANDBOX_WARM=1)."""
     running = launch_stack(tmp, mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN, BAE_LOG="warning",
                            BAE_SANDBOX_WARM="1")
@@ -186,7 +192,8 @@ async def bench_warm_starts(tmp: Path, mock) -> None:
     async def spare_ready() -> None:
         """Until the host runs a spare again: held ones are stopped after each start, so any is free."""
         def count() -> int:
-            return len(docker.containers.list(filters={"label": ["bae.spare=1", f"bae.host={host_id}"]}))
+            # One listing call: the spare stopped just before may vanish while it runs.
+            return len(docker.api.containers(filters={"label": ["bae.spare=1", f"bae.host={host_id}"]}))
         deadline = time.monotonic() + 30
         while await asyncio.to_thread(count) < 1:
             if time.monotonic() > deadline:
@@ -201,6 +208,7 @@ async def bench_warm_starts(tmp: Path, mock) -> None:
             await sandbox_starts(client, sid, skey, spare_ready)  # warm up: channels, image checks
             samples = await sandbox_starts(client, sid, skey, spare_ready)
         report("startRemoteSandbox through the gateway, warm", samples, sum(samples))
+        return samples
     finally:
         running.close()
         docker.close()
@@ -259,7 +267,11 @@ async def concurrent_commands(stub, sandbox_id: str) -> None:
 
 def sdk_concurrent_baseline() -> tuple[list[float], float]:
     """The floor: the same concurrent starts straight through the docker SDK (create, attach, running)."""
-    client = docker_client()
+    import docker
+
+    # A connection for each thread: with the SDK's default pool of 10, 20 threads overflow it and a
+    # connection handed back to the full pool can fail the thread.
+    client = docker.from_env(timeout=30, max_pool_size=CONCURRENT_COMMANDS)
     container = client.containers.run(TEST_IMAGE, ["sleep", "infinity"], detach=True, auto_remove=True, init=True)
     api = client.api
     samples: list[float] = []
@@ -360,6 +372,7 @@ async def main() -> int:
         finally:
             running.close()
             mock.stop()
+    print_table()
     return 0
 
 
