@@ -1,7 +1,8 @@
 """Benchmarks: start a private stack on loopback and print latency/throughput figures.
 
     make bench                 # everything
-    make bench ARGS="rest"     # only the REST figures (or "turns", "observers", "compaction", "replicas" or "telemetry")
+    make bench ARGS="rest"     # only the REST figures; also "turns", "observers", "compaction",
+                               # "replicas", "sandbox" (bench/sandbox.py) or "telemetry"
 
 REST: authenticated GET /api/v1/sessions/{id}/events and POST /api/v1/sessions
 with 1 and 16 concurrent clients, next to one Argon2id verification
@@ -467,6 +468,10 @@ async def main(which: list[str]) -> None:
                                  load=load, percentile=percentile)
     finally:
         mock.stop()
+    if not which or "sandbox" in which:
+        from sandbox import bench_all
+
+        await bench_all()
     print_table()
 
 

@@ -352,11 +352,12 @@ async def bench_subagent_launch(running, mock) -> None:
         await rpc(client, sid, skey, "session.stopRemoteSandbox")
 
 
-async def main() -> int:
+async def bench_all() -> bool:
+    """Every sandbox figure; False (with the reason printed) when there is no Docker engine to use."""
     reason = docker_skip_reason()
     if reason is not None:
-        print(f"error: {reason}", file=sys.stderr)
-        return 1
+        print(f"\n== Sandboxes ==\n  skipped: {reason}")
+        return False
     mock = MockLLM().start()
     with tempfile.TemporaryDirectory() as tmp:
         running = start_stack(Path(tmp), mock)
@@ -372,8 +373,13 @@ async def main() -> int:
         finally:
             running.close()
             mock.stop()
+    return True
+
+
+async def main() -> int:
+    ran = await bench_all()
     print_table()
-    return 0
+    return 0 if ran else 1
 
 
 if __name__ == "__main__":
