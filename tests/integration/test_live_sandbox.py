@@ -393,6 +393,9 @@ def test_two_hosts_placement_a_killed_host_and_its_restart(start_stack, mock):
     addresses = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
     stack = sandbox_stack(start_stack, mock, BAE_SANDBOX_GRPC_ADDRS=",".join(addresses))
     host_ids = [stack.stack.env["BAE_SANDBOX_HOST_ID"], stack.stack.env["BAE_SANDBOX_HOST_ID"] + "-1"]
+    # The session service polls host health every 2 s, and it started before the hosts did: let
+    # one poll see both serving, or both sandboxes may go to whichever host it saw first.
+    time.sleep(2.5)
     profile = stack.create_profile("two", available_sandboxes=[TEST_IMAGE])
     first, second = (Driver(stack, profile).register() for _ in range(2))
     handles = [d.ok("session.startRemoteSandbox", {"image": TEST_IMAGE})["sandbox_id"] for d in (first, second)]
