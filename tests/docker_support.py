@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import os
 import subprocess
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Iterator
 
@@ -176,3 +177,22 @@ def stack_with_sandbox_hosts(tmp: Path, provider_url: str, host_prefix: str, **e
         running.close()
         if docker_skip_reason() is None:
             assert sandboxes_of_hosts(host_prefix) == []
+
+
+@pytest.fixture
+def start_host():
+    """start_host(host_id=None, **env) -> a serving sandbox host (a unique id unless given); none of its
+    containers outlives the test."""
+    require_docker()
+    hosts: list[SandboxHostProcess] = []
+
+    def start(host_id: str | None = None, **env: str) -> SandboxHostProcess:
+        host = SandboxHostProcess(host_id or f"test-{uuid.uuid4().hex[:12]}", **env)
+        hosts.append(host)
+        host.wait_serving()
+        return host
+
+    yield start
+    for host in hosts:
+        host.stop()
+        assert containers_with(host.label) == [], "a test left a container behind"

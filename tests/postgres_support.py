@@ -172,3 +172,11 @@ def postgres() -> PostgresServer:
 def postgres_url(postgres: PostgresServer, request: pytest.FixtureRequest) -> str:
     """A fresh database for this test."""
     return postgres.database_url(request.node.nodeid)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database of each kind: a SQLite file, then a PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/nested/bae.db"
+    return server().database_url(request.node.nodeid)

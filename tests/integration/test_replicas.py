@@ -146,6 +146,17 @@ def replica_addresses(stack) -> dict[str, str]:
     return {f"{host}:{port}": "session", f"{host}:{int(port) + 1}": "session-1"}
 
 
+def kill_owner_and_wait_for_takeover(stack, sid: str) -> None:
+    """SIGKILL the replica that owns `sid`; return once the other one holds its lease."""
+    owner = replica_addresses(stack)[owners(stack)[sid]]
+    stack.stack.processes[owner].send_signal(signal.SIGKILL)
+    stack.stack.processes[owner].wait(10)
+    deadline = time.monotonic() + LEASE_SECONDS + 15
+    while replica_addresses(stack)[owners(stack)[sid]] == owner:
+        assert time.monotonic() < deadline, "the session was not taken over"
+        time.sleep(0.1)
+
+
 def assert_each_event_once(events: list[dict]) -> None:
     ids = Counter(event["id"] for event in events)
     assert max(ids.values(), default=1) == 1
@@ -303,14 +314,8 @@ def test_a_turn_paused_on_a_killed_replica_is_abandoned_on_the_next(replicated, 
     mock.enqueue(Reply.tool_use([("tu_1", "lookup", {"q": 1})]))
     assert result(send(stack, sid, a, "look"))["message"]["content"][0]["dispatch"] == "client"
 
-    owner = replica_addresses(stack)[owners(stack)[sid]]
-    stack.stack.processes[owner].send_signal(signal.SIGKILL)
-    stack.stack.processes[owner].wait(10)
     # The survivor adopts the session by itself once the lease lapses (no call needed).
-    deadline = time.monotonic() + LEASE_SECONDS + 10
-    while replica_addresses(stack)[owners(stack)[sid]] == owner:
-        assert time.monotonic() < deadline, "the session was not taken over"
-        time.sleep(0.1)
+    kill_owner_and_wait_for_takeover(stack, sid)
 
     register(stack, sid, b)
     mock.enqueue(Reply.text("moved on"))
@@ -416,13 +421,7 @@ def test_a_sandbox_moves_with_its_session_when_the_owner_dies(tmp_path, mock, po
         command = {"command": "echo kept > /tmp/mark"}
         assert result(rpc(stack.client, sid, skey, "session.execRemoteSandbox", command))["exit_code"] == 0
 
-        owner = replica_addresses(stack)[owners(stack)[sid]]
-        stack.stack.processes[owner].send_signal(signal.SIGKILL)
-        stack.stack.processes[owner].wait(10)
-        deadline = time.monotonic() + LEASE_SECONDS + 15
-        while replica_addresses(stack)[owners(stack)[sid]] == owner:
-            assert time.monotonic() < deadline, "the session was not taken over"
-            time.sleep(0.1)
+        kill_owner_and_wait_for_takeover(stack, sid)
         register(stack, sid, skey)
         # The same container, re-attached by the new owner: what the first command wrote is there.
         ran = result(rpc(stack.client, sid, skey, "session.execRemoteSandbox", {"command": "cat /tmp/mark"}))

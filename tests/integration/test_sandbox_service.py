@@ -16,6 +16,7 @@ from bae.protos import sandbox_pb2, sandbox_pb2_grpc
 from conftest import ROOT
 from processes import TEST_PLANE
 from services.sandbox.docker_driver import SHELL_CAPABILITIES
+from docker_support import start_host  # noqa: F401 - the fixture
 from docker_support import (
     TEST_IMAGE,
     SandboxHostProcess,
@@ -27,25 +28,7 @@ from docker_support import (
 
 
 @pytest.fixture
-def start_host():
-    """start_host(**env) -> a serving sandbox host with a unique host id; all removed afterwards."""
-    require_docker()
-    hosts: list[SandboxHostProcess] = []
-
-    def start(host_id: str | None = None, **env: str) -> SandboxHostProcess:
-        host = SandboxHostProcess(host_id or f"test-{uuid.uuid4().hex[:12]}", **env)
-        hosts.append(host)
-        host.wait_serving()
-        return host
-
-    yield start
-    for host in hosts:
-        host.stop()
-        assert containers_with(host.label) == [], "a test left a container behind"
-
-
-@pytest.fixture
-def host(start_host):
+def host(start_host):  # noqa: F811 - the fixture
     return start_host()
 
 
@@ -131,7 +114,7 @@ async def test_exec_timeout_is_a_clear_error_and_kills_the_command(stub):
     await stub.Stop(sandbox_pb2.StopRequest(sandbox_id=sandbox_id), timeout=30)
 
 
-async def test_host_default_exec_timeout_applies(start_host):
+async def test_host_default_exec_timeout_applies(start_host):  # noqa: F811 - the fixture
     host = start_host(BAE_SANDBOX_EXEC_TIMEOUT="1")
     channel, stub = await _stub(host.address)
     sandbox_id = await _start(stub)
@@ -199,7 +182,7 @@ async def container_of(sandbox_id: str) -> dict:
         client.close()
 
 
-async def test_read_only_root_with_a_writable_workspace_and_tmp(start_host):
+async def test_read_only_root_with_a_writable_workspace_and_tmp(start_host):  # noqa: F811 - the fixture
     host = start_host(BAE_SANDBOX_READ_ONLY="1", BAE_SANDBOX_MEMORY="64m")
     channel, stub = await _stub(host.address)
     sandbox_id = await _start(stub)
@@ -214,7 +197,7 @@ async def test_read_only_root_with_a_writable_workspace_and_tmp(start_host):
     await channel.close()
 
 
-async def test_a_named_network(start_host):
+async def test_a_named_network(start_host):  # noqa: F811 - the fixture
     name = f"bae-test-net-{uuid.uuid4().hex[:8]}"
     client = docker_client()
     network = client.networks.create(name, internal=True)
@@ -243,7 +226,7 @@ async def image_refusals(stub, image: str) -> list[grpc.aio.AioRpcError]:
     return errors
 
 
-async def test_only_allowed_images_are_pulled_or_started(start_host, host):
+async def test_only_allowed_images_are_pulled_or_started(start_host, host):  # noqa: F811 - the fixture
     channel = internal_channel(host.address, TEST_PLANE)
     stub = sandbox_pb2_grpc.SandboxStub(channel)
     try:
@@ -269,7 +252,7 @@ async def test_only_allowed_images_are_pulled_or_started(start_host, host):
         await channel.close()
 
 
-async def test_limits_and_network_follow_the_environment(start_host):
+async def test_limits_and_network_follow_the_environment(start_host):  # noqa: F811 - the fixture
     host = start_host(
         BAE_SANDBOX_MEMORY="64m", BAE_SANDBOX_CPUS="0.5", BAE_SANDBOX_PIDS_LIMIT="32", BAE_SANDBOX_NETWORK="none"
     )

@@ -15,6 +15,7 @@ import pytest
 
 from bae.grpcutil import channel as internal_channel
 from bae.protos import sandbox_pb2, sandbox_pb2_grpc
+from docker_support import start_host  # noqa: F401 - the fixture
 from docker_support import (
     TEST_IMAGE,
     SandboxHostProcess,
@@ -54,24 +55,6 @@ def wait_for(condition, what: str, timeout: float = 30.0):
 
 async def wait_for_async(condition, what: str, timeout: float = 30.0):
     return await asyncio.to_thread(wait_for, condition, what, timeout)
-
-
-@pytest.fixture
-def start_host():
-    """start_host(**env) -> a serving sandbox host with a unique id; none of its containers outlives the test."""
-    require_docker()
-    hosts: list[SandboxHostProcess] = []
-
-    def start(host_id: str | None = None, **env: str) -> SandboxHostProcess:
-        host = SandboxHostProcess(host_id or f"test-warm-{uuid.uuid4().hex[:12]}", **env)
-        hosts.append(host)
-        host.wait_serving()
-        return host
-
-    yield start
-    for host in hosts:
-        host.stop()
-        assert containers_with(host.label) == [], "a test left a container behind"
 
 
 class Host:
@@ -115,7 +98,7 @@ async def connect():
         await host.channel.close()
 
 
-async def test_start_takes_a_spare_that_list_then_reports_and_the_pool_refills(start_host, connect):
+async def test_start_takes_a_spare_that_list_then_reports_and_the_pool_refills(start_host, connect):  # noqa: F811 - the fixture
     host = connect(start_host(BAE_SANDBOX_WARM="1"))
     await host.allow(TEST_IMAGE)
     [spare] = await host.spares(1)
@@ -135,7 +118,7 @@ async def test_start_takes_a_spare_that_list_then_reports_and_the_pool_refills(s
     assert await host.spares(1) == {refill}
 
 
-async def test_concurrent_starts_never_share_a_container(start_host, connect):
+async def test_concurrent_starts_never_share_a_container(start_host, connect):  # noqa: F811 - the fixture
     host = connect(start_host(BAE_SANDBOX_WARM="2"))
     await host.allow(TEST_IMAGE)
     ready = await host.spares(2)
@@ -146,7 +129,7 @@ async def test_concurrent_starts_never_share_a_container(start_host, connect):
     assert await host.listed() == dict(zip(started, sessions))
 
 
-async def test_a_spare_is_the_same_sandbox_as_a_cold_one(start_host, connect):
+async def test_a_spare_is_the_same_sandbox_as_a_cold_one(start_host, connect):  # noqa: F811 - the fixture
     limits = {
         "BAE_SANDBOX_MEMORY": "64m", "BAE_SANDBOX_CPUS": "0.5", "BAE_SANDBOX_PIDS_LIMIT": "32",
         "BAE_SANDBOX_NETWORK": "none", "BAE_SANDBOX_READ_ONLY": "1",
@@ -176,7 +159,7 @@ async def test_a_spare_is_the_same_sandbox_as_a_cold_one(start_host, connect):
     }
 
 
-async def test_spares_of_an_image_no_longer_allowed_are_removed(start_host, connect):
+async def test_spares_of_an_image_no_longer_allowed_are_removed(start_host, connect):  # noqa: F811 - the fixture
     host = connect(start_host(BAE_SANDBOX_WARM="1"))
     await host.allow(TEST_IMAGE)
     [spare] = await host.spares(1)
@@ -186,7 +169,7 @@ async def test_spares_of_an_image_no_longer_allowed_are_removed(start_host, conn
     assert spares(host.process.host_id) == set()
 
 
-async def test_shutdown_removes_spares_and_taken_spares(start_host, connect):
+async def test_shutdown_removes_spares_and_taken_spares(start_host, connect):  # noqa: F811 - the fixture
     host = connect(start_host(BAE_SANDBOX_WARM="2"))
     await host.allow(TEST_IMAGE)
     await host.spares(2)
@@ -198,7 +181,7 @@ async def test_shutdown_removes_spares_and_taken_spares(start_host, connect):
     assert containers_with(host.process.label) == []
 
 
-async def test_a_restarted_host_removes_the_spares_of_its_previous_run(start_host, connect):
+async def test_a_restarted_host_removes_the_spares_of_its_previous_run(start_host, connect):  # noqa: F811 - the fixture
     host = connect(start_host(BAE_SANDBOX_WARM="1"))
     await host.allow(TEST_IMAGE)
     [spare] = await host.spares(1)
@@ -208,7 +191,7 @@ async def test_a_restarted_host_removes_the_spares_of_its_previous_run(start_hos
     assert containers_with(host.process.label) == []
 
 
-async def test_without_warm_no_container_runs_before_a_start(start_host, connect):
+async def test_without_warm_no_container_runs_before_a_start(start_host, connect):  # noqa: F811 - the fixture
     host = connect(start_host())
     await host.allow(TEST_IMAGE)
     await host.stub.EnsureImage(sandbox_pb2.EnsureImageRequest(image=TEST_IMAGE), timeout=30)

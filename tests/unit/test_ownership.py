@@ -8,16 +8,12 @@ import pytest
 
 from services.session.engine.ownership import NotOwner, Ownership
 from services.session.store import Store, sessions
-import postgres_support
+from postgres_support import store_url  # noqa: F401 - the fixture
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-async def store(request, tmp_path):
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path}/bae.db"
-    else:
-        url = postgres_support.server().database_url(request.node.nodeid)
-    store = await Store.open(url)
+@pytest.fixture
+async def store(store_url):  # noqa: F811 - the fixture
+    store = await Store.open(store_url)
     yield store
     await store.close()
 

@@ -17,21 +17,13 @@ from services.session.api import bodies
 from services.session.api.pagination import PageRequest, page_json, page_request
 from services.session.store import Store, events, keys, sessions
 from services.session.store.schema import session_events
-import postgres_support
+from postgres_support import store_url  # noqa: F401 - the fixture
 
 HEAD = "0003"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request, tmp_path) -> str:
-    """A fresh database of each kind."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/nested/bae.db"
-    return postgres_support.server().database_url(request.node.nodeid)
-
-
 @pytest.fixture
-async def store(store_url):
+async def store(store_url):  # noqa: F811 - the fixture
     store = await Store.open(store_url)
     yield store
     await store.close()
@@ -86,7 +78,7 @@ async def test_event_json_equals_serialized_view(store):
     assert json.loads(page)["items"][0] == events.event_view(row)
 
 
-async def test_migrations_are_idempotent_and_data_survives(store_url):
+async def test_migrations_are_idempotent_and_data_survives(store_url):  # noqa: F811 - the fixture
     store = await Store.open(store_url)
     assert store.migrations_applied == ["0001", "0002", "0003"]
     sid = await new_session(store)
@@ -124,7 +116,7 @@ async def test_appends_to_one_session_from_one_process_never_conflict(store):
     assert numbers == list(range(1, 41))
 
 
-async def test_a_stale_append_of_a_taken_number_fails(store_url):
+async def test_a_stale_append_of_a_taken_number_fails(store_url):  # noqa: F811 - the fixture
     """Two writers (two stores, as two processes would be): the second one's stale number is refused."""
     writer, other = await Store.open(store_url), await Store.open(store_url)
     try:
@@ -142,7 +134,7 @@ async def test_a_stale_append_of_a_taken_number_fails(store_url):
         await other.close()
 
 
-async def test_a_concurrent_append_from_another_writer_raises(store_url):
+async def test_a_concurrent_append_from_another_writer_raises(store_url):  # noqa: F811 - the fixture
     """Another writer appends between our read of the next number and our insert: ours fails, not interleaves."""
     writer, other = await Store.open(store_url), await Store.open(store_url)
     try:
