@@ -44,8 +44,6 @@ OWNER_CACHE = 65_536
 # replica whose host vanished (no connection reset) is then avoided within about two seconds instead
 # of costing every call its full deadline.
 PROBE_INTERVAL = 1.0
-# How long a call waits for the only replica it may go to to accept connections again (a restart).
-RECONNECT_WAIT = 3.0
 
 Invoke = Callable[[session_pb2_grpc.SessionServiceStub, Metadata], Awaitable[T]]
 
@@ -84,6 +82,10 @@ class Upstream:
         self._turn = itertools.count()
         self._silent: set[str] = set()  # replicas whose last health check went unanswered
         self._probe: asyncio.Task[None] | None = None
+        # Health checks go over channels of their own: their failed connects while a replica is
+        # down must not put the calls' channel into reconnect backoff when it comes back.
+        self._probe_stubs: dict[str, health_pb2_grpc.HealthStub] = {}
+        self._probe_channels: list[grpc.aio.Channel] = []
 
     def start(self) -> None:
         self._probe = asyncio.create_task(self._probe_replicas(), name="upstream-probe")
@@ -109,7 +111,7 @@ class Upstream:
         if self._probe is not None:
             self._probe.cancel()
             await asyncio.gather(self._probe, return_exceptions=True)
-        await asyncio.gather(*(chan.close() for chan in self._channels.values()))
+        await asyncio.gather(*(chan.close() for chan in [*self._channels.values(), *self._probe_channels]))
 
     async def _probe_replicas(self) -> None:
         while True:
@@ -124,20 +126,18 @@ class Upstream:
             self._silent = silent
 
     async def _answers(self, address: str) -> bool:
+        stub = self._probe_stubs.get(address)
+        if stub is None:
+            # A subchannel pool of its own too: gRPC shares connections (and their backoff) between
+            # channels with the same arguments. Health checks need no internal token.
+            chan = grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+            self._probe_channels.append(chan)
+            stub = self._probe_stubs[address] = health_pb2_grpc.HealthStub(chan)
         try:
-            await health_pb2_grpc.HealthStub(self.channel(address)).Check(
-                health_pb2.HealthCheckRequest(), timeout=PROBE_INTERVAL
-            )
+            await stub.Check(health_pb2.HealthCheckRequest(), timeout=PROBE_INTERVAL)
         except grpc.aio.AioRpcError:
             return False
         return True
-
-    async def _reconnected(self, address: str) -> None:
-        try:
-            async with asyncio.timeout(RECONNECT_WAIT):
-                await self.channel(address).channel_ready()
-        except TimeoutError:
-            pass  # the retry fails as the service being unavailable
 
     def _refused(self, address: str) -> bool:
         """Whether the last attempt to connect to `address` failed (so a call there was never sent)."""
@@ -182,9 +182,7 @@ class Upstream:
                 if owner is not None:
                     address, metadata = owner, ((REDIRECTED_KEY, "1"),)
                 else:  # never sent: another replica takes the session or names its owner
-                    refused, address, metadata = address, self._pick(session_id, avoid=address), ()
-                    if address == refused:  # no other replica: wait a little for this one to be back
-                        await self._reconnected(address)
+                    address, metadata = self._pick(session_id, avoid=address), ()
                 continue
             if session_id:
                 self._remember(session_id, address)
