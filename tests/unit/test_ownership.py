@@ -94,3 +94,20 @@ async def test_a_dead_owners_sessions_are_adopted_and_it_is_fenced(store):
         assert a.lost == [{session_id}] and session_id not in a.ownership.held
     finally:
         await b.ownership.stop()
+
+
+async def test_two_replicas_claiming_a_new_session_at_once_agree_on_one_owner(store):
+    replicas = [Replica(store, f"10.0.0.{n}:50051", 30) for n in (1, 2)]
+    for replica in replicas:
+        await replica.ownership.start()
+    try:
+        for _ in range(10):
+            session_id = await open_session(store)
+            outcomes = await asyncio.gather(*(r.ownership.claim(session_id) for r in replicas), return_exceptions=True)
+            refused = [outcome for outcome in outcomes if isinstance(outcome, NotOwner)]
+            assert len(refused) == 1 and outcomes.count(None) == 1, outcomes
+            winner = replicas[outcomes.index(None)]
+            assert refused[0].address == winner.ownership.address
+    finally:
+        for replica in replicas:
+            await replica.ownership.stop()

@@ -26,13 +26,11 @@ import socket
 import time
 from typing import Awaitable, Callable
 
-from sqlalchemy.exc import IntegrityError
-
 from bae.timefmt import now as timestamp
 from services.session.engine.tasks import TaskOwner
 from services.session.store import Store
 from services.session.store import leases
-from services.session.store.leases import Lease, Replica
+from services.session.store.leases import Replica
 
 log = logging.getLogger("bae.session.ownership")
 
@@ -98,18 +96,12 @@ class Ownership:
         """Own `session_id` (taking it over if its owner died) or raise NotOwner."""
         if session_id in self.held:
             return
-        lease = await self._claim(session_id)
+        lease = await self.store.call(leases.claim, session_id, self.replica_id, self.address, time.time())
         if lease is None:
             return  # not open: nothing live to own; the caller reports the session's state
         if lease.replica_id != self.replica_id:
             raise NotOwner(session_id, lease.address)
         self.held.add(session_id)
-
-    async def _claim(self, session_id: str) -> Lease | None:
-        try:
-            return await self.store.call(leases.claim, session_id, self.replica_id, self.address, time.time())
-        except IntegrityError:  # another replica created the lease at the same moment: read who won
-            return await self.store.call(leases.claim, session_id, self.replica_id, self.address, time.time())
 
     async def release(self, session_id: str) -> None:
         """A closed session's lease goes (best effort: a lease left on a closed session binds nothing)."""

@@ -3,14 +3,15 @@
 A lease is valid while its replica's heartbeat (`replicas.expires_at`, epoch
 seconds) lies ahead. Every change of owner is a compare-and-swap on the
 lease's `epoch`, so two replicas taking over one session at once cannot both
-win: the loser's UPDATE matches no row (or its INSERT hits the primary key).
+win: the loser's UPDATE matches no row (or its INSERT finds the row there).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, and_, delete, func, insert, select, update
+from sqlalchemy import Connection, Insert, and_, delete, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 
 from services.session.store.schema import replicas, session_leases, sessions
 
@@ -71,9 +72,11 @@ def claim(conn: Connection, session_id: str, replica_id: str, address: str, now:
         .where(session_leases.c.session_id == session_id)
     ).first()
     if row is None:
-        # Two replicas inserting at once: the loser's IntegrityError rolls its call back, and it claims again.
-        conn.execute(insert(session_leases).values(session_id=session_id, replica_id=replica_id, epoch=1))
-        return Lease(replica_id, address, taken=True)
+        created = conn.execute(
+            _insert_new(conn).values(session_id=session_id, replica_id=replica_id, epoch=1)
+        ).rowcount
+        # Nothing inserted: another replica created the lease a moment ago, and owns the session.
+        return Lease(replica_id, address, taken=True) if created else _current(conn, session_id)
     holder, epoch, holder_address, expires_at = row
     if holder == replica_id:
         return Lease(replica_id, address)
@@ -85,6 +88,12 @@ def claim(conn: Connection, session_id: str, replica_id: str, address: str, now:
         .values(replica_id=replica_id, epoch=epoch + 1)
     ).rowcount
     return Lease(replica_id, address, taken=True) if swapped else _current(conn, session_id)
+
+
+def _insert_new(conn: Connection) -> Insert:
+    """An INSERT into session_leases that does nothing when the session already has a lease."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return dialect.insert(session_leases).on_conflict_do_nothing(index_elements=[session_leases.c.session_id])
 
 
 def _current(conn: Connection, session_id: str) -> Lease:
