@@ -65,7 +65,7 @@ def remove_containers(label: str) -> int:
     """Force-remove every container carrying `label` (`key=value`); returns how many."""
     client = docker_client()
     try:
-        containers = client.containers.list(all=True, filters={"label": label})
+        containers = client.containers.list(all=True, filters={"label": label}, ignore_removed=True)
         for container in containers:
             try:
                 container.remove(force=True)
@@ -79,7 +79,8 @@ def remove_containers(label: str) -> int:
 def containers_with(label: str) -> list:
     client = docker_client()
     try:
-        return client.containers.list(all=True, filters={"label": label})
+        # A container another test's host removes between the listing and its inspection is gone, not an error.
+        return client.containers.list(all=True, filters={"label": label}, ignore_removed=True)
     finally:
         client.close()
 
