@@ -155,8 +155,10 @@ class Ownership:
         """Sessions another replica took (this one stalled past its lease) are no longer served here."""
         if not self.held:
             return
+        # Only sessions claimed before the read began: a claim committed meanwhile may be missing from it.
+        claimed = set(self.held)
         still = await self.store.read(leases.held_by, self.replica_id)
-        lost = {session_id for session_id in self.held if session_id not in still}
+        lost = {session_id for session_id in claimed if session_id not in still and session_id in self.held}
         if lost:
             self.held -= lost
             log.warning("%d sessions were taken over by other replicas", len(lost))
