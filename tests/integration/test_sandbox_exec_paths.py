@@ -80,11 +80,11 @@ def test_the_socket_path_follows_docker_host():
     assert unix_socket_path({"DOCKER_HOST": "ssh://user@builder"}) is None
 
 
+@pytest.mark.parametrize("sandbox", ["socket"], indirect=True)  # the SDK path keeps its own connections
 async def test_connections_are_reused_and_one_the_engine_closed_is_replaced(sandbox, tmp_path):
     driver, sandbox_id = sandbox
     engine = driver._socket
-    if engine is None:
-        pytest.skip("the SDK path keeps its own connections")
+    assert engine is not None
     await driver.exec(sandbox_id, "true", 10)
     assert engine._idle, "the create and inspect connection is kept for the next exec"
 
