@@ -210,7 +210,9 @@ class Stack:
                     continue
                 if not (replicated and name.startswith("session")):
                     return name, code
-                quick_exits[name] = quick_exits.get(name, 0) + 1 if time.monotonic() - started[name] < 10 else 1
+                # A replica that keeps dying within 10 s of its start (four times running) is a crash loop.
+                died_young = time.monotonic() - started[name] < 10
+                quick_exits[name] = quick_exits.get(name, 0) + 1 if died_young else 1
                 if quick_exits[name] > 3:
                     return name, code
                 print(f"{name} exited with code {code}; starting it again", file=sys.stderr, flush=True)

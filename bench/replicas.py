@@ -16,25 +16,12 @@ from pathlib import Path
 
 import httpx
 
-from conftest import free_port, launch_stack, mock_provider_toml
+from conftest import consecutive_ports, launch_stack, mock_provider_toml
 from postgres_support import server as postgres_server
 
 SESSIONS = 64
 TURNS_PER_SESSION = 8
 FAILOVER_LEASE = 3
-
-
-def _consecutive_ports() -> int:
-    import socket
-
-    while True:
-        first = free_port()
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", first + 1))
-            except OSError:
-                continue
-        return first
 
 
 def _launch(tmp: Path, name: str, mock, token: str, **env: str):
@@ -45,7 +32,7 @@ def _launch(tmp: Path, name: str, mock, token: str, **env: str):
 
 def _replicated_env(url: str, replicas: int, **extra: str) -> dict[str, str]:
     return {"BAE_DATABASE_URL": url, "BAE_SESSION_REPLICAS": str(replicas),
-            "BAE_SESSION_GRPC_ADDR": f"127.0.0.1:{_consecutive_ports()}", **extra}
+            "BAE_SESSION_GRPC_ADDR": f"127.0.0.1:{consecutive_ports(2)}", **extra}
 
 
 async def _rest_p50(running, key: str, open_session, load, percentile) -> float:

@@ -40,6 +40,25 @@ def database_url_of(env: dict[str, str]) -> str:
     return env.get("BAE_DATABASE_URL") or f"sqlite:///{env['BAE_DB_PATH']}"
 
 
+def consecutive_ports(count: int) -> int:
+    """The first of `count` consecutive free loopback ports."""
+    for _ in range(100):
+        first = free_port()
+        sockets = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+        return first
+    raise RuntimeError("no consecutive free ports")
+
+
 def stack_env(tmp: Path, **overrides: str) -> dict[str, str]:
     """An environment for one isolated stack: its own ports, store and key files.
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +23,7 @@ import asyncpg
 import httpx
 import pytest
 
-from conftest import ROOT, free_port, mock_provider_toml
+from conftest import ROOT, consecutive_ports, free_port, mock_provider_toml
 from docker_support import TEST_IMAGE, require_docker, sandboxes_of_hosts, stack_with_sandbox_hosts
 from live import declared, join, new_session, register, result, rpc, send, types
 from mockllm import Reply
@@ -53,25 +52,6 @@ def turn_in_background(stack, sid: str, skey: str, text: str) -> tuple[threading
     thread = threading.Thread(target=run)
     thread.start()
     return thread, outcome
-
-
-def consecutive_ports(count: int) -> int:
-    """The first of `count` consecutive free loopback ports."""
-    for _ in range(100):
-        first = free_port()
-        sockets = []
-        try:
-            for port in range(first, first + count):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-        return first
-    raise RuntimeError("no consecutive free ports")
 
 
 @pytest.fixture

@@ -69,7 +69,6 @@ class Ownership:
         on_adopt: Callable[[str], Awaitable[None]],
     ) -> None:
         self.store = store
-        self.replica_id = address
         self.address = address
         self.lease_seconds = lease_seconds
         self.held: set[str] = set()  # sessions this process has claimed
@@ -78,6 +77,11 @@ class Ownership:
         self._started_at = timestamp()
         self._renewed = 0.0  # monotonic time of the last successful heartbeat
         self._tasks = TaskOwner("ownership")
+
+    @property
+    def replica_id(self) -> str:
+        """A replica is known by its advertised address (see the module's docstring)."""
+        return self.address
 
     async def start(self) -> None:
         await self._beat()
