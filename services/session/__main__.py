@@ -126,6 +126,7 @@ async def serve_forever(command: Command, settings: Settings) -> None:
     from services.session.api.admin import AdminApi
     from services.session.api.auth import Authenticator
     from services.session.api.live import LiveApi
+    from services.session.api.race_hold import RaceHold
     from services.session.api.rest import ClientRestApi
     from services.session.api.sandbox_methods import SandboxMethods
     from services.session.api.servicer import SessionServicer, register
@@ -150,7 +151,7 @@ async def serve_forever(command: Command, settings: Settings) -> None:
         rest=ClientRestApi(store=store, auth=auth, runtime=runtime, config=config),
         admin=AdminApi(store=store, auth=auth, runtime=runtime, config=config),
         auth=auth,
-        live=LiveApi(store=store, runtime=runtime, engine=engine),
+        live=LiveApi(store=store, runtime=runtime, engine=engine, hold=RaceHold(settings.test_hold_addr)),
         sandboxes=SandboxMethods(runtime=runtime),
         ownership=runtime.ownership,
     )

@@ -21,6 +21,7 @@ from bae.protos import session_pb2
 from bae.rpc_codes import RpcCode
 from services.session.api.faults import RpcError, RpcFault, invalid_params
 from services.session.api.jsonrpc import RpcCall, parse_message, require_driver
+from services.session.api.race_hold import RaceHold
 from services.session.engine.domain import CompactRequest, SessionState, TurnRequest
 from services.session.engine.engine import TurnEngine
 from services.session.engine.errors import SessionNotOpen
@@ -40,15 +41,20 @@ T = TypeVar("T")
 
 
 class LiveApi:
-    def __init__(self, *, store: Store, runtime: SessionRuntime, engine: TurnEngine) -> None:
+    def __init__(
+        self, *, store: Store, runtime: SessionRuntime, engine: TurnEngine, hold: RaceHold | None = None
+    ) -> None:
         self.store = store
         self.runtime = runtime
         self.engine = engine
+        # Where tests hold a call between its state check and taking the live state (the close race).
+        self.hold = hold or RaceHold(None)
 
     # -- registration and tools -------------------------------------------------
 
     async def register_driver(self, call: RpcCall) -> dict:
         call.open_session()
+        await self.hold.reached("session.registerDriver", call.session_id)
         live = await self.runtime.attach(call.session_id)
         async with live.lock:
             if call.actor in live.drivers:
@@ -98,6 +104,7 @@ class LiveApi:
         since = call.params().get("since_event_id")
         live = None
         if call.session is not None and call.session.state == SessionState.OPEN:
+            await self.hold.reached("session.subscribe", call.session_id)
             try:
                 live = await self.runtime.attach(call.session_id)
             except SessionNotOpen:
@@ -139,6 +146,7 @@ class LiveApi:
         require_driver(self.runtime, call, "session.sendMessage")
         call.open_session()
         message = parse_message(call.params())
+        await self.hold.reached("session.sendMessage", call.session_id)
         request = TurnRequest(call.session_id, call.actor, message)
         watcher = Watcher(subscriber=False, key=call.actor)
         work = asyncio.ensure_future(

@@ -1,0 +1,124 @@
+"""The close race through the whole stack (SERVER-SPEC §5.5, §6.3, §7.2): a session closed
+after a live call checked its state, but before the call took the session's live state,
+never gets its live state back.
+
+The session service runs with BAE_TEST_HOLD_ADDR pointing at `RaceHolds`, so the test
+holds the call exactly inside that window, closes the session over REST, then lets it go.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import threading
+
+import httpx
+import pytest
+
+from conftest import launch_stack, mock_provider_toml
+from live import new_session, notifications, register, rpc
+from mockllm import Reply
+
+TOKEN = "sk-test-secret-token-123456"
+CLOSED = {"code": -32000, "message": "session is closed, not open"}
+
+
+class RaceHolds:
+    """The test's end of BAE_TEST_HOLD_ADDR: every call that reaches the hold point is let
+    through at once, except the one method and session it was told to hold."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.address = "127.0.0.1:%d" % self._server.getsockname()[1]
+        self._target: tuple[str, str] | None = None
+        self._held: queue.Queue[socket.socket] = queue.Queue()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def hold(self, method: str, session_id: str) -> None:
+        self._target = (method, session_id)
+
+    def wait_held(self) -> socket.socket:
+        """The held call's connection, once the call sits between its check and the live state."""
+        return self._held.get(timeout=10)
+
+    @staticmethod
+    def release(held: socket.socket) -> None:
+        held.sendall(b"go\n")
+        held.close()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            line = conn.makefile("r").readline().split()
+            if tuple(line) == self._target:
+                self._held.put(conn)
+            else:
+                self.release(conn)
+
+    def close(self) -> None:
+        self._server.close()
+
+
+@pytest.fixture(scope="module")
+def holds():
+    holds = RaceHolds()
+    yield holds
+    holds.close()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, mock, holds):
+    running = launch_stack(tmp_path_factory.mktemp("close-race"), mock_provider_toml(mock.base_url),
+                           MOCK_LLM_TOKEN=TOKEN, BAE_TEST_HOLD_ADDR=holds.address)
+    yield running
+    running.close()
+
+
+def events(stack, sid: str, skey: str) -> list[dict]:
+    page = stack.client.get(f"/api/v1/sessions/{sid}/events", params={"limit": 200},
+                            headers={"Authorization": f"Bearer {skey}"})
+    return page.json()["items"]
+
+
+@pytest.mark.parametrize("method", ["session.registerDriver", "session.subscribe", "session.sendMessage"])
+def test_a_session_closed_after_the_state_check_gets_no_live_state_again(stack, mock, holds, method):
+    mock.reset()
+    sid, skey, _ = new_session(stack)
+    if method == "session.sendMessage":
+        register(stack, sid, skey)  # the driver gate comes before the state check
+        mock.enqueue(Reply.text("never asked"))
+    params = {"message": {"role": "user", "content": "hi"}} if method == "session.sendMessage" else None
+    holds.hold(method, sid)
+    frames: list[dict] = []
+    answered = threading.Event()
+
+    def call() -> None:
+        # A stream that never ends (a subscriber left on a live state nobody closes) times out here.
+        with httpx.Client(base_url=stack.client.base_url, timeout=10) as client:
+            frames.extend(rpc(client, sid, skey, method, params))
+        answered.set()
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    held = holds.wait_held()  # the call found the session open ...
+    closed = stack.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"})
+    assert closed.json() == {"session_id": sid, "state": "closed"}  # ... and now it is not
+    holds.release(held)
+    caller.join(15)
+    assert answered.is_set()
+
+    if method == "session.subscribe":
+        assert frames == []  # the stream ended: no live feed was created for it
+    else:
+        assert [frame.get("error") for frame in frames] == [CLOSED], json.dumps(frames)
+        assert notifications(frames) == []
+    # No live state: no driver registry, nothing recorded after the close, no provider call.
+    participants = stack.client.get(f"/api/v1/sessions/{sid}/participants",
+                                    headers={"Authorization": f"Bearer {skey}"})
+    assert participants.json() == {"drivers": []}
+    assert events(stack, sid, skey)[-1]["event_type"] == "session.close"
+    assert mock.requests == []
