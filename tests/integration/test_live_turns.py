@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
 
 from conftest import mock_provider_toml
-from live import join, new_session, notifications, register, result, rpc, send, terminal, types
+from live import at, join, new_session, notifications, register, result, rpc, send, terminal, types
 from mockllm import Reply
 
 TOKEN = "sk-test-secret-token-123456"
@@ -166,6 +167,69 @@ def test_expired_pause_is_reclaimed_by_a_queued_driver(stack, mock):
     ).json()["items"]
     abandoned = [e for e in events if e["event_type"] == "session.error"]
     assert abandoned[0]["payload"]["reason"] == "driver_turn_abandoned"
+
+
+# Turn lengths that step through a 0.5 s period: a queued caller that only noticed the gate at
+# 0.5 s polls would start at least 0.375 s late in one of these rounds, whatever its poll's phase.
+PHASES = (0.4, 0.525, 0.65, 0.775)
+
+
+def queue_behind(stack, mock, sid, first_key, second_key) -> tuple[dict, dict, float]:
+    """The first key sends; the second key's sendMessage arrives while the first turn's provider
+    call is in flight. Returns both results and when the second call was sent."""
+    asked = len(mock.requests)
+    first: list = []
+    thread = threading.Thread(target=lambda: first.extend(send(stack, sid, first_key, "first")))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while len(mock.requests) == asked:  # the first turn is in its provider call
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    sent = time.time()
+    second = result(send(stack, sid, second_key, "second"))
+    thread.join(10)
+    return result(first), second, sent
+
+
+def test_a_queued_driver_starts_as_soon_as_the_turn_ahead_completes(stack, mock):
+    """The gate wakes the caller queued behind a running turn when that turn ends (server times:
+    A's last event to B's first), not at a later poll."""
+    sid, skey_a, profile = new_session(stack)
+    register(stack, sid, skey_a)
+    skey_b = join(stack, sid, profile)
+    register(stack, sid, skey_b)
+    gaps = []
+    for seconds in PHASES:
+        mock.enqueue(Reply.hang(seconds), Reply.text("B's turn"))
+        a_outcome, b_outcome, b_sent = queue_behind(stack, mock, sid, skey_a, skey_b)
+        a_done, b_start = a_outcome["events"][-1], b_outcome["events"][0]
+        assert (a_done["event_type"], b_start["event_type"]) == ("server.message.send", "client.message.send")
+        assert b_sent < at(a_done)  # B was queued while A ran
+        gaps.append(round(at(b_start) - at(a_done), 3))
+    assert max(gaps) < 0.25, gaps
+
+
+def test_a_queued_driver_reclaims_a_pause_as_soon_as_it_expires(stack, mock):
+    """A running turn that pauses wakes the caller queued behind it, which then waits exactly
+    until the pause's deadline (BAE_TURN_TIMEOUT=1) and reclaims it."""
+    sid, skey_a, profile = new_session(stack)
+    register(stack, sid, skey_a)
+    skey_b = join(stack, sid, profile)
+    register(stack, sid, skey_b)
+    lateness = []
+    for round_number, seconds in enumerate(PHASES):
+        pausing = replace(Reply.tool_use([(f"tu_{round_number}", "get_time", {})]), seconds=seconds)
+        mock.enqueue(pausing, Reply.text("B's turn"))
+        a_outcome, b_outcome, b_sent = queue_behind(stack, mock, sid, skey_a, skey_b)
+        paused = a_outcome["events"][-1]
+        assert paused["payload"]["content"][0]["type"] == "tool_use" and b_sent < at(paused)
+        assert b_outcome["message"]["content"][0]["text"] == "B's turn"
+        log = stack.client.get(f"/api/v1/sessions/{sid}/events", params={"limit": 200},
+                               headers={"Authorization": f"Bearer {skey_a}"}).json()["items"]
+        abandoned = log[[e["id"] for e in log].index(paused["id"]) + 1]  # B's first event
+        assert abandoned["payload"]["reason"] == "driver_turn_abandoned"
+        lateness.append(round(at(abandoned) - at(paused) - 1.0, 3))
+    assert min(lateness) > -0.05 and max(lateness) < 0.25, lateness
 
 
 def test_subscriber_replays_then_follows_live_and_unsubscribe_ends_it(stack, mock):
