@@ -261,3 +261,58 @@ def test_a_failed_auto_attempt_backs_off_until_a_larger_count(stack, mock):
     assert started == [{"trigger": "auto", "reason": "retry_after_failure", "token_count": 1200,
                         "threshold_tokens": 1000}]
     assert third["events"][-1]["event_type"] == "session.compaction.completed"
+
+
+def test_a_primary_provider_that_cannot_be_resolved_fails_before_started(stack, mock):
+    sid, skey = open_session(stack)
+    chat(stack, mock, sid, skey, "one")
+    before = events(stack, sid, skey)
+    listed = stack.admin.get("/admin/v1/sessions", params={"limit": 200}).json()["items"]
+    profile_id = next(row["profile_id"] for row in listed if row["id"] == sid)
+    profile = stack.admin.get(f"/admin/v1/profiles/{profile_id}").json()
+    moved = {**{name: profile[name] for name in ("name", "fallback_providers", "allowed_tools")},
+             "primary_provider": "nowhere"}
+    assert stack.admin.put(f"/admin/v1/profiles/{profile_id}", json=moved).status_code == 200
+    frames = compact(stack, sid, skey)
+    assert frames == [{"jsonrpc": "2.0", "id": frames[0]["id"], "error": {
+        "code": -32000,
+        "message": 'compaction failed: provider_config: primary provider "nowhere" is not configured in bae-config.toml',
+    }}]
+    assert events(stack, sid, skey) == before  # no started event, nothing at all
+    assert len(mock.requests) == 1  # the turn's call only
+    assert session_state(stack, sid) == "open"
+
+
+def test_a_manual_compaction_ignores_the_backoff_and_clears_it(stack, mock):
+    sid, skey = open_session(stack, compaction={"mode": "auto", "size": 1000})
+    mock.enqueue(Reply.text("a", usage=(1100, 0)), Reply.text(""))  # the auto attempt fails: backoff at 1100
+    assert types(result(send(stack, sid, skey, "one"))["events"])[-1] == "provider.response"
+    mock.enqueue(Reply.text("MANUAL SUMMARY"))
+    completed = result(compact(stack, sid, skey))  # no completed turn since the failure: manual runs anyway
+    assert completed["event_type"] == "session.compaction.completed"
+    # Backed off, 1050 would not be retried (not above the failed 1100); cleared, it is a new trigger.
+    mock.enqueue(Reply.text("b", usage=(1000, 50)), Reply.text("AUTO SUMMARY"))
+    outcome = result(send(stack, sid, skey, "two"))
+    started = [e["payload"] for e in outcome["events"] if e["event_type"] == "session.compaction.started"]
+    assert started == [{"trigger": "auto", "reason": "token_threshold", "token_count": 1050,
+                        "threshold_tokens": 1000}]
+    assert outcome["events"][-1]["event_type"] == "session.compaction.completed"
+
+
+def test_usage_null_never_triggers_and_manual_token_count_looks_no_further_back(stack, mock):
+    sid, skey = open_session(stack, compaction={"mode": "auto", "size": 1000})
+    mock.enqueue(Reply.text("a", usage=(1100, 0)), Reply.text("SUMMARY ONE"))
+    assert types(result(send(stack, sid, skey, "one"))["events"])[-1] == "session.compaction.completed"
+    # The next turn's only call reports no usage: no trigger, whatever earlier calls reported.
+    mock.enqueue(Reply.text("b", usage=None))
+    outcome = result(send(stack, sid, skey, "two"))
+    assert types(outcome["events"]) == [
+        "client.message.send", "provider.request", "provider.response", "server.message.send",
+    ]
+    assert outcome["events"][2]["payload"]["usage"] is None
+    mock.enqueue(Reply.text("SUMMARY TWO"))
+    frames = compact(stack, sid, skey)
+    assert result(frames)["event_type"] == "session.compaction.completed"
+    # The newest turn call's usage is null: token_count is null, not the 1100 before it (§12.3 step 9).
+    assert notifications(frames)[0]["payload"] == {"trigger": "client", "reason": "manual", "token_count": None,
+                                                   "threshold_tokens": None}
