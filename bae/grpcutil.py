@@ -11,7 +11,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bae import telemetry
-from bae.callcontext import bind_incoming, outgoing_context
+from bae.call_metadata import Metadata, MetadataChannel
+from bae.callcontext import add_outgoing, bind_incoming
 from bae.entry import freeze_startup_heap
 from bae.errors import PROBLEM_TRAILER, Problem
 from bae.internal import HEALTH_METHOD_PREFIX, InternalPlane
@@ -161,9 +162,15 @@ def channel(target: str, plane: InternalPlane, *, balanced: bool = False) -> grp
     Its calls carry the internal token, the request id and trace context (bae.callcontext).
     `balanced` spreads calls over every address a host name resolves to (round robin).
     """
-    return grpc.aio.insecure_channel(
+    token = plane.token_metadata
+
+    def add(metadata: Metadata | None) -> Metadata:
+        outgoing = [*(metadata or ()), token]
+        add_outgoing(outgoing)
+        return outgoing
+
+    inner = grpc.aio.insecure_channel(
         target,
-        interceptors=[*plane.client_interceptors(), *outgoing_context()],
         options=[
             *plane.channel_options(),
             ("grpc.max_reconnect_backoff_ms", 2_000),
@@ -171,3 +178,4 @@ def channel(target: str, plane: InternalPlane, *, balanced: bool = False) -> grp
             *((("grpc.lb_policy_name", "round_robin"),) if balanced else ()),
         ],
     )
+    return MetadataChannel(inner, add)

@@ -19,7 +19,6 @@ from typing import Any
 
 import grpc
 
-from bae.call_metadata import AddMetadata, metadata_interceptors
 from bae.errors import UsageError
 from bae.settings import MIN_INTERNAL_TOKEN_CHARS, Settings
 
@@ -59,20 +58,13 @@ class InternalPlane:
             ("grpc.http2.max_ping_strikes", 2),
         ]
 
-    def client_interceptors(self) -> list[grpc.aio.ClientInterceptor]:
-        return metadata_interceptors(_token_adder(self.token))
+    @property
+    def token_metadata(self) -> tuple[str, str]:
+        """The metadata entry every internal call carries."""
+        return (TOKEN_METADATA, self.token)
 
     def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         return [_RequireToken(self.token)]
-
-
-def _token_adder(token: str) -> AddMetadata:
-    entry = (TOKEN_METADATA, token)
-
-    def add(details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        return details._replace(metadata=grpc.aio.Metadata(*(details.metadata or ()), entry))
-
-    return add
 
 
 class _RequireToken(grpc.aio.ServerInterceptor):

@@ -343,7 +343,7 @@ def metrics_rpc_handler() -> grpc.GenericRpcHandler:
 # --- context in gRPC metadata ---------------------------------------------------
 
 
-def inject(metadata: list[tuple[str, str]]) -> None:
+def inject(metadata: list[tuple[str, str | bytes]]) -> None:
     """Add the current span's `traceparent`/`tracestate` (nothing when tracing is off)."""
     if tracer is None:
         return

@@ -83,7 +83,7 @@ async def test_admin_calls_still_need_the_admin_key(stack):
     address = stack.stack.settings.session_grpc_addr
     profile = stack.create_profile("plane")
     client_key = stack.create_key(profile["id"])["key"]
-    async with grpc.aio.insecure_channel(address, interceptors=plane.client_interceptors()) as channel:
+    async with grpc.aio.insecure_channel(address) as channel:
         stub = session_pb2_grpc.SessionServiceStub(channel)
         for authorization in (None, f"Bearer {client_key}", f"Bearer {stack.stack.env['BAE_INTERNAL_TOKEN']}"):
             request = session_pb2.RestRequest(
@@ -92,7 +92,7 @@ async def test_admin_calls_still_need_the_admin_key(stack):
             )
             for method in ("CreateProfile", "ListKeys", "GetConfig"):
                 with pytest.raises(grpc.aio.AioRpcError) as caught:
-                    await getattr(stub, method)(request, timeout=10)
+                    await getattr(stub, method)(request, timeout=10, metadata=[plane.token_metadata])
                 assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
                 problem = Problem.from_rpc_error(caught.value)
                 assert problem is not None and problem.status == 401
