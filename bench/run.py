@@ -4,6 +4,10 @@
     make bench ARGS="rest"     # only the REST figures; also "turns", "observers", "compaction",
                                # "replicas", "sandbox" (bench/sandbox.py) or "telemetry"
 
+The load generator shares the stack's cores, so the client side is kept lean: REST GETs,
+turns and observers go through bench/http1.py (a bare HTTP/1.1 connection); one GET line
+goes through httpx too, for comparison with figures taken that way.
+
 REST: authenticated GET /api/v1/sessions/{id}/events and POST /api/v1/sessions
 with 1 and 16 concurrent clients, next to one Argon2id verification
 (64 MiB, t=3) — what a per-request slow hash would cost.
@@ -43,6 +47,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import RunningStack, free_port, launch_stack, mock_provider_toml  # noqa: E402
 
 from bae.stack import Stack  # noqa: E402
+from http1 import Connection, rpc as lean_rpc  # noqa: E402
 from table import print_table, record  # noqa: E402
 
 TOKEN = "bench-token"
@@ -86,10 +91,11 @@ def report(name: str, samples: list[float], wall: float) -> None:
     )
 
 
-async def load(make_request, concurrency: int, total: int, base_url: str | None = None) -> tuple[list[float], float]:
+async def load(make_request, concurrency: int, total: int, base_url: str | None = None,
+               lean: bool = False) -> tuple[list[float], float]:
     """`total` calls of `make_request(client)` from `concurrency` workers, each with its own
     connection when `base_url` is given (a pool shared by many workers costs the load
-    generator more than the server)."""
+    generator more than the server): an httpx client, or with `lean` an http1.Connection."""
     samples: list[float] = []
     remaining = iter(range(total))
 
@@ -99,22 +105,29 @@ async def load(make_request, concurrency: int, total: int, base_url: str | None 
             await make_request(client)
             samples.append(time.perf_counter() - started)
 
-    clients = [httpx.AsyncClient(base_url=base_url, timeout=30) if base_url else None for _ in range(concurrency)]
-    for client in clients:  # connect before timing
-        if client is not None:
-            await client.get("/healthz")
+    clients: list = []
+    for _ in range(concurrency):  # connected before timing
+        if base_url is None:
+            clients.append(None)
+        elif lean:
+            clients.append(await Connection.open(base_url))
+        else:
+            clients.append(httpx.AsyncClient(base_url=base_url, timeout=30))
+            await clients[-1].get("/healthz")
     started = time.perf_counter()
     await asyncio.gather(*(worker(client) for client in clients))
     wall = time.perf_counter() - started
     for client in clients:
-        if client is not None:
+        if isinstance(client, Connection):
+            await client.close()
+        elif client is not None:
             await client.aclose()
     return samples, wall
 
 
-def start_stack(tmp: Path, mock) -> RunningStack:
-    """A private stack whose provider `mock` is the mock LLM (a MockProcess or a MockLLM)."""
-    return launch_stack(tmp, mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN, BAE_LOG="warning")
+def start_stack(tmp: Path, mock, **env: str) -> RunningStack:
+    """A private stack whose provider `mock` is the mock LLM (a MockProcess or a MockLLM), with `env` on top."""
+    return launch_stack(tmp, mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN, BAE_LOG="warning", **env)
 
 
 def client_key(running: RunningStack, **profile) -> str:
@@ -162,8 +175,10 @@ async def bench_rest(stack: Stack, key: str) -> None:
         for _ in range(200):  # warm up
             await client.get(events, headers=auth)
         url = stack.client_url
+        samples, wall = await load(lambda c: c.get(events, headers=auth), 1, 3000, url)
+        report("GET events?limit=1 (authenticated), 1 httpx client", samples, wall)
         for concurrency in (1, 16):
-            samples, wall = await load(lambda c: c.get(events, headers=auth), concurrency, 3000, url)
+            samples, wall = await load(lambda c: c.request("GET", events, token=skey), concurrency, 3000, url, lean=True)
             report(f"GET events?limit=1 (authenticated), {concurrency} client(s)", samples, wall)
             if concurrency == 1:
                 record("authenticated `GET …/events?limit=1`, 1 client", f"p50 {ms(samples)}",
@@ -209,29 +224,29 @@ async def bench_turns(stack: Stack, key: str, mock: MockProcess) -> None:
     report("mock LLM called directly with the anthropic SDK", samples, wall)
     baseline, baseline_p99 = percentile(samples, 0.5), percentile(samples, 0.99)
 
-    async with httpx.AsyncClient(base_url=stack.client_url, timeout=120) as client:
+    url = stack.client_url
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         for sessions in (1, 8, 64):
-            # One connection per session, as separate clients would have; a shared
-            # pool makes the load generator the bottleneck at 64.
-            drivers = [httpx.AsyncClient(base_url=stack.client_url, timeout=120) for _ in range(sessions)]
-            pairs = [await open_session(driver, key) for driver in drivers]
+            # One connection per session, as separate clients would have.
+            drivers = [await Connection.open(url) for _ in range(sessions)]
+            pairs = [await open_session(client, key) for _ in drivers]
             for driver, (sid, skey) in zip(drivers, pairs):
-                await rpc(driver, sid, skey, "session.registerDriver")
-                await rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})  # warm-up
+                await lean_rpc(driver, sid, skey, "session.registerDriver")
+                await lean_rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})  # warm-up
             per_session = max(300 // sessions, 10)
             all_samples: list[float] = []
 
             async def drive(driver, sid, skey, per_session=per_session, all_samples=all_samples):
                 for _ in range(per_session):
                     started = time.perf_counter()
-                    await rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
+                    await lean_rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
                     all_samples.append(time.perf_counter() - started)
 
             started = time.perf_counter()
             await asyncio.gather(*(drive(d, s, k) for d, (s, k) in zip(drivers, pairs)))
             wall = time.perf_counter() - started
             for driver in drivers:
-                await driver.aclose()
+                await driver.close()
             report(f"text turn through the stack, {sessions} session(s)", all_samples, wall)
             print_added(all_samples, baseline, baseline_p99)
             if sessions == 1:
@@ -245,20 +260,22 @@ async def bench_turns(stack: Stack, key: str, mock: MockProcess) -> None:
                        "≥ 400 turns/s")
 
         sid, skey = await open_session(client, key)
-        await rpc(client, sid, skey, "session.registerDriver")
-        print("  building a session with 2,000 prior events ...", flush=True)
-        for _ in range(500):  # each text turn writes 4 events
-            await rpc(client, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
-        samples = []
-        for _ in range(50):
-            started = time.perf_counter()
-            await rpc(client, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
-            samples.append(time.perf_counter() - started)
-        report("text turn on a session with 2,000+ prior events", samples, sum(samples))
-        print_added(samples, baseline, baseline_p99)
-        print(f"{'  ratio to a fresh session at p50':<52} {percentile(samples, 0.5) / fresh:7.2f}x")
-        record("added latency, 2,000-event session against a fresh one", f"×{percentile(samples, 0.5) / fresh:.2f}",
-               "×1.0", "≤ ×1.1")
+    driver = await Connection.open(url)
+    await lean_rpc(driver, sid, skey, "session.registerDriver")
+    print("  building a session with 2,000 prior events ...", flush=True)
+    for _ in range(500):  # each text turn writes 4 events
+        await lean_rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
+    samples = []
+    for _ in range(50):
+        started = time.perf_counter()
+        await lean_rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
+        samples.append(time.perf_counter() - started)
+    await driver.close()
+    report("text turn on a session with 2,000+ prior events", samples, sum(samples))
+    print_added(samples, baseline, baseline_p99)
+    print(f"{'  ratio to a fresh session at p50':<52} {percentile(samples, 0.5) / fresh:7.2f}x")
+    record("added latency, 2,000-event session against a fresh one", f"×{percentile(samples, 0.5) / fresh:.2f}",
+           "×1.0", "≤ ×1.1")
 
 
 OBSERVERS = 100
@@ -273,19 +290,21 @@ async def bench_observers(stack: Stack, key: str) -> None:
     async with httpx.AsyncClient(base_url=url, timeout=60) as driver:
         sid, skey = await open_session(driver, key)
         await rpc(driver, sid, skey, "session.registerDriver")
-        auth = {"Authorization": f"Bearer {skey}"}
         arrivals: list[dict[str, float]] = [{} for _ in range(OBSERVERS)]
         subscribed = asyncio.Semaphore(0)
 
         async def observe(index: int) -> None:
             body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe", "params": {}}
-            async with httpx.AsyncClient(base_url=url, timeout=None) as client:
-                async with client.stream("POST", f"/api/v1/sessions/{sid}/rpc", json=body, headers=auth) as reply:
-                    subscribed.release()
-                    async for line in reply.aiter_lines():
-                        frame = json.loads(line)
-                        if frame.get("method") == "session.event":
-                            arrivals[index][frame["params"]["id"]] = time.perf_counter()
+            connection = await Connection.open(url)
+            try:
+                lines = await connection.lines("POST", f"/api/v1/sessions/{sid}/rpc", token=skey, body=body)
+                subscribed.release()
+                async for line in lines:
+                    frame = json.loads(line)
+                    if frame.get("method") == "session.event":
+                        arrivals[index][frame["params"]["id"]] = time.perf_counter()
+            finally:
+                await connection.close()
 
         observers = [asyncio.create_task(observe(index)) for index in range(OBSERVERS)]
         for _ in range(OBSERVERS):
@@ -293,12 +312,13 @@ async def bench_observers(stack: Stack, key: str) -> None:
         await asyncio.sleep(0.5)
         sent: dict[str, float] = {}
         body = {"jsonrpc": "2.0", "id": 2, "method": "session.sendMessage", "params": {"message": {"content": "hi"}}}
+        connection = await Connection.open(url)
         for _ in range(OBSERVED_TURNS):
-            async with driver.stream("POST", f"/api/v1/sessions/{sid}/rpc", json=body, headers=auth) as reply:
-                async for line in reply.aiter_lines():
-                    frame = json.loads(line)
-                    if frame.get("method") == "session.event":
-                        sent[frame["params"]["id"]] = time.perf_counter()
+            async for line in await connection.lines("POST", f"/api/v1/sessions/{sid}/rpc", token=skey, body=body):
+                frame = json.loads(line)
+                if frame.get("method") == "session.event":
+                    sent[frame["params"]["id"]] = time.perf_counter()
+        await connection.close()
         await asyncio.sleep(0.5)
         for task in observers:
             task.cancel()
