@@ -1,4 +1,4 @@
-"""The database unavailable for writing: locked by another process, or its disk full.
+"""The database unavailable for writing: locked by another process, or its disk full (also under a compaction).
 
 Writes answer 503 with Retry-After (REST) or a JSON-RPC error, never a 500
 and never half a request; reads go on; once the database is writable again
@@ -18,7 +18,7 @@ import pytest
 
 from checks import assert_history_kept, assert_no_container_left
 from conftest import mock_provider_toml
-from live import new_session, register, result, send, session_state, terminal, types
+from live import new_session, notifications, register, result, rpc, send, session_state, terminal, types
 from mockllm import Reply
 from postgres_support import sqlite_only
 from test_sigterm import event_log
@@ -136,3 +136,53 @@ def test_a_full_disk_under_the_database(start_stack, mock, small_disk):
     finally:
         filler.unlink()
     assert_recovered(stack, mock, sid, skey, client_key, before)
+
+
+@sqlite_only("the SQLite file's disk fills up")
+def test_compaction_records_the_disk_has_no_room_for(start_stack, mock, small_disk):
+    """SERVER-SPEC §12.2, §12.3: a summary the database cannot store fails the compaction, not the
+    turn. The auto attempt records `compaction_store_failed` (a small write that still fits) and the
+    turn answers normally; `session.compact` answers -32603. History stays as it was, and compaction
+    works again once there is room."""
+    mock.reset()
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
+                        BAE_DB_PATH=str(small_disk / "state" / "bae.db"))
+    profile = stack.create_profile("compacting")
+    opened = stack.open_session(stack.create_key(profile["id"])["key"], compaction={"mode": "auto", "size": 1000})
+    sid, skey = opened["session_id"], opened["session_key"]
+    register(stack, sid, skey)
+    summary = "s" * (1 << 20)  # stored twice (provider.response body, summary event): no room for it
+    filler = fill(small_disk)
+    os.truncate(filler, filler.stat().st_size - (256 << 10))  # room for a few small events
+    try:
+        mock.enqueue(Reply.text("above", usage=(1100, 0)), Reply.text(summary))
+        outcome = result(send(stack, sid, skey, "one"))
+        assert outcome["message"]["content"] == [{"type": "text", "text": "above"}]
+        # The provider.response is written in one transaction with the records, so it went with them.
+        trail = outcome["events"][4:]
+        assert types(trail) == ["session.compaction.started", "provider.request", "session.error"]
+        assert trail[-1]["payload"]["reason"] == "compaction_store_failed"
+        assert isinstance(trail[-1]["payload"]["detail"], str)
+        assert session_state(stack, sid) == "open"
+
+        mock.enqueue(Reply.text(summary))
+        frames = rpc(stack.client, sid, skey, "session.compact")
+        assert terminal(frames)["error"] == {"code": -32603, "message": "Internal error"}
+        assert types(notifications(frames)) == ["session.compaction.started", "provider.request"]
+    finally:
+        filler.unlink()
+    assert session_state(stack, sid) == "open"
+    logged = event_log(stack, sid, skey)
+    assert "session.compaction.completed" not in types(logged)
+    # The history is as it was: the next provider call sees the whole conversation, no summary.
+    # The failed auto attempt armed the backoff: the same count over the threshold is not retried.
+    mock.reset()
+    mock.enqueue(Reply.text("two", usage=(1100, 0)))
+    assert "session.compaction.started" not in types(result(send(stack, sid, skey, "two"))["events"])
+    assert mock.requests[-1]["body"]["messages"] == [
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": [{"type": "text", "text": "above"}]},
+        {"role": "user", "content": "two"},
+    ]
+    mock.enqueue(Reply.text("SUMMARY"))
+    assert result(rpc(stack.client, sid, skey, "session.compact"))["event_type"] == "session.compaction.completed"
