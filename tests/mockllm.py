@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import uvicorn
@@ -49,6 +49,8 @@ class Reply:
     status: int = 200
     body: Any = None
     seconds: float = 0.0
+    # Set for a held reply: it is sent only once this is set (see `held`).
+    release: threading.Event | None = None
 
     @classmethod
     def text(cls, text: str, usage: tuple[int, int] | None = DEFAULT_USAGE) -> "Reply":
@@ -77,6 +79,12 @@ class Reply:
     def hang(cls, seconds: float) -> "Reply":
         """Answer "ok" only after `seconds` (exercises per-attempt timeouts)."""
         return cls("hang", reply_text="ok", seconds=seconds)
+
+    @classmethod
+    def held(cls, release: threading.Event, then: "Reply | None" = None) -> "Reply":
+        """Answer `then` (default "ok") only once `release` is set: a provider call in flight for as
+        long as the test needs, with no timing to guess."""
+        return replace(then or cls.text("ok"), release=release)
 
     @classmethod
     def truncated(cls, text: str, usage: tuple[int, int] | None = DEFAULT_USAGE) -> "Reply":
@@ -244,6 +252,8 @@ class MockLLM:
         status, payload = self._render(reply, path, body)
         if reply.seconds:
             await asyncio.sleep(reply.seconds)
+        if reply.release is not None:
+            await asyncio.to_thread(reply.release.wait, 120)
         await respond(send, status, payload)
 
     def _render(self, reply: Reply, path: str, body: Any) -> tuple[int, bytes]:

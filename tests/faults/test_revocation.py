@@ -1,20 +1,30 @@
 """Revoking a client key ends its live access at once (the session stays open for
 the keys that still hold it): its streams end, it stops being a driver, and a turn
-it left paused is reclaimable immediately."""
+it left paused is reclaimable immediately.
+
+A revoked key's stream ends without a terminal frame (docs/engine.md). A turn
+already running runs on to its end, as when its caller goes away, so the log
+never holds half a turn; a call still queued for the gate records nothing.
+"""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 
+from checks import assert_each_event_once, assert_history_kept, assert_no_container_left, wait_for_log, wait_until
 from conftest import mock_provider_toml
 from live import declared, notifications, register, result, send, session_state, types
 from mockllm import Reply
+from test_sigterm import event_log, turn_in_background
 
 TOKEN = "sk-test-secret-token-123456"
+TURN = ["client.message.send", "provider.request", "provider.response", "server.message.send"]
 
 
 @pytest.fixture
@@ -39,71 +49,212 @@ def two_drivers(stack):
     return sid, a, b, b_client["id"]
 
 
-def subscribe_in_background(stack, sid, skey):
-    lines: list[dict] = []
-    done = threading.Event()
+class Stream:
+    """One NDJSON call read in the background: its lines as they arrive, when its headers came, when it ended."""
 
-    def run():
-        body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe"}
-        with stack.client.stream("POST", f"/api/v1/sessions/{sid}/rpc", json=body,
-                                 headers={"Authorization": f"Bearer {skey}"}, timeout=60) as response:
-            for line in response.iter_lines():
-                if line:
-                    lines.append(json.loads(line))
-        done.set()
+    def __init__(self, stack, sid: str, skey: str, method: str, params: dict | None = None) -> None:
+        self.lines: list[dict] = []
+        self.status: int | None = None
+        self.opened = threading.Event()
+        self.done = threading.Event()
+        body = {"jsonrpc": "2.0", "id": 1, "method": method, **({"params": params} if params else {})}
+        self._args = (stack, sid, skey, body)
+        threading.Thread(target=self._run, daemon=True).start()
 
-    threading.Thread(target=run, daemon=True).start()
-    return lines, done
+    def _run(self) -> None:
+        stack, sid, skey, body = self._args
+        try:
+            with stack.client.stream("POST", f"/api/v1/sessions/{sid}/rpc", json=body,
+                                     headers={"Authorization": f"Bearer {skey}"}, timeout=60) as response:
+                self.status = response.status_code
+                self.opened.set()
+                for line in response.iter_lines():
+                    if line:
+                        self.lines.append(json.loads(line))
+        finally:
+            self.opened.set()
+            self.done.set()
+
+    @property
+    def terminal_frames(self) -> list[dict]:
+        return [line for line in self.lines if "id" in line]
+
+
+def message(text: str) -> dict:
+    return {"message": {"role": "user", "content": text}}
+
+
+@contextmanager
+def provider_call_held(mock, reply: Reply) -> Iterator[threading.Event]:
+    """The next provider call waits until the block ends (or the test sets the event)."""
+    release = threading.Event()
+    mock.enqueue(Reply.held(release, reply))
+    try:
+        yield release
+    finally:
+        release.set()
+
+
+def revoke(stack, key_id: str) -> None:
+    assert stack.admin.delete(f"/admin/v1/keys/{key_id}").status_code == 204
+
+
+def drivers(stack, sid: str, skey: str) -> list[str]:
+    participants = stack.client.get(f"/api/v1/sessions/{sid}/participants", headers={"Authorization": f"Bearer {skey}"})
+    assert participants.status_code == 200, participants.text
+    return participants.json()["drivers"]
 
 
 def test_revocation_ends_the_keys_subscription_and_driver_role(stack, mock):
     sid, a, b, b_key_id = two_drivers(stack)
-    lines, done = subscribe_in_background(stack, sid, b)
-    time.sleep(0.3)
+    before = event_log(stack, sid, a)
+    subscription = Stream(stack, sid, b, "session.subscribe")
+    assert subscription.opened.wait(10) and subscription.status == 200
     mock.enqueue(Reply.text("first"))
     result(send(stack, sid, a, "before"))
-    deadline = time.monotonic() + 5
-    while "server.message.send" not in types(notifications(lines)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert "server.message.send" in types(notifications(lines))
+    wait_until(lambda: "server.message.send" in types(notifications(subscription.lines)), timeout=5)
 
-    assert stack.admin.delete(f"/admin/v1/keys/{b_key_id}").status_code == 204
-    assert done.wait(5), "the revoked key's subscription is still open"
-    seen = len(lines)
+    revoke(stack, b_key_id)
+    assert subscription.done.wait(5), "the revoked key's subscription is still open"
+    seen = len(subscription.lines)
     mock.enqueue(Reply.text("second"))
     result(send(stack, sid, a, "after"))
-    assert len(lines) == seen  # nothing more reached the revoked key
+    assert len(subscription.lines) == seen  # nothing more reached the revoked key
     assert session_state(stack, sid) == "open"
-    drivers = stack.client.get(f"/api/v1/sessions/{sid}/participants",
-                               headers={"Authorization": f"Bearer {a}"}).json()["drivers"]
-    assert b_key_id not in drivers
+    assert b_key_id not in drivers(stack, sid, a)
+    events = assert_history_kept(stack, sid, a, before)
+    assert types(events[len(before):]) == TURN + TURN
+    # What the subscription got was the log's first turn, each event once.
+    assert [event["id"] for event in notifications(subscription.lines)] == [event["id"] for event in events[len(before):][:seen]]
+    assert_no_container_left(stack)
+
+
+def test_revocation_ends_a_running_turns_stream_and_the_turn_still_ends_whole(stack, mock):
+    sid, a, b, b_key_id = two_drivers(stack)
+    before = event_log(stack, sid, a)
+    with provider_call_held(mock, Reply.text("answered late")):
+        turn = Stream(stack, sid, b, "session.sendMessage", message("b asks"))
+        wait_until(lambda: "provider.request" in types(notifications(turn.lines)))  # the provider call is in flight
+        revoke(stack, b_key_id)
+        assert turn.done.wait(5), "the revoked key's sendMessage stream is still open"
+    # The stream ended between two events, with no terminal frame: the revoked key learns no outcome.
+    assert turn.status == 200 and turn.terminal_frames == []
+    assert "server.message.send" not in types(notifications(turn.lines))
+
+    # The turn itself ran on once the provider answered: whole, in order, each event once.
+    events = wait_for_log(stack, sid, a, lambda log: "server.message.send" in types(log[len(before):]))
+    events = assert_history_kept(stack, sid, a, before)
+    after = events[len(before):]
+    assert types(after) == TURN
+    assert after[-1]["payload"]["content"] == [{"type": "text", "text": "answered late"}]
+    assert {event["client_key_id"] for event in after} == {b_key_id}
+    # What reached the revoked key is a prefix of that turn (minus its own input's echo).
+    seen = [event["id"] for event in notifications(turn.lines)]
+    assert seen == [event["id"] for event in after[1:1 + len(seen)]]
+
+    assert session_state(stack, sid) == "open"
+    assert b_key_id not in drivers(stack, sid, a)
+    mock.enqueue(Reply.text("next"))
+    assert result(send(stack, sid, a, "a asks"))["message"]["content"] == [{"type": "text", "text": "next"}]
+    assert mock.requests[-1]["body"]["messages"] == [
+        {"role": "user", "content": "b asks"},
+        {"role": "assistant", "content": [{"type": "text", "text": "answered late"}]},
+        {"role": "user", "content": "a asks"},
+    ]
+    assert types(assert_history_kept(stack, sid, a, events)[len(events):]) == TURN
+    assert_no_container_left(stack)
 
 
 def test_a_revoked_keys_pause_is_reclaimed_at_once(stack, mock):
     sid, a, b, b_key_id = two_drivers(stack)
+    before = event_log(stack, sid, a)
     mock.enqueue(Reply.tool_use([("tu_1", "lookup", {})]))
     assert result(send(stack, sid, b, "look"))["message"]["content"][0]["dispatch"] == "client"
-    assert stack.admin.delete(f"/admin/v1/keys/{b_key_id}").status_code == 204
+    revoke(stack, b_key_id)
 
     mock.enqueue(Reply.text("carried on"))
     started = time.monotonic()
     outcome = result(send(stack, sid, a, "go on"))
     assert time.monotonic() - started < 10  # not the 300 s turn timeout
     assert outcome["message"]["content"][0]["text"] == "carried on"
-    log = stack.client.get(f"/api/v1/sessions/{sid}/events", params={"limit": 200},
-                           headers={"Authorization": f"Bearer {a}"}).json()["items"]
-    abandoned = [e for e in log if e["event_type"] == "session.error"]
+    events = assert_history_kept(stack, sid, a, before)
+    assert types(events[len(before):]) == [
+        "client.message.send", "provider.request", "provider.response", "tool.call", "server.message.send",
+        "session.error", "client.message.send", "tool.result", *TURN[1:],
+    ]
+    abandoned = [e for e in events if e["event_type"] == "session.error"]
     assert [e["payload"] for e in abandoned] == [{"reason": "driver_turn_abandoned", "owner_client_key_id": b_key_id}]
     # Every tool_use was answered before the next provider call.
     sent = mock.requests[-1]["body"]["messages"]
     assert sent[-1]["content"][0] == {"type": "tool_result", "tool_use_id": "tu_1",
                                       "content": "Client tool call was abandoned before returning a result.",
                                       "is_error": True}
+    assert session_state(stack, sid) == "open"
+    assert_no_container_left(stack)
+
+
+def test_a_turn_running_when_its_key_is_revoked_pauses_already_reclaimable(stack, mock):
+    sid, a, b, b_key_id = two_drivers(stack)
+    with provider_call_held(mock, Reply.tool_use([("tu_1", "lookup", {})])):
+        turn = Stream(stack, sid, b, "session.sendMessage", message("look"))
+        wait_until(lambda: "provider.request" in types(notifications(turn.lines)))
+        revoke(stack, b_key_id)
+        assert turn.done.wait(5), "the revoked key's sendMessage stream is still open"
+    # The turn runs on and pauses for the revoked key's client tool; nobody can answer that pause.
+    wait_for_log(stack, sid, a, lambda log: "server.message.send" in types(log))
+
+    mock.enqueue(Reply.text("carried on"))
+    started = time.monotonic()
+    outcome = result(send(stack, sid, a, "go on"))
+    assert time.monotonic() - started < 10  # not the 300 s turn timeout
+    assert outcome["message"]["content"] == [{"type": "text", "text": "carried on"}]
+    events = event_log(stack, sid, a)
+    assert_each_event_once(events)
+    assert [e["payload"] for e in events if e["event_type"] == "session.error"] == [
+        {"reason": "driver_turn_abandoned", "owner_client_key_id": b_key_id}
+    ]
+    assert mock.requests[-1]["body"]["messages"][-1]["content"][0] == {
+        "type": "tool_result", "tool_use_id": "tu_1",
+        "content": "Client tool call was abandoned before returning a result.", "is_error": True,
+    }
+    assert session_state(stack, sid) == "open"
+    assert_no_container_left(stack)
+
+
+def test_a_revoked_keys_queued_send_message_ends_at_once_and_records_nothing(stack, mock):
+    sid, a, b, b_key_id = two_drivers(stack)
+    before = event_log(stack, sid, a)
+    with provider_call_held(mock, Reply.text("for a")):
+        a_thread, a_outcome = turn_in_background(stack, sid, a, "a asks")
+        wait_until(lambda: len(mock.requests) == 1)  # a holds the gate, its provider call in flight
+        queued = Stream(stack, sid, b, "session.sendMessage", message("b asks"))
+        # Headers come once the session service accepted the call; then it queues, silent.
+        assert queued.opened.wait(10) and queued.status == 200
+        revoke(stack, b_key_id)
+        # Ended while a's turn still holds the gate, not when the gate frees.
+        assert queued.done.wait(5), "the revoked key's queued sendMessage is still waiting"
+    assert queued.lines == []  # a queued caller writes nothing, and nothing was run for it
+    a_thread.join(30)
+    assert result(a_outcome["frames"])["message"]["content"] == [{"type": "text", "text": "for a"}]
+
+    mock.enqueue(Reply.text("again"))
+    result(send(stack, sid, a, "a again"))
+    events = assert_history_kept(stack, sid, a, before)
+    assert types(events[len(before):]) == TURN + TURN
+    assert [e["payload"]["content"] for e in events if e["event_type"] == "client.message.send"] == ["a asks", "a again"]
+    assert len(mock.requests) == 2 and "b asks" not in json.dumps(mock.requests[-1]["body"])
+    assert session_state(stack, sid) == "open"
+    assert b_key_id not in drivers(stack, sid, a)
+    assert_no_container_left(stack)
 
 
 def test_the_revoked_key_can_no_longer_call(stack, mock):
     sid, a, b, b_key_id = two_drivers(stack)
-    assert stack.admin.delete(f"/admin/v1/keys/{b_key_id}").status_code == 204
+    before = event_log(stack, sid, a)
+    revoke(stack, b_key_id)
     response = stack.client.post(f"/api/v1/sessions/{sid}/rpc", headers={"Authorization": f"Bearer {b}"},
                                  json={"jsonrpc": "2.0", "id": 1, "method": "session.subscribe"})
     assert response.status_code == 401
+    assert assert_history_kept(stack, sid, a, before) == before  # revocation of a joiner writes no event
+    assert session_state(stack, sid) == "open"
+    assert_no_container_left(stack)

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from services.session.engine.gate import ParkedTurn, TurnGate, TurnInProgress
+from services.session.engine.gate import KeyRevoked, ParkedTurn, TurnGate, TurnInProgress
 
 
 def parked(owner="a", seconds=60.0):
@@ -120,3 +120,20 @@ async def test_closing_lets_every_waiter_through():
     gate.close()
     claims = await asyncio.wait_for(asyncio.gather(*waiters), 1)
     assert all(claim.waited and claim.parked is None for claim in claims)
+
+
+async def test_a_revoked_key_is_refused_in_the_queue_and_its_running_turn_parks_expired():
+    gate = TurnGate()
+    await gate.acquire("b")  # b's turn runs
+    other = asyncio.create_task(gate.acquire("c"))
+    queued = asyncio.create_task(gate.acquire("b"))
+    await asyncio.sleep(0.01)
+    gate.revoke("b")
+    with pytest.raises(KeyRevoked):
+        await asyncio.wait_for(queued, 1)  # woken by the revocation itself, while b's turn still runs
+    with pytest.raises(KeyRevoked):
+        await gate.acquire("b")
+    assert not other.done()
+    gate.park(parked("b"))  # b's running turn pauses: nobody may answer it, so it is reclaimable at once
+    claim = await asyncio.wait_for(other, 1)
+    assert claim.reclaimed and claim.parked.owner == "b"

@@ -24,7 +24,7 @@ from services.session.api.jsonrpc import RpcCall, parse_message, require_driver
 from services.session.api.race_hold import RaceHold
 from services.session.engine.domain import CompactRequest, SessionState, TurnRequest
 from services.session.engine.engine import TurnEngine
-from services.session.engine.errors import SessionNotOpen
+from services.session.engine.errors import KeyRevoked, SessionNotOpen
 from services.session.engine.feed import Lagged, Watcher
 from services.session.engine.runtime import SessionRuntime
 from services.session.engine import subagent_calls
@@ -156,7 +156,10 @@ class LiveApi:
             yield frame
         if watcher.cut_off:
             return  # lagged or revoked: the stream ends here; the turn itself runs on
-        result = await work
+        try:
+            result = await work
+        except KeyRevoked:
+            return  # revoked while it queued: recorded nothing, and ends as the key's other streams do
         events = RawJson("[" + ",".join(view.json for view in result.events) + "]")
         yield session_pb2.RpcFrame(result_json=dump({"message": result.message, "events": events}))
 

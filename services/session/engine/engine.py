@@ -180,7 +180,7 @@ class TurnEngine:
 
         await self.runtime.load_history(live)
         if watcher is not None:
-            live.feed.watchers.add(watcher)
+            live.feed.join(watcher)
         items: list[EventItem] = [("client.message.send", {"role": role, "content": content})]
         for block in content if isinstance(content, list) else []:
             if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("tool_use_id") not in server_ids:
@@ -281,7 +281,7 @@ class TurnEngine:
         turn = Turn(self.runtime, live, request.actor, self.runner)
         try:
             if watcher is not None:
-                live.feed.watchers.add(watcher)
+                live.feed.join(watcher)
             previous = claim.parked
             if claim.reclaimed and previous is not None:
                 await self._abandoned(turn, previous)

@@ -48,6 +48,13 @@ class TurnInProgress(EngineError):
         super().__init__("turn in progress: resolve the paused turn before compacting")
 
 
+class KeyRevoked(EngineError):
+    """The caller's client key was revoked while its call waited for the gate: it records nothing."""
+
+    def __init__(self) -> None:
+        super().__init__("invalid or revoked client key")
+
+
 class LoopFailed(EngineError):
     """The turn loop could not run: runner unreachable, or a store write failed mid-loop."""
 

@@ -105,11 +105,20 @@ class Watcher:
 @dataclass
 class SessionFeed:
     watchers: set[Watcher] = field(default_factory=set)
+    # Client keys revoked while the session was live: a stream of theirs that joins late ends at once.
+    revoked: set[str] = field(default_factory=set)
 
     def watch(self, subscriber: bool, key: str | None = None) -> Watcher:
         watcher = Watcher(subscriber=subscriber, key=key)
-        self.watchers.add(watcher)
+        self.join(watcher)
         return watcher
+
+    def join(self, watcher: Watcher) -> None:
+        """Send `watcher` the session's events from now on (unless its key was revoked meanwhile)."""
+        if watcher.key is not None and watcher.key in self.revoked:
+            watcher.revoke()
+        else:
+            self.watchers.add(watcher)
 
     def forget(self, watcher: Watcher) -> None:
         self.watchers.discard(watcher)
@@ -126,6 +135,7 @@ class SessionFeed:
             self.forget(watcher)
 
     def end_streams_of(self, key: str) -> None:
+        self.revoked.add(key)
         for watcher in [w for w in self.watchers if w.key == key]:
             watcher.revoke()
             self.forget(watcher)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from opentelemetry.trace import SpanContext
 
-from services.session.engine.errors import TurnInProgress
+from services.session.engine.errors import KeyRevoked, TurnInProgress
 
 
 @dataclass
@@ -54,6 +54,8 @@ class TurnGate:
         self._closed = False
         self._queue: deque[object] = deque()
         self._changed = asyncio.Event()
+        # Client keys revoked while the session was live: their calls are refused, their pauses expired.
+        self._revoked: set[str] = set()
 
     @property
     def busy(self) -> bool:
@@ -68,6 +70,8 @@ class TurnGate:
         return await self._acquire(None, compact=True)
 
     async def _acquire(self, caller: str | None, *, compact: bool) -> Claim:
+        if caller in self._revoked:
+            raise KeyRevoked
         if compact and self.parked is not None and not self.parked.expired:
             raise TurnInProgress
         claim = self._take_parked(caller, first=not self._queue)
@@ -94,6 +98,8 @@ class TurnGate:
             while True:
                 if self._closed:
                     return Claim(waited=True)  # the caller re-reads the session and sees it closed
+                if caller in self._revoked:
+                    raise KeyRevoked
                 first = self._queue[0] is ticket
                 parked = self.parked
                 if compact and parked is not None and not parked.expired:
@@ -124,6 +130,8 @@ class TurnGate:
         """End a running turn as Paused: the gate stays held by the parked turn."""
         self._running = False
         self.parked = turn
+        if turn.owner in self._revoked:  # a turn of a revoked key ran on; nobody may answer its pause
+            turn.deadline = time.monotonic()
         self._notify()
 
     def restore(self, turn: ParkedTurn) -> None:
@@ -131,11 +139,13 @@ class TurnGate:
         self.parked = turn
         self._notify()
 
-    def expire_pause_of(self, owner: str) -> None:
-        """The parked turn of `owner` (revoked) expires now: the next caller reclaims it."""
-        if self.parked is not None and self.parked.owner == owner:
+    def revoke(self, key: str) -> None:
+        """Client key `key` was revoked: its queued calls are refused now and later ones at once,
+        and its parked turn, now or when a turn it runs pauses, expires for the next caller to reclaim."""
+        self._revoked.add(key)
+        if self.parked is not None and self.parked.owner == key:
             self.parked.deadline = time.monotonic()
-            self._notify()
+        self._notify()
 
     def release(self) -> None:
         """End a running turn: the first queued caller goes next."""

@@ -268,14 +268,15 @@ class SessionRuntime:
         session_spans.end(session_id)  # a forced close ends the session's span as DELETE does
 
     def revoke(self, key_id: str, session_ids: list[str]) -> None:
-        """A revoked client key loses its live access: its streams end, it is no longer a
-        driver, and a turn it left paused becomes reclaimable at once (§7.3 abandonment)."""
+        """A revoked client key loses its live access: its streams end (a call of its still queued
+        for the gate records nothing), it is no longer a driver, and a turn it left paused, or
+        pauses later, becomes reclaimable at once (§7.3 abandonment)."""
         for session_id in session_ids:
             live = self.sessions.get(session_id)
             if live is not None:
                 live.drivers.discard(key_id)
                 live.feed.end_streams_of(key_id)
-                live.gate.expire_pause_of(key_id)
+                live.gate.revoke(key_id)
 
     async def close(self, session_id: str, attribute_to: str | None) -> None:
         """Tear a closed session down: sandbox, subscribers, MCP, drivers, gate."""
