@@ -168,7 +168,7 @@ async def test_manual_compaction_makes_the_summary_the_new_start(harness: Engine
     assert (completed["payload"]["input_tokens"], completed["payload"]["summary_tokens"]) == (100, 7)
     compaction_call = mock.requests[-1]["body"]
     assert compaction_call["max_tokens"] >= 4096 and compaction_call["tools"] == []
-    assert compaction_call["messages"][-1]["content"][-1] == {"type": "text", "text": "Summarize briefly."}
+    assert compaction_call["messages"][-1] == {"role": "user", "content": "Summarize briefly."}
 
     await harness.engine.run_turn(TurnRequest(session_id, ACTOR, user("three")))
     assert mock.requests[-1]["body"]["messages"] == [

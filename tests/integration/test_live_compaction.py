@@ -86,9 +86,9 @@ def test_manual_compaction_streams_its_events_and_answers_with_the_completed_eve
         "preamble_event_id": preamble["id"], "summary_event_id": summary["id"],
         "compacted_message_count": 4, "input_tokens": 321, "summary_tokens": 12,
     }
-    # The built-in prompt closes the history as the last user turn.
+    # The built-in prompt closes the history as a user message of its own (the last one was the assistant's).
     sent = mock.requests[-1]["body"]["messages"]
-    assert sent[-1]["role"] == "user" and sent[-1]["content"][-1]["text"].startswith("Summarize")
+    assert sent[-1]["role"] == "user" and sent[-1]["content"].startswith("Summarize")
     assert all(e["client_key_id"] == started["client_key_id"] for e in streamed)
 
 
@@ -114,13 +114,13 @@ def test_prompt_precedence_param_then_stored_then_default(stack, mock):
     chat(stack, mock, sid, skey, "one")
     mock.enqueue(Reply.text("S1"))
     result(compact(stack, sid, skey))
-    assert mock.requests[-1]["body"]["messages"][-1]["content"][-1]["text"] == "STORED PROMPT"
+    assert mock.requests[-1]["body"]["messages"][-1]["content"] == "STORED PROMPT"
     mock.enqueue(Reply.text("S2"))
     result(compact(stack, sid, skey, {"prompt": "PARAM PROMPT"}))
-    assert mock.requests[-1]["body"]["messages"][-1]["content"][-1]["text"] == "PARAM PROMPT"
+    assert mock.requests[-1]["body"]["messages"][-1]["content"] == "PARAM PROMPT"
     mock.enqueue(Reply.text("S3"))
     result(compact(stack, sid, skey, {"prompt": None}))
-    assert mock.requests[-1]["body"]["messages"][-1]["content"][-1]["text"] == "STORED PROMPT"
+    assert mock.requests[-1]["body"]["messages"][-1]["content"] == "STORED PROMPT"
 
 
 def test_a_session_not_open_is_refused_before_params(stack, mock):
@@ -173,6 +173,8 @@ def test_a_live_pause_is_turn_in_progress_and_an_expired_one_is_retired(stack, m
     # The summarized history answered every tool_use, so the provider accepted it.
     sent = mock.requests[-1]["body"]["messages"]
     assert sent[1]["content"][0]["type"] == "tool_use" and sent[2]["content"][0]["type"] == "tool_result"
+    # The last message is the user's, so the instruction is appended to it as a text block.
+    assert len(sent) == 3 and sent[2]["content"][-1]["text"].startswith("Summarize")
     # The owner's late results now have no pause to go to.
     late = terminal(send(stack, sid, skey, [{"type": "tool_result", "tool_use_id": "tu_1", "content": "x"}]))
     assert late["error"]["code"] == -32000 and "no paused turn" in late["error"]["message"]

@@ -49,16 +49,16 @@ class History:
         return len(self._entries)
 
     def messages_json_with_instruction(self, instruction: str) -> str:
-        """The history plus a compaction instruction as the last user turn (§12.4 step 5)."""
-        block = {"type": "text", "text": instruction}
+        """The history plus a compaction instruction as the last user turn (§12.4 step 5): a text
+        block appended to a last user message, else a user message whose content is the instruction."""
         if self._entries and self._entries[-1][1]["role"] == "user":
             last = self._entries[-1][1]
             content = last["content"]
             blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
-            tail = dump({**last, "content": [*blocks, block]})
+            tail = dump({**last, "content": [*blocks, {"type": "text", "text": instruction}]})
             parts = [text for _, _, text in self._entries[:-1]] + [tail]
         else:
-            parts = [text for _, _, text in self._entries] + [dump({"role": "user", "content": [block]})]
+            parts = [text for _, _, text in self._entries] + [dump({"role": "user", "content": instruction})]
         return "[" + ",".join(parts) + "]"
 
     def messages_json(self, extensions: Sequence[dict] = ()) -> str:
