@@ -15,19 +15,27 @@ Prints, each as p50/p99 over sequential runs:
   gRPC, and execRemoteSandbox in a session without a sandbox (the gateway and
   session service alone); the four are interleaved.
 
-A remote subagent launch: from the model's `tool.call` to the tool's `started`
-result (the turn goes on without waiting), over sequential launches.
+Remote subagents through the gateway:
+- one launch: from the model's `tool.call` to the tool's `started` result (the
+  turn goes on without waiting), over sequential launches;
+- 20 at once in one sandbox: one model turn calls the subagent tool 20 times;
+  each launch's `tool.call` to its `started` result, the turn's first `tool.call`
+  to its last `started`, and to the last `session.subagent.completed` (each
+  subagent sleeps 1 s), all from the events' own timestamps.
 
-And straight to a sandbox host over gRPC:
+And straight to a sandbox host over gRPC (no gateway, no session service):
 - the host's resident memory while a command prints 300 MB, as a background
   command and as an Exec (it must stay flat: output is kept up to the limit);
 - 20 background commands started at once in one sandbox: StartCommand latency
   (until the command runs) and the wall time until all 20 have ended.
+
+`python bench/sandbox.py subagents` runs the subagent figures alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import tempfile
@@ -260,7 +268,7 @@ async def concurrent_commands(stub, sandbox_id: str) -> None:
 
         await asyncio.gather(*(one() for _ in range(CONCURRENT_COMMANDS)))
         totals.append(time.perf_counter() - round_began)
-    report(f"StartCommand, {CONCURRENT_COMMANDS} at once in one sandbox", starts, sum(totals))
+    report(f"host only: StartCommand, {CONCURRENT_COMMANDS} at once in one sandbox", starts, sum(totals))
     report(f"  all {CONCURRENT_COMMANDS} ended (each sleeps 1 s)", totals, sum(totals))
     report("  the same starts through the docker SDK directly", *await asyncio.to_thread(sdk_concurrent_baseline))
 
@@ -316,6 +324,8 @@ async def bench_host_commands() -> None:
 
 
 LAUNCHES = 30
+CONCURRENT_SUBAGENTS = 20
+SUBAGENT_ROUNDS = 5
 
 
 def _at(event: dict) -> float:
@@ -324,20 +334,29 @@ def _at(event: dict) -> float:
     return datetime.fromisoformat(event["created_at"].replace("Z", "+00:00")).timestamp()
 
 
+def subagent_tool(image: str) -> dict:
+    return {"name": "launch_subagent", "description": "launch", "input_schema": {"type": "object"}, "image": image,
+            "subagents": [{"harness": "fake", "command_template": "fake-harness --model {model}"}]}
+
+
+async def subagent_session(client, key: str, image: str) -> tuple[str, str]:
+    """A session declaring the subagent tool, its driver registered and its sandbox running."""
+    opened = await client.post("/api/v1/sessions", json={"subagent_tools": [subagent_tool(image)]},
+                               headers={"Authorization": f"Bearer {key}"})
+    sid, skey = opened.json()["session_id"], opened.json()["session_key"]
+    await rpc(client, sid, skey, "session.registerDriver")
+    await rpc(client, sid, skey, "session.startRemoteSandbox", {"image": image})
+    return sid, skey
+
+
 async def bench_subagent_launch(running, mock) -> None:
     """`tool.call` to `tool.result` (status started) of a launch, from the events' own timestamps."""
     from docker_support import ensure_harness_image
 
     image = ensure_harness_image()
     key = client_key(running, available_sandboxes=[image])
-    tool = {"name": "launch_subagent", "description": "launch", "input_schema": {"type": "object"}, "image": image,
-            "subagents": [{"harness": "fake", "command_template": "fake-harness --model {model}"}]}
     async with httpx.AsyncClient(base_url=running.stack.client_url, timeout=120) as client:
-        opened = await client.post("/api/v1/sessions", json={"subagent_tools": [tool]},
-                                   headers={"Authorization": f"Bearer {key}"})
-        sid, skey = opened.json()["session_id"], opened.json()["session_key"]
-        await rpc(client, sid, skey, "session.registerDriver")
-        await rpc(client, sid, skey, "session.startRemoteSandbox", {"image": image})
+        sid, skey = await subagent_session(client, key, image)
         samples = []
         for index in range(LAUNCHES + 3):
             mock.enqueue(Reply.tool_use([(f"tu_{index}", "launch_subagent",
@@ -352,35 +371,94 @@ async def bench_subagent_launch(running, mock) -> None:
         await rpc(client, sid, skey, "session.stopRemoteSandbox")
 
 
-async def bench_all() -> bool:
-    """Every sandbox figure; False (with the reason printed) when there is no Docker engine to use."""
+async def completed_events(client, sid: str, skey: str, count: int) -> list[dict]:
+    """The session's `session.subagent.completed` events, once there are `count` of them (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while True:
+        reply = await client.get(f"/api/v1/sessions/{sid}/events", params={"limit": 200},
+                                 headers={"Authorization": f"Bearer {skey}"})
+        page = reply.json()
+        assert page["next_cursor"] is None, "more events than one page holds"
+        failed = [e for e in page["items"] if e["event_type"] == "session.subagent.failed"]
+        assert not failed, failed
+        completed = [e for e in page["items"] if e["event_type"] == "session.subagent.completed"]
+        if len(completed) >= count:
+            return completed
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(completed)} of {count} subagents completed within 60 s")
+        await asyncio.sleep(0.05)
+
+
+async def bench_concurrent_subagents(running, mock) -> None:
+    """CONCURRENT_SUBAGENTS subagents launched by one model turn in one sandbox, once per round, each
+    round in a session (and sandbox) of its own; every figure from the events' own timestamps."""
+    from docker_support import ensure_harness_image
+
+    image = ensure_harness_image()
+    key = client_key(running, available_sandboxes=[image])
+    prompt = "sleep 1\nprint done"
+    launches: list[float] = []
+    all_started: list[float] = []
+    all_completed: list[float] = []
+    async with httpx.AsyncClient(base_url=running.stack.client_url, timeout=120) as client:
+        for round_ in range(SUBAGENT_ROUNDS + 1):  # the first round warms up
+            sid, skey = await subagent_session(client, key, image)
+            calls = [(f"tu_{index}", "launch_subagent", {"harness": "fake", "model": "m", "prompt": prompt})
+                     for index in range(CONCURRENT_SUBAGENTS)]
+            mock.enqueue(Reply.tool_use(calls))
+            mock.enqueue(Reply.text("ok"))
+            events = (await rpc(client, sid, skey, "session.sendMessage", {"message": {"content": "go"}}))["events"]
+            called = {e["payload"]["id"]: _at(e) for e in events if e["event_type"] == "tool.call"}
+            results = [e for e in events if e["event_type"] == "tool.result"]
+            statuses = [json.loads(e["payload"]["content"][0]["text"])["status"] for e in results]
+            assert statuses == ["started"] * CONCURRENT_SUBAGENTS, statuses
+            completed = await completed_events(client, sid, skey, CONCURRENT_SUBAGENTS)
+            await rpc(client, sid, skey, "session.stopRemoteSandbox")
+            if round_ == 0:
+                continue
+            first_call = min(called.values())
+            launches += [_at(e) - called[e["payload"]["tool_use_id"]] for e in results]
+            all_started.append(max(_at(e) for e in results) - first_call)
+            all_completed.append(max(_at(e) for e in completed) - first_call)
+    n = CONCURRENT_SUBAGENTS
+    report(f"{n} subagents in one turn, one sandbox: tool.call -> started", launches, sum(all_completed))
+    report(f"  first tool.call -> last of the {n} started results", all_started, sum(all_completed))
+    report(f"  first tool.call -> all {n} completed (each sleeps 1 s)", all_completed, sum(all_completed))
+
+
+async def bench_all(only_subagents: bool = False) -> bool:
+    """Every sandbox figure (or the subagent ones alone); False (with the reason printed) when
+    there is no Docker engine to use."""
     reason = docker_skip_reason()
     if reason is not None:
         print(f"\n== Sandboxes ==\n  skipped: {reason}")
         return False
     mock = MockLLM().start()
     with tempfile.TemporaryDirectory() as tmp:
-        running = start_stack(Path(tmp), mock)
+        running = start_stack(Path(tmp), mock, BAE_MAX_SUBAGENTS_PER_SESSION=str(CONCURRENT_SUBAGENTS))
         try:
-            print("\n== Sandboxes ==")
-            warm = Path(tmp) / "warm"
-            warm.mkdir()
-            await bench_sandboxes(running.stack, client_key(running, available_sandboxes=[TEST_IMAGE]), warm, mock)
+            if not only_subagents:
+                print("\n== Sandboxes ==")
+                warm = Path(tmp) / "warm"
+                warm.mkdir()
+                await bench_sandboxes(running.stack, client_key(running, available_sandboxes=[TEST_IMAGE]), warm, mock)
             print("\n== Subagents ==")
             await bench_subagent_launch(running, mock)
-            print("\n== Sandbox host: background commands and output caps ==")
-            await bench_host_commands()
+            await bench_concurrent_subagents(running, mock)
+            if not only_subagents:
+                print("\n== Sandbox host: background commands and output caps ==")
+                await bench_host_commands()
         finally:
             running.close()
             mock.stop()
     return True
 
 
-async def main() -> int:
-    ran = await bench_all()
+async def main(argv: list[str]) -> int:
+    ran = await bench_all(only_subagents=argv == ["subagents"])
     print_table()
     return 0 if ran else 1
 
 
 if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+    raise SystemExit(asyncio.run(main(sys.argv[1:])))

@@ -388,6 +388,69 @@ def test_report_local_sandbox_maps_states_without_an_allowlist(stack):
     ]
 
 
+def assert_no_process(driver: Driver, process: str) -> None:
+    """Until no process of the session's sandbox runs `process` (10 s at most)."""
+    (container,) = driver.containers()
+    deadline = time.monotonic() + 10
+    while process in (running := container.exec_run(["ps", "-o", "args"]).output.decode()):
+        assert time.monotonic() < deadline, running
+        time.sleep(0.2)
+
+
+def test_the_hosts_output_limit_and_exec_timeout_reach_clients(start_stack, mock):
+    """BAE_SANDBOX_OUTPUT_LIMIT and BAE_SANDBOX_EXEC_TIMEOUT of the sandbox host, as a client sees them
+    through session.execRemoteSandbox and an Auto-mode sandbox tool."""
+    require_docker()
+    stack = sandbox_stack(start_stack, mock, BAE_SANDBOX_OUTPUT_LIMIT="1000", BAE_SANDBOX_EXEC_TIMEOUT="2")
+    profile = stack.create_profile("caps", available_sandboxes=[TEST_IMAGE])
+    driver = Driver(stack, profile, sandbox_tools=[SHELL]).register()
+    sandbox_id = driver.ok("session.startRemoteSandbox", {"image": TEST_IMAGE})["sandbox_id"]
+
+    flood = "head -c 5000 /dev/zero | tr '\\0' x; head -c 1500 /dev/zero | tr '\\0' y >&2"
+    capped = {"stdout": "x" * 1000 + "\n[output truncated: 4000 bytes omitted]\n",
+              "stderr": "y" * 1000 + "\n[output truncated: 500 bytes omitted]\n", "exit_code": 0}
+    assert driver.ok("session.execRemoteSandbox", {"command": flood}) == capped
+    assert driver.ok("session.execRemoteSandbox", {"command": "head -c 1000 /dev/zero | tr '\\0' x"}) == {
+        "stdout": "x" * 1000, "stderr": "", "exit_code": 0}  # at the limit: nothing is cut
+
+    mock.enqueue(Reply.tool_use([("tu_1", "sh", {"command": flood})]), Reply.text("seen"))
+    outcome = driver.ok("session.sendMessage", {"message": {"content": "flood"}})
+    rendered = capped["stdout"] + "[stderr]\n" + capped["stderr"]
+    assert payloads(outcome["events"][4:7]) == [
+        ("sandbox.request", {"tool": "sh", "input": {"command": flood}, "command": flood}),
+        ("sandbox.response", {"sandbox_id": sandbox_id, "ok": True, "result": capped}),
+        ("tool.result", {"tool_use_id": "tu_1", "dispatch": "sandbox", "server_name": None, "is_error": False,
+                         "content": [{"type": "text", "text": rendered}]}),
+    ]
+    (answered,) = mock.requests[-1]["body"]["messages"][-1]["content"]
+    assert answered["content"] == [{"type": "text", "text": rendered}]
+
+    # The host's own exec timeout applies (the session service sends none of its own).
+    timed_out = "command timed out after 2s"
+    error_event = ("session.sandbox.error", {"image": TEST_IMAGE, "sandbox_id": sandbox_id, "phase": "exec",
+                                             "detail": timed_out, "dispatch": "remote", "unsandboxed": False})
+    before = len(driver.events())
+    began = time.monotonic()
+    assert driver.error("session.execRemoteSandbox", {"command": "sleep 30"}) == {
+        "code": -32000, "message": f"sandbox exec failed: {timed_out}"}
+    assert 2 <= time.monotonic() - began < 20
+    assert payloads(driver.events_after(before)) == [error_event]
+    assert_no_process(driver, "sleep 30")  # killed at the timeout, not left running
+
+    mock.enqueue(Reply.tool_use([("tu_2", "sh", {"command": "sleep 31"})]), Reply.text("too slow"))
+    outcome = driver.ok("session.sendMessage", {"message": {"content": "wait"}})
+    assert payloads(outcome["events"][4:8]) == [
+        ("sandbox.request", {"tool": "sh", "input": {"command": "sleep 31"}, "command": "sleep 31"}),
+        error_event,
+        ("sandbox.response", {"sandbox_id": sandbox_id, "ok": False, "error": timed_out}),
+        ("tool.result", {"tool_use_id": "tu_2", "dispatch": "sandbox", "server_name": None, "is_error": True,
+                         "content": [{"type": "text", "text": f"sandbox error: {timed_out}"}]}),
+    ]
+    assert_no_process(driver, "sleep 31")
+    assert driver.ok("session.execRemoteSandbox", {"command": "echo still usable"})["stdout"] == "still usable\n"
+    driver.close()
+
+
 def test_two_hosts_placement_a_killed_host_and_its_restart(start_stack, mock):
     require_docker()
     addresses = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]

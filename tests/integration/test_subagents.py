@@ -11,6 +11,7 @@ import json
 import signal
 import time
 import uuid
+from pathlib import Path
 
 import grpc
 import pytest
@@ -24,7 +25,7 @@ from docker_support import (
     require_docker,
     stack_with_sandbox_hosts,
 )
-from live import result, rpc, terminal, types
+from live import at, result, rpc, terminal, types
 from mockllm import Reply
 
 RUN = f"test-subagents-{uuid.uuid4().hex[:8]}"
@@ -107,6 +108,18 @@ class Driver:
         assert reply.status_code == 200, reply.text
 
 
+def assert_stopped(driver: Driver, process: str) -> None:
+    """Until no process of the session's sandbox runs `process` (10 s at most)."""
+    [container] = containers_with(f"bae.session_id={driver.sid}")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        processes = container.exec_run(["ps", "-o", "args"]).output.decode()
+        if process not in processes:
+            break
+        time.sleep(0.2)
+    assert process not in processes
+
+
 def launch(driver: Driver, mock, prompt: str, *, harness: str = "fake", model: str = "m1") -> dict:
     """One turn in which the model launches a subagent; returns the tool result's JSON."""
     mock.enqueue(Reply.tool_use([("tu_launch", TOOL, {"harness": harness, "model": model, "prompt": prompt})]))
@@ -118,7 +131,7 @@ def launch(driver: Driver, mock, prompt: str, *, harness: str = "fake", model: s
             "is_error": results[0]["payload"]["is_error"]}
 
 
-def status(driver: Driver, mock, subagent_id: str | None = None) -> tuple[dict, list[dict]]:
+def status(driver: Driver, mock, subagent_id: str | None = None) -> tuple[dict, list[list[str]]]:
     """One turn in which the model calls the status tool; (its result, the provider requests' tool names)."""
     before = len(mock.requests)
     mock.enqueue(Reply.tool_use([("tu_status", "remote_subagent_status",
@@ -190,6 +203,75 @@ def test_failures_nonzero_exit_and_timeout(stack, mock, image):
     driver.close()
 
 
+def test_a_missing_harness_executable_is_the_commands_own_failure(stack, mock, image):
+    """The template runs under `sh -c` (§11.2), so a CLI missing from the image starts a shell that
+    exits 127: a non-zero exit, not a spawn failure."""
+    driver = Driver(stack, image, command_template="no-such-harness --model {model}")
+    started = launch(driver, mock, "print x")["result"]
+    failed = driver.wait_for("session.subagent.failed")
+    assert failed["payload"] == {"dispatch": "remote", "subagent_id": started["subagent_id"], "harness": "fake",
+                                 "model": "m1", "detail": None, "reason": "nonzero_exit", "exit_code": 127}
+    report, _ = status(driver, mock, started["subagent_id"])
+    assert report["subagents"][0]["stderr"].endswith("no-such-harness: not found\n")
+    driver.close()
+
+
+def test_a_command_the_host_cannot_start_is_a_spawn_failure(stack, mock, image):
+    """spawn_failed (§11.2): the sandbox's container died under the session (an OOM kill, an operator's
+    `docker kill`), so the session still holds its handle and the launch passes every check, but the
+    sandbox host cannot start the command in it."""
+    driver = Driver(stack, image)
+    [container] = containers_with(f"bae.session_id={driver.sid}")
+    container.kill()
+    deadline = time.monotonic() + 20
+    while containers_with(f"bae.session_id={driver.sid}"):  # the sandbox runs with --rm: gone once it ended
+        assert time.monotonic() < deadline, "the killed sandbox was not removed"
+        time.sleep(0.1)
+
+    launched = launch(driver, mock, "print never", harness="argv", model="m2")
+    started = launched["result"]
+    assert launched["is_error"] is False
+    assert started == {"subagent_id": started["subagent_id"], "harness": "argv", "model": "m2", "status": "started"}
+    failed = driver.wait_for("session.subagent.failed")
+    detail = f"no such sandbox: {container.id}"
+    common = {"dispatch": "remote", "subagent_id": started["subagent_id"], "harness": "argv", "model": "m2"}
+    assert failed["payload"] == {**common, "detail": detail, "reason": "spawn_failed", "exit_code": None}
+    lifecycle = [e for e in driver.events() if e["event_type"].startswith("session.subagent.")]
+    assert [(e["event_type"], e["payload"]) for e in lifecycle] == [
+        ("session.subagent.start", {**common, "detail": None}),
+        ("session.subagent.running", {**common, "detail": None}),
+        ("session.subagent.failed", {**common, "detail": detail, "reason": "spawn_failed", "exit_code": None}),
+    ]
+    assert {e["client_key_id"] for e in lifecycle} == {launched["outcome"]["events"][0]["client_key_id"]}
+
+    report, _ = status(driver, mock)
+    entry = {"subagent_id": started["subagent_id"], "harness": "argv", "model": "m2"}
+    assert report == {"subagents": [{**entry, "status": "failed", "exit_code": None, "stdout": "", "stderr": "",
+                                     "truncated": False, "reason": "spawn_failed", "detail": detail}]}
+    driver.close()
+
+
+def test_without_timeout_secs_the_servers_subagent_timeout_applies(start_stack, mock, image):
+    """No `timeout_secs` in the declaration: BAE_SUBAGENT_TIMEOUT bounds the subagent (§11.2)."""
+    mock.reset()
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), **overrides(BAE_SUBAGENT_TIMEOUT="1"))
+    driver = Driver(stack, image)
+    assert "timeout_secs" not in declaration(image)["subagents"][0]
+    launched = launch(driver, mock, "print begun\nsleep 30")
+    started = launched["result"]
+    failed = driver.wait_for("session.subagent.failed", timeout=20)
+    assert failed["payload"] == {"dispatch": "remote", "subagent_id": started["subagent_id"], "harness": "fake",
+                                 "model": "m1", "detail": None, "reason": "timeout", "exit_code": None}
+    running = next(e for e in launched["outcome"]["events"] if e["event_type"] == "session.subagent.running")
+    # Killed at the 1 s of the setting, not at the end of the harness's 30 s sleep.
+    assert 1.0 <= at(failed) - at(running) < 20
+    assert_stopped(driver, "sleep 30")
+    report, _ = status(driver, mock, started["subagent_id"])
+    assert [(s["status"], s["exit_code"], s["reason"], s["stdout"]) for s in report["subagents"]] == [
+        ("timed_out", None, "timeout", "begun\n")]
+    driver.close()
+
+
 @pytest.mark.parametrize(
     "tool_input,error",
     [
@@ -255,14 +337,7 @@ def test_cancel_kills_the_whole_process_tree(stack, mock, image):
     assert reply == {"cancelled": True, "subagent_id": started["subagent_id"], "was_running": True}
     cancelled = driver.wait_for("session.subagent.cancelled")
     assert cancelled["payload"]["reason"] == "explicit" and cancelled["payload"]["exit_code"] is None
-    [container] = containers_with(f"bae.session_id={driver.sid}")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        processes = container.exec_run(["ps", "-o", "args"]).output.decode()
-        if "sleep 300" not in processes:
-            break
-        time.sleep(0.2)
-    assert "sleep 300" not in processes
+    assert_stopped(driver, "sleep 300")
     again = driver.ok("session.cancelSubagent", {"subagent_id": started["subagent_id"]})
     assert again["was_running"] is False
     assert len([e for e in driver.events() if e["event_type"] == "session.subagent.cancelled"]) == 1
@@ -330,3 +405,54 @@ def test_orphan_sandboxes_are_stopped_at_start_up(start_stack, mock, image):
     while containers_with("bae.session_id=ses_unknown") and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not containers_with("bae.session_id=ses_unknown"), f"orphan {orphan} still runs"
+
+
+def wait_for_line(log: Path, text: str, start: int = 0, timeout: float = 20.0) -> None:
+    """Until `text` appears in `log` past byte `start`."""
+    deadline = time.monotonic() + timeout
+    while text not in log.read_bytes()[start:].decode(errors="replace"):
+        assert time.monotonic() < deadline, f"no {text!r} in {log.name} within {timeout}s"
+        time.sleep(0.1)
+
+
+def test_a_closed_sessions_sandbox_left_running_is_stopped_at_start_up(start_stack, mock, image):
+    """A close whose sandbox stop failed (the host did not answer then) leaves the container running;
+    the next start of the session service finds it on the host and stops it, its session being closed."""
+    mock.reset()
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), **overrides())
+    driver = Driver(stack, image)
+    [container] = containers_with(f"bae.session_id={driver.sid}")
+    host = stack.stack.processes["sandbox"]
+    address = stack.stack.settings.sandbox_grpc_addrs[0]
+    session_log = stack.tmp / "logs" / "session.log"
+    before = len(driver.events())
+
+    stopped_at = session_log.stat().st_size
+    host.send_signal(signal.SIGSTOP)  # frozen: it answers nothing, health checks included
+    try:
+        # Once the session service has seen it down, the close's stop fails at once instead of timing out.
+        wait_for_line(session_log, f"sandbox host {address} is down", stopped_at)
+        driver.close()
+    finally:
+        host.send_signal(signal.SIGCONT)
+    closing = stack.admin.get(f"/admin/v1/sessions/{driver.sid}/events", params={"limit": 500}).json()["items"]
+    stop = {"image": image, "sandbox_id": container.id, "dispatch": "remote"}
+    assert [(e["event_type"], e["payload"]) for e in closing[before:]] == [
+        ("session.close", closing[before]["payload"]),
+        ("session.sandbox.stop", {**stop, "reason": "session_close"}),
+        ("session.sandbox.error", {**stop, "phase": "stop", "detail": "the sandbox host is unavailable",
+                                   "unsandboxed": False}),
+    ]
+    wait_for_line(session_log, f"sandbox host {address} is up", stopped_at)
+    container.reload()
+    assert container.status == "running"  # nothing else will stop it: the host does not know the session closed
+
+    restarted_at = session_log.stat().st_size
+    stack.stack.restart("session")
+    deadline = time.monotonic() + 20
+    while containers_with(f"bae.session_id={driver.sid}"):
+        assert time.monotonic() < deadline, f"the closed session's sandbox {container.id} still runs"
+        time.sleep(0.2)
+    wait_for_line(session_log, f"stopping sandbox {container.id} of closed session {driver.sid}", restarted_at)
+    after = stack.admin.get(f"/admin/v1/sessions/{driver.sid}/events", params={"limit": 500}).json()["items"]
+    assert after == closing  # a closed session's log is not written to
