@@ -24,11 +24,10 @@ import docker
 import pytest
 
 from bae.stack import grpc_serving
-from checks import assert_each_event_once
+from checks import assert_each_event_once, event_log
 from conftest import mock_provider_toml
 from docker_support import TEST_IMAGE, require_docker
-from live import new_session, register, result, rpc, terminal
-from test_sigterm import event_log
+from live import new_session, register, result, rpc, session_state, terminal
 
 SANDBOX_SERVICE = "baeproto.v1.Sandbox"
 
@@ -148,6 +147,7 @@ def test_dockerd_restarts_under_a_live_sandbox(start_stack, mock, engine):
     (error,) = [p for kind, p in sandbox_events(event_log(stack, sid, skey)[before:]) if kind == "session.sandbox.error"]
     assert (error["phase"], error["sandbox_id"], error["image"]) == ("exec", first, TEST_IMAGE)
     assert engine.containers() == []
+    assert session_state(stack, sid) == "open"  # a failed command is the sandbox's error, not the session's
 
     # The handle is still the session's: an explicit stop ends it the usual way.
     stopped = result([call("session.stopRemoteSandbox")])
@@ -163,6 +163,7 @@ def test_dockerd_restarts_under_a_live_sandbox(start_stack, mock, engine):
     closed = stack.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"})
     assert closed.status_code == 200, closed.text
     assert engine.containers() == []
+    assert session_state(stack, sid) == "closed"
     events = event_log(stack, sid, skey)
     assert_each_event_once(events)
     assert [kind for kind, _ in sandbox_events(events)] == [

@@ -21,9 +21,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bae.grpcutil import channel
 from bae.internal import InternalPlane
+from checks import assert_each_event_once, assert_no_container_left, event_log
 from conftest import launch_stack, mock_provider_toml
 from docker_support import TEST_IMAGE, require_docker
-from live import join, new_session, register, result, rpc
+from live import join, new_session, register, result, rpc, session_state, types
 
 INTERVAL = 1  # seconds between pings
 IDLE = 10 * INTERVAL  # far past the third ping
@@ -92,6 +93,13 @@ def test_an_idle_subscription_outlives_many_pings(stack):
     assert result(rpc(stack.client, sid, skey, "session.unsubscribe")) == {"unsubscribed": True}
     watcher.join(10)
     assert not watcher.is_alive()
+    # The quiet stream got exactly the events logged while it was open, each once.
+    events = event_log(stack, sid, skey)
+    assert_each_event_once(events)
+    assert types(events) == ["session.open", "session.join", "session.driver.register"]
+    assert [line["params"]["id"] for line in lines] == [event["id"] for event in events[1:]]
+    assert session_state(stack, sid) == "open"
+    assert_no_container_left(stack)
 
 
 def test_a_long_sandbox_command_outlives_many_pings(stack):
@@ -109,3 +117,11 @@ def test_a_long_sandbox_command_outlives_many_pings(stack):
     finally:
         closed = stack.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"})
         assert closed.status_code == 200, closed.text
+    events = event_log(stack, sid, skey)
+    assert_each_event_once(events)
+    assert [kind for kind in types(events) if kind.startswith("session.sandbox.")] == [
+        "session.sandbox.available", "session.sandbox.start", "session.sandbox.running",
+        "session.sandbox.stop", "session.sandbox.stopped",
+    ]
+    assert session_state(stack, sid) == "closed"
+    assert_no_container_left(stack)  # the close stopped the sandbox that outlived the pings

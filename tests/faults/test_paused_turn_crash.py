@@ -14,11 +14,15 @@ import time
 
 import pytest
 
+from checks import assert_history_kept, assert_no_container_left, event_log
 from conftest import mock_provider_toml
 from live import declared, register, result, send, session_state, types
 from mockllm import Reply
 
 TOKEN = "sk-test-secret-token-123456"
+# The events of a turn that resumes the two-call pause: its message, one result per call, one provider call.
+RESUMED_TURN = ["client.message.send", "tool.result", "tool.result", "provider.request", "provider.response",
+                "server.message.send"]
 
 
 @pytest.fixture
@@ -61,22 +65,28 @@ def assert_every_tool_use_answered(messages):
 
 def test_another_driver_reclaims_a_pause_that_outlived_its_process(stack, mock):
     sid, a, b, a_key_id = paused_session(stack, mock)
+    before = event_log(stack, sid, a)
     crash_and_restart(stack)
+    assert assert_history_kept(stack, sid, b, before) == before  # the crash lost or repeated nothing
     register(stack, sid, b)
     mock.enqueue(Reply.text("moved on"))
     outcome = result(send(stack, sid, b, "carry on"))
     assert outcome["message"]["content"][0]["text"] == "moved on"
     assert types(outcome["events"])[:3] == ["client.message.send", "tool.result", "tool.result"]
-    log = stack.client.get(f"/api/v1/sessions/{sid}/events", params={"limit": 200},
-                           headers={"Authorization": f"Bearer {b}"}).json()["items"]
+    log = assert_history_kept(stack, sid, b, before)
+    assert types(log[len(before):]) == [
+        "session.driver.register", "session.error", *RESUMED_TURN,
+    ]
     errors = [e["payload"] for e in log if e["event_type"] == "session.error"]
     assert errors == [{"reason": "driver_turn_abandoned", "owner_client_key_id": a_key_id}]
     assert_every_tool_use_answered(mock.requests[-1]["body"]["messages"])
     assert session_state(stack, sid) == "open"
+    assert_no_container_left(stack)
 
 
 def test_the_owner_can_still_answer_its_pause_after_the_restart(stack, mock):
     sid, a, b, _ = paused_session(stack, mock)
+    before = event_log(stack, sid, a)
     crash_and_restart(stack)
     register(stack, sid, a)
     mock.enqueue(Reply.text("thanks"))
@@ -86,3 +96,7 @@ def test_the_owner_can_still_answer_its_pause_after_the_restart(stack, mock):
     sent = mock.requests[-1]["body"]["messages"]
     assert sent[-1]["content"] == results
     assert_every_tool_use_answered(sent)
+    log = assert_history_kept(stack, sid, a, before)
+    assert types(log[len(before):]) == ["session.driver.register", *RESUMED_TURN]
+    assert session_state(stack, sid) == "open"
+    assert_no_container_left(stack)

@@ -17,11 +17,13 @@ from typing import Iterator
 
 import pytest
 
-from checks import assert_each_event_once, assert_history_kept, assert_no_container_left, wait_for_log, wait_until
+from checks import (
+    assert_each_event_once, assert_history_kept, assert_no_container_left, event_log, wait_for_log, wait_until,
+)
 from conftest import mock_provider_toml
 from live import declared, notifications, register, result, send, session_state, types
 from mockllm import Reply
-from test_sigterm import event_log, turn_in_background
+from test_sigterm import turn_in_background
 
 TOKEN = "sk-test-secret-token-123456"
 TURN = ["client.message.send", "provider.request", "provider.response", "server.message.send"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 
+from checks import assert_history_kept, assert_no_container_left, event_log
 from conftest import mock_provider_toml
 from live import new_session, register, result, send, session_state, types
 from mockllm import Reply
@@ -44,15 +44,9 @@ def turn_in_background(stack, sid, skey, text):
     return thread, outcome
 
 
-def event_log(stack, sid, skey):
-    page = stack.client.get(f"/api/v1/sessions/{sid}/events", params={"limit": 200},
-                            headers={"Authorization": f"Bearer {skey}"})
-    assert page.status_code == 200, page.text
-    return page.json()["items"]
-
-
 def turn_in_flight(start_stack, mock, *, shutdown_timeout: str, hang: float):
-    """A stack, and a turn whose provider call hangs `hang` seconds, already recorded up to provider.request."""
+    """A stack, and a turn whose provider call hangs `hang` seconds, already recorded up to provider.request
+    (the log as it was then comes last)."""
     mock.reset()
     stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
                         BAE_SHUTDOWN_TIMEOUT=shutdown_timeout)
@@ -61,7 +55,7 @@ def turn_in_flight(start_stack, mock, *, shutdown_timeout: str, hang: float):
     mock.enqueue(Reply.hang(hang))
     thread, outcome = turn_in_background(stack, sid, skey, "slow one")
     wait_for_event(stack, sid, skey, "provider.request")
-    return stack, sid, skey, thread, outcome
+    return stack, sid, skey, thread, outcome, event_log(stack, sid, skey)
 
 
 def turn_events(events):
@@ -69,38 +63,47 @@ def turn_events(events):
 
 
 def next_turn_text(stack, mock, sid, skey, reply: str) -> str:
+    """The text of a next turn after the restart; its events follow the log as it was, each once."""
+    before = event_log(stack, sid, skey)
     register(stack, sid, skey)  # live state is memory only: the driver registers again
     mock.enqueue(Reply.text(reply))
-    return result(send(stack, sid, skey, "next"))["message"]["content"][0]["text"]
+    text = result(send(stack, sid, skey, "next"))["message"]["content"][0]["text"]
+    events = assert_history_kept(stack, sid, skey, before)
+    assert types(events[len(before):]) == [
+        "session.driver.register", "client.message.send", "provider.request", "provider.response", "server.message.send",
+    ]
+    return text
 
 
 def test_sigterm_lets_the_running_turn_finish_and_loses_nothing(start_stack, mock):
-    stack, sid, skey, thread, outcome = turn_in_flight(start_stack, mock, shutdown_timeout="10", hang=1.5)
+    stack, sid, skey, thread, outcome, before = turn_in_flight(start_stack, mock, shutdown_timeout="10", hang=1.5)
 
     stack.stack.restart("session")  # SIGTERM; returns once the new process serves
     thread.join(30)
 
-    events = event_log(stack, sid, skey)
+    events = assert_history_kept(stack, sid, skey, before)  # each event once, what was there kept
     turn = turn_events(events)
     assert types(turn) == ["client.message.send", "provider.request", "provider.response", "server.message.send"]
-    assert max(Counter(e["id"] for e in events).values()) == 1
     assert turn[-1]["payload"]["content"] == [{"type": "text", "text": "ok"}]
     # The caller that was streaming got its terminal result: the gRPC stream drained too.
     assert "frames" in outcome and result(outcome["frames"])["message"]["content"][0]["text"] == "ok"
     assert session_state(stack, sid) == "open"
 
     assert next_turn_text(stack, mock, sid, skey, "after restart") == "after restart"
+    assert_no_container_left(stack)
 
 
 def test_a_turn_past_the_shutdown_budget_is_cut_between_events(start_stack, mock):
-    stack, sid, skey, thread, _ = turn_in_flight(start_stack, mock, shutdown_timeout="2", hang=20)
+    stack, sid, skey, thread, _, before = turn_in_flight(start_stack, mock, shutdown_timeout="2", hang=20)
     started = time.monotonic()
     stack.stack.restart("session")
     assert time.monotonic() - started < 10  # the budget bounds the stop
     thread.join(30)
 
-    turn = turn_events(event_log(stack, sid, skey))
     # Whole events only, each once: the provider call never answered, so none is invented.
-    assert types(turn) == ["client.message.send", "provider.request"]
+    events = assert_history_kept(stack, sid, skey, before)
+    assert events == before
+    assert types(turn_events(events)) == ["client.message.send", "provider.request"]
     assert session_state(stack, sid) == "open"
     assert next_turn_text(stack, mock, sid, skey, "recovered") == "recovered"
+    assert_no_container_left(stack)
