@@ -15,7 +15,7 @@ WORKDIR /src
 COPY deploy/wheels/ /wheels/
 COPY requirements.txt constraints.txt pyproject.toml setup.py ./
 # Runtime dependencies go to /opt/bae; code generation and test tools stay in this stage.
-RUN grep -vE '^(pytest|pytest-asyncio|grpcio-tools)==' requirements.txt > runtime-requirements.txt \
+RUN grep -vE '^(pytest|pytest-asyncio|grpcio-tools|pipx)==' requirements.txt > runtime-requirements.txt \
  && python3 -m venv /opt/bae \
  && /opt/bae/bin/pip install --quiet -r runtime-requirements.txt -c constraints.txt \
  && python3 -m venv /opt/gen \

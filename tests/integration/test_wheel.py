@@ -1,26 +1,59 @@
-"""`pip install` of the built wheel gives working `bae` and `baectl` commands.
+"""A fresh clone installs with `pip install` and with `pipx install`, dependencies and all.
 
-Offline and quick: the wheel is built from the tracked files (as a fresh clone
-has them, without generated code) with this venv's setuptools and grpcio-tools,
-and installed without dependencies into a new venv that sees this venv's
-packages through a path entry (which does not pull in the repository itself).
+Each install goes into a new environment that sees nothing of this venv or this repository. Its
+dependencies, and the build's own requirements (pip builds in isolation, as `pip install .` does),
+come from the wheelhouse the container images install from (deploy/wheels) with `--no-index`: the
+declared dependencies must be enough, and the tests run offline once the wheelhouse is filled. A test
+session fills it when a pinned wheel is missing, with the command `make compose-test` uses
+(deploy/compose-test/run.sh) plus pip itself, which pipx installs into its shared environment; pip's
+cache keeps that quick.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
 
+VERSION = "bae 0.1.0 (api v1)\n"
+SERVICES = ("gateway", "session", "runner", "sandbox")
+WHEELHOUSE = ROOT / "deploy" / "wheels"
+FILL = ("-m", "pip", "wheel", "--quiet", "-w", str(WHEELHOUSE), "-r", "requirements.txt", "-c", "constraints.txt",
+        "setuptools>=70.1", "pip")
+# Only the wheelhouse: no index, and (--isolated) none of this machine's pip settings from the environment.
+OFFLINE = ("--no-index", "--find-links", str(WHEELHOUSE))
+# Byte-compiling is most of an install's time, and nothing here depends on it.
+INSTALL = (*OFFLINE, "--no-compile")
 
-def run(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(arg) for arg in args], cwd=cwd, capture_output=True, text=True, timeout=120)
+# Imports every module of the installed packages. Skipped: the migration scripts (they run only
+# under Alembic) and the two __main__ modules that run their command when imported.
+IMPORT_ALL = """
+import importlib, pkgutil
+import bae, baeproto, services
+skipped = ("bae.__main__", "bae.ctl.__main__")
+names = [info.name for package in (bae, baeproto, services)
+         for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+         if ".migrations" not in info.name and info.name not in skipped]
+for name in names:
+    importlib.import_module(name)
+print(len(names))
+"""
+
+
+def run(*args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None,
+        timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(arg) for arg in args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def clone(target: Path) -> None:
@@ -32,37 +65,99 @@ def clone(target: Path) -> None:
         if source.is_file():
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name)
+    assert not (target / "baeproto").exists()  # generated at build time, as on a fresh clone
 
 
-def test_wheel_installs_working_commands(tmp_path: Path) -> None:
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def missing_wheels() -> list[str]:
+    """What the installs may need that the wheelhouse lacks: a pinned version, setuptools or pip."""
+    held = {(canonical(wheel.name.split("-")[0]), wheel.name.split("-")[1]) for wheel in WHEELHOUSE.glob("*.whl")}
+    pins = [line.strip().split("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+    missing = [f"{name}=={version}" for name, version in pins if (canonical(name), version) not in held]
+    return missing + [name for name in ("setuptools", "pip") if name not in {held_name for held_name, _ in held}]
+
+
+@pytest.fixture(scope="session")
+def wheelhouse() -> Path:
+    descriptor = os.open(WHEELHOUSE, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)  # another test session may be filling it
+        if missing_wheels():
+            filled = run(sys.executable, *FILL, cwd=ROOT, timeout=900)
+            assert filled.returncode == 0, filled.stderr
+        assert not missing_wheels()
+    finally:
+        os.close(descriptor)
+    return WHEELHOUSE
+
+
+def clean_env(bin_dir: Path, tmp: Path, **extra: str) -> dict[str, str]:
+    """No BAE_* settings, no PYTHONPATH: only the install's commands on PATH."""
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp), "LANG": "C.UTF-8", **extra}
+
+
+def assert_commands_work(bin_dir: Path, tmp: Path) -> None:
+    """The console scripts answer, and `bae migrate` sets up a store (SQLAlchemy, Alembic, the scripts)."""
+    for command in (["bae", "version"], *(["bae", service, "--version"] for service in SERVICES)):
+        answered = run(bin_dir / command[0], *command[1:], cwd=tmp, env=clean_env(bin_dir, tmp))
+        assert (answered.returncode, answered.stdout) == (0, VERSION), (command, answered.stderr)
+    helped = run(bin_dir / "baectl", "--help", cwd=tmp, env=clean_env(bin_dir, tmp))
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith("usage: baectl")
+
+    store = tmp / "store" / "bae.db"
+    migrated = run(bin_dir / "bae", "migrate", cwd=tmp,
+                   env=clean_env(bin_dir, tmp, BAE_DATABASE_URL=f"sqlite:///{store}"))
+    assert migrated.returncode == 0, migrated.stderr
+    assert migrated.stdout.startswith("database migrated (applied 0001 "), migrated.stdout
+    assert migrated.stdout.endswith(f": sqlite:///{store}\n")
+
+
+def test_pip_installs_the_wheel_and_its_dependencies_into_a_clean_venv(wheelhouse: Path, tmp_path: Path) -> None:
     source, dist, venv = tmp_path / "src", tmp_path / "dist", tmp_path / "venv"
     clone(source)
-    assert not (source / "baeproto").exists()
-    built = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                "-w", dist, source)
+    built = run(sys.executable, "-m", "pip", "--isolated", "wheel", *OFFLINE, "--no-deps", "--quiet", "-w", dist,
+                source)
     assert built.returncode == 0, built.stderr
     wheel = next(dist.glob("bae-*.whl"))
 
     created = run(sys.executable, "-m", "venv", "--without-pip", venv)
     assert created.returncode == 0, created.stderr
     python = venv / "bin" / "python"
-    site = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").stdout.strip())
-    (site / "project-venv.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    installed = run(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--quiet", wheel)
+    pip = (sys.executable, "-m", "pip", "--isolated", "--python", python)
+    installed = run(*pip, "install", *INSTALL, "--quiet", wheel)
     assert installed.returncode == 0, installed.stderr
+    consistent = run(*pip, "check")
+    assert consistent.returncode == 0, consistent.stdout
+    assert_commands_work(venv / "bin", tmp_path)
 
-    version = run(venv / "bin" / "bae", "version", cwd=tmp_path)
-    assert (version.returncode, version.stdout) == (0, "bae 0.1.0 (api v1)\n"), version.stderr
-    where = run(python, "-c", "import bae, baeproto; print(bae.__file__); print(baeproto.__file__)", cwd=tmp_path)
-    assert where.stdout.count(str(site)) == 2, where.stdout + where.stderr
-    assert run(python, "-c", "import bae.protos", cwd=tmp_path).returncode == 0
+    # Everything comes from the new venv: nothing from this repository or its venv.
+    env = clean_env(venv / "bin", tmp_path)
+    paths = run(python, "-c", "import sys, bae, baeproto; print(bae.__file__, baeproto.__file__, *sys.path)",
+                cwd=tmp_path, env=env)
+    assert paths.returncode == 0, paths.stderr
+    assert not [path for path in paths.stdout.split() if path.startswith(str(ROOT))], paths.stdout
+    assert all(path.startswith(f"{venv}/") for path in paths.stdout.split()[:2]), paths.stdout
+    # Every module imports with only the declared dependencies installed.
+    imported = run(python, "-c", IMPORT_ALL, cwd=tmp_path, env=env)
+    assert imported.returncode == 0, imported.stderr
+    assert int(imported.stdout) > 100
 
-    helped = run(venv / "bin" / "baectl", "--help", cwd=tmp_path)
-    assert helped.returncode == 0, helped.stderr
-    assert helped.stdout.startswith("usage: baectl")
-    for service in ("gateway", "session", "runner", "sandbox"):
-        answered = run(venv / "bin" / "bae", service, "--version", cwd=tmp_path)
-        assert (answered.returncode, answered.stdout) == (0, "bae 0.1.0 (api v1)\n"), (service, answered.stderr)
+
+def test_pipx_installs_a_fresh_clone(wheelhouse: Path, tmp_path: Path) -> None:
+    source, home = tmp_path / "src", tmp_path / "pipx"
+    clone(source)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", "PIPX_HOME": str(home),
+           "PIPX_BIN_DIR": str(home / "bin"), "PIPX_MAN_DIR": str(home / "man")}
+    installed = run(sys.executable, "-m", "pipx", "install", "--pip-args", shlex.join(("--isolated", *INSTALL)),
+                    source, cwd=tmp_path, env=env)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert "installed package bae 0.1.0" in installed.stdout
+    assert_commands_work(home / "bin", tmp_path)
 
 
 def names(requirements: list[str]) -> set[str]:
