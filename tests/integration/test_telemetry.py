@@ -1,7 +1,8 @@
 """Telemetry end to end (TELEMETRY.md): the whole stack exports to a real OTLP/gRPC receiver.
 
-Span trees, trace joining, sampling, metric values after a known workload, metrics.disabled,
-secrets never exported, a dead collector, readiness, /metrics and the access log.
+Span trees, trace joining (with `tracestate`), sampling, error statuses, metric values after a
+known workload, each pipeline switched off alone, metrics.disabled, secrets never exported, a
+dead collector, readiness, /metrics and the access log.
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
 import pytest
 
-from conftest import RunningStack, free_port, mock_provider_toml
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
+
+from conftest import RunningStack, free_port, launch_stack, mock_provider_toml
 from docker_support import TEST_IMAGE, ensure_harness_image, require_docker
 from live import declared, join, new_session, register, result, rpc, send
-from mcp_support import TOOLS_SERVER
+from mcp_support import TOOLS_SERVER, http_tools_server
 from mockllm import MockLLM, Reply
 from otlp_receiver import OtlpReceiver, Point, ReceivedSpan
 
@@ -29,6 +32,7 @@ from otlp_receiver import OtlpReceiver, Point, ReceivedSpan
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_METRIC_EXPORT_INTERVAL": "300"}
 TOKEN = "sk-telemetry-" + secrets.token_hex(12)
 SHELL = {"name": "sh", "description": "run a shell command", "input_schema": {"type": "object"}}
+UNSET, ERROR = Status.STATUS_CODE_UNSET, Status.STATUS_CODE_ERROR
 
 
 def telemetry_toml(endpoint: str, extra: str = "", *, metrics: str = "", ratio: float = 1.0) -> str:
@@ -70,18 +74,23 @@ def one(spans: list[ReceivedSpan], name: str) -> ReceivedSpan:
     return found[0]
 
 
+def status(span: ReceivedSpan) -> tuple[int, str]:
+    """The span's status: (code, description)."""
+    return span.span.status.code, span.span.status.message
+
+
 def links(span: ReceivedSpan) -> list[tuple[str, str]]:
     """(linked span id, bae.link.kind) of each link."""
     return [(link.span_id.hex(), {a.key: a.value.string_value for a in link.attributes}["bae.link.kind"]) for link in span.span.links]
 
 
-def send_traced(stack: RunningStack, sid: str, skey: str, content, header: str) -> list[dict]:
+def send_traced(stack: RunningStack, sid: str, skey: str, content, header: str, tracestate: str = "") -> list[dict]:
     body = {"jsonrpc": "2.0", "id": 7, "method": "session.sendMessage",
             "params": {"message": {"role": "user", "content": content}}}
-    response = stack.client.post(
-        f"/api/v1/sessions/{sid}/rpc", json=body,
-        headers={"Authorization": f"Bearer {skey}", "traceparent": header},
-    )
+    headers = {"Authorization": f"Bearer {skey}", "traceparent": header}
+    if tracestate:
+        headers["tracestate"] = tracestate
+    response = stack.client.post(f"/api/v1/sessions/{sid}/rpc", json=body, headers=headers)
     assert response.status_code == 200, response.text
     return [json.loads(line) for line in response.text.splitlines()]
 
@@ -93,6 +102,7 @@ def test_text_turn_joins_the_client_trace(start_stack, mock: MockLLM, receiver: 
     sid, skey, _ = new_session(stack)
     register(stack, sid, skey)
     receiver.clear()
+    cleared = time.monotonic()
     header, trace_id, client_span = traceparent()
     assert "result" in send_traced(stack, sid, skey, "hi", header)[-1]
 
@@ -123,6 +133,14 @@ def test_text_turn_joins_the_client_trace(start_stack, mock: MockLLM, receiver: 
     assert (turn.parent_id, attempt.parent_id) == (request.span_id, turn.span_id)
     assert turn.attributes["bae.turn.outcome"] == "completed" and turn.attributes["bae.turn.resumed"] is False
     assert [kind for _, kind in links(turn)] == ["session"]
+
+    # [telemetry.metrics] enabled = false: spans came, but no metric export at all, even after more
+    # than three metric intervals (300 ms here), and /metrics is not served.
+    time.sleep(max(0.0, cleared + 1.0 - time.monotonic()))
+    assert receiver.metric_requests == []
+    missing = stack.admin.get("/metrics")
+    assert missing.status_code == 404
+    assert missing.json()["detail"] == "metrics are disabled: set [telemetry] enabled and [telemetry.metrics] enabled"
 
 
 def test_a_client_disconnect_ends_the_turn_span_early_with_no_outcome(
@@ -220,8 +238,10 @@ def test_mcp_and_client_tools_pause_and_resume(start_stack, mock: MockLLM, recei
 
 def test_sandbox_exec_span(start_stack, mock: MockLLM, receiver: OtlpReceiver) -> None:
     require_docker()
-    stack = start(start_stack, mock, telemetry_toml(receiver.endpoint, metrics="enabled = false"),
-                  BAE_SANDBOX_HOST_ID=f"test-telemetry-{secrets.token_hex(4)}", BAE_SANDBOX_NETWORK="none")
+    # BAE_SANDBOX_EXEC_TIMEOUT: a command that outlives it makes the exec itself fail.
+    stack = start(start_stack, mock, telemetry_toml(receiver.endpoint),
+                  BAE_SANDBOX_HOST_ID=f"test-telemetry-{secrets.token_hex(4)}", BAE_SANDBOX_NETWORK="none",
+                  BAE_SANDBOX_EXEC_TIMEOUT="2")
     mock.reset()
     profile = stack.create_profile("sb", available_sandboxes=[TEST_IMAGE])
     key = stack.create_key(profile["id"])["key"]
@@ -229,21 +249,41 @@ def test_sandbox_exec_span(start_stack, mock: MockLLM, receiver: OtlpReceiver) -
     sid, skey = opened["session_id"], opened["session_key"]
     register(stack, sid, skey)
     assert "sandbox_id" in result(rpc(stack.client, sid, skey, "session.startRemoteSandbox", {"image": TEST_IMAGE}))
-    mock.enqueue(Reply.tool_use([("tu_1", "sh", {"command": "echo secret-output; exit 3"})]), Reply.text("done"))
+    mock.enqueue(Reply.tool_use([("tu_1", "sh", {"command": "echo secret-output; exit 3"}),
+                                 ("tu_2", "sh", {"command": "sleep 30"})]), Reply.text("done"))
     header, trace_id, _ = traceparent()
     assert "result" in send_traced(stack, sid, skey, "run", header)[-1]
-    expected = {"bae.sandbox.exec", "bae.tool.dispatch", "bae.turn"}
-    spans = receiver.wait_spans(lambda spans: expected <= {s.name for s in spans if s.trace_id == trace_id})
+    spans = receiver.wait_spans(lambda spans: sorted(s.name for s in spans if s.trace_id == trace_id and s.name in (
+        "bae.sandbox.exec", "bae.tool.dispatch", "bae.turn")) == ["bae.sandbox.exec"] * 2 + ["bae.tool.dispatch"] * 2
+        + ["bae.turn"])
     spans = [s for s in spans if s.trace_id == trace_id]
-    exec_span = one(spans, "bae.sandbox.exec")
-    dispatch = one(spans, "bae.tool.dispatch")
-    assert exec_span.service.endswith("-sandbox") and exec_span.parent_id == dispatch.span_id
-    assert exec_span.attributes == {"bae.tool.name": "sh", "bae.sandbox.exit_code": 3}
-    assert exec_span.span.status.message == "non-zero exit code"
-    assert dispatch.parent_id == one(spans, "bae.turn").span_id
-    assert dispatch.attributes["bae.tool.dispatch"] == "sandbox"
-    assert "secret-output" not in str(receiver.trace_requests)
+    # The exec that returned has an exit code; the one that never did has none.
+    execs = by_name(spans, "bae.sandbox.exec")
+    (exits,) = [s for s in execs if "bae.sandbox.exit_code" in s.attributes]
+    (sleeps,) = [s for s in execs if "bae.sandbox.exit_code" not in s.attributes]
+    dispatches = by_name(spans, "bae.tool.dispatch")
+    assert sorted(s.parent_id for s in (exits, sleeps)) == sorted(d.span_id for d in dispatches)
+    assert exits.service.endswith("-sandbox")
+    assert exits.attributes == {"bae.tool.name": "sh", "bae.sandbox.exit_code": 3}
+    assert status(exits) == (ERROR, "non-zero exit code")
+    assert sleeps.attributes == {"bae.tool.name": "sh"}  # the exec never returned: no exit code
+    assert status(sleeps) == (ERROR, "sandbox exec failed")
+    turn = one(spans, "bae.turn")
+    for dispatch in dispatches:
+        assert dispatch.parent_id == turn.span_id
+        assert (dispatch.attributes["bae.tool.dispatch"], dispatch.attributes["bae.tool.is_error"]) == ("sandbox", True)
+        assert status(dispatch) == (ERROR, "tool result is_error")
+    dump = str(receiver.trace_requests)
+    assert "secret-output" not in dump and "timed out" not in dump  # nor the host's error text
+
+    # Both blocks counted and timed (the failed one for at least the 2 s it ran); the sandbox counts as live.
+    points = receiver.wait_points(lambda points: values(points, "bae.tool.latency") == {(("dispatch", "sandbox"),): 2})
+    assert values(points, "bae.tool.calls") == {(("dispatch", "sandbox"),): 2}
+    (latency,) = points["bae.tool.latency"]
+    assert latency.unit == "ms" and latency.total >= 2000
+    assert values(points, "bae.sandboxes.live") == {(): 1}
     assert stack.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"}).status_code == 200
+    receiver.wait_points(lambda points: values(points, "bae.sandboxes.live") == {(): 0})
 
 
 def test_subagent_span_is_a_linked_root(start_stack, mock: MockLLM, receiver: OtlpReceiver) -> None:
@@ -252,6 +292,7 @@ def test_subagent_span_is_a_linked_root(start_stack, mock: MockLLM, receiver: Ot
     stack = start(start_stack, mock, telemetry_toml(receiver.endpoint),
                   BAE_SANDBOX_HOST_ID=f"test-telemetry-{secrets.token_hex(4)}", BAE_SANDBOX_NETWORK="none")
     mock.reset()
+    receiver.clear()  # what earlier stacks exported, up to their final flush
     profile = stack.create_profile("sa", available_sandboxes=[image])
     key = stack.create_key(profile["id"])["key"]
     tool = {"name": "launch", "description": "launch", "input_schema": {"type": "object"}, "image": image,
@@ -424,6 +465,13 @@ def test_metric_values_after_a_known_workload(start_stack, mock: MockLLM, receiv
     assert "bae_tool_latency" not in text  # client tools are never timed
     assert second not in text and skey not in text
 
+    # [telemetry.traces] enabled = false: metrics kept coming (the paused turn's among them, then
+    # several exports more), and not one span was exported.
+    receiver.wait_points(lambda points: values(points, "bae.turns.completed").get((("outcome", "paused"),)) == 1)
+    exports = len(receiver.metric_requests)
+    receiver.wait_points(lambda _: len(receiver.metric_requests) >= exports + 6)
+    assert receiver.trace_requests == []
+
 
 def test_metrics_disabled_drops_only_the_named_instruments(
     start_stack, mock: MockLLM, receiver: OtlpReceiver
@@ -484,19 +532,36 @@ def test_a_dead_collector_never_affects_requests(start_stack, mock: MockLLM, tmp
         assert log.count("export is failing") <= 1, log
 
 
-def test_readiness_follows_the_session_service(start_stack) -> None:
-    stack = start_stack()
+def test_readiness_follows_the_session_service(start_stack, mock: MockLLM, receiver: OtlpReceiver) -> None:
+    stack = start(start_stack, mock, telemetry_toml(receiver.endpoint, metrics="enabled = false"))
     for client in (stack.client, stack.admin):
         ready = client.get("/readyz")
         assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+    receiver.clear()
+    # A 4xx, here the admin port's 401, is not a span error.
+    refused, refused_trace, _ = traceparent()
+    assert stack.admin.get("/admin/v1/profiles", headers={"Authorization": "Bearer nope", "traceparent": refused}
+                           ).status_code == 401
     session = stack.stack.processes["session"]
     session.send_signal(signal.SIGTERM)
     session.wait(15)
     for client in (stack.client, stack.admin):
         down = client.get("/readyz")
         assert down.status_code == 503
-        assert down.json()["detail"].startswith("not ready: session service unreachable at ")
+        # A reason, never an internal address (docs/security.md): that goes to the gateway's log.
+        assert down.json()["detail"] == "not ready: session service unreachable"
     assert stack.client.get("/healthz").status_code == 200  # liveness is unaffected
+    # A request the gateway cannot forward is a 503, and its span an error.
+    failed, failed_trace, _ = traceparent()
+    assert stack.client.post("/api/v1/sessions", json={}, headers={"Authorization": "Bearer k", "traceparent": failed}
+                             ).status_code == 503
+    spans = receiver.wait_spans(lambda spans: {refused_trace, failed_trace} <= {s.trace_id for s in spans})
+    (unauthorized,) = [s for s in spans if s.trace_id == refused_trace]
+    assert (unauthorized.name, unauthorized.attributes["http.response.status_code"]) == ("GET /admin/v1/profiles", 401)
+    assert status(unauthorized) == (UNSET, "")
+    (unavailable,) = [s for s in spans if s.trace_id == failed_trace]
+    assert (unavailable.name, unavailable.attributes["http.response.status_code"]) == ("POST /api/v1/sessions", 503)
+    assert status(unavailable) == (ERROR, "HTTP 503")
     stack.stack.restart("session")
     wait_ready(stack.client)
     assert stack.admin.get("/readyz").status_code == 200
@@ -505,9 +570,15 @@ def test_readiness_follows_the_session_service(start_stack) -> None:
     runner.send_signal(signal.SIGTERM)
     runner.wait(15)
     down = stack.client.get("/readyz")
-    assert down.status_code == 503 and "runner unreachable" in down.json()["detail"]
+    assert (down.status_code, down.json()["detail"]) == (503, "not ready: runner unreachable; turns cannot run")
+    assert stack.stack.settings.runner_grpc_addr not in down.text
     stack.stack.restart("runner")
     wait_ready(stack.client)  # the gateway reconnects within its 2 s reconnect backoff
+    # Each loss was logged once with the address, however often it was probed.
+    log = (stack.tmp / "logs" / "gateway.log").read_text()
+    settings = stack.stack.settings
+    assert log.count(f"not ready: session service unreachable (at {settings.session_grpc_addr})") == 1
+    assert log.count(f"not ready: runner unreachable; turns cannot run (at {settings.runner_grpc_addr})") == 1
 
 
 def wait_ready(client: httpx.Client) -> None:
@@ -560,3 +631,235 @@ def test_access_log_json(start_stack) -> None:
     }
     assert isinstance(entry["duration_ms"], float)
 
+
+
+# --- Error statuses and instrument values, on one shared stack --------------------------------
+# Traces and metrics on, fallback chains, an MCP server. The stack exports to a receiver of its own,
+# so the "nothing exported" checks above never see it. Counters are cumulative and the tests share
+# the stack, so each reads the exact values from /metrics before its workload and expects the
+# receiver to get those plus what the workload adds.
+
+
+@pytest.fixture(scope="module")
+def shared_receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def shared(
+    tmp_path_factory: pytest.TempPathFactory, mock: MockLLM, shared_receiver: OtlpReceiver
+) -> Iterator[RunningStack]:
+    with http_tools_server("") as mcp_url:
+        toml = (
+            mock_provider_toml(mock.base_url)
+            + mock_provider_toml(mock.base_url, name="backup", kind="openai")
+            + mock_provider_toml(f"http://127.0.0.1:{free_port()}", name="dead", kind="openai")  # nothing listens
+            + f'[[mcp.servers]]\nname = "local"\ntransport = "http"\nurl = "{mcp_url}"\n'
+            + telemetry_toml(shared_receiver.endpoint)
+        )
+        # BAE_MCP_TIMEOUT: a tools/call that outlives it fails as a call, not as a tool.
+        running = launch_stack(tmp_path_factory.mktemp("telemetry"), toml, MOCK_LLM_TOKEN=TOKEN,
+                               BAE_MCP_TIMEOUT="2", **FAST_EXPORT)
+        yield running
+        running.close()
+
+
+def scraped(stack: RunningStack) -> dict[str, float]:
+    """Every series on the admin port's /metrics now (`name{labels}` -> value), collected at once."""
+    lines = [line for line in stack.admin.get("/metrics").text.splitlines() if line and not line.startswith("#")]
+    return {series: float(value) for series, value in (line.rsplit(" ", 1) for line in lines)}
+
+
+def point(points: dict[str, list[Point]], name: str, **labels: str) -> float | None:
+    """The value of one metric's data point with exactly these attributes (None: no such point)."""
+    return values(points, name).get(tuple(sorted(labels.items())))
+
+
+def trace_of(
+    receiver: OtlpReceiver, trace_id: str, done: Callable[[list[ReceivedSpan]], bool]
+) -> list[ReceivedSpan]:
+    """The spans of one trace, once `done(spans of that trace)` holds."""
+    spans = receiver.wait_spans(lambda spans: done([s for s in spans if s.trace_id == trace_id]))
+    return [s for s in spans if s.trace_id == trace_id]
+
+
+def attempts(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
+    return sorted(by_name(spans, "bae.provider.attempt"), key=lambda s: int(s.attributes["bae.provider.attempt"]))
+
+
+def request_turn_and_two_attempts(spans: list[ReceivedSpan]) -> bool:
+    """Each service exports on its own schedule: wait for the gateway's span as well as the others'."""
+    return len(http_spans(spans)) == 1 and len(by_name(spans, "bae.turn")) == 1 and len(attempts(spans)) == 2
+
+
+def test_a_failed_primary_attempt_is_an_error_and_its_fallback_is_not(
+    shared: RunningStack, shared_receiver: OtlpReceiver, mock: MockLLM
+) -> None:
+    mock.reset()
+    sid, skey, _ = new_session(shared, fallback_providers=["backup"])
+    register(shared, sid, skey)
+    before = scraped(shared)
+    mock.enqueue(Reply.error(500, "primary down"), Reply.text("from backup"))
+    header, trace_id, _ = traceparent()
+    assert result(send_traced(shared, sid, skey, "hi", header))["message"]["content"][0]["text"] == "from backup"
+
+    spans = trace_of(shared_receiver, trace_id, request_turn_and_two_attempts)
+    turn = one(spans, "bae.turn")
+    primary, fallback = attempts(spans)
+    assert primary.parent_id == fallback.parent_id == turn.span_id
+    assert primary.attributes == {
+        "bae.provider.name": "mock", "bae.provider.kind": "anthropic", "bae.provider.model": "mock-model",
+        "bae.provider.attempt": 0, "bae.provider.attempt_kind": "primary", "http.response.status_code": 500,
+    }
+    assert status(primary) == (ERROR, "provider returned HTTP 500")
+    assert fallback.attributes == {
+        "bae.provider.name": "backup", "bae.provider.kind": "openai", "bae.provider.model": "mock-model",
+        "bae.provider.attempt": 1, "bae.provider.attempt_kind": "fallback", "http.response.status_code": 200,
+    }
+    assert status(fallback) == (UNSET, "")
+    assert turn.attributes["bae.turn.outcome"] == "completed" and status(turn) == (UNSET, "")
+    assert "primary down" not in str(shared_receiver.trace_requests)  # the error body is never exported
+
+    # One error for the anthropic kind, one success for the openai kind (kinds, never entry names).
+    error = before.get('bae_provider_requests_total{outcome="error",provider="anthropic"}', 0) + 1
+    ok = before.get('bae_provider_requests_total{outcome="ok",provider="openai"}', 0) + 1
+    points = shared_receiver.wait_points(
+        lambda points: point(points, "bae.provider.requests", outcome="error", provider="anthropic") == error
+        and point(points, "bae.provider.requests", outcome="ok", provider="openai") == ok
+    )
+    timed = before.get('bae_provider_latency_milliseconds_count{provider="openai"}', 0) + 1
+    assert point(points, "bae.provider.latency", provider="openai") == timed
+    assert {dict(labels)["provider"] for labels in values(points, "bae.provider.requests")} <= {"anthropic", "openai"}
+
+
+def test_all_providers_failed_ends_the_turn_and_the_session_span_in_error(
+    shared: RunningStack, shared_receiver: OtlpReceiver, mock: MockLLM
+) -> None:
+    mock.reset()
+    sid, skey, _ = new_session(shared, fallback_providers=["dead"])
+    register(shared, sid, skey)
+    before = scraped(shared)
+    mock.enqueue(Reply.error(500, "primary down"))
+    header, trace_id, _ = traceparent()
+    outcome = result(send_traced(shared, sid, skey, "hi", header))
+    assert outcome["events"][-1]["payload"] == {"reason": "all_providers_failed", "attempts": 2}
+    # The fallback got no HTTP answer at all: the runner's detail, which holds no URL.
+    responses = [e["payload"] for e in outcome["events"] if e["event_type"] == "provider.response"]
+    transport_error = responses[1]["error"]
+    assert transport_error.startswith("connection error") and "127.0.0.1" not in transport_error
+
+    spans = trace_of(shared_receiver, trace_id, request_turn_and_two_attempts)
+    primary, fallback = attempts(spans)
+    assert status(primary) == (ERROR, "provider returned HTTP 500")
+    assert fallback.attributes["bae.provider.name"] == "dead"
+    assert "http.response.status_code" not in fallback.attributes  # there was no HTTP status
+    assert status(fallback) == (ERROR, transport_error)
+    turn = one(spans, "bae.turn")
+    assert turn.attributes["bae.turn.outcome"] == "providers_failed"
+    assert status(turn) == (ERROR, "all providers failed")
+    # The sendMessage request itself answered 200 (a JSON-RPC result): no HTTP error.
+    request = one(http_spans(spans), "POST /api/v1/sessions/{id}/rpc")
+    assert (request.attributes["http.response.status_code"], status(request)) == (200, (UNSET, ""))
+
+    # The session (in error now) ended its span with the same status; the turn linked to it.
+    def session_span(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
+        return [s for s in by_name(spans, "bae.session") if s.attributes["bae.session.id"] == sid]
+
+    (session,) = session_span(shared_receiver.wait_spans(lambda spans: bool(session_span(spans))))
+    assert status(session) == (ERROR, "all providers failed")
+    assert links(turn) == [(session.span_id, "session")]
+
+    counted = before.get('bae_turns_completed_total{outcome="providers_failed"}', 0) + 1
+    errors = {kind: before.get(f'bae_provider_requests_total{{outcome="error",provider="{kind}"}}', 0) + 1
+              for kind in ("anthropic", "openai")}
+    points = shared_receiver.wait_points(
+        lambda points: point(points, "bae.turns.completed", outcome="providers_failed") == counted
+        and all(point(points, "bae.provider.requests", outcome="error", provider=kind) == n
+                for kind, n in errors.items())
+    )
+    # A failed attempt is timed too.
+    timed = before.get('bae_provider_latency_milliseconds_count{provider="openai"}', 0) + 1
+    assert point(points, "bae.provider.latency", provider="openai") == timed
+
+
+def test_mcp_tool_errors_and_the_mcp_instruments(
+    shared: RunningStack, shared_receiver: OtlpReceiver, mock: MockLLM
+) -> None:
+    mock.reset()
+    before = scraped(shared)
+    sid, skey, _ = new_session(shared, mcp_servers=["local"])
+    register(shared, sid, skey)
+    calls = [("tu_1", "fail", {"message": "MCP-ERROR-TEXT"}), ("tu_2", "echo", {"text": "fine"}),
+             ("tu_3", "sleep", {"seconds": 4})]  # outlives BAE_MCP_TIMEOUT (2 s)
+    mock.enqueue(Reply.tool_use(calls), Reply.text("done"))
+    header, trace_id, _ = traceparent()
+    assert result(send_traced(shared, sid, skey, "go", header))["message"]["content"][0]["text"] == "done"
+
+    spans = trace_of(shared_receiver, trace_id, lambda ours: len(by_name(ours, "bae.mcp.call")) == 3
+                     and len(by_name(ours, "bae.tool.dispatch")) == 3 and len(by_name(ours, "bae.turn")) == 1)
+    dispatches = {s.attributes["bae.tool.name"]: s for s in by_name(spans, "bae.tool.dispatch")}
+    mcp_calls = {s.attributes["bae.tool.name"]: s for s in by_name(spans, "bae.mcp.call")}
+    assert {tool: span.parent_id for tool, span in mcp_calls.items()} == \
+        {tool: span.span_id for tool, span in dispatches.items()}
+    assert {tool: status(span) for tool, span in mcp_calls.items()} == {
+        "fail": (ERROR, "MCP tool returned isError"),  # the tool's own error
+        "echo": (UNSET, ""),
+        "sleep": (ERROR, "MCP call failed"),  # the call's: it timed out
+    }
+    assert {tool: (span.attributes["bae.tool.is_error"], status(span)) for tool, span in dispatches.items()} == {
+        "fail": (True, (ERROR, "tool result is_error")),
+        "echo": (False, (UNSET, "")),
+        "sleep": (True, (ERROR, "tool result is_error")),
+    }
+    dump = str(shared_receiver.trace_requests)
+    assert "MCP-ERROR-TEXT" not in dump and "timed out" not in dump  # MCP error texts are never exported
+
+    # While its MCP connection is live the session counts in bae.mcp.sessions.live; the three MCP
+    # blocks are counted and timed (the timed-out one for at least the 2 s it waited).
+    live = before.get("bae_mcp_sessions_live", 0)
+    counted = before.get('bae_tool_calls_total{dispatch="mcp"}', 0) + 3
+    timed = before.get('bae_tool_latency_milliseconds_count{dispatch="mcp"}', 0) + 3
+    points = shared_receiver.wait_points(
+        lambda points: point(points, "bae.mcp.sessions.live") == live + 1
+        and point(points, "bae.tool.calls", dispatch="mcp") == counted
+        and point(points, "bae.tool.latency", dispatch="mcp") == timed
+    )
+    (latency,) = [p for p in points["bae.tool.latency"] if p.attributes == {"dispatch": "mcp"}]
+    assert latency.unit == "ms"
+    assert latency.total - before.get('bae_tool_latency_milliseconds_sum{dispatch="mcp"}', 0) >= 2000
+    # Closing the session closes its connection.
+    closed = shared.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"})
+    assert closed.status_code == 200
+    shared_receiver.wait_points(lambda points: point(points, "bae.mcp.sessions.live") == live)
+
+
+def test_an_incoming_tracestate_travels_with_its_traceparent(
+    shared: RunningStack, shared_receiver: OtlpReceiver, mock: MockLLM
+) -> None:
+    mock.reset()
+    sid, skey, _ = new_session(shared)
+    register(shared, sid, skey)
+    shared_receiver.clear()
+    header, trace_id, client_span = traceparent()
+    tracestate = "vendor=opaque-1,other=2"
+    mock.enqueue(Reply.text("hello"))
+    assert "result" in send_traced(shared, sid, skey, "hi", header, tracestate)[-1]
+
+    spans = trace_of(shared_receiver, trace_id,
+                     lambda ours: {"bae.turn", "bae.provider.attempt"} <= {s.name for s in ours} and bool(http_spans(ours)))
+    request = one(http_spans(spans), "POST /api/v1/sessions/{id}/rpc")
+    assert request.parent_id == client_span
+    # Joined at the gateway, then carried to the session service and on to the runner.
+    carried = (request, one(spans, "bae.turn"), one(spans, "bae.provider.attempt"))
+    assert [(s.service.rsplit("-", 1)[1], s.span.trace_state) for s in carried] == [
+        ("gateway", tracestate), ("session", tracestate), ("runner", tracestate),
+    ]
+
+    # A tracestate is carried only alongside a valid traceparent: alone, or with an invalid one
+    # (zero trace id), the request is a new root and carries none.
+    invalid = f"00-{'0' * 32}-{secrets.token_hex(8)}-01"
+    for extra in ({}, {"traceparent": invalid}):
+        assert shared.client.get("/api/v1/meta", headers={"tracestate": tracestate, **extra}).status_code == 200
+    metas = shared_receiver.wait_spans(lambda spans: len(by_name(spans, "GET /api/v1/meta")) == 2)
+    assert [(s.parent_id, s.span.trace_state) for s in by_name(metas, "GET /api/v1/meta")] == [("", ""), ("", "")]
