@@ -15,7 +15,8 @@ import pytest
 from bae.settings import DEFAULT_MAX_BODY_BYTES, load_settings
 from conftest import launch_stack, mock_provider_toml
 from docker_support import TEST_IMAGE, SandboxHostProcess, require_docker
-from live import new_session, result, rpc
+from live import new_session, register, result, rpc, send, session_state, terminal
+from mockllm import Reply
 from processes import TEST_PLANE
 from services.session.remote.sandbox_pool import SandboxError, SandboxHandle, SandboxPool
 
@@ -261,3 +262,30 @@ async def test_grpc_failure_text_never_becomes_a_sandbox_error_detail(caplog):
         await pool.close()
     finally:
         host.stop()
+
+
+def test_an_answer_too_large_for_the_internal_plane_reaches_no_one_as_grpc_text(start_stack, mock):
+    # The gateway path to gRPC's own size error: a client's sandbox command is capped by the body
+    # limit (48 MiB at most) and a command's output by the host (16 MiB), both under the plane's
+    # 64 MiB messages, but a provider may answer more than that. The runner cannot send it on;
+    # the client gets the spec's plain loop failure, the log gets gRPC's text.
+    mock.reset()
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN="t0ken-for-tests")
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    mock.enqueue(Reply.text("x" * (65 * 1024 * 1024)))
+    frames = send(stack, sid, skey, "write a lot")
+    assert terminal(frames)["error"] == {"code": -32000, "message": "session loop failed"}
+    events = stack.client.get(f"/api/v1/sessions/{sid}/events", params={"limit": 200},
+                              headers={"Authorization": f"Bearer {skey}"}).json()["items"]
+    assert [event["event_type"] for event in events] == [
+        "session.open", "session.driver.register", "client.message.send", "provider.request",
+    ]
+    seen = json.dumps(frames) + json.dumps(events)
+    runner = stack.stack.settings.runner_grpc_addr
+    assert "larger than max" not in seen and "RESOURCE_EXHAUSTED" not in seen and runner not in seen
+    logs = "".join(log.read_text() for log in (stack.tmp / "logs").glob("*.log"))
+    assert "Sent message larger than max" in logs
+    assert session_state(stack, sid) == "open"
+    mock.enqueue(Reply.text("smaller"))
+    assert result(send(stack, sid, skey, "less, please"))["message"]["content"] == [{"type": "text", "text": "smaller"}]
