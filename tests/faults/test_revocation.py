@@ -250,6 +250,26 @@ def test_a_revoked_keys_queued_send_message_ends_at_once_and_records_nothing(sta
     assert_no_container_left(stack)
 
 
+def test_a_revoked_keys_queued_compaction_ends_at_once_and_runs_nothing(stack, mock):
+    sid, a, b, b_key_id = two_drivers(stack)
+    before = event_log(stack, sid, a)
+    with provider_call_held(mock, Reply.text("for a")):
+        a_thread, a_outcome = turn_in_background(stack, sid, a, "a asks")
+        wait_until(lambda: len(mock.requests) == 1)
+        queued = Stream(stack, sid, b, "session.compact")  # waits for the running turn
+        assert queued.opened.wait(10) and queued.status == 200
+        revoke(stack, b_key_id)
+        assert queued.done.wait(5), "the revoked key's queued compaction is still waiting"
+    assert queued.lines == []
+    a_thread.join(30)
+    assert result(a_outcome["frames"])["message"]["content"] == [{"type": "text", "text": "for a"}]
+    events = assert_history_kept(stack, sid, a, before)
+    assert types(events[len(before):]) == TURN  # no compaction ran after the turn
+    assert len(mock.requests) == 1
+    assert session_state(stack, sid) == "open"
+    assert_no_container_left(stack)
+
+
 def test_the_revoked_key_can_no_longer_call(stack, mock):
     sid, a, b, b_key_id = two_drivers(stack)
     before = event_log(stack, sid, a)

@@ -176,7 +176,11 @@ class LiveApi:
             yield frame
         if watcher.cut_off:
             return
-        yield session_pb2.RpcFrame(result_json=(await work).completed.json)
+        try:
+            outcome = await work
+        except KeyRevoked:
+            return  # as for sendMessage: revoked while it queued, it ran nothing
+        yield session_pb2.RpcFrame(result_json=outcome.completed.json)
 
     # -- subagents (§11.5, §11.6) --------------------------------------------------
 

@@ -88,7 +88,7 @@ class TurnEngine:
     async def compact(self, request: CompactRequest, *, watcher: Watcher | None = None) -> CompactionOutcome:
         """Run one `session.compact` (§12.3): waits for a running turn, never for a paused one."""
         live = await self._admit(request.session_id)
-        claim = await live.gate.acquire_for_compaction()
+        claim = await live.gate.acquire_for_compaction(request.actor)
         return await self._owned(self._compaction(live, request, claim, watcher), request.session_id, watcher)
 
     async def drain(self, timeout: float) -> None:

@@ -65,16 +65,16 @@ class TurnGate:
         """Take the gate for `sendMessage`, in arrival order."""
         return await self._acquire(caller, compact=False)
 
-    async def acquire_for_compaction(self) -> Claim:
+    async def acquire_for_compaction(self, caller: str | None = None) -> Claim:
         """Take the gate for `session.compact`: a live pause fails at once, never waited on."""
-        return await self._acquire(None, compact=True)
+        return await self._acquire(caller, compact=True)
 
     async def _acquire(self, caller: str | None, *, compact: bool) -> Claim:
         if caller in self._revoked:
             raise KeyRevoked
         if compact and self.parked is not None and not self.parked.expired:
             raise TurnInProgress
-        claim = self._take_parked(caller, first=not self._queue)
+        claim = self._take_parked(None if compact else caller, first=not self._queue)
         if claim is not None:
             return claim
         if not self.busy and not self._queue:
@@ -104,7 +104,7 @@ class TurnGate:
                 parked = self.parked
                 if compact and parked is not None and not parked.expired:
                     raise TurnInProgress
-                claim = self._take_parked(caller, first=first)
+                claim = self._take_parked(None if compact else caller, first=first)  # compaction is no owner
                 if claim is not None:
                     claim.waited = True
                     return claim
