@@ -863,3 +863,26 @@ def test_an_incoming_tracestate_travels_with_its_traceparent(
         assert shared.client.get("/api/v1/meta", headers={"tracestate": tracestate, **extra}).status_code == 200
     metas = shared_receiver.wait_spans(lambda spans: len(by_name(spans, "GET /api/v1/meta")) == 2)
     assert [(s.parent_id, s.span.trace_state) for s in by_name(metas, "GET /api/v1/meta")] == [("", ""), ("", "")]
+
+
+def test_an_invalid_continuation_ends_the_session_span_in_error(
+    shared: RunningStack, shared_receiver: OtlpReceiver, mock: MockLLM
+) -> None:
+    mock.reset()
+    sid, skey, _ = new_session(shared)
+    register(shared, sid, skey)
+    mock.enqueue(Reply.tool_use([("tu_1", "get_time", {}), ("tu_1", "get_time", {})]))  # a pause no answer can match
+    assert result(send(shared, sid, skey, "twice"))["message"]["content"][0]["id"] == "tu_1"
+    header, trace_id, _ = traceparent()
+    answer = [{"type": "tool_result", "tool_use_id": "tu_1", "content": "noon"}]
+    refused = send_traced(shared, sid, skey, answer, header)[-1]["error"]
+    assert refused["message"].startswith("tool result merge invalid")
+
+    def session_span(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
+        return [s for s in by_name(spans, "bae.session") if s.attributes["bae.session.id"] == sid]
+
+    (session,) = session_span(shared_receiver.wait_spans(lambda spans: bool(session_span(spans))))
+    assert status(session) == (ERROR, "tool result merge invalid")
+    # The request answered 200 with a JSON-RPC error: not an HTTP error.
+    (request,) = trace_of(shared_receiver, trace_id, lambda ours: bool(http_spans(ours)))
+    assert (request.attributes["http.response.status_code"], status(request)) == (200, (UNSET, ""))
