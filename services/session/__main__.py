@@ -159,8 +159,11 @@ async def serve_forever(command: Command, settings: Settings) -> None:
     await runtime.start()
     auth.start()
 
-    # Shutdown phases: stop accepting and drain running turns (`engine.drain`, within
-    # BAE_SHUTDOWN_TIMEOUT), then tear down sessions, MCP, sandboxes and the store.
+    # Shutdown phases: stop accepting and drain running turns and the sandbox stops of closed
+    # sessions (within BAE_SHUTDOWN_TIMEOUT), then tear down sessions, MCP, sandboxes and the store.
+    async def drain(budget: float) -> None:
+        await asyncio.gather(engine.drain(budget), runtime.drain(budget))
+
     async def shutdown() -> None:
         session_spans.end_all()
         await runtime.stop()
@@ -169,7 +172,7 @@ async def serve_forever(command: Command, settings: Settings) -> None:
 
     await serve(
         "session", settings.session_grpc_addr, register(servicer), settings.shutdown_timeout, shutdown, plane=plane,
-        drain=engine.drain,
+        drain=drain,
     )
 
 

@@ -456,3 +456,90 @@ def test_a_closed_sessions_sandbox_left_running_is_stopped_at_start_up(start_sta
     wait_for_line(session_log, f"stopping sandbox {container.id} of closed session {driver.sid}", restarted_at)
     after = stack.admin.get(f"/admin/v1/sessions/{driver.sid}/events", params={"limit": 500}).json()["items"]
     assert after == closing  # a closed session's log is not written to
+
+
+def test_a_close_is_not_held_by_a_frozen_sandbox_host(start_stack, mock, image):
+    """DELETE while the sandbox host is frozen and not yet seen down: the sandbox stop cannot be
+    answered, and its deadline (BAE_RPC_TIMEOUT) is the gateway's own for the DELETE. The close
+    answers 200 well before it, with the session closed and its subagent cancelled; the stop goes
+    on, and once the host runs again it stops the container and logs `stopped`, in the close's order."""
+    mock.reset()
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), **overrides())
+    driver = Driver(stack, image)
+    started = launch(driver, mock, "sleep 300")["result"]
+    [container] = containers_with(f"bae.session_id={driver.sid}")
+    host = stack.stack.processes["sandbox"]
+    before = len(driver.events())
+    deadline = stack.stack.settings.rpc_timeout
+
+    host.send_signal(signal.SIGSTOP)  # frozen: calls to it are sent and never answered
+    try:
+        began = time.monotonic()
+        reply = stack.client.delete(f"/api/v1/sessions/{driver.sid}", headers={"Authorization": f"Bearer {driver.skey}"})
+        took = time.monotonic() - began
+        assert reply.status_code == 200, reply.text
+        assert reply.json() == {"session_id": driver.sid, "state": "closed"}
+        assert took < deadline * 0.7, f"the close took {took:.1f}s of the {deadline:g}s deadline"
+        answered = driver.events()[before:]
+    finally:
+        host.send_signal(signal.SIGCONT)
+
+    stop = {"image": image, "sandbox_id": container.id, "dispatch": "remote"}
+    cancelled = {"dispatch": "remote", "subagent_id": started["subagent_id"], "harness": "fake", "model": "m1",
+                 "detail": None, "reason": "session_close", "exit_code": None}
+    closing = [
+        ("session.close", {"reason": "client_close"}),
+        ("session.subagent.cancelled", cancelled),
+        ("session.sandbox.stop", {**stop, "reason": "session_close"}),
+    ]
+    # At the answer the stop was still waiting for the host, so nothing came after its `stop` event.
+    assert [(e["event_type"], e["payload"]) for e in answered] == closing
+
+    # The host runs again and answers the stop it was sent: the container goes, and `stopped` ends the close.
+    driver.wait_for("session.sandbox.stopped")
+    give_up = time.monotonic() + 20
+    while containers_with(f"bae.session_id={driver.sid}"):
+        assert time.monotonic() < give_up, f"the closed session's sandbox {container.id} still runs"
+        time.sleep(0.2)
+    after = driver.events()[before:]
+    assert [(e["event_type"], e["payload"]) for e in after] == [
+        *closing, ("session.sandbox.stopped", {**stop, "reason": "session_close", "unsandboxed": False})]
+    assert len({e["client_key_id"] for e in after}) == 1  # all the session creator's (O-7)
+
+
+def test_a_stop_a_frozen_host_never_answers_fails_after_the_close_and_is_redone_at_start_up(start_stack, mock, image):
+    """The host stays frozen past the stop's own deadline: the close still answered 200 at once, the
+    stop then ends in `session.sandbox.error`, and the next start of the session service stops the
+    container, writing nothing more to the closed session's log."""
+    mock.reset()
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), **overrides())
+    driver = Driver(stack, image)
+    [container] = containers_with(f"bae.session_id={driver.sid}")
+    host = stack.stack.processes["sandbox"]
+    before = len(driver.events())
+    deadline = stack.stack.settings.rpc_timeout
+
+    host.send_signal(signal.SIGSTOP)
+    try:
+        driver.close()
+        assert types(driver.events()[before:]) == ["session.close", "session.sandbox.stop"]
+        driver.wait_for("session.sandbox.error", timeout=deadline + 10)
+    finally:
+        host.send_signal(signal.SIGCONT)
+    closing = driver.events()[before:]
+    stop = {"image": image, "sandbox_id": container.id, "dispatch": "remote"}
+    assert [(e["event_type"], e["payload"]) for e in closing] == [
+        ("session.close", {"reason": "client_close"}),
+        ("session.sandbox.stop", {**stop, "reason": "session_close"}),
+        ("session.sandbox.error", {**stop, "phase": "stop", "unsandboxed": False,
+                                   "detail": f"the sandbox host did not answer within {deadline:g}s"}),
+    ]
+    container.reload()
+    assert container.status == "running"
+
+    stack.stack.restart("session")
+    give_up = time.monotonic() + 20
+    while containers_with(f"bae.session_id={driver.sid}"):
+        assert time.monotonic() < give_up, f"the closed session's sandbox {container.id} still runs"
+        time.sleep(0.2)
+    assert driver.events()[before:] == closing

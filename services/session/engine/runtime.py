@@ -42,6 +42,10 @@ from services.session.store.records import ProfileRecord
 
 log = logging.getLogger("bae.session.runtime")
 
+# The share of BAE_RPC_TIMEOUT (the deadline of whoever asked for a close) that a close waits
+# for its sandbox stop; the rest of the deadline is left for everything else the call does.
+CLOSE_WAIT_SHARE = 1 / 3
+
 
 @dataclass
 class CompactionBackoff:
@@ -99,6 +103,8 @@ class SessionRuntime:
             on_adopt=self._adopt,
         )
         self.peers = Peers(InternalPlane.of(settings), settings.rpc_timeout)
+        # Sandbox stops of closed sessions that outlasted their close's wait (see `close`).
+        self.closing = TaskOwner("closing")
         self.sandboxes: SandboxPool | None = (
             SandboxPool(
                 settings.sandbox_grpc_addrs, settings.rpc_timeout, InternalPlane.of(settings),
@@ -238,29 +244,36 @@ class SessionRuntime:
             [session_id for session_id in (*closed, *still_open) if session_id not in self.ownership.held]
         )
         elsewhere: dict[str, session_pb2.Revocation] = {}
+        here: dict[str, list[EventView]] = {}
         for session_id, views in closed.items():
             if (address := owners.get(session_id)) is not None:
                 revocation = elsewhere.setdefault(address, session_pb2.Revocation(key_id=key_id))
                 revocation.closed.add(session_id=session_id, event_ids=[view["id"] for view in views])
             else:
-                await self._closed_by_revocation(key_id, session_id, views)
+                here[session_id] = views
         for session_id in still_open:
             if (address := owners.get(session_id)) is not None:
                 elsewhere.setdefault(address, session_pb2.Revocation(key_id=key_id)).session_ids.append(session_id)
         self.revoke(key_id, [session_id for session_id in still_open if session_id not in owners])
-        await asyncio.gather(*(self.peers.apply_revocation(address, r) for address, r in elsewhere.items()))
+        # Side by side: each close may wait a while for its sandbox host (see `close`), all within one deadline.
+        await asyncio.gather(
+            *(self._closed_by_revocation(key_id, session_id, views) for session_id, views in here.items()),
+            *(self.peers.apply_revocation(address, r) for address, r in elsewhere.items()),
+        )
 
     async def apply_revocation(self, revocation: session_pb2.Revocation) -> None:
         """Another replica revoked a key: apply it to the sessions this one owns."""
-        for closed in revocation.closed:
-            views: list[EventView] = []
-            if closed.event_ids:
-                first = await self.store.event_seq(closed.session_id, closed.event_ids[0])
-                if first is not None:
-                    page = await self.store.list_events(closed.session_id, first - 1, len(closed.event_ids))
-                    views = [view for _, view in page if view["id"] in closed.event_ids]
-            await self._closed_by_revocation(revocation.key_id, closed.session_id, views)
+        await asyncio.gather(*(self._apply_closed(revocation.key_id, closed) for closed in revocation.closed))
         self.revoke(revocation.key_id, list(revocation.session_ids))
+
+    async def _apply_closed(self, key_id: str, closed: session_pb2.ClosedSession) -> None:
+        views: list[EventView] = []
+        if closed.event_ids:
+            first = await self.store.event_seq(closed.session_id, closed.event_ids[0])
+            if first is not None:
+                page = await self.store.list_events(closed.session_id, first - 1, len(closed.event_ids))
+                views = [view for _, view in page if view["id"] in closed.event_ids]
+        await self._closed_by_revocation(key_id, closed.session_id, views)
 
     async def _closed_by_revocation(self, key_id: str, session_id: str, views: list[EventView]) -> None:
         await self.publish(session_id, views)
@@ -279,10 +292,28 @@ class SessionRuntime:
                 live.gate.revoke(key_id)
 
     async def close(self, session_id: str, attribute_to: str | None) -> None:
-        """Tear a closed session down: sandbox, subscribers, MCP, drivers, gate."""
+        """Tear a closed session down (§5.5 step 2): subagents, sandbox, subscribers, MCP, drivers, gate.
+
+        The sandbox stop is the close's one call to a sandbox host, and a host can be frozen or slow
+        without having been seen down yet: the stop's own deadline is as long as the caller's. So
+        the stop runs as work of `self.closing`, and the close waits for it only CLOSE_WAIT_SHARE of
+        that deadline. Past that the close goes on without it; the stop still writes its `stopped`
+        or `error` event when the host answers or its deadline passes, and that event is the last
+        one the close writes, so the log keeps §14's order (close, cancelled*, stop, stopped|error).
+        A container whose stop failed is stopped by `reconcile` at the next start.
+        """
         live = self.sessions.pop(session_id, None)
         if live is not None:
-            await self._teardown(live, attribute_to)
+            try:
+                await subagent_calls.cancel_at_close(self, live, actor=attribute_to)
+            except Exception:  # logged; never blocks a close
+                log.exception("cancelling the subagents of %s failed", session_id)
+            if live.sandbox is not None:
+                stopping = self.closing.spawn(
+                    stop_sandbox(self, live, attribute_to, reason="session_close"), name=f"stop:{session_id}"
+                )
+                await asyncio.wait({stopping}, timeout=self.settings.rpc_timeout * CLOSE_WAIT_SHARE)
+            await self._teardown(live)
         await self.ownership.release(session_id)
 
     async def _drop(self, session_ids: set[str]) -> None:
@@ -291,7 +322,7 @@ class SessionRuntime:
         for session_id in session_ids:
             live = self.sessions.pop(session_id, None)
             if live is not None:
-                await self._teardown(live, None, closing=False)
+                await self._teardown(live)
 
     async def _adopt(self, session_id: str) -> None:
         """A session taken over from a replica that died: its log is read again (a turn it left
@@ -304,18 +335,9 @@ class SessionRuntime:
         if self.sandboxes is not None:
             await self.reconcile(session_id)
 
-    async def _teardown(self, live: LiveSession, attribute_to: str | None, *, closing: bool = True) -> None:
-        if closing:  # a shutdown leaves subagents running on their hosts; a close ends them (§14.13)
-            for entry in live.subagents.running():
-                try:
-                    await subagent_calls.cancel(self, live, entry, reason="session_close", actor=attribute_to)
-                except Exception:
-                    log.exception("cancelling subagent %s of %s failed", entry.subagent_id, live.session_id)
-        if closing and live.sandbox is not None:
-            try:
-                await stop_sandbox(self, live, attribute_to, reason="session_close")
-            except Exception:  # logged; never blocks a close
-                log.exception("stopping the sandbox of %s failed", live.session_id)
+    async def _teardown(self, live: LiveSession) -> None:
+        """Drop a session's live state. Its sandbox and subagents are left as they are: a close
+        ends them first, while a shutdown or a lost lease leaves them to whoever serves it next."""
         live.feed.close()
         live.gate.close()
         live.drivers.clear()
@@ -412,14 +434,21 @@ class SessionRuntime:
                 live.tasks.spawn(subagent_calls.watch(self, live, entry), name=f"subagent:{subagent_id}")
                 log.info("re-attached subagent %s of session %s", subagent_id, live.session_id)
 
+    async def drain(self, timeout: float) -> None:
+        """Shutdown phase 2: the sandbox stops of sessions closed just before end within `timeout`."""
+        if not await self.closing.drain(timeout):
+            log.warning("%d sandbox stop(s) of closed sessions still waiting after %.1fs; cancelling them",
+                        len(self.closing), timeout)
+
     async def stop(self) -> None:
         """Last shutdown phase: drop every session's live state. Sandboxes and subagents keep
         running on their hosts; the next start takes them back (`reconcile`)."""
         if self.sandbox_discovery is not None:
             await self.sandbox_discovery.close()
+        await self.closing.cancel()  # what `drain` left: those containers are stopped at the next start
         while self.sessions:
             _, live = self.sessions.popitem()
-            await self._teardown(live, None, closing=False)
+            await self._teardown(live)
         if self.sandboxes is not None:
             await self.sandboxes.close()
         await self.ownership.stop()

@@ -156,3 +156,21 @@ async def cancel(runtime: SessionRuntime, live: LiveSession, entry: Subagent, *,
             log.warning("subagent %s: kill failed: %s", entry.subagent_id, exc.detail)
     await runtime.append(live.session_id, actor, [("session.subagent.cancelled", entry.event(reason=reason, exit_code=None))])
     return True
+
+
+async def cancel_at_close(runtime: SessionRuntime, live: LiveSession, *, actor: str | None) -> None:
+    """A close cancels every running subagent (§5.5 step 2): one `session.subagent.cancelled`
+    each, written together at once.
+
+    No kill per subagent: each one's command runs in the session's sandbox, which the close
+    stops next (or which was stopped before), and a sandbox host ends a sandbox's commands with
+    it. A slow or frozen host then costs the close one call, the stop, not one more per subagent.
+    """
+    running = live.subagents.running()
+    for entry in running:
+        entry.status, entry.reason = SubagentStatus.CANCELLED, "session_close"
+    if running:
+        await runtime.append(
+            live.session_id, actor,
+            [("session.subagent.cancelled", entry.event(reason="session_close", exit_code=None)) for entry in running],
+        )
