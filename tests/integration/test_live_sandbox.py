@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import json
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from conftest import free_port, mock_provider_toml
@@ -301,6 +303,45 @@ def test_auto_dispatch_renders_output_and_close_stops_the_sandbox(stack, mock):
     closing = driver.events()[-3:]
     assert types(closing) == ["session.close", "session.sandbox.stop", "session.sandbox.stopped"]
     assert payloads(closing[1:]) == [("session.sandbox.stop", stop), ("session.sandbox.stopped", {**stop, "unsandboxed": False})]
+
+
+def test_a_subscriber_sees_the_close_and_the_sandbox_stop_before_its_stream_ends(stack):
+    # §13 item 13: session.close, session.sandbox.stop, session.sandbox.stopped; subscriber streams then end.
+    require_docker()
+    profile = stack.create_profile("watched", available_sandboxes=[TEST_IMAGE])
+    driver = Driver(stack, profile).register()
+    sandbox_id = driver.ok("session.startRemoteSandbox", {"image": TEST_IMAGE})["sandbox_id"]
+    seen: list[dict] = []
+    body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe", "params": {}}
+
+    def watch() -> None:
+        with httpx.Client(base_url=stack.stack.client_url, timeout=60) as client:
+            headers = {"Authorization": f"Bearer {driver.skey}"}
+            with client.stream("POST", f"/api/v1/sessions/{driver.sid}/rpc", json=body, headers=headers) as reply:
+                for line in reply.iter_lines():
+                    frame = json.loads(line)
+                    if frame.get("method") == "session.event":
+                        seen.append(frame["params"])
+
+    with ThreadPoolExecutor(1) as pool:
+        watching = pool.submit(watch)
+        # A marker event the subscription must see: from then on it is attached.
+        marker = {"state": "start", "subagent_id": "marker", "harness": "h", "model": "m"}
+        deadline = time.monotonic() + 30
+        while not any(event["event_type"] == "session.subagent.start" for event in list(seen)):
+            assert time.monotonic() < deadline, "the subscription never saw the marker"
+            driver.ok("session.reportLocalSubagent", marker)
+            time.sleep(0.2)
+        driver.close()
+        watching.result(timeout=30)  # the stream ends after the close
+    closing = [event for event in seen if event["event_type"].startswith(("session.close", "session.sandbox"))]
+    stop = {"image": TEST_IMAGE, "sandbox_id": sandbox_id, "reason": "session_close", "dispatch": "remote"}
+    assert payloads(closing) == [
+        ("session.close", {"reason": "client_close"}),
+        ("session.sandbox.stop", stop),
+        ("session.sandbox.stopped", {**stop, "unsandboxed": False}),
+    ]
+    assert [event["id"] for event in closing] == [event["id"] for event in driver.events()[-3:]]
 
 
 def test_auto_dispatch_without_a_sandbox_is_an_error_result(stack, mock):

@@ -95,6 +95,9 @@ class SessionRuntime:
         self.settings = settings
         self.config = config
         self.sessions: dict[str, LiveSession] = {}
+        # Sessions being torn down: no longer live for new calls, but their subscribers still
+        # get the close's own events (§13 item 13: cancelled*, stop, stopped; then streams end).
+        self._closing_feeds: dict[str, LiveSession] = {}
         self.ownership = Ownership(
             store=store,
             address=advertised_address(settings.session_grpc_addr, settings.session_advertise_addr),
@@ -198,7 +201,7 @@ class SessionRuntime:
 
     async def publish(self, session_id: str, events: list[EventView]) -> None:
         """Fan committed events out to the session's watchers and its history cache."""
-        live = self.sessions.get(session_id)
+        live = self.sessions.get(session_id) or self._closing_feeds.get(session_id)
         if live is None:
             return
         if live.history is not None:
@@ -304,15 +307,20 @@ class SessionRuntime:
         """
         live = self.sessions.pop(session_id, None)
         if live is not None:
+            self._closing_feeds[session_id] = live
             try:
-                await subagent_calls.cancel_at_close(self, live, actor=attribute_to)
-            except Exception:  # logged; never blocks a close
-                log.exception("cancelling the subagents of %s failed", session_id)
-            if live.sandbox is not None:
-                stopping = self.closing.spawn(
-                    stop_sandbox(self, live, attribute_to, reason="session_close"), name=f"stop:{session_id}"
-                )
-                await asyncio.wait({stopping}, timeout=self.settings.rpc_timeout * CLOSE_WAIT_SHARE)
+                try:
+                    await subagent_calls.cancel_at_close(self, live, actor=attribute_to)
+                except Exception:  # logged; never blocks a close
+                    log.exception("cancelling the subagents of %s failed", session_id)
+                if live.sandbox is not None:
+                    stopping = self.closing.spawn(
+                        stop_sandbox(self, live, attribute_to, reason="session_close"), name=f"stop:{session_id}"
+                    )
+                    await asyncio.wait({stopping}, timeout=self.settings.rpc_timeout * CLOSE_WAIT_SHARE)
+            finally:
+                # A stop that outlasts the wait is logged only: the subscribers' streams end now.
+                del self._closing_feeds[session_id]
             await self._teardown(live)
         await self.ownership.release(session_id)
 
