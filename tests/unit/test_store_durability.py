@@ -119,6 +119,33 @@ async def test_reads_do_not_wait_behind_a_blocked_write(locked):
         await write
 
 
+async def test_a_read_that_would_wait_moves_from_the_loop_to_the_reader_thread(tmp_path):
+    # Reads run on the loop's thread with a busy timeout of 0. In WAL mode a reader needs no lock
+    # a writer holds, so only rare states (WAL recovery after a crash, another process holding the
+    # file exclusively) make it busy; such a read is not refused but handed to the reader thread.
+    store = await Store.open(f"sqlite:///{tmp_path}/bae.db")
+    sid = await new_session(store)
+    backend = store._backend
+    loop_reader = backend.loop_reader
+    used = []
+
+    def busy_once(fn, args):
+        used.append(fn)
+        if len(used) == 1:
+            raise StoreUnavailable("the database is busy; retry shortly", busy=True)
+        return loop_reader.read(fn, args)
+
+    backend.loop_reader = type("BusyOnce", (), {"read": staticmethod(busy_once), "close": loop_reader.close})()
+    try:
+        assert (await store.get_session(sid)).id == sid  # answered by the reader thread
+        assert (await store.get_session(sid)).id == sid  # and the next read is the loop's again
+        assert len(used) == 2
+        timeout = await store.read(lambda conn: conn.exec_driver_sql("PRAGMA busy_timeout").scalar())
+        assert timeout == 0  # the loop's own connection never waits
+    finally:
+        await store.close()
+
+
 async def test_a_postgresql_outage_is_a_503_and_the_password_never_logged(caplog):
     """A server of its own, stopped under an open store: calls are 503s, then work again once it is back."""
     server = postgres_support.PostgresServer(postgres_support.bin_dir_or_skip())
