@@ -48,6 +48,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from http1 import Connection, rpc as lean_rpc  # noqa: E402
 from bench.run import TOKEN, client_key, ms, open_session, report, rpc, start_stack  # noqa: E402
 from table import print_table, record  # noqa: E402
 from bae.grpcutil import channel as internal_channel  # noqa: E402
@@ -87,15 +88,18 @@ def sdk_exec(api, container_id: str) -> None:
     api.exec_inspect(exec_id)
 
 
-async def exec_round_trips(stack, client, sid: str, skey: str, sandbox_id: str, idle: tuple[str, str]) -> None:
-    """One exec of `echo hi` four ways, interleaved so that a noisy machine weighs on each alike."""
+async def exec_round_trips(stack, sid: str, skey: str, sandbox_id: str, idle: tuple[str, str]) -> None:
+    """One exec of `echo hi` four ways, interleaved so that a noisy machine weighs on each alike.
+
+    The client's calls go through a bare HTTP/1.1 connection (bench/http1.py), as the REST figures do."""
     docker = docker_client()
+    client = await Connection.open(stack.client_url)
     host = internal_channel(stack.env["BAE_SANDBOX_GRPC_ADDRS"].split(",")[0], TEST_PLANE)
     stub = sandbox_pb2_grpc.SandboxStub(host)
     request = sandbox_pb2.ExecRequest(sandbox_id=sandbox_id, command="echo hi")
 
     async def through_gateway() -> None:
-        await rpc(client, sid, skey, "session.execRemoteSandbox", {"command": "echo hi"})
+        await lean_rpc(client, sid, skey, "session.execRemoteSandbox", {"command": "echo hi"})
 
     async def to_the_host() -> None:
         await stub.Exec(request, timeout=30)
@@ -106,9 +110,8 @@ async def exec_round_trips(stack, client, sid: str, skey: str, sandbox_id: str, 
     async def without_a_sandbox() -> None:
         """The same call in a session without a sandbox: the gateway and the session service alone."""
         body = {"jsonrpc": "2.0", "id": 1, "method": "session.execRemoteSandbox", "params": {"command": "echo hi"}}
-        reply = await client.post(f"/api/v1/sessions/{idle[0]}/rpc", json=body,
-                                  headers={"Authorization": f"Bearer {idle[1]}"})
-        assert '"error"' in reply.text, reply.text
+        _, reply = await client.request("POST", f"/api/v1/sessions/{idle[0]}/rpc", token=idle[1], body=body)
+        assert b'"error"' in reply, reply
 
     ways = {
         "exec round trip in a running sandbox": through_gateway,
@@ -124,6 +127,7 @@ async def exec_round_trips(stack, client, sid: str, skey: str, sandbox_id: str, 
                 if round_ >= 20:  # warm-up rounds first
                     samples[name].append(took)
     finally:
+        await client.close()
         await host.close()
         docker.close()
     for name, taken in samples.items():
@@ -173,7 +177,7 @@ async def bench_sandboxes(stack, key: str, tmp: Path, mock) -> None:
         started = await rpc(client, sid, skey, "session.startRemoteSandbox", {"image": TEST_IMAGE})
         idle = await open_session(client, key)
         await rpc(client, *idle, "session.registerDriver")
-        await exec_round_trips(stack, client, sid, skey, started["sandbox_id"], idle)
+        await exec_round_trips(stack, sid, skey, started["sandbox_id"], idle)
         await stop()
 
 
