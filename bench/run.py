@@ -2,7 +2,7 @@
 
     make bench                 # everything
     make bench ARGS="rest"     # only the REST figures; also "turns", "observers", "compaction",
-                               # "replicas", "sandbox" (bench/sandbox.py) or "telemetry"
+                               # "replicas", "sandbox" (bench/sandbox.py), "cpu" or "telemetry"
 
 The load generator shares the stack's cores, so the client side is kept lean: REST GETs,
 turns and observers go through bench/http1.py (a bare HTTP/1.1 connection); one GET line
@@ -22,6 +22,9 @@ SQLite, turns per second across 64 sessions with 1 and 2 session replicas, and
 the failover time after a replica is killed.
 Observers: 100 `session.subscribe` streams on one session, each event's arrival
 against the driver's own stream.
+CPU: the CPU time each process (gateway, session service, runner, mock LLM and the load
+generator itself) spends per authenticated GET with 16 clients and per text turn across 64
+sessions, read from /proc: where the cores go when they are the limit.
 Telemetry (only when asked for): REST p50 and text-turn latency with [telemetry]
 off, and on at sample ratio 1.0 exporting to the tests' OTLP receiver; two rounds,
 alternating, on fresh stacks.
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -331,6 +335,55 @@ async def bench_observers(stack: Stack, key: str) -> None:
            "p99 ≤ 5 ms")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def bench_cpu(stack: Stack, key: str, mock: MockProcess) -> None:
+    print("\n== CPU per operation ==")
+    if not sys.platform.startswith("linux"):
+        print("  skipped: reads /proc, which only Linux has")
+        return
+    pids = {name: process.pid for name, process in stack.processes.items() if name != "sandbox"}
+    pids["mock LLM"] = mock.process.pid
+    url = stack.client_url
+
+    async def measure(label: str, work, operations: int) -> None:
+        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        own = time.process_time()
+        await work()
+        spent = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+        spent["load generator"] = time.process_time() - own
+        print(f"{label:<52} " + "  ".join(f"{name} {seconds / operations * 1000:.2f}" for name, seconds in spent.items())
+              + "  (ms per operation)")
+
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        sid, skey = await open_session(client, key)
+        pairs = [await open_session(client, key) for _ in range(64)]
+    events = f"/api/v1/sessions/{sid}/events?limit=1"
+    await load(lambda c: c.request("GET", events, token=skey), 16, 500, url, lean=True)  # warm up
+    await measure("GET events?limit=1, 16 clients", lambda: load(
+        lambda c: c.request("GET", events, token=skey), 16, 4000, url, lean=True), 4000)
+
+    drivers = [await Connection.open(url) for _ in pairs]
+    for driver, (sid, skey) in zip(drivers, pairs):
+        await lean_rpc(driver, sid, skey, "session.registerDriver")
+        await lean_rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
+
+    async def turns() -> None:
+        async def drive(driver, sid, skey):
+            for _ in range(10):
+                await lean_rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
+
+        await asyncio.gather(*(drive(d, s, k) for d, (s, k) in zip(drivers, pairs)))
+
+    await measure("text turn, 64 sessions", turns, 640)
+    for driver in drivers:
+        await driver.close()
+
+
 COMPACTION_HISTORY_TURNS = 500  # each text turn writes 4 events: about 2,000
 FILLER = "Here is some context the conversation has accumulated. " * 4
 
@@ -478,6 +531,8 @@ async def main(which: list[str]) -> None:
                 await bench_observers(running.stack, key)
             if not which or "compaction" in which:
                 await bench_compaction(running.stack, key, mock)
+            if not which or "cpu" in which:
+                await bench_cpu(running.stack, key, mock)
         finally:
             running.close()
     try:

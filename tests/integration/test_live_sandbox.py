@@ -306,7 +306,7 @@ def test_auto_dispatch_renders_output_and_close_stops_the_sandbox(stack, mock):
 
 
 def test_a_subscriber_sees_the_close_and_the_sandbox_stop_before_its_stream_ends(stack):
-    # §13 item 13: session.close, session.sandbox.stop, session.sandbox.stopped; subscriber streams then end.
+    # §14 item 13: session.close, session.sandbox.stop, session.sandbox.stopped; subscriber streams then end.
     require_docker()
     profile = stack.create_profile("watched", available_sandboxes=[TEST_IMAGE])
     driver = Driver(stack, profile).register()

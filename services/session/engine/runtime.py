@@ -96,7 +96,7 @@ class SessionRuntime:
         self.config = config
         self.sessions: dict[str, LiveSession] = {}
         # Sessions being torn down: no longer live for new calls, but their subscribers still
-        # get the close's own events (§13 item 13: cancelled*, stop, stopped; then streams end).
+        # get the close's own events (§14 item 13: cancelled*, stop, stopped; then streams end).
         self._closing_feeds: dict[str, LiveSession] = {}
         self.ownership = Ownership(
             store=store,
