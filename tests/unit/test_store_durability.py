@@ -133,9 +133,9 @@ async def test_a_read_that_would_wait_moves_from_the_loop_to_the_reader_thread(t
         used.append(fn)
         if len(used) == 1:
             raise StoreUnavailable("the database is busy; retry shortly", busy=True)
-        return loop_reader.read(fn, args)
+        return loop_reader.transaction(fn, args)
 
-    backend.loop_reader = type("BusyOnce", (), {"read": staticmethod(busy_once), "close": loop_reader.close})()
+    backend.loop_reader = type("BusyOnce", (), {"transaction": staticmethod(busy_once), "close": loop_reader.close})()
     try:
         assert (await store.get_session(sid)).id == sid  # answered by the reader thread
         assert (await store.get_session(sid)).id == sid  # and the next read is the loop's again

@@ -56,41 +56,65 @@ def session_and_profile(conn: Connection, session_id: str) -> tuple[SessionRecor
     return session, profiles.active(conn, session.profile_id) if session is not None else None
 
 
-class _Worker:
-    """One thread and its SQLite connection."""
+class _Connection:
+    """One SQLite connection, opened on first use and again after it broke."""
 
-    def __init__(self, engine: Engine, name: str) -> None:
+    def __init__(self, engine: Engine, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         self._engine = engine
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._default_timeout_ms = busy_timeout_ms
+        self._timeout_ms = busy_timeout_ms
         self._conn: Connection | None = None
-        self._impatient = False  # the last call found the database locked
 
     def connection(self) -> Connection:
         if self._conn is None or self._conn.closed or self._conn.invalidated:
             self._conn = self._engine.connect()
-            self._impatient = False
+            self._timeout_ms = BUSY_TIMEOUT_MS  # what the engine's connect hook sets
+            self.wait_for_locks(self._default_timeout_ms)
         return self._conn
 
-    def _patience(self, conn: Connection, impatient: bool) -> None:
-        if impatient != self._impatient:
-            set_busy_timeout(conn.connection.driver_connection, LOCKED_BUSY_TIMEOUT_MS if impatient else BUSY_TIMEOUT_MS)
-            self._impatient = impatient
+    def wait_for_locks(self, milliseconds: int) -> None:
+        """How long the next statements wait for a lock another connection holds."""
+        if self._conn is not None and milliseconds != self._timeout_ms:
+            set_busy_timeout(self._conn.connection.driver_connection, milliseconds)
+            self._timeout_ms = milliseconds
 
-    def _in_transaction(self, fn: Callable[..., T], args: tuple) -> T:
+    def transaction(self, fn: Callable[..., T], args: tuple) -> T:
+        """`fn(conn, *args)` inside BEGIN … COMMIT; a locked database or a failing disk raises
+        StoreUnavailable (after a storage failure the connection is opened afresh next time)."""
         conn = self.connection()
         try:
             with conn.begin():
-                result = fn(conn, *args)
+                return fn(conn, *args)
         except OperationalError as exc:
             problem = unavailable(exc)
             if problem is None:
                 raise
-            if problem.busy:
-                self._patience(conn, True)
-            else:  # a failed write may leave the connection unusable: start afresh
-                self._close()
+            if not problem.busy:  # a failed write may leave the connection unusable
+                self.close()
             raise problem from None
-        self._patience(conn, False)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class _Worker:
+    """One thread and its SQLite connection. After a call found the database locked, the next
+    ones wait LOCKED_BUSY_TIMEOUT_MS only, so a database another process holds answers quickly."""
+
+    def __init__(self, engine: Engine, name: str) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.db = _Connection(engine)
+
+    def _in_transaction(self, fn: Callable[..., T], args: tuple) -> T:
+        try:
+            result = self.db.transaction(fn, args)
+        except StoreUnavailable as problem:
+            if problem.busy:
+                self.db.wait_for_locks(LOCKED_BUSY_TIMEOUT_MS)
+            raise
+        self.db.wait_for_locks(BUSY_TIMEOUT_MS)
         return result
 
     async def run(self, fn: Callable[[], T]) -> T:
@@ -99,41 +123,9 @@ class _Worker:
     async def call(self, fn: Callable[..., T], args: tuple) -> T:
         return await self.run(functools.partial(self._in_transaction, fn, args))
 
-    def _close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
     async def close(self) -> None:
-        await self.run(self._close)
+        await self.run(self.db.close)
         self._executor.shutdown(wait=True)
-
-
-class _LoopReader:
-    """Reads on the event loop's thread, on a connection whose busy timeout is 0."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._conn: Connection | None = None
-
-    def read(self, fn: Callable[..., T], args: tuple) -> T:
-        """`fn(conn, *args)` in one transaction; raises StoreUnavailable (busy) rather than wait."""
-        if self._conn is None or self._conn.closed or self._conn.invalidated:
-            self._conn = self._engine.connect()
-            set_busy_timeout(self._conn.connection.driver_connection, 0)
-        try:
-            with self._conn.begin():
-                return fn(self._conn, *args)
-        except OperationalError as exc:
-            problem = unavailable(exc)
-            if problem is None:
-                raise
-            raise problem from None
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
 
 class _SqliteBackend:
@@ -145,12 +137,13 @@ class _SqliteBackend:
         self.writer = _Worker(engine, "bae-store")
         separate = is_file_database(engine.url)
         self.reader = _Worker(engine, "bae-store-read") if separate else self.writer
-        self.loop_reader = _LoopReader(engine) if separate else None
+        # Used only from the event loop's thread; it never waits for a lock.
+        self.loop_reader = _Connection(engine, busy_timeout_ms=0) if separate else None
 
     async def read(self, fn: Callable[..., T], args: tuple) -> T:
         if self.loop_reader is not None:
             try:
-                return self.loop_reader.read(fn, args)
+                return self.loop_reader.transaction(fn, args)
             except StoreUnavailable as problem:
                 if not problem.busy:
                     raise
@@ -196,7 +189,7 @@ class Store:
         backend = self._backend
         if isinstance(backend, PostgresBackend):
             return await backend.run_on_connection(migrate)
-        return await backend.writer.run(lambda: migrate(backend.writer.connection()))
+        return await backend.writer.run(lambda: migrate(backend.writer.db.connection()))
 
     @property
     def dialect(self) -> str:
