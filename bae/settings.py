@@ -208,6 +208,7 @@ class Settings:
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     get = env.get
+    hold = get("BAE_TEST_HOLD_ADDR", "")
     driver = get("BAE_SANDBOX_DRIVER", "docker").strip()
     if driver not in ("docker", "apple-container"):
         raise UsageError(
@@ -256,6 +257,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         session_grpc_addrs=_grpc_targets(get("BAE_SESSION_GRPC_ADDRS", "")),
         session_lease_seconds=parse_timeout("BAE_SESSION_LEASE_SECONDS", get("BAE_SESSION_LEASE_SECONDS", "10")),
         session_advertise_addr=get("BAE_SESSION_ADVERTISE_ADDR", "").strip() or None,
-        test_hold_addr=parse_address("BAE_TEST_HOLD_ADDR", get("BAE_TEST_HOLD_ADDR", ""))
-        if get("BAE_TEST_HOLD_ADDR") else None,
+        test_hold_addr=parse_address("BAE_TEST_HOLD_ADDR", hold) if hold else None,
     )

@@ -41,14 +41,12 @@ T = TypeVar("T")
 
 
 class LiveApi:
-    def __init__(
-        self, *, store: Store, runtime: SessionRuntime, engine: TurnEngine, hold: RaceHold | None = None
-    ) -> None:
+    def __init__(self, *, store: Store, runtime: SessionRuntime, engine: TurnEngine, hold: RaceHold) -> None:
         self.store = store
         self.runtime = runtime
         self.engine = engine
         # Where tests hold a call between its state check and taking the live state (the close race).
-        self.hold = hold or RaceHold(None)
+        self.hold = hold
 
     # -- registration and tools -------------------------------------------------
 
