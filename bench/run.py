@@ -216,6 +216,40 @@ def print_added(samples: list[float], baseline: float, baseline_p99: float) -> N
     print(f"{'  added latency vs direct SDK call':<52} p50 {p50:7.2f} ms   p99 {p99:7.2f} ms")
 
 
+SEND = {"message": {"content": "hi"}}
+
+
+async def turn_drivers(url: str, pairs: list[tuple[str, str]]) -> list[Connection]:
+    """One connection per (session id, key) pair, as separate clients would have, each registered
+    as its session's driver and warmed up with one turn."""
+    drivers = [await Connection.open(url) for _ in pairs]
+    for driver, (sid, skey) in zip(drivers, pairs):
+        await lean_rpc(driver, sid, skey, "session.registerDriver")
+        await lean_rpc(driver, sid, skey, "session.sendMessage", SEND)
+    return drivers
+
+
+async def text_turns(drivers: list[Connection], pairs: list[tuple[str, str]], per_session: int,
+                     samples: list[float] | None = None) -> float:
+    """`per_session` text turns in every session at once; each turn's latency goes to `samples`.
+    Returns the wall time."""
+    async def drive(driver: Connection, sid: str, skey: str) -> None:
+        for _ in range(per_session):
+            started = time.perf_counter()
+            await lean_rpc(driver, sid, skey, "session.sendMessage", SEND)
+            if samples is not None:
+                samples.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(drive(d, s, k) for d, (s, k) in zip(drivers, pairs)))
+    return time.perf_counter() - started
+
+
+async def close_all(connections: list[Connection]) -> None:
+    for connection in connections:
+        await connection.close()
+
+
 async def bench_turns(stack: Stack, key: str, mock: MockProcess) -> None:
     print("\n== Turns ==")
     from anthropic import AsyncAnthropic
@@ -231,26 +265,12 @@ async def bench_turns(stack: Stack, key: str, mock: MockProcess) -> None:
     url = stack.client_url
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         for sessions in (1, 8, 64):
-            # One connection per session, as separate clients would have.
-            drivers = [await Connection.open(url) for _ in range(sessions)]
-            pairs = [await open_session(client, key) for _ in drivers]
-            for driver, (sid, skey) in zip(drivers, pairs):
-                await lean_rpc(driver, sid, skey, "session.registerDriver")
-                await lean_rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})  # warm-up
+            pairs = [await open_session(client, key) for _ in range(sessions)]
             per_session = max(300 // sessions, 10)
             all_samples: list[float] = []
-
-            async def drive(driver, sid, skey, per_session=per_session, all_samples=all_samples):
-                for _ in range(per_session):
-                    started = time.perf_counter()
-                    await lean_rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
-                    all_samples.append(time.perf_counter() - started)
-
-            started = time.perf_counter()
-            await asyncio.gather(*(drive(d, s, k) for d, (s, k) in zip(drivers, pairs)))
-            wall = time.perf_counter() - started
-            for driver in drivers:
-                await driver.close()
+            drivers = await turn_drivers(url, pairs)
+            wall = await text_turns(drivers, pairs, per_session, all_samples)
+            await close_all(drivers)
             report(f"text turn through the stack, {sessions} session(s)", all_samples, wall)
             print_added(all_samples, baseline, baseline_p99)
             if sessions == 1:
@@ -268,11 +288,11 @@ async def bench_turns(stack: Stack, key: str, mock: MockProcess) -> None:
     await lean_rpc(driver, sid, skey, "session.registerDriver")
     print("  building a session with 2,000 prior events ...", flush=True)
     for _ in range(500):  # each text turn writes 4 events
-        await lean_rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
+        await lean_rpc(driver, sid, skey, "session.sendMessage", SEND)
     samples = []
     for _ in range(50):
         started = time.perf_counter()
-        await lean_rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
+        await lean_rpc(driver, sid, skey, "session.sendMessage", SEND)
         samples.append(time.perf_counter() - started)
     await driver.close()
     report("text turn on a session with 2,000+ prior events", samples, sum(samples))
@@ -367,21 +387,9 @@ async def bench_cpu(stack: Stack, key: str, mock: MockProcess) -> None:
     await measure("GET events?limit=1, 16 clients", lambda: load(
         lambda c: c.request("GET", events, token=skey), 16, 4000, url, lean=True), 4000)
 
-    drivers = [await Connection.open(url) for _ in pairs]
-    for driver, (sid, skey) in zip(drivers, pairs):
-        await lean_rpc(driver, sid, skey, "session.registerDriver")
-        await lean_rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
-
-    async def turns() -> None:
-        async def drive(driver, sid, skey):
-            for _ in range(10):
-                await lean_rpc(driver, sid, skey, "session.sendMessage", {"message": {"content": "hi"}})
-
-        await asyncio.gather(*(drive(d, s, k) for d, (s, k) in zip(drivers, pairs)))
-
-    await measure("text turn, 64 sessions", turns, 640)
-    for driver in drivers:
-        await driver.close()
+    drivers = await turn_drivers(url, pairs)
+    await measure("text turn, 64 sessions", lambda: text_turns(drivers, pairs, 10), 640)
+    await close_all(drivers)
 
 
 COMPACTION_HISTORY_TURNS = 500  # each text turn writes 4 events: about 2,000
