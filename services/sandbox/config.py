@@ -37,6 +37,8 @@ class SandboxConfig:
     health_interval: float
     # Started, unassigned containers kept per allowed image (services/sandbox/warm.py); 0: none.
     warm: int = 0
+    # Commands go to a shell kept running in each sandbox (services/sandbox/resident.py), not a new exec each.
+    resident_runner: bool = True
 
 
 def _positive(env: Mapping[str, str], var: str, default: str, kind: Callable[[str], N]) -> N:
@@ -68,6 +70,14 @@ def _warm(env: Mapping[str, str]) -> int:
     return warm
 
 
+def _switch(env: Mapping[str, str], var: str, default: str) -> bool:
+    value = env.get(var, default)
+    setting = value.strip().lower()
+    if setting not in ("1", "true", "0", "false"):
+        raise UsageError(f'{var}: "{value}" is not one of 1, true, 0, false')
+    return setting in ("1", "true")
+
+
 def load_sandbox_config(settings: Settings, env: Mapping[str, str] | None = None) -> SandboxConfig:
     env = os.environ if env is None else env
     get = env.get
@@ -95,4 +105,5 @@ def load_sandbox_config(settings: Settings, env: Mapping[str, str] | None = None
         output_limit=_output_limit(env),
         health_interval=_positive(env, "BAE_SANDBOX_HEALTH_INTERVAL", "2", float),
         warm=_warm(env),
+        resident_runner=_switch(env, "BAE_SANDBOX_RESIDENT_RUNNER", "1"),
     )

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import Callable, Coroutine, TypeVar
 
 import docker
 import docker.errors
@@ -41,6 +41,7 @@ from services.sandbox.driver import (
 )
 from services.sandbox.engine_socket import EngineError, EngineSocket, unix_socket_path
 from services.sandbox.output import CappedOutput
+from services.sandbox.resident import Runner, RunnerLost, RunnerPool, encode
 
 log = logging.getLogger("bae.sandbox")
 
@@ -143,6 +144,8 @@ class DockerDriver:
         self._long: docker.DockerClient | None = None
         # The exec hot path when the engine is on a unix socket (engine_socket.py); else the SDK's.
         self._socket: EngineSocket | None = None
+        # Shells kept running in each sandbox (resident.py); only over the socket, when the config allows.
+        self._runners: RunnerPool | None = None
         # Execs whose output is still being read after their caller stopped waiting (a timeout).
         self._draining: set[asyncio.Future] = set()
         self._clients_lock = threading.Lock()
@@ -166,6 +169,8 @@ class DockerDriver:
                     self._long = docker.from_env(timeout=None, version=control.api.api_version)
                     path = unix_socket_path()
                     self._socket = None if path is None else EngineSocket(path, control.api.api_version)
+                    if self._socket is not None and self._config.resident_runner:
+                        self._runners = RunnerPool(self._socket)
                     self._control = control  # last: once it is set, both clients are
                 except docker.errors.DockerException as exc:
                     raise _unreachable(exc) from None
@@ -315,6 +320,8 @@ class DockerDriver:
         except docker.errors.APIError as exc:
             await self._remove(api, sandbox_id)
             raise SandboxFailure(grpc.StatusCode.INTERNAL, f"cannot start sandbox: {_explain(exc)}") from None
+        if self._runners is not None:  # ready for the first command, without holding up the start
+            self._runners.grow(sandbox_id)
         return sandbox_id
 
     async def _create_exec(self, api, sandbox_id: str, command: str, token: str, stdin: bool) -> str:
@@ -350,28 +357,14 @@ class DockerDriver:
         token = uuid.uuid4().hex
         limit = self._config.output_limit
         stdout, stderr = CappedOutput(limit), CappedOutput(limit)
-        engine = self._socket
-        if engine is None:
-            exec_id = await self._create_exec(api, sandbox_id, command, token, stdin=False)
-
-            async def run() -> None:
-                await self._engine(_drain, await self._attach(exec_id, None), stdout, stderr)
-        else:
-            exec_id = await self._socket_create(engine, sandbox_id, command, token)
-
-            async def run() -> None:
-                try:
-                    await engine.run_exec(exec_id, stdout, stderr)
-                except EngineError as exc:
-                    raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {exc.explanation}") from None
-
+        run = await self._begin_exec(api, sandbox_id, command, token, stdout, stderr)
         # Shielded: past a timeout (or a caller gone) the output is still read until the streams
         # close, as the kill below (or the command's end) closes them, so the command never blocks on a full pipe.
-        drained = asyncio.ensure_future(run())
+        drained = asyncio.ensure_future(run)
         self._draining.add(drained)
         drained.add_done_callback(self._draining.discard)
         try:
-            await asyncio.wait_for(asyncio.shield(drained), timeout)
+            exit_code = await asyncio.wait_for(asyncio.shield(drained), timeout)
         except TimeoutError:
             await self._kill_marked(api, sandbox_id, token)
             raise SandboxFailure(
@@ -379,13 +372,6 @@ class DockerDriver:
             ) from None
         except OSError as exc:
             raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {exc}") from None
-        try:
-            if engine is None:
-                exit_code = await self._engine(_exit_code, api, exec_id)
-            else:
-                exit_code = await self._socket_exit_code(engine, exec_id)
-        except docker.errors.APIError as exc:
-            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {_explain(exc)}") from None
         return ExecOutput(
             stdout=stdout.text(),
             stderr=stderr.text(),
@@ -393,6 +379,52 @@ class DockerDriver:
             stdout_truncated=stdout.truncated,
             stderr_truncated=stderr.truncated,
         )
+
+    async def _begin_exec(
+        self, api, sandbox_id: str, command: str, token: str, stdout: CappedOutput, stderr: CappedOutput
+    ) -> Coroutine[None, None, int]:
+        """Whatever must happen before the deadline starts (creating the exec), and what runs under it: it returns the exit code."""
+        engine, runners = self._socket, self._runners
+        line = None if runners is None else encode(command)
+        runner = None if runners is None or line is None else runners.take(sandbox_id)
+        if runner is not None and runners is not None and line is not None:
+            return self._run_resident(runners, runner, line, token, stdout, stderr)
+        if engine is None:
+            exec_id = await self._create_exec(api, sandbox_id, command, token, stdin=False)
+
+            async def through_the_sdk() -> int:
+                await self._engine(_drain, await self._attach(exec_id, None), stdout, stderr)
+                try:
+                    return await self._engine(_exit_code, api, exec_id)
+                except docker.errors.APIError as exc:
+                    raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {_explain(exc)}") from None
+
+            return through_the_sdk()
+        exec_id = await self._socket_create(engine, sandbox_id, command, token)
+
+        async def through_the_socket() -> int:
+            try:
+                await engine.run_exec(exec_id, stdout, stderr)
+            except EngineError as exc:
+                raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {exc.explanation}") from None
+            return await self._socket_exit_code(engine, exec_id)
+
+        return through_the_socket()
+
+    async def _run_resident(
+        self, runners: RunnerPool, runner: Runner, line: bytes, token: str, stdout: CappedOutput, stderr: CappedOutput
+    ) -> int:
+        try:
+            exit_code = await runner.run(line, token, stdout, stderr)
+        except RunnerLost as exc:
+            runners.drop(runner)
+            if not await self.running(runner.sandbox_id):
+                raise SandboxFailure(grpc.StatusCode.NOT_FOUND, f"no such sandbox: {runner.sandbox_id}") from None
+            # The command ended its runner's shell (or the shell died under it): no exit status was reported.
+            log.info("a command in sandbox %s ended its runner: %s", runner.sandbox_id[:12], exc)
+            return -1
+        runners.give_back(runner)
+        return exit_code
 
     @staticmethod
     async def _socket_create(engine: EngineSocket, sandbox_id: str, command: str, token: str) -> str:
@@ -469,6 +501,8 @@ class DockerDriver:
 
     async def stop(self, sandbox_id: str) -> bool:
         api = await self._ready_api()
+        if self._runners is not None:
+            self._runners.forget(sandbox_id)
         was_running = await self._remove(api, sandbox_id)
         log.info("stopped sandbox %s%s", sandbox_id[:12], "" if was_running else " (already gone)")
         return was_running
@@ -500,6 +534,8 @@ class DockerDriver:
         ]
 
     async def close(self) -> None:
+        if self._runners is not None:
+            self._runners.close()
         if self._socket is not None:
             self._socket.close()
         for client in (self._control, self._long):

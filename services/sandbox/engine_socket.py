@@ -58,11 +58,15 @@ class EngineSocket:
         self._prefix = f"/v{api_version}"
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
-    async def _exchange(self, method: str, path: str, body: dict | None):
-        """Send one request; returns (status, headers, reader, writer), the connection now the caller's."""
+    async def _exchange(self, method: str, path: str, body: dict | None, upgrade: bool = False):
+        """Send one request; returns (status, headers, reader, writer), the connection now the caller's.
+
+        `upgrade`: ask for the connection itself (an exec's attached stdin), as the docker CLI does.
+        """
         data = b"" if body is None else json.dumps(body).encode()
+        hijack = "Connection: Upgrade\r\nUpgrade: tcp\r\n" if upgrade else ""
         request = (
-            f"{method} {self._prefix}{path} HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\n"
+            f"{method} {self._prefix}{path} HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\n{hijack}"
             f"Content-Length: {len(data)}\r\n\r\n".encode() + data
         )
         while True:
@@ -140,42 +144,75 @@ class EngineSocket:
             raise EngineError(status, str(message or data[:200].decode("utf-8", "replace")))
         return document
 
-    async def create_exec(self, container_id: str, argv: list[str], environment: list[str]) -> str:
+    async def create_exec(self, container_id: str, argv: list[str], environment: list[str], stdin: bool = False) -> str:
         created = await self._json("POST", f"/containers/{container_id}/exec", {
-            "Cmd": argv, "Env": environment, "AttachStdin": False, "AttachStdout": True, "AttachStderr": True,
+            "Cmd": argv, "Env": environment, "AttachStdin": stdin, "AttachStdout": True, "AttachStderr": True,
             "Tty": False,
         })
         return str(created["Id"])
 
+    async def _start(self, exec_id: str, upgrade: bool) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Start the exec; the connection then carries its multiplexed output (and its stdin, when attached)."""
+        status, headers, reader, writer = await self._exchange(
+            "POST", f"/exec/{exec_id}/start", {"Detach": False, "Tty": False}, upgrade
+        )
+        if status >= 400:
+            try:
+                data = await self._body(headers, reader)
+            finally:
+                writer.close()
+            try:
+                message = json.loads(data).get("message")
+            except (ValueError, AttributeError):
+                message = None
+            raise EngineError(status, str(message or data[:200].decode("utf-8", "replace")))
+        return reader, writer
+
     async def run_exec(self, exec_id: str, stdout: CappedOutput, stderr: CappedOutput) -> None:
         """Start the exec and read its multiplexed output until the engine closes it."""
-        status, headers, reader, writer = await self._exchange(
-            "POST", f"/exec/{exec_id}/start", {"Detach": False, "Tty": False}
-        )
+        reader, writer = await self._start(exec_id, upgrade=False)
         try:
-            if status >= 400:
-                data = await self._body(headers, reader)
-                try:
-                    message = json.loads(data).get("message")
-                except (ValueError, AttributeError):
-                    message = None
-                raise EngineError(status, str(message or data[:200].decode("utf-8", "replace")))
-            while True:
-                try:
-                    header = await reader.readexactly(8)
-                except asyncio.IncompleteReadError as ended:
-                    if ended.partial:
-                        raise ConnectionError("the engine cut an output frame short") from None
-                    return
-                (length,) = struct.unpack(">I", header[4:])
-                while length:  # a frame may be large: appended in pieces, never held whole
-                    piece = await reader.read(min(length, 65536))
-                    if not piece:
-                        raise ConnectionError("the engine cut an output frame short")
-                    (stderr if header[0] == STDERR else stdout).append(piece)
-                    length -= len(piece)
+            frames = Frames(reader)
+            while (frame := await frames.next()) is not None:
+                stream, piece = frame
+                (stderr if stream == STDERR else stdout).append(piece)
         finally:
             writer.close()
 
+    async def start_attached(self, exec_id: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Start an exec created with `stdin`: what is written goes to its stdin, and its output is read back."""
+        return await self._start(exec_id, upgrade=True)
+
     async def inspect_exec(self, exec_id: str) -> dict:
         return await self._json("GET", f"/exec/{exec_id}/json")
+
+
+class Frames:
+    """An exec's multiplexed output: an 8-byte header (stream, length), then that many bytes, repeated.
+
+    A large frame is handed on in pieces, never held whole.
+    """
+
+    PIECE = 65536
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+        self._stream = 0
+        self._left = 0
+
+    async def next(self) -> tuple[int, bytes] | None:
+        """The next piece as (stream, bytes); None once the engine closed the output between frames."""
+        while not self._left:
+            try:
+                header = await self._reader.readexactly(8)
+            except asyncio.IncompleteReadError as ended:
+                if ended.partial:
+                    raise ConnectionError("the engine cut an output frame short") from None
+                return None
+            self._stream = header[0]
+            (self._left,) = struct.unpack(">I", header[4:])
+        piece = await self._reader.read(min(self._left, self.PIECE))
+        if not piece:
+            raise ConnectionError("the engine cut an output frame short")
+        self._left -= len(piece)
+        return self._stream, piece

@@ -56,9 +56,13 @@ class Host:
         return await self.stub.Exec(request, timeout=120)
 
     async def processes(self) -> list[str]:
-        """The command lines running in the sandbox, but for its own keepalive and this `ps`."""
+        """The command lines running in the sandbox, but for its own keepalive, this `ps` and the
+        resident runner that runs it (its shells, and the two `cat`s that carry the output)."""
         lines = (await self.exec("ps -o args")).stdout.splitlines()[1:]
-        return [line for line in lines if "sleep infinity" not in line and "ps -o args" not in line]
+        return [line for line in lines if not any(own in line for own in OWN_PROCESSES) and line.strip() != "cat"]
+
+
+OWN_PROCESSES = ("sleep infinity", "ps -o args", "bae resident command runner")
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
-"""The docker driver's two exec paths against the real engine: straight over the unix socket
-(engine_socket.py, what a host on the default engine uses) and through the SDK (any other
-engine address). Both must answer alike: output, exit code, caps, timeout kill, a missing sandbox.
+"""The docker driver's three exec paths against the real engine: a command handed to the
+sandbox's resident runner (resident.py, what a host on the default engine uses), an exec
+straight over the unix socket (engine_socket.py: no runner idle, or runners off), and an
+exec through the SDK (any other engine address). All must answer alike: output, exit code,
+caps, timeout kill, a missing sandbox.
 """
 
 from __future__ import annotations
@@ -16,17 +18,28 @@ from services.sandbox.config import SandboxConfig
 from services.sandbox.docker_driver import DockerDriver
 from services.sandbox.driver import SandboxFailure
 from services.sandbox.engine_socket import unix_socket_path
+from services.sandbox.output import CappedOutput
 
 LIMIT = 64
 
 
-@pytest.fixture(params=["socket", "sdk"])
+async def runner_ready(driver: DockerDriver, sandbox_id: str) -> None:
+    """Until the sandbox has an idle resident runner (one starts with the sandbox)."""
+    for _ in range(500):
+        if driver._runners is not None and driver._runners._idle.get(sandbox_id):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("no resident runner became ready")
+
+
+@pytest.fixture(params=["runner", "socket", "sdk"])
 async def sandbox(request):
     require_docker()
     host_id = f"test-exec-{uuid.uuid4().hex[:12]}"
     config = SandboxConfig(
         driver="docker", listen_addr="unused", host_id=host_id, memory="256m", cpus=1, pids_limit=64,
         network="none", read_only=False, exec_timeout=30, output_limit=LIMIT, health_interval=2,
+        resident_runner=request.param == "runner",
     )
     driver = DockerDriver(config)
     sandbox_id = await driver.start("ses_paths", TEST_IMAGE)
@@ -34,6 +47,8 @@ async def sandbox(request):
         driver._socket = None  # what a host does when the engine is not on a unix socket
     else:
         assert driver._socket is not None, "the test engine is on a unix socket"
+    if request.param == "runner":
+        await runner_ready(driver, sandbox_id)
     try:
         yield driver, sandbox_id
     finally:
@@ -100,3 +115,67 @@ async def test_connections_are_reused_and_one_the_engine_closed_is_replaced(sand
         assert (await driver.exec(sandbox_id, "echo again", 10)).stdout == "again\n"
     finally:
         server.close()
+
+
+async def test_a_command_comes_back_byte_for_byte(sandbox):
+    driver, sandbox_id = sandbox
+    text = "t\tx  \\b\\s 'q' \"d\" $HOME %s %b \\0101 é✓\nl2  "  # within the 64-byte cap
+    output = await driver.exec(sandbox_id, f"cat <<'EOF'\n{text}\nEOF", 10)
+    assert output.stdout == text + "\n"
+
+
+async def test_a_background_child_holding_the_output_holds_the_call(sandbox):
+    driver, sandbox_id = sandbox
+    output = await driver.exec(sandbox_id, "(sleep 0.3; echo late; echo late-err >&2) & echo early", 10)
+    assert (output.stdout, output.stderr, output.exit_code) == ("early\nlate\n", "late-err\n", 0)
+
+
+async def test_commands_at_once_each_get_their_own_output(sandbox):
+    driver, sandbox_id = sandbox
+    outputs = await asyncio.gather(*(
+        driver.exec(sandbox_id, f"sleep 0.1; echo out{n}; echo err{n} >&2; exit {n}", 10) for n in range(7)
+    ))
+    assert [(o.stdout, o.stderr, o.exit_code) for o in outputs] == [
+        (f"out{n}\n", f"err{n}\n", n) for n in range(7)
+    ]
+
+
+@pytest.mark.parametrize("sandbox", ["runner"], indirect=True)
+async def test_the_runner_takes_every_command_in_turn(sandbox):
+    driver, sandbox_id = sandbox
+    runners = driver._runners
+    assert runners is not None
+    runner = runners._idle[sandbox_id][-1]
+    for n in range(3):
+        assert (await driver.exec(sandbox_id, f"echo {n}", 10)).stdout == f"{n}\n"
+        assert runners._idle[sandbox_id] == [runner], "the same runner ran it and is idle again"
+    # The runner's environment stays its own: the command's marker and the nonce are not in it.
+    shown = await driver.exec(sandbox_id, "env | grep -c BAE_EXEC_ID; echo $nonce", 10)
+    assert shown.stdout == "1\n\n"
+
+
+@pytest.mark.parametrize("sandbox", ["runner"], indirect=True)
+async def test_a_command_that_kills_its_runner_ends_without_a_status_and_the_next_gets_a_new_one(sandbox):
+    driver, sandbox_id = sandbox
+    runner_shell = "ps -o pid,args | grep '[b]ae resident command runner' | while read pid rest; do kill -9 $pid; done"
+    output = await driver.exec(sandbox_id, f"echo before; {runner_shell}; sleep 0.2", 10)
+    assert (output.stdout, output.exit_code) == ("before\n", -1)
+    assert (await driver.exec(sandbox_id, "echo after", 10)).stdout == "after\n"
+    await runner_ready(driver, sandbox_id)
+    assert (await driver.exec(sandbox_id, "echo on a new runner", 10)).stdout == "on a new runner\n"
+
+
+@pytest.mark.parametrize("sandbox", ["runner"], indirect=True)
+async def test_a_runner_killed_while_idle_is_not_used(sandbox):
+    driver, sandbox_id = sandbox
+    runners = driver._runners
+    assert runners is not None
+    killer = await driver._socket_create(driver._socket, sandbox_id,
+                                         "ps -o pid,args | grep '[b]ae resident command runner' | while read pid rest; do kill -9 $pid; done",
+                                         uuid.uuid4().hex)
+    await driver._socket.run_exec(killer, CappedOutput(LIMIT), CappedOutput(LIMIT))
+    for _ in range(100):
+        if not runners._idle[sandbox_id][-1].alive:
+            break
+        await asyncio.sleep(0.01)
+    assert (await driver.exec(sandbox_id, "echo through the engine", 10)).stdout == "through the engine\n"

@@ -1,0 +1,256 @@
+"""The resident command runner: a shell started once in a sandbox, which runs later commands without a new exec.
+
+An exec costs tens of milliseconds, as the engine has runc create a process in
+the container's namespaces; a command handed to a shell already running there
+costs about two. The runner is the POSIX sh script below, on an exec whose stdin
+stays attached, so it needs only `sh` and `cat` in the image. It reads one
+command per line and runs it as an exec would: `sh -c command`, stdin
+/dev/null, the kill marker in its environment, and stdout and stderr each
+through a pipe that every writer must close before the command counts as ended
+(the engine waits for an exec's streams the same way, so a background child
+that keeps them open holds the call). Then it writes the line's nonce at the
+end of both streams, with the exit status on stdout. The nonce is new per
+command and never in the command's environment: it tells the host where one
+command's output ends.
+
+The rest is the host's, as for an exec: the deadline and the kill by marker
+(docker_driver.py), and the output cap (CappedOutput). A runner runs one command
+at a time. A sandbox has up to MAX_PER_SANDBOX of them; an exec that finds none
+idle goes through the engine as before, while another starts. A runner whose
+shell died is dropped, and a sandbox's runners go when it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from services.sandbox.engine_socket import STDERR, EngineError, EngineSocket, Frames
+from services.sandbox.output import CappedOutput
+
+log = logging.getLogger("bae.sandbox")
+
+# Runners per sandbox: concurrent execs beyond this many go through the engine.
+MAX_PER_SANDBOX = 4
+# How long a new runner has to report ready.
+START_TIMEOUT = 10.0
+# An encoded command longer than this goes through the engine: the shell reads its line a byte at a time.
+MAX_LINE = 16 * 1024
+READY = b"ready\n"
+# Its first line names it in `ps`. fd 5 keeps the runner's own stdout. Per command: fd 4 carries the exit status to `status`;
+# the command's stdout goes through fd 3 to one cat, its stderr through a pipe to the other;
+# every descriptor the command must not hold is closed for it.
+SCRIPT = r"""# bae resident command runner
+command -v cat >/dev/null 2>&1 || exit 127
+exec 5>&1
+printf 'ready\n'
+while IFS= read -r line; do
+  nonce=${line%% *}; rest=${line#* }; token=${rest%% *}
+  command=$(printf '%bx' "${rest#* }"); command=${command%x}
+  status=$( { { { BAE_EXEC_ID=$token sh -c "$command" </dev/null 2>&1 >&3 3>&- 4>&- 5>&-; echo $? >&4; } \
+    | cat >&2 3>&- 4>&- 5>&-; } 3>&1 | cat >&5 4>&- 5>&-; } 4>&1 )
+  printf '%s %s\n' "$nonce" "$status"
+  printf '%s\n' "$nonce" >&2
+done
+"""
+
+
+class RunnerLost(Exception):
+    """The runner's shell ended before its command's end was reported."""
+
+
+def encode(command: str) -> bytes | None:
+    """The command as one line the runner's `printf %b` turns back into it; None when a runner cannot take it."""
+    data = command.encode()
+    if b"\0" in data:  # a shell variable cannot hold it (nor can an exec's argv)
+        return None
+    line = bytearray()
+    for byte in data:
+        if byte == 0x5C or byte < 0x20 or byte >= 0x7F:  # backslash, control bytes and non-ASCII
+            line += b"\\0%03o" % byte
+        else:
+            line.append(byte)
+    return None if len(line) > MAX_LINE else bytes(line)
+
+
+class _UntilNonce:
+    """One stream of a command's output: passed on until the nonce, then the runner's trailer after it."""
+
+    def __init__(self, output: CappedOutput, nonce: bytes) -> None:
+        self._output = output
+        self._nonce = nonce
+        self._pending = bytearray()  # may end with the start of the nonce
+        self.trailer: bytearray | None = None
+
+    def feed(self, data: bytes) -> None:
+        if self.trailer is not None:
+            self.trailer += data
+            return
+        self._pending += data
+        found = self._pending.find(self._nonce)
+        if found >= 0:
+            self._output.append(bytes(self._pending[:found]))
+            self.trailer = self._pending[found + len(self._nonce):]
+            self._pending.clear()
+            return
+        keep = len(self._nonce) - 1
+        if len(self._pending) > keep:
+            self._output.append(bytes(self._pending[:-keep]))
+            del self._pending[:-keep]
+
+    @property
+    def ended(self) -> bool:
+        return self.trailer is not None and b"\n" in self.trailer
+
+    def flush(self) -> None:
+        """The runner is gone before the nonce: what was held back was output after all."""
+        self._output.append(bytes(self._pending))
+        self._pending.clear()
+
+
+class Runner:
+    def __init__(self, sandbox_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.sandbox_id = sandbox_id
+        self._reader = reader
+        self._writer = writer
+        self._frames = Frames(reader)
+
+    @property
+    def alive(self) -> bool:
+        return not self._reader.at_eof() and not self._writer.is_closing()
+
+    async def ready(self) -> None:
+        """Once the shell runs the script; RunnerLost when it cannot (no `sh` or `cat` in the image)."""
+        said = b""
+        while len(said) < len(READY):
+            frame = await self._frames.next()
+            if frame is None:
+                raise RunnerLost("the sandbox's image has no sh or no cat")
+            stream, piece = frame
+            if stream != STDERR:
+                said += piece
+        if said != READY:
+            raise RunnerLost(f"the runner started with {said[:80]!r}")
+
+    async def run(self, line: bytes, token: str, stdout: CappedOutput, stderr: CappedOutput) -> int:
+        """Run one encoded command to its end: its output into the two streams; returns its exit code."""
+        nonce = uuid.uuid4().hex.encode()
+        out, err = _UntilNonce(stdout, nonce), _UntilNonce(stderr, nonce)
+        finished = False
+        try:
+            self._writer.write(b"%s %s %s\n" % (nonce, token.encode(), line))
+            await self._writer.drain()
+            while not (out.ended and err.ended):
+                frame = await self._frames.next()
+                if frame is None:
+                    raise RunnerLost("the runner's shell ended")
+                stream, piece = frame
+                (err if stream == STDERR else out).feed(piece)
+            finished = True
+        except (ConnectionError, OSError) as exc:
+            raise RunnerLost(f"lost the runner: {exc}") from None
+        finally:
+            if not finished:  # cancelled or lost part-way: its stream is no longer in step
+                out.flush()
+                err.flush()
+                self.close()
+        status = bytes(out.trailer or b"").split(b"\n", 1)[0].strip()
+        return int(status) if status.isdigit() else -1
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+async def start_runner(engine: EngineSocket, sandbox_id: str) -> Runner:
+    exec_id = await engine.create_exec(sandbox_id, ["sh", "-c", SCRIPT], [], stdin=True)
+    reader, writer = await engine.start_attached(exec_id)
+    runner = Runner(sandbox_id, reader, writer)
+    try:
+        await runner.ready()
+    except BaseException:
+        runner.close()
+        raise
+    return runner
+
+
+class RunnerPool:
+    """Each sandbox's idle runners: an exec takes one, and gives it back once its command ended."""
+
+    def __init__(self, engine: EngineSocket) -> None:
+        self._engine = engine
+        self._idle: dict[str, list[Runner]] = {}
+        # Runners per sandbox, idle, busy or starting.
+        self._count: dict[str, int] = {}
+        # Sandboxes where a runner failed to start: they use the engine for every exec.
+        self._unable: set[str] = set()
+        self._starting: set[asyncio.Task] = set()
+
+    def take(self, sandbox_id: str) -> Runner | None:
+        """An idle runner of the sandbox, or None (and another starts, if the sandbox may have one more)."""
+        idle = self._idle.get(sandbox_id, [])
+        while idle:
+            runner = idle.pop()
+            if runner.alive:
+                return runner
+            self.drop(runner)
+        self.grow(sandbox_id)
+        return None
+
+    def give_back(self, runner: Runner) -> None:
+        if runner.alive and runner.sandbox_id in self._count:
+            self._idle.setdefault(runner.sandbox_id, []).append(runner)
+        else:
+            self.drop(runner)
+
+    def drop(self, runner: Runner) -> None:
+        runner.close()
+        self._forget_one(runner.sandbox_id)
+
+    def grow(self, sandbox_id: str) -> None:
+        """Start one more runner in the background, unless the sandbox has its share or cannot host one."""
+        count = self._count.get(sandbox_id, 0)
+        if sandbox_id in self._unable or count >= MAX_PER_SANDBOX:
+            return
+        self._count[sandbox_id] = count + 1
+        task = asyncio.create_task(self._start(sandbox_id), name=f"runner-{sandbox_id[:12]}")
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
+    async def _start(self, sandbox_id: str) -> None:
+        try:
+            runner = await asyncio.wait_for(start_runner(self._engine, sandbox_id), START_TIMEOUT)
+        except (RunnerLost, EngineError, OSError, TimeoutError) as exc:
+            # Whatever the cause (no shell, a full pids limit, a sandbox gone), the engine still runs every exec.
+            if sandbox_id in self._count:  # not stopped meanwhile
+                log.info("sandbox %s runs each command as an exec: no resident runner (%s)", sandbox_id[:12], exc)
+                self._unable.add(sandbox_id)
+                self._forget_one(sandbox_id)
+            return
+        self.give_back(runner)
+
+    def _forget_one(self, sandbox_id: str) -> None:
+        count = self._count.get(sandbox_id)
+        if count is None:
+            return
+        if count > 1:
+            self._count[sandbox_id] = count - 1
+        else:
+            del self._count[sandbox_id]
+            self._idle.pop(sandbox_id, None)
+
+    def forget(self, sandbox_id: str) -> None:
+        """The sandbox stopped: close its idle runners; a busy one closes when its command ends."""
+        for runner in self._idle.pop(sandbox_id, []):
+            runner.close()
+        self._count.pop(sandbox_id, None)
+        self._unable.discard(sandbox_id)
+
+    def close(self) -> None:
+        for task in self._starting:
+            task.cancel()
+        for runners in self._idle.values():
+            for runner in runners:
+                runner.close()
+        self._idle.clear()
+        self._count.clear()
