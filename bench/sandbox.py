@@ -66,6 +66,9 @@ EXECS = 200
 FLOOD_BYTES = 300 * 1024 * 1024
 CONCURRENT_COMMANDS = 20
 CONCURRENT_ROUNDS = 5
+# BAE_SANDBOX_RESIDENT_RUNNER=0 in this environment measures every command as an exec of its own.
+RUNNER_ENV = {key: os.environ[key] for key in ("BAE_SANDBOX_RESIDENT_RUNNER",) if key in os.environ}
+RUNNER_ON = RUNNER_ENV.get("BAE_SANDBOX_RESIDENT_RUNNER", "1").strip().lower() in ("1", "true")
 
 
 async def seconds(make_call) -> float:
@@ -200,20 +203,32 @@ async def sandbox_starts(client, sid: str, skey: str, ready=None) -> list[float]
 async def bench_warm_starts(tmp: Path, mock) -> list[float]:
     """startRemoteSandbox on a stack whose sandbox host keeps one warm container (BAE_SANDBOX_WARM=1)."""
     running = launch_stack(tmp, mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN, BAE_LOG="warning",
-                           BAE_SANDBOX_WARM="1")
+                           BAE_SANDBOX_WARM="1", **RUNNER_ENV)
     host_id = running.stack.env["BAE_SANDBOX_HOST_ID"]
     docker = docker_client()
 
     async def spare_ready() -> None:
-        """Until the host runs a spare again: held ones are stopped after each start, so any is free."""
-        def count() -> int:
+        """Until the host offers a spare again: held ones are stopped after each start, so any is free.
+
+        A spare is offered once its resident runner is ready (its shell shows in the container's
+        processes, and a moment after, its first line has been read)."""
+        def ready() -> bool:
             # One listing call: the spare stopped just before may vanish while it runs.
-            return len(docker.api.containers(filters={"label": ["bae.spare=1", f"bae.host={host_id}"]}))
+            spares = docker.api.containers(filters={"label": ["bae.spare=1", f"bae.host={host_id}"]})
+            if not RUNNER_ON or not spares:
+                return bool(spares)
+            try:
+                listed = docker.api.top(spares[0]["Id"], ps_args="-o pid,args")["Processes"] or []
+            except Exception:  # gone meanwhile
+                return False
+            return any("bae resident command runner" in " ".join(row) for row in listed)
         deadline = time.monotonic() + 30
-        while await asyncio.to_thread(count) < 1:
+        while not await asyncio.to_thread(ready):
             if time.monotonic() > deadline:
                 raise RuntimeError("the warm pool did not refill within 30 s")
             await asyncio.sleep(0.02)
+        if RUNNER_ON:
+            await asyncio.sleep(0.05)
 
     try:
         key = client_key(running, available_sandboxes=[TEST_IMAGE])
@@ -442,9 +457,7 @@ async def bench_all(only_subagents: bool = False) -> bool:
         return False
     mock = MockLLM().start()
     with tempfile.TemporaryDirectory() as tmp:
-        # BAE_SANDBOX_RESIDENT_RUNNER=0 in this environment measures every command as an exec of its own.
-        runner = {key: os.environ[key] for key in ("BAE_SANDBOX_RESIDENT_RUNNER",) if key in os.environ}
-        running = start_stack(Path(tmp), mock, BAE_MAX_SUBAGENTS_PER_SESSION=str(CONCURRENT_SUBAGENTS), **runner)
+        running = start_stack(Path(tmp), mock, BAE_MAX_SUBAGENTS_PER_SESSION=str(CONCURRENT_SUBAGENTS), **RUNNER_ENV)
         try:
             if not only_subagents:
                 print("\n== Sandboxes ==")

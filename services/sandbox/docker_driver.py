@@ -320,7 +320,7 @@ class DockerDriver:
         except docker.errors.APIError as exc:
             await self._remove(api, sandbox_id)
             raise SandboxFailure(grpc.StatusCode.INTERNAL, f"cannot start sandbox: {_explain(exc)}") from None
-        if self._runners is not None:  # ready for the first command, without holding up the start
+        if self._runners is not None:  # for the first command, without holding up the start
             self._runners.grow(sandbox_id)
         return sandbox_id
 

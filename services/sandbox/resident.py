@@ -3,8 +3,9 @@
 An exec costs tens of milliseconds, as the engine has runc create a process in
 the container's namespaces; a command handed to a shell already running there
 costs about two. The runner is the POSIX sh script below, on an exec whose stdin
-stays attached, so it needs only `sh` and `cat` in the image. It reads one
-command per line and runs it as an exec would: `sh -c command`, stdin
+stays attached, so it needs only `sh`, `cat` and `setsid` in the image. It
+reads one command per line and runs it as an exec would: `sh -c command` in a
+session of its own (so that `kill 0` ends the command, not the runner), stdin
 /dev/null, the kill marker in its environment, and stdout and stderr each
 through a pipe that every writer must close before the command counts as ended
 (the engine waits for an exec's streams the same way, so a background child
@@ -42,13 +43,15 @@ READY = b"ready\n"
 # the command's stdout goes through fd 3 to one cat, its stderr through a pipe to the other;
 # every descriptor the command must not hold is closed for it.
 SCRIPT = r"""# bae resident command runner
-command -v cat >/dev/null 2>&1 || exit 127
+for tool in cat setsid; do command -v "$tool" >/dev/null 2>&1 || exit 127; done
+# An exec's shell would see the level this one started with.
+if [ "${SHLVL:-0}" -gt 1 ] 2>/dev/null; then SHLVL=$((SHLVL - 1)); else unset SHLVL; fi
 exec 5>&1
 printf 'ready\n'
 while IFS= read -r line; do
   nonce=${line%% *}; rest=${line#* }; token=${rest%% *}
   command=$(printf '%bx' "${rest#* }"); command=${command%x}
-  status=$( { { { BAE_EXEC_ID=$token sh -c "$command" </dev/null 2>&1 >&3 3>&- 4>&- 5>&-; echo $? >&4; } \
+  status=$( { { { BAE_EXEC_ID=$token setsid sh -c "$command" </dev/null 2>&1 >&3 3>&- 4>&- 5>&-; echo $? >&4; } \
     | cat >&2 3>&- 4>&- 5>&-; } 3>&1 | cat >&5 4>&- 5>&-; } 4>&1 )
   printf '%s %s\n' "$nonce" "$status"
   printf '%s\n' "$nonce" >&2
@@ -126,7 +129,7 @@ class Runner:
         while len(said) < len(READY):
             frame = await self._frames.next()
             if frame is None:
-                raise RunnerLost("the sandbox's image has no sh or no cat")
+                raise RunnerLost("the sandbox's image has no sh, cat or setsid")
             stream, piece = frame
             if stream != STDERR:
                 said += piece
@@ -184,6 +187,8 @@ class RunnerPool:
         self._count: dict[str, int] = {}
         # Sandboxes where a runner failed to start: they use the engine for every exec.
         self._unable: set[str] = set()
+        # Sandboxes with a runner starting: one at a time each.
+        self._booting: set[str] = set()
         self._starting: set[asyncio.Task] = set()
 
     def take(self, sandbox_id: str) -> Runner | None:
@@ -208,11 +213,12 @@ class RunnerPool:
         self._forget_one(runner.sandbox_id)
 
     def grow(self, sandbox_id: str) -> None:
-        """Start one more runner in the background, unless the sandbox has its share or cannot host one."""
+        """Start one more runner in the background, unless one is starting or the sandbox has its share."""
         count = self._count.get(sandbox_id, 0)
-        if sandbox_id in self._unable or count >= MAX_PER_SANDBOX:
+        if sandbox_id in self._unable or sandbox_id in self._booting or count >= MAX_PER_SANDBOX:
             return
         self._count[sandbox_id] = count + 1
+        self._booting.add(sandbox_id)
         task = asyncio.create_task(self._start(sandbox_id), name=f"runner-{sandbox_id[:12]}")
         self._starting.add(task)
         task.add_done_callback(self._starting.discard)
@@ -221,12 +227,14 @@ class RunnerPool:
         try:
             runner = await asyncio.wait_for(start_runner(self._engine, sandbox_id), START_TIMEOUT)
         except (RunnerLost, EngineError, OSError, TimeoutError) as exc:
-            # Whatever the cause (no shell, a full pids limit, a sandbox gone), the engine still runs every exec.
             if sandbox_id in self._count:  # not stopped meanwhile
+                # Whatever the cause (no shell, a full pids limit, a sandbox gone), the engine still runs every exec.
                 log.info("sandbox %s runs each command as an exec: no resident runner (%s)", sandbox_id[:12], exc)
                 self._unable.add(sandbox_id)
                 self._forget_one(sandbox_id)
             return
+        finally:
+            self._booting.discard(sandbox_id)
         self.give_back(runner)
 
     def _forget_one(self, sandbox_id: str) -> None:

@@ -3,9 +3,9 @@
 Starting a container costs a few hundred milliseconds; a session's Start takes a
 spare of its image instead when one is ready, and the pool makes a new one in
 the background. A spare is made by the driver exactly as any sandbox (limits,
-capabilities, network, init, read-only root) and never runs a command before a
-session takes it, so a taken spare is as fresh as a container started for that
-session.
+capabilities, network, init, read-only root, and a resident runner waiting for
+its first command) and never runs a command before a session takes it, so a
+taken spare is as fresh as a container started for that session.
 
 Docker cannot relabel a container, so a spare carries the spare label where a
 sandbox started for a session carries that session's id. Which session holds a

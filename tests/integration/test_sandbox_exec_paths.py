@@ -179,3 +179,27 @@ async def test_a_runner_killed_while_idle_is_not_used(sandbox):
             break
         await asyncio.sleep(0.01)
     assert (await driver.exec(sandbox_id, "echo through the engine", 10)).stdout == "through the engine\n"
+
+
+async def test_a_command_runs_in_a_session_of_its_own(sandbox):
+    """As an exec's process does: `kill 0` ends the command and what it started, nothing else."""
+    driver, sandbox_id = sandbox
+    own = 'read pid comm state ppid group session rest < /proc/$$/stat; [ "$group $session" = "$$ $$" ] && echo own'
+    assert (await driver.exec(sandbox_id, own, 10)).stdout == "own\n"
+    killed = await driver.exec(sandbox_id, "echo before; kill 0; echo after", 10)
+    assert (killed.stdout, killed.exit_code) == ("before\n", 143)
+    assert (await driver.exec(sandbox_id, "echo next", 10)).stdout == "next\n"
+
+
+@pytest.mark.parametrize("sandbox", ["runner"], indirect=True)
+async def test_a_command_sees_the_environment_an_exec_would(sandbox):
+    driver, sandbox_id = sandbox
+    # A digest: the whole text is longer than the fixture's output cap.
+    shown = "{ env | grep -v '^BAE_EXEC_ID=' | sort; umask; ulimit -a; pwd; trap; } | cksum"
+    through_the_runner = await driver.exec(sandbox_id, shown, 10)
+    runners, driver._runners = driver._runners, None
+    try:
+        as_an_exec = await driver.exec(sandbox_id, shown, 10)
+    finally:
+        driver._runners = runners
+    assert through_the_runner.stdout == as_an_exec.stdout
