@@ -27,7 +27,7 @@ import asyncio
 import logging
 import uuid
 
-from services.sandbox.engine_socket import STDERR, EngineError, EngineSocket, Frames
+from services.sandbox.engine_socket import STDERR, EngineSocket, Frames
 from services.sandbox.output import CappedOutput
 
 log = logging.getLogger("bae.sandbox")
@@ -187,19 +187,31 @@ class RunnerPool:
         self._count: dict[str, int] = {}
         # Sandboxes where a runner failed to start: they use the engine for every exec.
         self._unable: set[str] = set()
-        # Sandboxes with a runner starting: one at a time each.
-        self._booting: set[str] = set()
-        self._starting: set[asyncio.Task] = set()
+        # The runner starting in a sandbox: one at a time each.
+        self._booting: dict[str, asyncio.Task] = {}
 
-    def take(self, sandbox_id: str) -> Runner | None:
-        """An idle runner of the sandbox, or None (and another starts, if the sandbox may have one more)."""
+    async def take(self, sandbox_id: str) -> Runner | None:
+        """An idle runner of the sandbox, or None (and another starts, if the sandbox may have one more).
+
+        With none idle but one starting, its start is awaited: a runner is ready in about the time
+        of one exec, and an exec beside its start would slow both.
+        """
+        if (runner := self._idle_one(sandbox_id)) is not None:
+            return runner
+        if (booting := self._booting.get(sandbox_id)) is not None:
+            await asyncio.wait([booting])
+            if (runner := self._idle_one(sandbox_id)) is not None:
+                return runner
+        self.grow(sandbox_id)
+        return None
+
+    def _idle_one(self, sandbox_id: str) -> Runner | None:
         idle = self._idle.get(sandbox_id, [])
         while idle:
             runner = idle.pop()
             if runner.alive:
                 return runner
             self.drop(runner)
-        self.grow(sandbox_id)
         return None
 
     def give_back(self, runner: Runner) -> None:
@@ -218,15 +230,12 @@ class RunnerPool:
         if sandbox_id in self._unable or sandbox_id in self._booting or count >= MAX_PER_SANDBOX:
             return
         self._count[sandbox_id] = count + 1
-        self._booting.add(sandbox_id)
-        task = asyncio.create_task(self._start(sandbox_id), name=f"runner-{sandbox_id[:12]}")
-        self._starting.add(task)
-        task.add_done_callback(self._starting.discard)
+        self._booting[sandbox_id] = asyncio.create_task(self._start(sandbox_id), name=f"runner-{sandbox_id[:12]}")
 
     async def _start(self, sandbox_id: str) -> None:
         try:
             runner = await asyncio.wait_for(start_runner(self._engine, sandbox_id), START_TIMEOUT)
-        except (RunnerLost, EngineError, OSError, TimeoutError) as exc:
+        except Exception as exc:  # RunnerLost, EngineError, OSError, TimeoutError or worse: no runner
             if sandbox_id in self._count:  # not stopped meanwhile
                 # Whatever the cause (no shell, a full pids limit, a sandbox gone), the engine still runs every exec.
                 log.info("sandbox %s runs each command as an exec: no resident runner (%s)", sandbox_id[:12], exc)
@@ -234,7 +243,7 @@ class RunnerPool:
                 self._forget_one(sandbox_id)
             return
         finally:
-            self._booting.discard(sandbox_id)
+            self._booting.pop(sandbox_id, None)
         self.give_back(runner)
 
     def _forget_one(self, sandbox_id: str) -> None:
@@ -255,7 +264,7 @@ class RunnerPool:
         self._unable.discard(sandbox_id)
 
     def close(self) -> None:
-        for task in self._starting:
+        for task in self._booting.values():
             task.cancel()
         for runners in self._idle.values():
             for runner in runners:
