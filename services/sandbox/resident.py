@@ -39,22 +39,26 @@ START_TIMEOUT = 10.0
 # An encoded command longer than this goes through the engine: the shell reads its line a byte at a time.
 MAX_LINE = 16 * 1024
 READY = b"ready\n"
-# Its first line names it in `ps`. fd 5 keeps the runner's own stdout. Per command: fd 4 carries the exit status to `status`;
-# the command's stdout goes through fd 3 to one cat, its stderr through a pipe to the other;
-# every descriptor the command must not hold is closed for it.
+# Its first line names it in `ps`. fd 5 and fd 6 keep the runner's own stdout and stderr; its
+# shells write their own messages ("Terminated" when a command dies of a signal) to /dev/null, so
+# only the command's output reaches the streams. Per command: fd 4 carries the exit status to
+# `status`; the command's stdout goes through fd 3 to one cat, its stderr through a pipe to the
+# other; a subshell applies the command's redirections and then becomes it, so that the shell
+# waiting for it never writes into the command's pipe; every descriptor the command must not
+# hold is closed for it.
 SCRIPT = r"""# bae resident command runner
 for tool in cat setsid; do command -v "$tool" >/dev/null 2>&1 || exit 127; done
 # An exec's shell would see the level this one started with.
 if [ "${SHLVL:-0}" -gt 1 ] 2>/dev/null; then SHLVL=$((SHLVL - 1)); else unset SHLVL; fi
-exec 5>&1
+exec 5>&1 6>&2 2>/dev/null
 printf 'ready\n'
 while IFS= read -r line; do
   nonce=${line%% *}; rest=${line#* }; token=${rest%% *}
   command=$(printf '%bx' "${rest#* }"); command=${command%x}
-  status=$( { { { BAE_EXEC_ID=$token setsid sh -c "$command" </dev/null 2>&1 >&3 3>&- 4>&- 5>&-; echo $? >&4; } \
-    | cat >&2 3>&- 4>&- 5>&-; } 3>&1 | cat >&5 4>&- 5>&-; } 4>&1 )
+  status=$( { { { (export BAE_EXEC_ID="$token"; exec setsid sh -c "$command" </dev/null 2>&1 >&3 3>&- 4>&- 5>&- 6>&-)
+    echo $? >&4; } | cat >&6 3>&- 4>&- 5>&- 6>&-; } 3>&1 | cat >&5 4>&- 5>&- 6>&-; } 4>&1 )
   printf '%s %s\n' "$nonce" "$status"
-  printf '%s\n' "$nonce" >&2
+  printf '%s\n' "$nonce" >&6
 done
 """
 
