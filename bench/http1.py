@@ -10,7 +10,10 @@ pooling, redirects, cookies or decompression (the gateway sends none of those).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
+import re
+import time
 from typing import AsyncIterator
 from urllib.parse import urlsplit
 
@@ -76,6 +79,69 @@ class Connection:
                 return
             chunk = await self._reader.readexactly(size + 2)
             yield chunk[:-2]
+
+
+class StampedStream(asyncio.Protocol):
+    """One streaming request whose response bytes are stamped the moment the event loop reads
+    them, and parsed only afterwards (frames()).
+
+    With many streams in one load generator, parsing each frame as it comes puts every stream's
+    Python work in one queue: the last stream's stamp would say more about the client than about
+    when the server sent it.
+    """
+
+    FRAME = re.compile(rb'\{"jsonrpc"[^\n]*')
+    END = b"0\r\n\r\n"  # the end of a chunked body
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] = []
+        self._stamps: list[float] = []
+        self._transport: asyncio.Transport | None = None
+        self.ended = asyncio.get_running_loop().create_future()
+
+    @classmethod
+    async def open(cls, base_url: str, path: str, *, token: str, body: object) -> "StampedStream":
+        parts = urlsplit(base_url)
+        _, stream = await asyncio.get_running_loop().create_connection(cls, parts.hostname, parts.port)
+        payload = dump(body).encode()
+        stream._send(
+            f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload
+        )
+        return stream
+
+    def _send(self, data: bytes) -> None:
+        assert self._transport is not None
+        self._transport.write(data)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._stamps.append(time.perf_counter())
+        self._chunks.append(data)
+        if data.endswith(self.END) and not self.ended.done():
+            self.ended.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def frames(self) -> list[tuple[float, dict]]:
+        """Each JSON-RPC frame received, with the time the read that completed it happened."""
+        ends, offset = [], 0
+        for chunk in self._chunks:
+            offset += len(chunk)
+            ends.append(offset)
+        received = b"".join(self._chunks)
+        return [
+            (self._stamps[bisect.bisect_left(ends, match.end())], json.loads(match.group()))
+            for match in self.FRAME.finditer(received)
+        ]
 
 
 async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

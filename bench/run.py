@@ -21,7 +21,9 @@ Replicas (bench/replicas.py): on a PostgreSQL server it starts, REST p50 against
 SQLite, turns per second across 64 sessions with 1 and 2 session replicas, and
 the failover time after a replica is killed.
 Observers: 100 `session.subscribe` streams on one session, each event's arrival
-against the driver's own stream.
+against the driver's own stream, both stamped when the bytes are read (not after the
+load generator parsed them), and the gateway's and session service's CPU time per event
+delivered to one observer.
 CPU: the CPU time each process (gateway, session service, runner, mock LLM and the load
 generator itself) spends per authenticated GET with 16 clients and per text turn across 64
 sessions, read from /proc: where the cores go when they are the limit.
@@ -51,7 +53,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import RunningStack, free_port, launch_stack, mock_provider_toml  # noqa: E402
 
 from bae.stack import Stack  # noqa: E402
-from http1 import Connection, rpc as lean_rpc  # noqa: E402
+from http1 import Connection, StampedStream, rpc as lean_rpc  # noqa: E402
 from table import print_table, record  # noqa: E402
 
 TOKEN = "bench-token"
@@ -308,49 +310,50 @@ OBSERVED_TURNS = 30
 
 async def bench_observers(stack: Stack, key: str) -> None:
     """100 `session.subscribe` streams on one session: how long after the driver's own stream
-    each observer receives the same event."""
+    each observer receives the same event, both stamped when the load generator's event loop
+    reads the bytes (bench/http1.py StampedStream), not after it parsed them."""
     print("\n== Observers ==")
     url = stack.client_url
-    async with httpx.AsyncClient(base_url=url, timeout=60) as driver:
-        sid, skey = await open_session(driver, key)
-        await rpc(driver, sid, skey, "session.registerDriver")
-        arrivals: list[dict[str, float]] = [{} for _ in range(OBSERVERS)]
-        subscribed = asyncio.Semaphore(0)
-
-        async def observe(index: int) -> None:
-            body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe", "params": {}}
-            connection = await Connection.open(url)
-            try:
-                lines = await connection.lines("POST", f"/api/v1/sessions/{sid}/rpc", token=skey, body=body)
-                subscribed.release()
-                async for line in lines:
-                    frame = json.loads(line)
-                    if frame.get("method") == "session.event":
-                        arrivals[index][frame["params"]["id"]] = time.perf_counter()
-            finally:
-                await connection.close()
-
-        observers = [asyncio.create_task(observe(index)) for index in range(OBSERVERS)]
-        for _ in range(OBSERVERS):
-            await subscribed.acquire()
-        await asyncio.sleep(0.5)
-        sent: dict[str, float] = {}
-        body = {"jsonrpc": "2.0", "id": 2, "method": "session.sendMessage", "params": {"message": {"content": "hi"}}}
-        connection = await Connection.open(url)
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        sid, skey = await open_session(client, key)
+        await rpc(client, sid, skey, "session.registerDriver")
+    path = f"/api/v1/sessions/{sid}/rpc"
+    subscribe = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe", "params": {}}
+    observers = [await StampedStream.open(url, path, token=skey, body=subscribe) for _ in range(OBSERVERS)]
+    turns: list[StampedStream] = []
+    try:
+        await asyncio.sleep(0.5)  # every subscription is in
+        send = {"jsonrpc": "2.0", "id": 2, "method": "session.sendMessage", "params": {"message": {"content": "hi"}}}
+        # /proc is Linux's: elsewhere the CPU line is left out.
+        pids = {name: stack.processes[name].pid for name in ("gateway", "session") if sys.platform.startswith("linux")}
+        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         for _ in range(OBSERVED_TURNS):
-            async for line in await connection.lines("POST", f"/api/v1/sessions/{sid}/rpc", token=skey, body=body):
-                frame = json.loads(line)
-                if frame.get("method") == "session.event":
-                    sent[frame["params"]["id"]] = time.perf_counter()
-        await connection.close()
+            turns.append(await StampedStream.open(url, path, token=skey, body=send))
+            await asyncio.wait_for(turns[-1].ended, 60)
         await asyncio.sleep(0.5)
-        for task in observers:
-            task.cancel()
-        await asyncio.gather(*observers, return_exceptions=True)
+        cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    finally:
+        for stream in [*observers, *turns]:
+            stream.close()
+
+    def events(stream: StampedStream) -> dict[str, float]:
+        return {frame["params"]["id"]: at for at, frame in stream.frames() if frame.get("method") == "session.event"}
+
+    sent = {event_id: at for turn in turns for event_id, at in events(turn).items()}
+    arrivals = [events(observer) for observer in observers]
     lags = [seen[event_id] - at for seen in arrivals for event_id, at in sent.items() if event_id in seen]
     missing = OBSERVERS * len(sent) - len(lags)
+    if os.environ.get("DEBUG_LAGS"):
+        types = {frame["params"]["id"]: frame["params"]["event_type"] for turn in turns for _, frame in turn.frames() if frame.get("method") == "session.event"}
+        for kind in sorted(set(types.values())):
+            sample = [seen[e] - at for seen in arrivals for e, at in sent.items() if e in seen and types[e] == kind]
+            print(kind, "p50", ms(sample), "p90", ms(sample, 0.9), "p99", ms(sample, 0.99), "n", len(sample))
     print(f"{f'{OBSERVERS} observers, lag behind the driver':<52} p50 {ms(lags)}   p99 {ms(lags, 0.99)}"
           f"   ({len(sent)} events each, {missing} not received)")
+    delivered = max(len(lags), 1)
+    if cpu:
+        print(f"{'  CPU per event delivered to an observer':<52} "
+              + "  ".join(f"{name} {seconds / delivered * 1e6:.1f} µs" for name, seconds in cpu.items()))
     record(f"{OBSERVERS} observers on one session, lag behind the driver", f"p99 {ms(lags, 0.99)}", "-",
            "p99 ≤ 5 ms")
 
