@@ -57,9 +57,11 @@ class Host:
 
     async def processes(self) -> list[str]:
         """The command lines running in the sandbox, but for its own keepalive, this `ps` and the
-        resident runner that runs it (its shells, and the two `cat`s that carry the output)."""
+        resident runner that runs it: its shells, and the two `cat`s that carry the output (shown
+        as `{exe} cat` while busybox starts the applet)."""
         lines = (await self.exec("ps -o args")).stdout.splitlines()[1:]
-        return [line for line in lines if not any(own in line for own in OWN_PROCESSES) and line.strip() != "cat"]
+        return [line for line in lines
+                if not any(own in line for own in OWN_PROCESSES) and line.split()[-1:] != ["cat"]]
 
 
 OWN_PROCESSES = ("sleep infinity", "ps -o args", "bae resident command runner")
