@@ -270,6 +270,8 @@ class DockerDriver:
 
     async def start_spare(self, image: str) -> str:
         sandbox_id = await self._create_started(image, {LABEL_SPARE: "1"})
+        if self._runners is not None:  # ready before a session takes it, without holding up the pool
+            self._runners.grow(sandbox_id)
         log.debug("started warm spare %s (image %s)", sandbox_id[:12], image)
         return sandbox_id
 
@@ -320,8 +322,6 @@ class DockerDriver:
         except docker.errors.APIError as exc:
             await self._remove(api, sandbox_id)
             raise SandboxFailure(grpc.StatusCode.INTERNAL, f"cannot start sandbox: {_explain(exc)}") from None
-        if self._runners is not None:  # for the first command, without holding up the start
-            self._runners.grow(sandbox_id)
         return sandbox_id
 
     async def _create_exec(self, api, sandbox_id: str, command: str, token: str, stdin: bool) -> str:

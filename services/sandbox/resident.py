@@ -16,8 +16,8 @@ command's output ends.
 
 The rest is the host's, as for an exec: the deadline and the kill by marker
 (docker_driver.py), and the output cap (CappedOutput). A runner runs one command
-at a time. A sandbox has up to MAX_PER_SANDBOX of them; an exec that finds none
-idle goes through the engine as before, while another starts. A runner whose
+at a time. A sandbox gets its first with its first command (a warm spare, when
+it is made) and has up to MAX_PER_SANDBOX; see RunnerPool.take. A runner whose
 shell died is dropped, and a sandbox's runners go when it stops.
 """
 
@@ -128,7 +128,7 @@ class Runner:
         return not self._reader.at_eof() and not self._writer.is_closing()
 
     async def ready(self) -> None:
-        """Once the shell runs the script; RunnerLost when it cannot (no `sh` or `cat` in the image)."""
+        """Once the shell runs the script; RunnerLost when it cannot (no `sh`, `cat` or `setsid` in the image)."""
         said = b""
         while len(said) < len(READY):
             frame = await self._frames.next()
@@ -195,13 +195,17 @@ class RunnerPool:
         self._booting: dict[str, asyncio.Task] = {}
 
     async def take(self, sandbox_id: str) -> Runner | None:
-        """An idle runner of the sandbox, or None (and another starts, if the sandbox may have one more).
+        """An idle runner of the sandbox, or None when the command had better be an exec of its own.
 
-        With none idle but one starting, its start is awaited: a runner is ready in about the time
-        of one exec, and an exec beside its start would slow both.
+        A sandbox's first runner starts with its first command, which waits for it: that costs
+        about one exec, and a sandbox that only runs background commands never has one. A runner
+        that is starting is waited for too, as an exec beside its start would slow both. With every
+        runner busy, another starts in the background and this command is an exec.
         """
         if (runner := self._idle_one(sandbox_id)) is not None:
             return runner
+        if sandbox_id not in self._count:
+            self.grow(sandbox_id)
         if (booting := self._booting.get(sandbox_id)) is not None:
             await asyncio.wait([booting])
             if (runner := self._idle_one(sandbox_id)) is not None:

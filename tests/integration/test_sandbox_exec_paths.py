@@ -24,7 +24,7 @@ LIMIT = 64
 
 
 async def runner_ready(driver: DockerDriver, sandbox_id: str) -> None:
-    """Until the sandbox has an idle resident runner (one starts with the sandbox)."""
+    """Until the sandbox has an idle resident runner (one starts with its first command)."""
     for _ in range(500):
         if driver._runners is not None and driver._runners._idle.get(sandbox_id):
             return
@@ -48,6 +48,7 @@ async def sandbox(request):
     else:
         assert driver._socket is not None, "the test engine is on a unix socket"
     if request.param == "runner":
+        assert (await driver.exec(sandbox_id, "echo first", 10)).stdout == "first\n"
         await runner_ready(driver, sandbox_id)
     try:
         yield driver, sandbox_id
