@@ -386,8 +386,7 @@ class DockerDriver:
         """Whatever must happen before the deadline starts (creating the exec), and what runs under it: it returns the exit code."""
         engine, runners = self._socket, self._runners
         line = None if runners is None else encode(command)
-        runner = None if runners is None or line is None else await runners.take(sandbox_id)
-        if runner is not None and runners is not None and line is not None:
+        if runners is not None and line is not None and (runner := await runners.take(sandbox_id)) is not None:
             return self._run_resident(runners, runner, line, token, stdout, stderr)
         if engine is None:
             exec_id = await self._create_exec(api, sandbox_id, command, token, stdin=False)

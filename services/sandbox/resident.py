@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import uuid
 
 from services.sandbox.engine_socket import STDERR, EngineSocket, Frames
@@ -67,18 +68,20 @@ class RunnerLost(Exception):
     """The runner's shell ended before its command's end was reported."""
 
 
+# Bytes a command line carries escaped: all but printable ASCII, and the backslash.
+_ESCAPED = re.compile(rb"[^\x20-\x5b\x5d-\x7e]")
+
+
 def encode(command: str) -> bytes | None:
-    """The command as one line the runner's `printf %b` turns back into it; None when a runner cannot take it."""
+    """The command as one line the runner's `printf %b` turns back into it; None when a runner cannot take it.
+
+    A backslash, a control byte or a non-ASCII byte becomes an octal escape (`\\0ooo`).
+    """
     data = command.encode()
     if b"\0" in data:  # a shell variable cannot hold it (nor can an exec's argv)
         return None
-    line = bytearray()
-    for byte in data:
-        if byte == 0x5C or byte < 0x20 or byte >= 0x7F:  # backslash, control bytes and non-ASCII
-            line += b"\\0%03o" % byte
-        else:
-            line.append(byte)
-    return None if len(line) > MAX_LINE else bytes(line)
+    line = _ESCAPED.sub(lambda match: b"\\0%03o" % match.group()[0], data)
+    return None if len(line) > MAX_LINE else line
 
 
 class _UntilNonce:
