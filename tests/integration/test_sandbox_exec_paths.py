@@ -13,14 +13,14 @@ import uuid
 import grpc
 import pytest
 
-from docker_support import TEST_IMAGE, containers_with, require_docker
+from docker_support import TEST_IMAGE, containers_with, docker_client, require_docker
 from services.sandbox.config import SandboxConfig
 from services.sandbox.docker_driver import DockerDriver
 from services.sandbox.driver import SandboxFailure
 from services.sandbox.engine_socket import unix_socket_path
-from services.sandbox.output import CappedOutput
 
 LIMIT = 64
+KILL_RUNNERS = "ps -o pid,args | grep '[b]ae resident command runner' | while read pid rest; do kill -9 $pid; done"
 
 
 async def runner_ready(driver: DockerDriver, sandbox_id: str) -> None:
@@ -158,8 +158,7 @@ async def test_the_runner_takes_every_command_in_turn(sandbox):
 @pytest.mark.parametrize("sandbox", ["runner"], indirect=True)
 async def test_a_command_that_kills_its_runner_ends_without_a_status_and_the_next_gets_a_new_one(sandbox):
     driver, sandbox_id = sandbox
-    runner_shell = "ps -o pid,args | grep '[b]ae resident command runner' | while read pid rest; do kill -9 $pid; done"
-    output = await driver.exec(sandbox_id, f"echo before; {runner_shell}; sleep 0.2", 10)
+    output = await driver.exec(sandbox_id, f"echo before; {KILL_RUNNERS}; sleep 0.2", 10)
     assert (output.stdout, output.exit_code) == ("before\n", -1)
     assert (await driver.exec(sandbox_id, "echo after", 10)).stdout == "after\n"
     await runner_ready(driver, sandbox_id)
@@ -171,14 +170,17 @@ async def test_a_runner_killed_while_idle_is_not_used(sandbox):
     driver, sandbox_id = sandbox
     runners = driver._runners
     assert runners is not None
-    killer = await driver._socket_create(driver._socket, sandbox_id,
-                                         "ps -o pid,args | grep '[b]ae resident command runner' | while read pid rest; do kill -9 $pid; done",
-                                         uuid.uuid4().hex)
-    await driver._socket.run_exec(killer, CappedOutput(LIMIT), CappedOutput(LIMIT))
+    idle = runners._idle[sandbox_id][-1]
+    client = docker_client()
+    try:
+        await asyncio.to_thread(client.containers.get(sandbox_id).exec_run, ["sh", "-c", KILL_RUNNERS])
+    finally:
+        client.close()
     for _ in range(100):
-        if not runners._idle[sandbox_id][-1].alive:
+        if not idle.alive:
             break
         await asyncio.sleep(0.01)
+    assert not idle.alive
     assert (await driver.exec(sandbox_id, "echo through the engine", 10)).stdout == "through the engine\n"
 
 
