@@ -18,6 +18,7 @@ from services.sandbox.config import SandboxConfig
 from services.sandbox.docker_driver import DockerDriver
 from services.sandbox.driver import SandboxFailure
 from services.sandbox.engine_socket import unix_socket_path
+from services.sandbox.resident import Runner, RunnerPool
 
 LIMIT = 64
 KILL_RUNNERS = "ps -o pid,args | grep '[b]ae resident command runner' | while read pid rest; do kill -9 $pid; done"
@@ -30,6 +31,13 @@ async def runner_ready(driver: DockerDriver, sandbox_id: str) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("no resident runner became ready")
+
+
+def idle_runner(driver: DockerDriver, sandbox_id: str) -> tuple[RunnerPool, Runner]:
+    """The driver's runner pool and the sandbox's idle runner (the fixture made it ready)."""
+    runners = driver._runners
+    assert runners is not None
+    return runners, runners._idle[sandbox_id][-1]
 
 
 @pytest.fixture(params=["runner", "socket", "sdk"])
@@ -144,9 +152,7 @@ async def test_commands_at_once_each_get_their_own_output(sandbox):
 @pytest.mark.parametrize("sandbox", ["runner"], indirect=True)
 async def test_the_runner_takes_every_command_in_turn(sandbox):
     driver, sandbox_id = sandbox
-    runners = driver._runners
-    assert runners is not None
-    runner = runners._idle[sandbox_id][-1]
+    runners, runner = idle_runner(driver, sandbox_id)
     for n in range(3):
         assert (await driver.exec(sandbox_id, f"echo {n}", 10)).stdout == f"{n}\n"
         assert runners._idle[sandbox_id] == [runner], "the same runner ran it and is idle again"
@@ -168,9 +174,7 @@ async def test_a_command_that_kills_its_runner_ends_without_a_status_and_the_nex
 @pytest.mark.parametrize("sandbox", ["runner"], indirect=True)
 async def test_a_runner_killed_while_idle_is_not_used(sandbox):
     driver, sandbox_id = sandbox
-    runners = driver._runners
-    assert runners is not None
-    idle = runners._idle[sandbox_id][-1]
+    _, idle = idle_runner(driver, sandbox_id)
     client = docker_client()
     try:
         await asyncio.to_thread(client.containers.get(sandbox_id).exec_run, ["sh", "-c", KILL_RUNNERS])
