@@ -49,13 +49,7 @@ class Connection:
     async def _exchange(
         self, method: str, path: str, token: str | None, body: object
     ) -> tuple[int, AsyncIterator[bytes]]:
-        head = f"{method} {path} HTTP/1.1\r\nHost: {self._host}\r\n"
-        if token is not None:
-            head += f"Authorization: Bearer {token}\r\n"
-        payload = b"" if body is None else dump(body).encode()
-        if body is not None:
-            head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-        self._writer.write(head.encode() + b"\r\n" + payload)
+        self._writer.write(_request(method, path, self._host, token, body))
         response_head = await self._reader.readuntil(b"\r\n\r\n")
         status_line, *header_lines = response_head[:-4].split(b"\r\n")
         status = int(status_line.split(b" ", 2)[1])
@@ -102,17 +96,9 @@ class StampedStream(asyncio.Protocol):
     @classmethod
     async def open(cls, base_url: str, path: str, *, token: str, body: object) -> "StampedStream":
         parts = urlsplit(base_url)
-        _, stream = await asyncio.get_running_loop().create_connection(cls, parts.hostname, parts.port)
-        payload = dump(body).encode()
-        stream._send(
-            f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {token}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload
-        )
+        transport, stream = await asyncio.get_running_loop().create_connection(cls, parts.hostname, parts.port)
+        transport.write(_request("POST", path, parts.netloc, token, body))
         return stream
-
-    def _send(self, data: bytes) -> None:
-        assert self._transport is not None
-        self._transport.write(data)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
@@ -142,6 +128,17 @@ class StampedStream(asyncio.Protocol):
             (self._stamps[bisect.bisect_left(ends, match.end())], json.loads(match.group()))
             for match in self.FRAME.finditer(received)
         ]
+
+
+def _request(method: str, path: str, host: str, token: str | None, body: object) -> bytes:
+    """One HTTP/1.1 request: head, and the body as JSON when there is one."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: {host}\r\n"
+    if token is not None:
+        head += f"Authorization: Bearer {token}\r\n"
+    payload = b"" if body is None else dump(body).encode()
+    if body is not None:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+    return head.encode() + b"\r\n" + payload
 
 
 async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

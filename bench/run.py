@@ -343,11 +343,6 @@ async def bench_observers(stack: Stack, key: str) -> None:
     arrivals = [events(observer) for observer in observers]
     lags = [seen[event_id] - at for seen in arrivals for event_id, at in sent.items() if event_id in seen]
     missing = OBSERVERS * len(sent) - len(lags)
-    if os.environ.get("DEBUG_LAGS"):
-        types = {frame["params"]["id"]: frame["params"]["event_type"] for turn in turns for _, frame in turn.frames() if frame.get("method") == "session.event"}
-        for kind in sorted(set(types.values())):
-            sample = [seen[e] - at for seen in arrivals for e, at in sent.items() if e in seen and types[e] == kind]
-            print(kind, "p50", ms(sample), "p90", ms(sample, 0.9), "p99", ms(sample, 0.99), "n", len(sample))
     print(f"{f'{OBSERVERS} observers, lag behind the driver':<52} p50 {ms(lags)}   p99 {ms(lags, 0.99)}"
           f"   ({len(sent)} events each, {missing} not received)")
     delivered = max(len(lags), 1)
