@@ -49,8 +49,28 @@ def dump(value: Any) -> str:
 
 
 def load(text: str | None) -> Any:
-    # Not orjson: it reads an integer beyond 64 bits as a float, silently losing digits.
-    return None if text is None else json.loads(text)
+    """Trusted JSON text (stored payloads, the runner's messages and provider bodies).
+
+    orjson reads it about twice as fast as the standard library, which matters for a history of
+    a thousand messages read on every provider step. But orjson reads an integer beyond 64 bits
+    as a float, silently losing digits: a text with a run of 19 digits anywhere (one byte scan,
+    a fifth of the parse) goes to the standard library, as does whatever orjson refuses (NaN,
+    a lone surrogate), so the result is always the standard library's.
+    """
+    if text is None:
+        return None
+    if _LONG_DIGIT_RUN not in text.encode("utf-8", "surrogatepass").translate(_DIGITS_AS_ZERO):
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
+
+
+# Every digit becomes "0", so a run of digits is a run of zeros: the shortest integer orjson
+# may misread has 19 (below -2**63).
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_DIGIT_RUN = b"0" * 19
 
 
 class JsonSyntaxError(ValueError):

@@ -7,6 +7,8 @@ must alternate (SERVER-SPEC §8.5).
 
 from __future__ import annotations
 
+import operator
+
 from bae.jsontext import RawJson
 from services.runner.canonical import Message, Usage, WireFormatError, content_blocks, read_usage
 
@@ -21,7 +23,10 @@ def normalize(messages: list[Message]) -> tuple[list[Message], dict | None]:
     2. Each run of consecutive same-role messages folds into one message,
        never reordering; `merged` lists the folded indices (after step 1).
     """
-    prepended_user = bool(messages) and messages[0].get("role") != "user"
+    roles = [message.get("role") for message in messages]
+    prepended_user = bool(roles) and roles[0] != "user"
+    if not prepended_user and not any(map(operator.eq, roles, roles[1:])):
+        return messages, None  # the usual history, checked without a loop in Python
     if prepended_user:
         preamble = {"role": "user", "content": [{"type": "text", "text": COMPACTED_PREAMBLE}]}
         messages = [preamble, *messages]

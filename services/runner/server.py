@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import AsyncIterator
 
 import grpc
 
 from bae.config import Config
 from bae.errors import bad_request
-from bae.jsontext import RawJson, dump
+from bae.jsontext import RawJson, dump, load
 from bae.protos import runner_pb2, runner_pb2_grpc
 from services.runner.clients import ProviderClients
 from services.runner.walk import StepEvent, StepOutcome, StepSpec, run_step
@@ -49,6 +48,7 @@ def step_spec(request: runner_pb2.StepRequest) -> StepSpec:
         primary=request.primary_provider,
         fallbacks=list(request.fallback_providers),
         messages=_json_array(request.messages_json, "messages_json"),
+        messages_json=RawJson(request.messages_json or "[]"),
         tools=_json_array(request.tools_json, "tools_json"),
         tools_json=RawJson(request.tools_json or "[]"),
         purpose=request.purpose,
@@ -60,7 +60,7 @@ def _json_array(text: str, field: str) -> list:
     if not text:
         return []
     try:
-        value = json.loads(text)
+        value = load(text)
     except ValueError as exc:
         raise bad_request(f"{field} is not valid JSON: {exc}") from None
     if not isinstance(value, list):

@@ -8,7 +8,6 @@ can append and broadcast it while the next attempt runs), then exactly one
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from typing import AsyncIterator, Callable
 
 from bae.config import REDACTED, Config, EnvResolutionError, ProviderEntry, primary_not_configured, resolve_env
 from bae import telemetry
-from bae.jsontext import RawJson, dump
+from bae.jsontext import RawJson, dump, load
 from services.runner import anthropic_wire, openai_wire
 from services.runner.attempt_span import end_attempt, start_attempt
 from services.runner.canonical import Message, Usage, WireFormatError, strip_routing_fields
@@ -39,6 +38,7 @@ class StepSpec:
     primary: str
     fallbacks: list[str]
     messages: list[Message]
+    messages_json: RawJson  # `messages` as the session sent it, passed on when nothing changes them
     tools: list[dict]
     tools_json: RawJson  # `tools` as the session sent it, passed on without re-serializing
     purpose: str = ""  # "" for a turn, "compaction"
@@ -166,7 +166,9 @@ async def run_step(
         wire = WIRES[entry.provider]
         max_tokens = max(entry.max_tokens, spec.min_max_tokens)
         sent_messages, normalized = wire.normalize(messages)
-        prepared = _Prepared(sent_messages, RawJson(dump(sent_messages)), spec.tools, spec.tools_json)
+        # Untouched by stripping and normalization, the history is the session's text as it came.
+        sent_json = spec.messages_json if sent_messages is spec.messages else RawJson(dump(sent_messages))
+        prepared = _Prepared(sent_messages, sent_json, spec.tools, spec.tools_json)
         request_event = StepEvent(
             "provider.request",
             {
@@ -268,7 +270,7 @@ async def _attempt(
     if not 200 <= response.status < 300:
         return _Failure(response.status, f"provider returned HTTP {response.status}", text)
     try:
-        parsed = json.loads(text)
+        parsed = load(text)
     except ValueError as exc:
         return _Failure(response.status, f"provider returned non-JSON body: {exc}", text)
     if not isinstance(parsed, dict):

@@ -34,6 +34,12 @@ def test_strip_removes_dispatch_and_caller_from_tool_use_only():
     assert "dispatch" in messages[1]["content"][1], "the caller's list must not be mutated"
 
 
+def test_strip_returns_the_same_list_when_nothing_carries_routing_fields():
+    # The runner then sends the session's own text of the history, not a re-serialization.
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "text", "text": "yo"}]}]
+    assert strip_routing_fields(messages) is messages
+
+
 # --- anthropic normalization ---------------------------------------------------
 
 
@@ -259,3 +265,28 @@ def test_json_text_round_trips_what_the_fast_encoder_refuses():
     assert load(text) == {**{k: v for k, v in value.items() if k != 1}, "1": "non-string key"}
     assert dump({"raw": RawJson('{"x":1}'), "n": 2}) == '{"raw":{"x":1},"n":2}'
     assert dump({"x": float("nan")}) == '{"x":null}'  # never the invalid NaN token
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[18446744073709551616]",  # beyond 64 bits: orjson would read a float
+        '{"n":-9223372036854775809}',  # 19 digits, below -2**63
+        '{"id":"12345678901234567890","n":1}',  # a long digit run inside a string
+        "[9223372036854775807,-9223372036854775808,1.5,1e-7,0.1]",
+        "[1e400]",
+        "[NaN,Infinity]",
+        '"\\ud800"',
+        '{"a":1,"a":2}',
+        '{"t":"\\u00e9\\u2028"}',
+    ],
+)
+def test_json_load_reads_as_the_standard_library_does(text):
+    from bae.jsontext import load
+
+    expected = json.loads(text)
+    loaded = load(text)
+    assert json.dumps(loaded) == json.dumps(expected)
+    assert [type(item) for item in (loaded if isinstance(loaded, list) else [loaded])] == [
+        type(item) for item in (expected if isinstance(expected, list) else [expected])
+    ]

@@ -8,7 +8,6 @@ the turn marks, and the turn ends with a `TurnEnd`, not a frame.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from bae.jsontext import RawJson, dump
+from bae.jsontext import RawJson, dump, load
 from bae.protos import runner_pb2
 from services.session.engine import tools as toolset
 from services.session.engine.domain import Dispatch, SessionState, TurnEnd, Usage
@@ -125,7 +124,7 @@ class Turn:
                     payload = {"reason": "all_providers_failed", "attempts": result.attempts}
                 await self.emit([("session.error", payload)], new_state=SessionState.ERROR)
                 return LoopResult(TurnEnd.UNAVAILABLE, UNAVAILABLE_MESSAGE)
-            assistant = json.loads(result.message_json)
+            assistant = load(result.message_json)
             content = assistant.get("content") or []
             tool_uses = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
             if not tool_uses:
