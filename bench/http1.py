@@ -155,10 +155,21 @@ async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 async def rpc(connection: Connection, session_id: str, session_key: str, method: str, params: dict | None = None) -> dict:
     """One JSON-RPC call on the session's /rpc route; its result (the last frame must carry one)."""
+    return (await timed_rpc(connection, session_id, session_key, method, params))[1]
+
+
+async def timed_rpc(
+    connection: Connection, session_id: str, session_key: str, method: str, params: dict | None = None
+) -> tuple[float, dict]:
+    """As rpc, with the seconds from sending the call until the whole response was in. Parsing it
+    comes after: that is the client's work, and a turn's result on a long session carries its
+    provider request, whole history included (about 60 KB at 2,000 events)."""
     body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params or {}}
+    started = time.perf_counter()
     status, text = await connection.request(
         "POST", f"/api/v1/sessions/{session_id}/rpc", token=session_key, body=body
     )
+    elapsed = time.perf_counter() - started
     last = json.loads(text.splitlines()[-1])
     assert "result" in last, (status, last)
-    return last["result"]
+    return elapsed, last["result"]

@@ -12,8 +12,10 @@ REST: authenticated GET /api/v1/sessions/{id}/events and POST /api/v1/sessions
 with 1 and 16 concurrent clients, next to one Argon2id verification
 (64 MiB, t=3) — what a per-request slow hash would cost.
 Turns: a simple text turn through gateway -> session -> runner -> mock LLM,
-against the same mock called directly with the anthropic SDK, with 1, 8 and
-64 concurrent sessions, and a session with 2,000 prior events.
+against the same mock called directly with the anthropic SDK: one session at a
+time (new sessions of 10 turns, so the history stays small), then 8 and 64
+concurrent sessions; and a session with 2,000 prior events against fresh ones,
+each less its own provider call made directly (the body grows with the history).
 Compaction: a session of about 2,000 events before and after `session.compact`:
 the provider request body, the turn's added latency, and what one compaction
 run costs over the same provider call made directly.
@@ -53,7 +55,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import RunningStack, free_port, launch_stack, mock_provider_toml  # noqa: E402
 
 from bae.stack import Stack  # noqa: E402
-from http1 import Connection, StampedStream, rpc as lean_rpc  # noqa: E402
+from http1 import Connection, StampedStream, rpc as lean_rpc, timed_rpc  # noqa: E402
 from table import print_table, record  # noqa: E402
 
 TOKEN = "bench-token"
@@ -237,10 +239,9 @@ async def text_turns(drivers: list[Connection], pairs: list[tuple[str, str]], pe
     Returns the wall time."""
     async def drive(driver: Connection, sid: str, skey: str) -> None:
         for _ in range(per_session):
-            started = time.perf_counter()
-            await lean_rpc(driver, sid, skey, "session.sendMessage", SEND)
+            elapsed, _ = await timed_rpc(driver, sid, skey, "session.sendMessage", SEND)
             if samples is not None:
-                samples.append(time.perf_counter() - started)
+                samples.append(elapsed)
 
     started = time.perf_counter()
     await asyncio.gather(*(drive(d, s, k) for d, (s, k) in zip(drivers, pairs)))
@@ -250,6 +251,43 @@ async def text_turns(drivers: list[Connection], pairs: list[tuple[str, str]], pe
 async def close_all(connections: list[Connection]) -> None:
     for connection in connections:
         await connection.close()
+
+
+TURNS_PER_SHORT_SESSION = 10
+LONG_HISTORY_TURNS = 500  # each text turn writes 4 events: about 2,000
+
+
+async def short_session_turns(client: httpx.AsyncClient, url: str, key: str, total: int) -> tuple[list[float], float]:
+    """`total` text turns, one at a time, in new sessions of TURNS_PER_SHORT_SESSION turns each, so
+    that every turn is a simple one: its history stays under 25 messages. Returns (samples, wall)."""
+    samples: list[float] = []
+    wall = 0.0
+    for _ in range(total // TURNS_PER_SHORT_SESSION):
+        pair = await open_session(client, key)
+        drivers = await turn_drivers(url, [pair])
+        wall += await text_turns(drivers, [pair], TURNS_PER_SHORT_SESSION, samples)
+        await close_all(drivers)
+    return samples, wall
+
+
+async def direct_calls(mock: MockProcess, messages: list, count: int) -> list[float]:
+    """The provider call of a turn with `messages`, made directly the way the runner makes it: the
+    runner's own client (services/runner/clients.py) posting the same body through the SDK."""
+    from services.runner.clients import ANTHROPIC, ProviderClients
+
+    clients = ProviderClients(timeout=30)
+    body = {"model": "mock-model", "max_tokens": 4096, "messages": messages}
+    try:
+        for _ in range(10):
+            await clients.post(ANTHROPIC, mock.base_url, TOKEN, body)
+        samples = []
+        for _ in range(count):
+            started = time.perf_counter()
+            await clients.post(ANTHROPIC, mock.base_url, TOKEN, body)
+            samples.append(time.perf_counter() - started)
+        return samples
+    finally:
+        await clients.close()
 
 
 async def bench_turns(stack: Stack, key: str, mock: MockProcess) -> None:
@@ -266,42 +304,67 @@ async def bench_turns(stack: Stack, key: str, mock: MockProcess) -> None:
 
     url = stack.client_url
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-        for sessions in (1, 8, 64):
+        samples, wall = await short_session_turns(client, url, key, 300)
+        report(f"text turn through the stack, 1 session at a time ({TURNS_PER_SHORT_SESSION} turns each)",
+               samples, wall)
+        print_added(samples, baseline, baseline_p99)
+        added = (percentile(samples, 0.5) - baseline) * 1000
+        added99 = (percentile(samples, 0.99) - baseline_p99) * 1000
+        record("simple text turn, added over the same provider call made directly",
+               f"+{added:.2f} ms p50; +{added99:.1f} ms p99", "0", "≤ 3 ms p50, p99 ≤ 15 ms")
+        for sessions in (8, 64):
             pairs = [await open_session(client, key) for _ in range(sessions)]
             per_session = max(300 // sessions, 10)
             all_samples: list[float] = []
             drivers = await turn_drivers(url, pairs)
             wall = await text_turns(drivers, pairs, per_session, all_samples)
             await close_all(drivers)
-            report(f"text turn through the stack, {sessions} session(s)", all_samples, wall)
+            report(f"text turn through the stack, {sessions} sessions", all_samples, wall)
             print_added(all_samples, baseline, baseline_p99)
-            if sessions == 1:
-                fresh = percentile(all_samples, 0.5)
-                added = (percentile(all_samples, 0.5) - baseline) * 1000
-                added99 = (percentile(all_samples, 0.99) - baseline_p99) * 1000
-                record("simple text turn, added over the same provider call made directly",
-                       f"+{added:.2f} ms p50; +{added99:.1f} ms p99", "0", "≤ 3 ms p50, p99 ≤ 15 ms")
             if sessions == 64:
                 record("simple turns across 64 sessions", f"{len(all_samples) / wall:.0f} turns/s", "-",
                        "≥ 400 turns/s")
+        await bench_long_history(client, url, key, mock)
 
-        sid, skey = await open_session(client, key)
+
+async def bench_long_history(client: httpx.AsyncClient, url: str, key: str, mock: MockProcess) -> None:
+    """What a session of 2,000 events adds to a turn, against a fresh session. The provider call
+    itself grows with the history it carries (the mock reads a body of about 60 KB), so the
+    stack's added latency is each turn less the same provider call made directly; both kinds
+    of turn and both direct calls are measured in alternating rounds."""
+    sid, skey = await open_session(client, key)
     driver = await Connection.open(url)
     await lean_rpc(driver, sid, skey, "session.registerDriver")
     print("  building a session with 2,000 prior events ...", flush=True)
-    for _ in range(500):  # each text turn writes 4 events
+    for _ in range(LONG_HISTORY_TURNS):
         await lean_rpc(driver, sid, skey, "session.sendMessage", SEND)
-    samples = []
-    for _ in range(50):
-        started = time.perf_counter()
-        await lean_rpc(driver, sid, skey, "session.sendMessage", SEND)
-        samples.append(time.perf_counter() - started)
+    long_history = await last_request_messages(client, sid, skey)
+    fresh: list[float] = []
+    long: list[float] = []
+    direct_fresh: list[float] = []
+    direct_long: list[float] = []
+    for _ in range(5):
+        fresh += (await short_session_turns(client, url, key, TURNS_PER_SHORT_SESSION))[0]
+        for _ in range(TURNS_PER_SHORT_SESSION):
+            long.append((await timed_rpc(driver, sid, skey, "session.sendMessage", SEND))[0])
+        direct_fresh += await direct_calls(mock, [{"role": "user", "content": "hi"}], 20)
+        direct_long += await direct_calls(mock, long_history, 20)
     await driver.close()
-    report("text turn on a session with 2,000+ prior events", samples, sum(samples))
-    print_added(samples, baseline, baseline_p99)
-    print(f"{'  ratio to a fresh session at p50':<52} {percentile(samples, 0.5) / fresh:7.2f}x")
-    record("added latency, 2,000-event session against a fresh one", f"×{percentile(samples, 0.5) / fresh:.2f}",
-           "×1.0", "≤ ×1.1")
+    report("text turn on a fresh session", fresh, sum(fresh))
+    report("text turn on a session with 2,000+ prior events", long, sum(long))
+    report("  its provider call made directly, fresh", direct_fresh, sum(direct_fresh))
+    report(f"  its provider call made directly, {len(long_history)} messages", direct_long, sum(direct_long))
+    added_fresh = percentile(fresh, 0.5) - percentile(direct_fresh, 0.5)
+    added_long = percentile(long, 0.5) - percentile(direct_long, 0.5)
+    whole = percentile(long, 0.5) / percentile(fresh, 0.5)
+    call = percentile(direct_long, 0.5) / percentile(direct_fresh, 0.5)
+    print(f"{'  added latency at p50, fresh -> 2,000 events':<52} {added_fresh * 1000:7.2f} ms -> "
+          f"{added_long * 1000:.2f} ms   (×{added_long / added_fresh:.2f})")
+    print(f"{'  whole turn at p50, 2,000 events against fresh':<52} ×{whole:.2f}   "
+          f"(the provider call alone ×{call:.2f})")
+    record("added latency, 2,000-event session against a fresh one",
+           f"×{added_long / added_fresh:.2f} (whole turn ×{whole:.2f})",
+           f"×1.0 (the provider call alone ×{call:.2f})", "≤ ×1.1")
 
 
 OBSERVERS = 100
