@@ -10,9 +10,19 @@ from __future__ import annotations
 import operator
 
 from bae.jsontext import RawJson
-from services.runner.canonical import Message, Usage, WireFormatError, content_blocks, read_usage
+from services.runner.canonical import History, Message, Usage, WireFormatError, content_blocks, read_usage
 
 COMPACTED_PREAMBLE = "The earlier part of this conversation was compacted. A summary follows."
+
+
+def normalize_history(history: History) -> tuple[History, dict | None]:
+    """`normalize` over a History. Its roles alone show the usual case, a history that starts
+    with `user` and alternates: then no message is read and the history goes out as it came."""
+    roles = history.roles
+    if (not roles or roles[0] == "user") and not any(map(operator.eq, roles, roles[1:])):
+        return history, None
+    folded, normalized = normalize(history.messages)
+    return History.of(folded), normalized
 
 
 def normalize(messages: list[Message]) -> tuple[list[Message], dict | None]:
@@ -23,10 +33,7 @@ def normalize(messages: list[Message]) -> tuple[list[Message], dict | None]:
     2. Each run of consecutive same-role messages folds into one message,
        never reordering; `merged` lists the folded indices (after step 1).
     """
-    roles = [message.get("role") for message in messages]
-    prepended_user = bool(roles) and roles[0] != "user"
-    if not prepended_user and not any(map(operator.eq, roles, roles[1:])):
-        return messages, None  # the usual history, checked without a loop in Python
+    prepended_user = bool(messages) and messages[0].get("role") != "user"
     if prepended_user:
         preamble = {"role": "user", "content": [{"type": "text", "text": COMPACTED_PREAMBLE}]}
         messages = [preamble, *messages]

@@ -6,14 +6,58 @@ Messages are `{"role", "content": string | block[]}`; blocks are `text`,
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
+from bae.jsontext import RawJson, dump, load
+
 # Engine-only routing fields on tool_use blocks; no provider ever sees them.
 ROUTING_FIELDS = ("dispatch", "caller")
+# How a routing field shows in a message's JSON text, as a key.
+_ROUTING_KEYS = tuple(f'"{name}"' for name in ROUTING_FIELDS)
 
 Message = dict[str, Any]
 Block = dict[str, Any]
+
+
+class History:
+    """A conversation as the session sends it: each message's JSON text, and its role.
+
+    A step used to read every message of the history and write it back, which made each
+    step over a long history cost milliseconds. A message is now read only when it must
+    change (it names a routing field, or Anthropic needs its role run folded) or when a
+    wire translates messages (OpenAI); the rest goes out as the text that came in.
+    """
+
+    def __init__(self, texts: list[str], roles: list[str]) -> None:
+        self.texts = texts
+        self.roles = roles
+
+    @classmethod
+    def of(cls, messages: list[Message]) -> "History":
+        return cls([dump(message) for message in messages], [message.get("role") or "" for message in messages])
+
+    @functools.cached_property
+    def messages(self) -> list[Message]:
+        """The messages as values, read on first use."""
+        return [load(text) for text in self.texts]
+
+    @functools.cached_property
+    def json(self) -> RawJson:
+        """The messages as one JSON array."""
+        return RawJson("[" + ",".join(self.texts) + "]")
+
+    def without_routing_fields(self) -> "History":
+        """`dispatch` / `caller` dropped from tool_use blocks; itself when no message names one."""
+        if not any(key in self.json.text for key in _ROUTING_KEYS):
+            return self
+        texts = list(self.texts)
+        for index, text in enumerate(texts):
+            if any(key in text for key in _ROUTING_KEYS):  # may be just text: reading it tells
+                (message,) = strip_routing_fields([load(text)])
+                texts[index] = dump(message)
+        return History(texts, self.roles)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from bae.config import Config
 from bae.errors import bad_request
 from bae.jsontext import RawJson, dump, load
 from bae.protos import runner_pb2, runner_pb2_grpc
+from services.runner.canonical import History
 from services.runner.clients import ProviderClients
 from services.runner.walk import StepEvent, StepOutcome, StepSpec, run_step
 
@@ -47,13 +48,19 @@ def step_spec(request: runner_pb2.StepRequest) -> StepSpec:
         session_id=request.session_id,
         primary=request.primary_provider,
         fallbacks=list(request.fallback_providers),
-        messages=_json_array(request.messages_json, "messages_json"),
-        messages_json=RawJson(request.messages_json or "[]"),
+        history=_history(request),
         tools=_json_array(request.tools_json, "tools_json"),
         tools_json=RawJson(request.tools_json or "[]"),
         purpose=request.purpose,
         min_max_tokens=request.min_max_tokens,
     )
+
+
+def _history(request: runner_pb2.StepRequest) -> History:
+    texts, roles = list(request.messages), list(request.roles)
+    if len(texts) != len(roles):
+        raise bad_request(f"{len(texts)} messages but {len(roles)} roles")
+    return History(texts, roles)
 
 
 def _json_array(text: str, field: str) -> list:

@@ -15,10 +15,10 @@ from typing import AsyncIterator, Callable
 
 from bae.config import REDACTED, Config, EnvResolutionError, ProviderEntry, primary_not_configured, resolve_env
 from bae import telemetry
-from bae.jsontext import RawJson, dump, load
+from bae.jsontext import RawJson, load
 from services.runner import anthropic_wire, openai_wire
 from services.runner.attempt_span import end_attempt, start_attempt
-from services.runner.canonical import Message, Usage, WireFormatError, strip_routing_fields
+from services.runner.canonical import History, Message, Usage, WireFormatError
 from services.runner.clients import ANTHROPIC, OPENAI, ProviderClients, TransportError
 
 log = logging.getLogger("bae.runner")
@@ -37,8 +37,7 @@ class StepSpec:
     session_id: str
     primary: str
     fallbacks: list[str]
-    messages: list[Message]
-    messages_json: RawJson  # `messages` as the session sent it, passed on when nothing changes them
+    history: History
     tools: list[dict]
     tools_json: RawJson  # `tools` as the session sent it, passed on without re-serializing
     purpose: str = ""  # "" for a turn, "compaction"
@@ -81,14 +80,13 @@ class _Failure:
 
 @dataclass(frozen=True)
 class _Prepared:
-    """One attempt's canonical messages and tools, as values and as JSON text made once.
+    """One attempt's canonical history and tools, as values and as JSON text made once.
 
     The text goes into the `provider.request` event and, for Anthropic (whose
     wire shape is the canonical one), into the request body as well.
     """
 
-    messages: list[Message]
-    messages_json: RawJson
+    history: History
     tools: list[dict]
     tools_json: RawJson
 
@@ -97,8 +95,8 @@ class _Prepared:
 class _Wire:
     """How one provider kind prepares messages, shapes a request and reads a response."""
 
-    # (messages to send, the `normalized` event field or None)
-    normalize: Callable[[list[Message]], tuple[list[Message], dict | None]]
+    # (the history to send, the `normalized` event field or None)
+    normalize: Callable[[History], tuple[History, dict | None]]
     request_body: Callable[[str, int, _Prepared], dict]
     usage: Callable[[dict], Usage | None]
     assistant_message: Callable[[dict], Message]
@@ -107,9 +105,9 @@ class _Wire:
 
 WIRES = {
     ANTHROPIC: _Wire(
-        anthropic_wire.normalize,
+        anthropic_wire.normalize_history,
         lambda model, max_tokens, prepared: anthropic_wire.request_body(
-            model, max_tokens, prepared.messages_json, prepared.tools_json
+            model, max_tokens, prepared.history.json, prepared.tools_json
         ),
         anthropic_wire.usage,
         anthropic_wire.assistant_message,
@@ -117,9 +115,9 @@ WIRES = {
     ),
     OPENAI: _Wire(
         # Chat Completions takes any role order: nothing to normalize (§8.5).
-        lambda messages: (messages, None),
+        lambda history: (history, None),
         lambda model, max_tokens, prepared: openai_wire.request_body(
-            model, max_tokens, prepared.messages, prepared.tools
+            model, max_tokens, prepared.history.messages, prepared.tools
         ),
         openai_wire.usage,
         openai_wire.assistant_message,
@@ -154,7 +152,7 @@ async def run_step(
     if chain is None:
         yield StepOutcome("provider_config", detail=primary_not_configured(spec.primary))
         return
-    messages = strip_routing_fields(spec.messages)
+    history = spec.history.without_routing_fields()
     compaction = spec.purpose == COMPACTION
     purpose = {"purpose": spec.purpose} if spec.purpose else {}
     for attempt, entry in enumerate(chain):
@@ -165,10 +163,8 @@ async def run_step(
         }
         wire = WIRES[entry.provider]
         max_tokens = max(entry.max_tokens, spec.min_max_tokens)
-        sent_messages, normalized = wire.normalize(messages)
-        # Untouched by stripping and normalization, the history is the session's text as it came.
-        sent_json = spec.messages_json if sent_messages is spec.messages else RawJson(dump(sent_messages))
-        prepared = _Prepared(sent_messages, sent_json, spec.tools, spec.tools_json)
+        sent, normalized = wire.normalize(history)
+        prepared = _Prepared(sent, spec.tools, spec.tools_json)
         request_event = StepEvent(
             "provider.request",
             {
@@ -176,7 +172,7 @@ async def run_step(
                 "base_url": entry.effective_base_url,
                 "model": entry.model,
                 "max_tokens": max_tokens,
-                "messages": prepared.messages_json,
+                "messages": sent.json,
                 "tools": prepared.tools_json,
                 **({"normalized": normalized} if normalized is not None else {}),
                 **purpose,

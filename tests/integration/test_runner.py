@@ -7,6 +7,7 @@ import secrets
 import time
 from typing import Iterator
 
+import grpc
 import pytest
 
 from bae.grpcutil import channel as internal_channel
@@ -96,7 +97,8 @@ async def run_step(
         session_id="ses_test",
         primary_provider=primary,
         fallback_providers=list(fallbacks),
-        messages_json=json.dumps(messages),
+        messages=[json.dumps(message) for message in messages],
+        roles=[message["role"] for message in messages],
         tools_json=json.dumps(list(tools)),
         purpose=purpose,
         min_max_tokens=min_max_tokens,
@@ -179,6 +181,33 @@ async def test_text_success_exact_payloads(runner, llm):
         "messages": USER_HELLO,
         "tools": [WEATHER_TOOL],
     }
+
+
+async def test_a_history_is_sent_as_the_texts_that_came_in(runner, llm):
+    # Texts in a spacing of their own: a re-serialization would show.
+    texts = ['{"role": "user",  "content": "hello"}', '{"role": "assistant",  "content": "hi"}',
+             '{"role": "user",  "content": "again"}']
+    request = runner_pb2.StepRequest(session_id="ses_test", primary_provider="mock", messages=texts,
+                                     roles=["user", "assistant", "user"], tools_json="[]")
+    llm.enqueue(Reply.text("ok"))
+    async with internal_channel(runner, TEST_PLANE) as channel:
+        updates = [u async for u in runner_pb2_grpc.RunnerStub(channel).RunStep(request, timeout=30)]
+    first = updates[0].event
+    assert first.event_type == "provider.request"
+    assert '"messages":[' + ",".join(texts) + "]" in first.payload_json
+    assert llm.requests[0]["body"]["messages"] == [json.loads(text) for text in texts]
+
+
+async def test_messages_and_roles_must_pair_up(runner, llm):
+    request = runner_pb2.StepRequest(session_id="ses_test", primary_provider="mock",
+                                     messages=['{"role":"user","content":"hi"}'], roles=[])
+    async with internal_channel(runner, TEST_PLANE) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as failure:
+            async for _ in runner_pb2_grpc.RunnerStub(channel).RunStep(request, timeout=30):
+                pass
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "1 messages but 0 roles" in failure.value.details()
+    assert llm.requests == []
 
 
 async def test_missing_usage_is_null(runner, llm):

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from services.runner import anthropic_wire, openai_wire
-from services.runner.canonical import Usage, WireFormatError, strip_routing_fields
+from bae.jsontext import RawJson
+from services.runner.canonical import History, Usage, WireFormatError, strip_routing_fields
 
 PREAMBLE = "The earlier part of this conversation was compacted. A summary follows."
 
@@ -34,10 +35,27 @@ def test_strip_removes_dispatch_and_caller_from_tool_use_only():
     assert "dispatch" in messages[1]["content"][1], "the caller's list must not be mutated"
 
 
-def test_strip_returns_the_same_list_when_nothing_carries_routing_fields():
-    # The runner then sends the session's own text of the history, not a re-serialization.
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "text", "text": "yo"}]}]
-    assert strip_routing_fields(messages) is messages
+def test_a_history_without_routing_fields_is_left_as_it_came():
+    texts = ['{"role": "user", "content": "hi"}', '{"role":"assistant","content":[{"type":"text","text":"yo"}]}']
+    history = History(texts, ["user", "assistant"])
+    assert history.without_routing_fields() is history
+    assert history.json == RawJson("[" + ",".join(texts) + "]")
+    assert "messages" not in vars(history), "no message was read"
+
+
+def test_only_the_messages_that_name_a_routing_field_are_read_and_rewritten():
+    call = {"type": "tool_use", "id": "tu_1", "name": "t", "input": {}, "dispatch": "client"}
+    texts = [
+        '{"role": "user", "content": "hi"}',
+        json.dumps({"role": "assistant", "content": [call]}),
+        # Names one, but not on a tool_use block: read, and left as it was.
+        json.dumps({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu_1", "dispatch": "x"}]}),
+    ]
+    stripped = History(texts, ["user", "assistant", "user"]).without_routing_fields()
+    assert stripped.texts[0] is texts[0]
+    assert json.loads(stripped.texts[1]) == {"role": "assistant", "content": [{k: v for k, v in call.items() if k != "dispatch"}]}
+    assert json.loads(stripped.texts[2]) == json.loads(texts[2])
+    assert stripped.roles == ["user", "assistant", "user"]
 
 
 # --- anthropic normalization ---------------------------------------------------
@@ -47,6 +65,20 @@ def test_normalize_leaves_well_formed_history_alone():
     messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     assert anthropic_wire.normalize(messages) == (messages, None)
     assert anthropic_wire.normalize([]) == ([], None)
+
+
+def test_a_history_whose_roles_alternate_from_user_is_not_read():
+    history = History(['{"role":"user","content":"a"}', '{"role":"assistant","content":"b"}'], ["user", "assistant"])
+    assert anthropic_wire.normalize_history(history) == (history, None)
+    assert "messages" not in vars(history)
+
+
+def test_a_history_whose_roles_repeat_is_folded_as_normalize_folds_it():
+    messages = [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}, {"role": "user", "content": "c"}]
+    history = History([json.dumps(message) for message in messages], [message["role"] for message in messages])
+    folded, normalized = anthropic_wire.normalize_history(history)
+    assert (folded.messages, normalized) == anthropic_wire.normalize(messages)
+    assert folded.roles == ["user", "assistant", "user"]
 
 
 def test_normalize_prepends_user_before_assistant_first_history():

@@ -97,7 +97,7 @@ async def run_compaction(
     try:
         result = await turn.step(
             profile,
-            history.messages_json_with_instruction(instruction),
+            history.with_instruction(instruction),
             [],
             purpose=PURPOSE,
             min_max_tokens=MIN_OUTPUT_TOKENS,

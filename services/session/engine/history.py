@@ -3,18 +3,26 @@
 Built once from the log's message events, then extended as events are
 published, so a turn never re-reads the whole log. A compaction marker moves
 the start of the history to its preamble. Each message is kept as JSON text
-too, made once, so a provider call's history is joined rather than
-re-serialized.
+too, made once: a provider step gets the texts and their roles, never a
+re-serialization (and the runner reads only the messages it must change).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from bae.jsontext import dump
 
 MESSAGE_EVENTS = ("client.message.send", "server.message.send")
 DEFAULT_ROLE = {"client.message.send": "user", "server.message.send": "assistant"}
+
+
+class StepMessages(NamedTuple):
+    """A provider step's history: each message's JSON text, and its role."""
+
+    texts: list[str]
+    roles: list[str]
 
 
 class History:
@@ -48,21 +56,23 @@ class History:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def messages_json_with_instruction(self, instruction: str) -> str:
+    def with_instruction(self, instruction: str) -> StepMessages:
         """The history plus a compaction instruction as the last user turn (§12.4 step 5): a text
         block appended to a last user message, else a user message whose content is the instruction."""
         if self._entries and self._entries[-1][1]["role"] == "user":
             last = self._entries[-1][1]
             content = last["content"]
             blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
-            tail = dump({**last, "content": [*blocks, {"type": "text", "text": instruction}]})
-            parts = [text for _, _, text in self._entries[:-1]] + [tail]
-        else:
-            parts = [text for _, _, text in self._entries] + [dump({"role": "user", "content": instruction})]
-        return "[" + ",".join(parts) + "]"
+            return self._with(self._entries[:-1], [{**last, "content": [*blocks, {"type": "text", "text": instruction}]}])
+        return self._with(self._entries, [{"role": "user", "content": instruction}])
 
-    def messages_json(self, extensions: Sequence[dict] = ()) -> str:
-        """The history, then `extensions` (this turn's messages not yet logged), as one JSON array."""
-        parts = [text for _, _, text in self._entries]
-        parts += [dump(message) for message in extensions]
-        return "[" + ",".join(parts) + "]"
+    def step_messages(self, extensions: Sequence[dict] = ()) -> StepMessages:
+        """The history, then `extensions` (this turn's messages not yet logged)."""
+        return self._with(self._entries, extensions)
+
+    @staticmethod
+    def _with(entries: Sequence[tuple[str, dict, str]], tail: Sequence[dict]) -> StepMessages:
+        return StepMessages(
+            [text for _, _, text in entries] + [dump(message) for message in tail],
+            [message["role"] for _, message, _ in entries] + [message["role"] for message in tail],
+        )

@@ -21,6 +21,7 @@ from services.session.engine import tools as toolset
 from services.session.engine.domain import Dispatch, SessionState, TurnEnd, Usage
 from services.session.engine.feed import Watcher
 from services.session.engine.gate import ParkedTurn
+from services.session.engine.history import StepMessages
 from services.session.engine.runtime import LiveSession, SessionRuntime
 from services.session.engine.spans import open_dispatch
 from services.session.remote.runner import RunnerClient
@@ -115,7 +116,7 @@ class Turn:
                 session = await self.runtime.store.get_session(self.session_id) or session
             mcp = await self.runtime.ensure_mcp(self.live, profile)
             declared = toolset.ActingTools.of(session, self.actor, mcp, status_tool=bool(self.live.subagents.entries))
-            result = await self.step(profile, self.live.loaded_history.messages_json(extensions), declared.advertised())
+            result = await self.step(profile, self.live.loaded_history.step_messages(extensions), declared.advertised())
             if result.outcome != runner_pb2.StepResult.OK:
                 payload: dict[str, Any]
                 if result.outcome == runner_pb2.StepResult.PROVIDER_CONFIG:
@@ -184,7 +185,7 @@ class Turn:
     async def step(
         self,
         profile: ProfileRecord,
-        messages_json: str,
+        messages: StepMessages,
         tools: list[dict],
         *,
         purpose: str = "",
@@ -195,7 +196,8 @@ class Turn:
             session_id=self.session_id,
             primary_provider=profile.primary_provider,
             fallback_providers=list(profile.fallback_providers),
-            messages_json=messages_json,
+            messages=messages.texts,
+            roles=messages.roles,
             tools_json=dump(tools),
             purpose=purpose,
             min_max_tokens=min_max_tokens,
