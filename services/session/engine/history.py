@@ -26,8 +26,13 @@ class StepMessages(NamedTuple):
 
 
 class History:
+    """Parallel lists, one item per message: a step copies the texts and roles as they are."""
+
     def __init__(self) -> None:
-        self._entries: list[tuple[str, dict, str]] = []  # (event id, {role, content}, its JSON text)
+        self._ids: list[str] = []  # the message's event id
+        self._messages: list[dict] = []  # {role, content}
+        self._texts: list[str] = []  # its JSON text
+        self._roles: list[str] = []
 
     @classmethod
     def from_events(cls, events: Sequence[dict]) -> "History":
@@ -42,37 +47,38 @@ class History:
             if kind in MESSAGE_EVENTS:
                 role = payload.get("role") or DEFAULT_ROLE[kind]
                 message = {"role": role, "content": payload.get("content")}
-                self._entries.append((event["id"], message, dump(message)))
+                self._ids.append(event["id"])
+                self._messages.append(message)
+                self._texts.append(dump(message))
+                self._roles.append(role)
             elif kind == "session.compaction.completed":
                 self._restart_at(payload.get("preamble_event_id"), payload.get("summary_event_id"))
 
     def _restart_at(self, *candidates: str | None) -> None:
         for event_id in candidates:
-            for index, (entry_id, _, _) in enumerate(self._entries):
-                if entry_id == event_id:
-                    del self._entries[:index]
-                    return
+            if event_id in self._ids:
+                index = self._ids.index(event_id)
+                for items in (self._ids, self._messages, self._texts, self._roles):
+                    del items[:index]
+                return
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._ids)
 
     def with_instruction(self, instruction: str) -> StepMessages:
         """The history plus a compaction instruction as the last user turn (§12.4 step 5): a text
         block appended to a last user message, else a user message whose content is the instruction."""
-        if self._entries and self._entries[-1][1]["role"] == "user":
-            last = self._entries[-1][1]
+        if self._roles and self._roles[-1] == "user":
+            last = self._messages[-1]
             content = last["content"]
             blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
-            return self._with(self._entries[:-1], [{**last, "content": [*blocks, {"type": "text", "text": instruction}]}])
-        return self._with(self._entries, [{"role": "user", "content": instruction}])
+            instructed = {**last, "content": [*blocks, {"type": "text", "text": instruction}]}
+            return StepMessages(self._texts[:-1] + [dump(instructed)], list(self._roles))
+        return self.step_messages([{"role": "user", "content": instruction}])
 
     def step_messages(self, extensions: Sequence[dict] = ()) -> StepMessages:
         """The history, then `extensions` (this turn's messages not yet logged)."""
-        return self._with(self._entries, extensions)
-
-    @staticmethod
-    def _with(entries: Sequence[tuple[str, dict, str]], tail: Sequence[dict]) -> StepMessages:
         return StepMessages(
-            [text for _, _, text in entries] + [dump(message) for message in tail],
-            [message["role"] for _, message, _ in entries] + [message["role"] for message in tail],
+            self._texts + [dump(message) for message in extensions],
+            self._roles + [message["role"] for message in extensions],
         )
