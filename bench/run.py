@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import RunningStack, free_port, launch_stack, mock_provider_toml  # noqa: E402
 
 from bae.stack import Stack  # noqa: E402
+from services.runner.clients import ANTHROPIC, ProviderClients  # noqa: E402
 from http1 import Connection, StampedStream, rpc as lean_rpc, timed_rpc  # noqa: E402
 from table import print_table, record  # noqa: E402
 
@@ -270,24 +271,16 @@ async def short_session_turns(client: httpx.AsyncClient, url: str, key: str, tot
     return samples, wall
 
 
-async def direct_calls(mock: MockProcess, messages: list, count: int) -> list[float]:
+async def provider_calls(clients: ProviderClients, mock: MockProcess, messages: list, count: int) -> list[float]:
     """The provider call of a turn with `messages`, made directly the way the runner makes it: the
     runner's own client (services/runner/clients.py) posting the same body through the SDK."""
-    from services.runner.clients import ANTHROPIC, ProviderClients
-
-    clients = ProviderClients(timeout=30)
     body = {"model": "mock-model", "max_tokens": 4096, "messages": messages}
-    try:
-        for _ in range(10):
-            await clients.post(ANTHROPIC, mock.base_url, TOKEN, body)
-        samples = []
-        for _ in range(count):
-            started = time.perf_counter()
-            await clients.post(ANTHROPIC, mock.base_url, TOKEN, body)
-            samples.append(time.perf_counter() - started)
-        return samples
-    finally:
-        await clients.close()
+    samples = []
+    for _ in range(count):
+        started = time.perf_counter()
+        await clients.post(ANTHROPIC, mock.base_url, TOKEN, body)
+        samples.append(time.perf_counter() - started)
+    return samples
 
 
 async def bench_turns(stack: Stack, key: str, mock: MockProcess) -> None:
@@ -343,12 +336,15 @@ async def bench_long_history(client: httpx.AsyncClient, url: str, key: str, mock
     long: list[float] = []
     direct_fresh: list[float] = []
     direct_long: list[float] = []
+    clients = ProviderClients(timeout=30)
+    await provider_calls(clients, mock, long_history, 10)  # warm up
     for _ in range(5):
         fresh += (await short_session_turns(client, url, key, TURNS_PER_SHORT_SESSION))[0]
         for _ in range(TURNS_PER_SHORT_SESSION):
             long.append((await timed_rpc(driver, sid, skey, "session.sendMessage", SEND))[0])
-        direct_fresh += await direct_calls(mock, [{"role": "user", "content": "hi"}], 20)
-        direct_long += await direct_calls(mock, long_history, 20)
+        direct_fresh += await provider_calls(clients, mock, [{"role": "user", "content": "hi"}], 20)
+        direct_long += await provider_calls(clients, mock, long_history, 20)
+    await clients.close()
     await driver.close()
     report("text turn on a fresh session", fresh, sum(fresh))
     report("text turn on a session with 2,000+ prior events", long, sum(long))
@@ -453,14 +449,13 @@ async def bench_cpu(stack: Stack, key: str, mock: MockProcess) -> None:
     await close_all(drivers)
 
 
-COMPACTION_HISTORY_TURNS = 500  # each text turn writes 4 events: about 2,000
 FILLER = "Here is some context the conversation has accumulated. " * 4
 
 
 async def session_with_history(client: httpx.AsyncClient, key: str) -> tuple[str, str]:
     sid, skey = await open_session(client, key)
     await rpc(client, sid, skey, "session.registerDriver")
-    for index in range(COMPACTION_HISTORY_TURNS):
+    for index in range(LONG_HISTORY_TURNS):
         await rpc(client, sid, skey, "session.sendMessage", {"message": {"content": f"{index}: {FILLER}"}})
     return sid, skey
 

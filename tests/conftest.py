@@ -122,6 +122,12 @@ class RunningStack:
         return self.stack.stop()
 
 
+# free_port's ports come from the ephemeral range, so a connection made meanwhile may take one
+# before the service binds it (every service says "cannot bind"): rare, but it once failed a
+# module's shared stack and all its tests.
+BIND_ATTEMPTS = 3
+
+
 def launch_stack(tmp: Path, config_toml: str | None = None, session_args: list[str] | None = None,
                  **env: str) -> RunningStack:
     """Start a stack whose files live in `tmp`; its logs are printed if it fails to start."""
@@ -130,25 +136,21 @@ def launch_stack(tmp: Path, config_toml: str | None = None, session_args: list[s
         config = tmp / "bae-config.toml"
         config.write_text(config_toml)
         overrides["BAE_CONFIG"] = str(config)
-    for attempt in range(BIND_ATTEMPTS):
+    attempts = BIND_ATTEMPTS
+    while True:
         stack = Stack(env=stack_env(tmp, **overrides), session_args=session_args or [], log_dir=tmp / "logs")
         try:
             stack.start()
             return RunningStack(stack, tmp)
         except Exception:
             stack.stop()
+            attempts -= 1
             logs = {log.name: log.read_text() for log in sorted((tmp / "logs").glob("*.log"))}
-            if attempt + 1 < BIND_ATTEMPTS and any("Address already in use" in text for text in logs.values()):
+            if attempts and any("cannot bind" in text for text in logs.values()):
                 continue  # a port free_port found was taken before the service bound it: new ports
             for name, text in logs.items():
                 print(f"--- {name}\n{text[-4000:]}")
             raise
-    raise AssertionError("unreachable")
-
-
-# free_port's ports come from the ephemeral range, so a connection made meanwhile may take
-# one before the service binds it: rare, but it failed a whole module's shared stack once.
-BIND_ATTEMPTS = 3
 
 
 StackFactory = Callable[..., RunningStack]

@@ -74,21 +74,15 @@ class WireFormatError(ValueError):
 
 
 def strip_routing_fields(messages: list[Message]) -> list[Message]:
-    """Drop `dispatch` / `caller` from tool_use blocks; untouched messages are shared, not copied,
-    and when none carries a routing field the list itself is returned."""
-    # Runs on every provider step over the whole history: plain loops, no call per block.
-    stripped: list[Message] | None = None
-    for index, message in enumerate(messages):
+    """Drop `dispatch` / `caller` from tool_use blocks; untouched messages are shared, not copied."""
+    stripped = []
+    for message in messages:
         content = message.get("content")
-        if type(content) is not list:
-            continue
-        for block in content:
-            if isinstance(block, dict) and block.get("type") == "tool_use" and _has_routing(block):
-                if stripped is None:
-                    stripped = list(messages)
-                stripped[index] = {**message, "content": [_without_routing(block) for block in content]}
-                break
-    return messages if stripped is None else stripped
+        if isinstance(content, list) and any(_has_routing(block) for block in content):
+            content = [_without_routing(block) for block in content]
+            message = {**message, "content": content}
+        stripped.append(message)
+    return stripped
 
 
 def _has_routing(block: Any) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from bae.jsontext import dump
+from bae.jsontext import dump, load
 
 MESSAGE_EVENTS = ("client.message.send", "server.message.send")
 DEFAULT_ROLE = {"client.message.send": "user", "server.message.send": "assistant"}
@@ -30,8 +30,7 @@ class History:
 
     def __init__(self) -> None:
         self._ids: list[str] = []  # the message's event id
-        self._messages: list[dict] = []  # {role, content}
-        self._texts: list[str] = []  # its JSON text
+        self._texts: list[str] = []  # its JSON text: {role, content}
         self._roles: list[str] = []
 
     @classmethod
@@ -48,7 +47,6 @@ class History:
                 role = payload.get("role") or DEFAULT_ROLE[kind]
                 message = {"role": role, "content": payload.get("content")}
                 self._ids.append(event["id"])
-                self._messages.append(message)
                 self._texts.append(dump(message))
                 self._roles.append(role)
             elif kind == "session.compaction.completed":
@@ -58,7 +56,7 @@ class History:
         for event_id in candidates:
             if event_id in self._ids:
                 index = self._ids.index(event_id)
-                for items in (self._ids, self._messages, self._texts, self._roles):
+                for items in (self._ids, self._texts, self._roles):
                     del items[:index]
                 return
 
@@ -69,7 +67,7 @@ class History:
         """The history plus a compaction instruction as the last user turn (§12.4 step 5): a text
         block appended to a last user message, else a user message whose content is the instruction."""
         if self._roles and self._roles[-1] == "user":
-            last = self._messages[-1]
+            last = load(self._texts[-1])
             content = last["content"]
             blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
             instructed = {**last, "content": [*blocks, {"type": "text", "text": instruction}]}
