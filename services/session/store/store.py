@@ -8,7 +8,12 @@ functions. A database that cannot serve now (locked, full, unreachable) raises
 
 SQLite: a writer thread owning one connection, so the asyncio loop never waits
 for a commit. Writes go to the single writer, so they are serialized without
-locks (this measured best). Reads run on the loop's own thread, on a connection
+locks (this measured best). Calls that queue while the writer is busy are
+committed together (group commit): each runs in a savepoint of one
+transaction, so a call that raises leaves no trace while the others commit,
+and the group costs one commit (one fsync) and one wake-up of the loop instead
+of one per call. Under load that is most of the writer's cost; a lone call
+runs as it always did. Reads run on the loop's own thread, on a connection
 of their own that never waits for a lock (busy timeout 0): in WAL mode a read
 needs no lock a writer holds, and the thread hop cost as much as the read (an
 authenticated GET went from 1.05 to 0.87 ms p50). A read that would have to
@@ -24,8 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, TypeVar
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import make_url
@@ -128,13 +136,110 @@ class _Worker:
         self._executor.shutdown(wait=True)
 
 
+@dataclass
+class _Queued(Generic[T]):
+    """A write waiting for the writer thread, and what it ended with."""
+
+    fn: Callable[..., T]
+    args: tuple
+    future: asyncio.Future[T]
+    result: T | None = None
+    error: BaseException | None = None
+
+    def deliver(self) -> None:
+        """On the loop's thread: hand the outcome to the caller, unless it stopped waiting."""
+        if self.future.done():
+            return
+        if self.error is not None:
+            self.future.set_exception(self.error)
+        else:
+            self.future.set_result(self.result)  # type: ignore[arg-type]  # fn's own result
+
+
+class _GroupWriter(_Worker):
+    """The writer thread: the calls that queued while it was busy are committed together.
+
+    The loop queues a call and starts a drain on the thread unless one is running;
+    the drain takes everything queued at once, as one group, until none is left. A
+    group runs in one transaction, each call in a savepoint of its own: a call that
+    raises is rolled back alone and gets its exception, the others commit. If the
+    database itself fails the group (locked, disk full), the group is rolled back and
+    its calls run again one by one, so each ends as it would have alone; a store
+    function only reads and writes through its connection, so running it again is safe.
+    """
+
+    def __init__(self, engine: Engine, name: str) -> None:
+        super().__init__(engine, name)
+        self._queue: deque[_Queued[Any]] = deque()
+        self._lock = threading.Lock()  # the queue's hand-over between the loop and the thread
+        self._draining = False
+
+    async def call(self, fn: Callable[..., T], args: tuple) -> T:
+        queued = _Queued(fn, args, asyncio.get_running_loop().create_future())
+        with self._lock:
+            self._queue.append(queued)
+            start, self._draining = not self._draining, True
+        if start:
+            self._executor.submit(self._drain, queued.future.get_loop())
+        return await queued.future
+
+    def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._draining = False
+                    return
+                group = list(self._queue)
+                self._queue.clear()
+            self._run_group(group)
+            loop.call_soon_threadsafe(_deliver_all, group)
+
+    def _run_group(self, group: list[_Queued[Any]]) -> None:
+        if len(group) > 1:
+            try:
+                self._together(group)
+                self.db.wait_for_locks(BUSY_TIMEOUT_MS)
+                return
+            except Exception as exc:  # rolled back: nothing of the group was written
+                problem = unavailable(exc) if isinstance(exc, OperationalError) else None
+                if problem is not None and problem.busy:
+                    self.db.wait_for_locks(LOCKED_BUSY_TIMEOUT_MS)
+                else:  # a failed write may leave the connection unusable
+                    self.db.close()
+        for queued in group:
+            try:
+                queued.result, queued.error = self._in_transaction(queued.fn, queued.args), None
+            except Exception as exc:
+                queued.error = exc
+
+    def _together(self, group: list[_Queued[Any]]) -> None:
+        conn = self.db.connection()
+        with conn.begin():
+            # pysqlite begins a transaction only before the first INSERT/UPDATE/DELETE; a savepoint
+            # opened before that would start a transaction of its own, which its release commits.
+            conn.exec_driver_sql("BEGIN")
+            for queued in group:
+                try:
+                    with conn.begin_nested():
+                        queued.result = queued.fn(conn, *queued.args)
+                except OperationalError:
+                    raise
+                except Exception as exc:
+                    queued.error = exc
+
+
+def _deliver_all(group: list[_Queued[Any]]) -> None:
+    for queued in group:
+        queued.deliver()
+
+
 class _SqliteBackend:
     """The writer thread; for a file database, the loop's reader and a reader thread to fall back
     on (an in-memory database is one connection: the writer's)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.writer = _Worker(engine, "bae-store")
+        self.writer = _GroupWriter(engine, "bae-store")
         separate = is_file_database(engine.url)
         self.reader = _Worker(engine, "bae-store-read") if separate else self.writer
         # Used only from the event loop's thread; it never waits for a lock.

@@ -1,0 +1,129 @@
+"""SQLite's writer commits the calls that queued while it was busy together (group commit), and each call
+still ends as it would have alone: its result or its own exception, nothing of a failed call written."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+
+import pytest
+from sqlalchemy import Connection
+
+from services.session.store import Store, sessions
+from services.session.store.sqlite import StoreUnavailable
+
+
+@pytest.fixture
+async def store(tmp_path):
+    store = await Store.open(f"sqlite:///{tmp_path}/bae.db")
+    yield store
+    await store.close()
+
+
+def create_session(conn: Connection) -> str:
+    return sessions.create(
+        conn, client_key_id="key_a", profile_id="pro_a", state="open", client_version=None,
+        client_tools=[], sandbox_tools=[], subagent_tools=[], compaction={"mode": "client", "prompt": None},
+    )
+
+
+async def trace_writer(store: Store) -> list[str]:
+    """Every statement the writer's connection runs from now on."""
+    statements: list[str] = []
+    await store.call(lambda conn: conn.connection.driver_connection.set_trace_callback(statements.append))
+    return statements
+
+
+async def held_writer(store: Store) -> tuple[threading.Event, asyncio.Task]:
+    """A call that keeps the writer thread busy until the event is set: what is called meanwhile queues."""
+    release = threading.Event()
+    holding = asyncio.create_task(store.call(lambda conn: release.wait(10)))
+    await asyncio.sleep(0.05)
+    return release, holding
+
+
+async def event_types(store: Store, sid: str) -> list[str]:
+    return [view["event_type"] for _, view in await store.list_events(sid, 0, 100)]
+
+
+async def test_calls_queued_behind_a_busy_writer_commit_together(store):
+    sid = await store.call(create_session)
+    statements = await trace_writer(store)
+    release, holding = await held_writer(store)
+    appends = [asyncio.create_task(store.append_events(sid, [(None, f"e{index}", {"n": index})])) for index in range(5)]
+    await asyncio.sleep(0.05)
+    assert not any(append.done() for append in appends)  # nothing is answered before its commit
+    release.set()
+    await holding
+    views = await asyncio.gather(*appends)
+    assert [view[0]["event_type"] for view in views] == [f"e{index}" for index in range(5)]  # in call order
+    assert await event_types(store, sid) == [f"e{index}" for index in range(5)]
+    # The holding call wrote nothing (no transaction); the five appends are one transaction.
+    assert [s for s in statements if s in ("BEGIN", "COMMIT")] == ["BEGIN", "COMMIT"]
+    assert sum(s.startswith("SAVEPOINT") for s in statements) == 5
+
+
+async def test_a_call_that_raises_in_a_group_leaves_no_trace_and_the_others_commit(store):
+    sid = await store.call(create_session)
+    from services.session.store import events
+
+    def append_then_fail(conn: Connection) -> None:
+        events.append(conn, sid, [(None, "half-written", {})])
+        raise ValueError("refused after writing")
+
+    release, holding = await held_writer(store)
+    before = asyncio.create_task(store.append_events(sid, [(None, "before", {})]))
+    failing = asyncio.create_task(store.call(append_then_fail))
+    after = asyncio.create_task(store.append_events(sid, [(None, "after", {})]))
+    await asyncio.sleep(0.05)
+    release.set()
+    await holding
+    await asyncio.gather(before, after)
+    with pytest.raises(ValueError, match="refused after writing"):
+        await failing
+    assert await event_types(store, sid) == ["before", "after"]
+
+
+async def test_a_call_with_a_broken_statement_fails_alone(store):
+    """A database error of the call's own (not the database's state) fails that call only."""
+    sid = await store.call(create_session)
+    release, holding = await held_writer(store)
+    good = asyncio.create_task(store.append_events(sid, [(None, "good", {})]))
+    broken = asyncio.create_task(store.call(lambda conn: conn.exec_driver_sql("INSERT INTO no_such_table VALUES (1)")))
+    also_good = asyncio.create_task(store.append_events(sid, [(None, "also good", {})]))
+    await asyncio.sleep(0.05)
+    release.set()
+    await holding
+    await asyncio.gather(good, also_good)
+    with pytest.raises(Exception, match="no such table"):
+        await broken
+    assert await event_types(store, sid) == ["good", "also good"]
+
+
+async def test_a_group_on_a_locked_database_fails_whole_and_writes_nothing(tmp_path, store):
+    sid = await store.call(create_session)
+    release, holding = await held_writer(store)
+    appends = [asyncio.create_task(store.append_events(sid, [(None, f"e{index}", {})])) for index in range(3)]
+    await asyncio.sleep(0.05)
+    other = sqlite3.connect(tmp_path / "bae.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        release.set()
+        await holding
+        outcomes = await asyncio.gather(*appends, return_exceptions=True)
+        assert all(isinstance(outcome, StoreUnavailable) and outcome.busy for outcome in outcomes), outcomes
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert await event_types(store, sid) == []
+    await store.append_events(sid, [(None, "after the lock", {})])
+    assert await event_types(store, sid) == ["after the lock"]
+
+
+async def test_a_lone_call_runs_in_a_transaction_of_its_own(store):
+    sid = await store.call(create_session)
+    statements = await trace_writer(store)
+    await store.append_events(sid, [(None, "alone", {})])
+    assert not any(s.startswith("SAVEPOINT") for s in statements)
+    assert statements.count("COMMIT") == 1
