@@ -23,7 +23,7 @@ import httpx
 from run import MockProcess, client_key, open_session, rpc, start_stack
 
 SECONDS = 8
-TOP = 12
+TOP = int(__import__("os").environ.get("XTOP", "12"))
 # Frames that mean "waiting", not working.
 IDLE = ("select (", "epoll_wait", "poll (", "_run_once", "wait (threading", "_worker (concurrent", "recv_into")
 
@@ -68,7 +68,7 @@ def summarize(name: str, raw: Path) -> None:
         total += samples
         own[frames[-1]] += samples
         for frame in set(frames):
-            if "/work/" in frame or "services/" in frame or "bae/" in frame:
+            if __import__("os").environ.get("XALL") or "/work/" in frame or "services/" in frame or "bae/" in frame:
                 inclusive[frame] += samples
     print(f"\n-- {name}: {total} busy samples")
     if not total:

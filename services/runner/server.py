@@ -12,7 +12,7 @@ from bae.jsontext import RawJson, dump, load
 from bae.protos import runner_pb2, runner_pb2_grpc
 from services.runner.canonical import History
 from services.runner.clients import ProviderClients
-from services.runner.walk import StepEvent, StepOutcome, StepSpec, run_step
+from services.runner.walk import PROVIDER_REQUEST, StepEvent, StepOutcome, StepSpec, run_step
 
 SERVICE_NAME = runner_pb2.DESCRIPTOR.services_by_name["Runner"].full_name
 
@@ -32,15 +32,15 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
         self, request: runner_pb2.StepRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[runner_pb2.StepUpdate]:
         spec = step_spec(request)
+        events: list[runner_pb2.StepEvent] = []
         async for item in run_step(spec, self.config, self.clients):
             if isinstance(item, StepEvent):
-                yield runner_pb2.StepUpdate(
-                    event=runner_pb2.StepEvent(
-                        event_type=item.event_type, payload_json=dump(item.payload)
-                    )
-                )
+                events.append(runner_pb2.StepEvent(event_type=item.event_type, payload_json=dump(item.payload)))
+                if item.event_type == PROVIDER_REQUEST:  # the walk now waits for the provider: send it at once
+                    yield runner_pb2.StepUpdate(events=events)
+                    events = []
             else:
-                yield runner_pb2.StepUpdate(result=step_result(item))
+                yield runner_pb2.StepUpdate(events=events, result=step_result(item))
 
 
 def step_spec(request: runner_pb2.StepRequest) -> StepSpec:

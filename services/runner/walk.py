@@ -27,6 +27,7 @@ PROVIDER_REQUESTS = "bae.provider.requests"
 PROVIDER_LATENCY = "bae.provider.latency"
 
 COMPACTION = "compaction"
+PROVIDER_REQUEST = "provider.request"
 # Shorter "tokens" (test placeholders like "x") would match ordinary text, and
 # redacting them would corrupt every body without protecting a real secret.
 MIN_REDACTED_TOKEN_LENGTH = 8
@@ -166,7 +167,7 @@ async def run_step(
         sent, normalized = wire.normalize(history)
         prepared = _Prepared(sent, spec.tools, spec.tools_json)
         request_event = StepEvent(
-            "provider.request",
+            PROVIDER_REQUEST,
             {
                 **base,
                 "base_url": entry.effective_base_url,

@@ -92,7 +92,9 @@ async def run_step(
     tools: tuple[dict, ...] = (),
     purpose: str = "",
     min_max_tokens: int = 0,
+    updates: list[list[str]] | None = None,
 ) -> tuple[list[tuple[str, dict]], runner_pb2.StepResult]:
+    """The step's events and result; `updates` gets each update's event types (and "result")."""
     request = runner_pb2.StepRequest(
         session_id="ses_test",
         primary_provider=primary,
@@ -107,13 +109,14 @@ async def run_step(
     results = []
     async with internal_channel(runner, TEST_PLANE) as channel:
         async for update in runner_pb2_grpc.RunnerStub(channel).RunStep(request, timeout=30):
-            if update.HasField("event"):
-                assert not results, "an event arrived after the result"
-                raw = update.event.payload_json
-                assert TOKEN not in raw, f"the auth token leaked into {update.event.event_type}"
-                events.append((update.event.event_type, json.loads(raw)))
-            else:
+            assert not results, "an update arrived after the result"
+            for event in update.events:
+                assert TOKEN not in event.payload_json, f"the auth token leaked into {event.event_type}"
+                events.append((event.event_type, json.loads(event.payload_json)))
+            if update.HasField("result"):
                 results.append(update.result)
+            if updates is not None:
+                updates.append([event.event_type for event in update.events] + ["result"] * len(results))
     assert len(results) == 1, "exactly one result ends the stream"
     return events, results[0]
 
@@ -135,9 +138,12 @@ FAILOVER_EVENTS = [
 
 async def test_text_success_exact_payloads(runner, llm):
     llm.enqueue(Reply.text("hi there", usage=(12, 3)))
-    events, result = await run_step(runner, "mock", USER_HELLO, tools=(WEATHER_TOOL,))
+    updates: list[list[str]] = []
+    events, result = await run_step(runner, "mock", USER_HELLO, tools=(WEATHER_TOOL,), updates=updates)
 
     assert types(events) == ["provider.request", "provider.response"]
+    # The request goes out as the call starts; the response travels with the result.
+    assert updates == [["provider.request"], ["provider.response", "result"]]
     assert events[0][1] == {
         "attempt": 0,
         "kind": "primary",
@@ -192,7 +198,7 @@ async def test_a_history_is_sent_as_the_texts_that_came_in(runner, llm):
     llm.enqueue(Reply.text("ok"))
     async with internal_channel(runner, TEST_PLANE) as channel:
         updates = [u async for u in runner_pb2_grpc.RunnerStub(channel).RunStep(request, timeout=30)]
-    first = updates[0].event
+    (first,) = updates[0].events
     assert first.event_type == "provider.request"
     assert '"messages":[' + ",".join(texts) + "]" in first.payload_json
     assert llm.requests[0]["body"]["messages"] == [json.loads(text) for text in texts]
@@ -219,10 +225,17 @@ async def test_missing_usage_is_null(runner, llm):
 
 async def test_primary_500_then_fallback(runner, llm):
     llm.enqueue(Reply.error(500, '{"error":"boom"}'), Reply.text("from fallback"))
+    updates: list[list[str]] = []
     events, result = await run_step(
-        runner, "mock", USER_HELLO, fallbacks=("not-in-registry", "fallback")
+        runner, "mock", USER_HELLO, fallbacks=("not-in-registry", "fallback"), updates=updates
     )
     assert types(events) == FAILOVER_EVENTS
+    # What the failed attempt recorded goes with the next attempt's request.
+    assert updates == [
+        ["provider.request"],
+        ["provider.response", "session.error", "provider.request"],
+        ["provider.response", "result"],
+    ]
     assert events[1][1] == {
         "attempt": 0,
         "kind": "primary",

@@ -205,14 +205,14 @@ class Turn:
         result = None
         try:
             async for update in self.runner.RunStep(request, timeout=STEP_DEADLINE):
-                if update.HasField("event"):
+                for step_event in update.events:
                     # Stored and sent as the runner wrote it: never re-serialized here.
-                    event = (update.event.event_type, RawJson(update.event.payload_json))
+                    event = (step_event.event_type, RawJson(step_event.payload_json))
                     if event[0] == "provider.response":
                         self.carried.append((self.actor, *event))  # written with what follows
                     else:
                         await self.emit([event])
-                else:
+                if update.HasField("result"):
                     result = update.result
         except grpc.aio.AioRpcError as exc:
             log.error("runner call for session %s failed: %s %s", self.session_id, exc.code().name, exc.details())
