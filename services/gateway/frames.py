@@ -50,8 +50,8 @@ def internal_error_frame(request_id_json: str) -> bytes:
 def reply_frame(reply: session_pb2.RpcFrame | session_pb2.RpcReply, request_id_json: str | None) -> bytes | None:
     """The line for a unary reply or one frame of a stream; None when the client gets none."""
     kind = reply.WhichOneof("kind")
-    if kind == "event_json":
-        return event_frame(reply.event_json)
+    if kind == "events":
+        return b"".join(event_frame(event_json) for event_json in reply.events.json)
     if kind == "result_json":
         return None if request_id_json is None else result_frame(request_id_json, reply.result_json)
     if kind == "error":

@@ -132,7 +132,7 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
             params = json.loads(request.params_json)
             for step in params.get("script", []) if isinstance(params, dict) else []:
                 if "event" in step:
-                    yield session_pb2.RpcFrame(event_json=json.dumps(step["event"]))
+                    yield session_pb2.RpcFrame(events=session_pb2.EventBatch(json=[json.dumps(step["event"])]))
                 elif "result" in step:
                     yield session_pb2.RpcFrame(result_json=json.dumps(step["result"]))
                 elif "error" in step:

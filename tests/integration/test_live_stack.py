@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
 from urllib.parse import urlsplit
 
+import grpc
 import httpx
 import pytest
+
+from bae.internal import InternalPlane
+from bae.protos import session_pb2, session_pb2_grpc
 
 from conftest import launch_stack, mock_provider_toml
 from live import join, new_session, notifications, register, result, rpc, send, session_state, types
@@ -179,6 +184,29 @@ def test_a_reader_that_keeps_up_gets_a_batch_larger_than_the_lag_limit(stack, mo
     assert result(rpc(stack.client, sid, skey, "session.unsubscribe")) == {"unsubscribed": True}
     watcher.join(10)
     assert [line["params"]["id"] for line in watched] == [e["id"] for e in outcome["events"]]
+
+
+def test_events_committed_together_reach_the_gateway_in_one_frame(shared, mock):
+    """At the session service's own boundary: a text turn's stream is four gRPC messages, its
+    provider.response and server.message.send (one commit) in one of them."""
+    sid, skey, _ = new_session(shared)
+    register(shared, sid, skey)
+    mock.enqueue(Reply.text("together"))
+    plane = InternalPlane(shared.stack.env["BAE_INTERNAL_TOKEN"], keepalive=30.0)
+    request = session_pb2.RpcRequest(authorization=f"Bearer {skey}", has_authorization=True, session_id=sid,
+                                     params_json=json.dumps({"message": {"content": "hi"}}))
+
+    async def frames() -> list[session_pb2.RpcFrame]:
+        async with grpc.aio.insecure_channel(shared.stack.settings.session_grpc_addr) as channel:
+            call = session_pb2_grpc.SessionServiceStub(channel).SendMessage(
+                request, metadata=[plane.token_metadata], timeout=30)
+            return [frame async for frame in call]
+
+    received = asyncio.run(frames())
+    shapes = [frame.WhichOneof("kind") for frame in received]
+    assert shapes == ["accepted", "events", "events", "result_json"]
+    assert [[json.loads(event)["event_type"] for event in frame.events.json] for frame in received[1:3]] == [
+        ["provider.request"], ["provider.response", "server.message.send"]]
 
 
 # --- 2. mixed-kind fallback ------------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator, TypeVar
 
 from bae import serde
 from bae.jsontext import RawJson, dump
@@ -30,10 +30,13 @@ from services.session.engine.runtime import SessionRuntime
 from services.session.engine import subagent_calls
 from services.session.engine.sandbox_calls import available_images
 from services.session.store import Store
+from services.session.store.events import EventView
 
 log = logging.getLogger("bae.session.live")
 
 REPLAY_PAGE = 200
+# Event text per frame, in characters (at most 4 bytes each): far under the internal plane's 64 MiB message.
+FRAME_EVENTS_CHARS = 4 * 1024 * 1024
 LOCAL_SUBAGENT_STATES = ("start", "running", "completed", "failed", "cancelled")
 RESERVED_TOOL = "remote_subagent_status"
 
@@ -115,9 +118,9 @@ class LiveApi:
                     seq = await self.store.event_seq(call.session_id, since) or 0
                     while True:
                         page = await self.store.list_events(call.session_id, seq, REPLAY_PAGE)
-                        for _, event in page:
-                            replayed.add(event["id"])
-                            yield session_pb2.RpcFrame(event_json=event.json)
+                        replayed.update(event["id"] for _, event in page)
+                        for frame in event_frames(event for _, event in page):
+                            yield frame
                         seq = page[-1][0] if page else seq
                         if len(page) < REPLAY_PAGE:
                             break
@@ -257,9 +260,23 @@ async def relay(watcher: Watcher, skip: set[str] | frozenset[str] = frozenset())
             return
         if items is None:
             return
-        for item in items:
-            if item["id"] not in skip:
-                yield session_pb2.RpcFrame(event_json=item.json)
+        for frame in event_frames(item for item in items if item["id"] not in skip):
+            yield frame
+
+
+def event_frames(events: Iterable[EventView]) -> Iterator[session_pb2.RpcFrame]:
+    """`events` in as few frames as fit, in order: up to FRAME_EVENTS_CHARS of event text each,
+    an event larger than that alone (gRPC bounds one message, not a stream)."""
+    batch: list[str] = []
+    size = 0
+    for event in events:
+        if batch and size + len(event.json) > FRAME_EVENTS_CHARS:
+            yield session_pb2.RpcFrame(events=session_pb2.EventBatch(json=batch))
+            batch, size = [], 0
+        batch.append(event.json)
+        size += len(event.json)
+    if batch:
+        yield session_pb2.RpcFrame(events=session_pb2.EventBatch(json=batch))
 
 
 RpcHandler = Callable[[RpcCall], Awaitable[Any]]

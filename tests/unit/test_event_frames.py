@@ -1,0 +1,34 @@
+"""A live stream's events travel in as few gRPC messages as fit, in order, each message bounded."""
+
+from __future__ import annotations
+
+from services.session.api import live
+from services.session.store.events import EventView
+
+
+def event(index: int, payload_chars: int) -> EventView:
+    fields = {"id": f"evt_{index}", "session_id": "ses_a", "client_key_id": None, "event_type": "x",
+              "payload": None, "created_at": "2026-12-01T00:00:00.000Z"}
+    return EventView(fields, '"' + "p" * payload_chars + '"')
+
+
+def batches(events: list[EventView]) -> list[list[str]]:
+    return [[e for e in frame.events.json] for frame in live.event_frames(events)]
+
+
+def test_events_ready_together_are_one_frame():
+    events = [event(i, 10) for i in range(5)]
+    assert batches(events) == [[e.json for e in events]]
+
+
+def test_frames_are_bounded_and_a_larger_event_travels_alone(monkeypatch):
+    monkeypatch.setattr(live, "FRAME_EVENTS_CHARS", 1000)
+    small = [event(i, 300) for i in range(4)]  # about 430 characters each: two fit in a frame
+    large = event(9, 5000)
+    sent = batches([small[0], small[1], small[2], large, small[3]])
+    assert sent == [[small[0].json, small[1].json], [small[2].json], [large.json], [small[3].json]]
+    assert [e for frame in sent for e in frame] == [e.json for e in (*small[:3], large, small[3])]
+
+
+def test_nothing_to_send_is_no_frame():
+    assert batches([]) == []
