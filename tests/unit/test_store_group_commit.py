@@ -10,7 +10,7 @@ import threading
 import pytest
 from sqlalchemy import Connection
 
-from services.session.store import Store, sessions
+from services.session.store import Store, events, sessions
 from services.session.store.sqlite import StoreUnavailable
 
 
@@ -35,12 +35,22 @@ async def trace_writer(store: Store) -> list[str]:
     return statements
 
 
-async def held_writer(store: Store) -> tuple[threading.Event, asyncio.Task]:
-    """A call that keeps the writer thread busy until the event is set: what is called meanwhile queues."""
+async def in_one_group(store: Store, *calls) -> list:
+    """Each of `calls` (a coroutine function) started while a call keeps the writer thread busy, so
+    they queue and run as one group once it is released; their outcomes, exceptions included."""
     release = threading.Event()
     holding = asyncio.create_task(store.call(lambda conn: release.wait(10)))
     await asyncio.sleep(0.05)
-    return release, holding
+    tasks = [asyncio.create_task(call()) for call in calls]
+    await asyncio.sleep(0.05)
+    assert not any(task.done() for task in tasks)  # nothing is answered before its commit
+    release.set()
+    await holding
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def appending(store: Store, sid: str, event_type: str):
+    return lambda: store.append_events(sid, [(None, event_type, {})])
 
 
 async def event_types(store: Store, sid: str) -> list[str]:
@@ -50,13 +60,7 @@ async def event_types(store: Store, sid: str) -> list[str]:
 async def test_calls_queued_behind_a_busy_writer_commit_together(store):
     sid = await store.call(create_session)
     statements = await trace_writer(store)
-    release, holding = await held_writer(store)
-    appends = [asyncio.create_task(store.append_events(sid, [(None, f"e{index}", {"n": index})])) for index in range(5)]
-    await asyncio.sleep(0.05)
-    assert not any(append.done() for append in appends)  # nothing is answered before its commit
-    release.set()
-    await holding
-    views = await asyncio.gather(*appends)
+    views = await in_one_group(store, *(appending(store, sid, f"e{index}") for index in range(5)))
     assert [view[0]["event_type"] for view in views] == [f"e{index}" for index in range(5)]  # in call order
     assert await event_types(store, sid) == [f"e{index}" for index in range(5)]
     # The holding call wrote nothing (no transaction); the five appends are one transaction.
@@ -66,52 +70,40 @@ async def test_calls_queued_behind_a_busy_writer_commit_together(store):
 
 async def test_a_call_that_raises_in_a_group_leaves_no_trace_and_the_others_commit(store):
     sid = await store.call(create_session)
-    from services.session.store import events
 
     def append_then_fail(conn: Connection) -> None:
         events.append(conn, sid, [(None, "half-written", {})])
         raise ValueError("refused after writing")
 
-    release, holding = await held_writer(store)
-    before = asyncio.create_task(store.append_events(sid, [(None, "before", {})]))
-    failing = asyncio.create_task(store.call(append_then_fail))
-    after = asyncio.create_task(store.append_events(sid, [(None, "after", {})]))
-    await asyncio.sleep(0.05)
-    release.set()
-    await holding
-    await asyncio.gather(before, after)
-    with pytest.raises(ValueError, match="refused after writing"):
-        await failing
+    before, failing, after = await in_one_group(
+        store, appending(store, sid, "before"), lambda: store.call(append_then_fail), appending(store, sid, "after"))
+    assert isinstance(failing, ValueError) and str(failing) == "refused after writing"
+    assert not isinstance(before, BaseException) and not isinstance(after, BaseException)
     assert await event_types(store, sid) == ["before", "after"]
 
 
 async def test_a_call_with_a_broken_statement_fails_alone(store):
     """A database error of the call's own (not the database's state) fails that call only."""
     sid = await store.call(create_session)
-    release, holding = await held_writer(store)
-    good = asyncio.create_task(store.append_events(sid, [(None, "good", {})]))
-    broken = asyncio.create_task(store.call(lambda conn: conn.exec_driver_sql("INSERT INTO no_such_table VALUES (1)")))
-    also_good = asyncio.create_task(store.append_events(sid, [(None, "also good", {})]))
-    await asyncio.sleep(0.05)
-    release.set()
-    await holding
-    await asyncio.gather(good, also_good)
-    with pytest.raises(Exception, match="no such table"):
-        await broken
+    _, broken, _ = await in_one_group(
+        store, appending(store, sid, "good"),
+        lambda: store.call(lambda conn: conn.exec_driver_sql("INSERT INTO no_such_table VALUES (1)")),
+        appending(store, sid, "also good"))
+    assert "no such table" in str(broken)
     assert await event_types(store, sid) == ["good", "also good"]
 
 
 async def test_a_group_on_a_locked_database_fails_whole_and_writes_nothing(tmp_path, store):
     sid = await store.call(create_session)
-    release, holding = await held_writer(store)
-    appends = [asyncio.create_task(store.append_events(sid, [(None, f"e{index}", {})])) for index in range(3)]
-    await asyncio.sleep(0.05)
     other = sqlite3.connect(tmp_path / "bae.db", isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")
+
+    async def lock_then_append(event_type: str) -> object:
+        if event_type == "e0":  # the first of the group takes the lock away before the group runs
+            other.execute("BEGIN IMMEDIATE")
+        return await store.append_events(sid, [(None, event_type, {})])
+
     try:
-        release.set()
-        await holding
-        outcomes = await asyncio.gather(*appends, return_exceptions=True)
+        outcomes = await in_one_group(store, *(lambda name=f"e{index}": lock_then_append(name) for index in range(3)))
         assert all(isinstance(outcome, StoreUnavailable) and outcome.busy for outcome in outcomes), outcomes
     finally:
         other.execute("ROLLBACK")
