@@ -197,35 +197,31 @@ class _GroupWriter(_Worker):
     def _run_group(self, group: list[_Queued[Any]]) -> None:
         if len(group) > 1:
             try:
-                self._together(group)
-                self.db.wait_for_locks(BUSY_TIMEOUT_MS)
+                self._in_transaction(_together, (group,))
                 return
-            except Exception as exc:  # rolled back: nothing of the group was written
-                problem = unavailable(exc) if isinstance(exc, OperationalError) else None
-                if problem is not None and problem.busy:
-                    self.db.wait_for_locks(LOCKED_BUSY_TIMEOUT_MS)
-                else:  # a failed write may leave the connection unusable
-                    self.db.close()
+            except Exception:  # rolled back, nothing of the group written: each call alone, as it would have run
+                pass
         for queued in group:
             try:
                 queued.result, queued.error = self._in_transaction(queued.fn, queued.args), None
             except Exception as exc:
                 queued.error = exc
 
-    def _together(self, group: list[_Queued[Any]]) -> None:
-        conn = self.db.connection()
-        with conn.begin():
-            # pysqlite begins a transaction only before the first INSERT/UPDATE/DELETE; a savepoint
-            # opened before that would start a transaction of its own, which its release commits.
-            conn.exec_driver_sql("BEGIN")
-            for queued in group:
-                try:
-                    with conn.begin_nested():
-                        queued.result = queued.fn(conn, *queued.args)
-                except OperationalError:
-                    raise
-                except Exception as exc:
-                    queued.error = exc
+
+def _together(conn: Connection, group: list[_Queued[Any]]) -> None:
+    """The group's calls in the caller's transaction, each in a savepoint: one that raises is undone
+    alone, unless the database itself failed (OperationalError), which fails the whole group."""
+    # pysqlite begins a transaction only before the first INSERT/UPDATE/DELETE; a savepoint
+    # opened before that would start a transaction of its own, which its release commits.
+    conn.exec_driver_sql("BEGIN")
+    for queued in group:
+        try:
+            with conn.begin_nested():
+                queued.result = queued.fn(conn, *queued.args)
+        except OperationalError:
+            raise
+        except Exception as exc:
+            queued.error = exc
 
 
 def _deliver_all(group: list[_Queued[Any]]) -> None:
