@@ -43,6 +43,10 @@ def rpc_error_frame(request_id_json: str | None, error: RpcError) -> bytes | Non
     return error_frame(request_id_json, error.code, error.message)
 
 
+# A stream that fell too far behind (SERVER-SPEC §6.4): no id, and the stream closes.
+LAGGED_FRAME = error_frame(None, RpcCode.APPLICATION_ERROR, "lagged; reconnect with since_event_id")
+
+
 def internal_error_frame(request_id_json: str) -> bytes:
     return error_frame(request_id_json, INTERNAL_ERROR, "Internal error")
 

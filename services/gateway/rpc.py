@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import grpc
 from starlette.requests import Request
@@ -29,7 +29,8 @@ from services.gateway.envelope import (
     parse_envelope,
 )
 from services.gateway.observe import link_session_span
-from services.gateway.frames import NDJSON, internal_error_frame, reply_frame
+from services.gateway.fanout import Ending, Fanout, Observer
+from services.gateway.frames import LAGGED_FRAME, NDJSON, internal_error_frame, reply_frame
 from services.gateway.responses import problem_response
 from services.gateway.upstream import Metadata, Upstream, credentials
 
@@ -55,27 +56,14 @@ class LiveStream(StreamingResponse):
         grpc_call: grpc.aio.UnaryStreamCall,
         first: session_pb2.RpcFrame,
         request_id_json: str | None,
-        registry: set[LiveStream] | None,
     ) -> None:
         self.grpc_call = grpc_call
-        # Where the stream is listed while it runs (subscriptions, which shutdown ends).
-        self.registry = registry
-        self.ended_by_gateway = False
         super().__init__(self._frames(rpc_name, first, request_id_json))
 
-    def end(self) -> None:
-        """Stop reading; the response ends cleanly, without a terminal frame."""
-        self.ended_by_gateway = True
-        self.grpc_call.cancel()
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.registry is not None:
-            self.registry.add(self)
         try:
             await super().__call__(scope, receive, send)
         finally:
-            if self.registry is not None:
-                self.registry.discard(self)
             # Only the reading stops: the session service keeps a turn running without its client.
             self.grpc_call.cancel()
 
@@ -88,23 +76,92 @@ class LiveStream(StreamingResponse):
                 if line := reply_frame(frame, request_id_json):
                     yield line
                 frame = await self.grpc_call.read()
+        except grpc.aio.AioRpcError as error:
+            log.warning("%s stream failed: %s %s", rpc_name, error.code().name, error.details())
+            if request_id_json is not None:
+                yield internal_error_frame(request_id_json)
+
+
+class ObserverStream(StreamingResponse):
+    """A `session.subscribe` stream: the replay from its own call, then its share of the session's
+    relay (services/gateway/fanout.py). It never ends by itself while the session is live."""
+
+    media_type = NDJSON
+
+    def __init__(
+        self,
+        replay_call: grpc.aio.UnaryStreamCall,
+        observer: Observer | None,
+        leave: Callable[[], None],
+        request_id_json: str | None,
+        registry: set[ObserverStream],
+    ) -> None:
+        self.replay_call = replay_call
+        self.observer = observer
+        self.leave = leave
+        self.registry = registry
+        self.ended_by_gateway = False
+        super().__init__(self._frames(request_id_json))
+
+    def end(self) -> None:
+        """Stop; the response ends cleanly, without a terminal frame."""
+        self.ended_by_gateway = True
+        self.replay_call.cancel()
+        if self.observer is not None:
+            self.observer.finish(Ending.CLEAN)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.registry.add(self)
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.registry.discard(self)
+            self.replay_call.cancel()
+            self.leave()
+
+    async def _frames(self, request_id_json: str | None) -> AsyncIterator[bytes]:
+        observer = self.observer
+        replayed: set[str] = set()
+        try:
+            while (frame := await self.replay_call.read()) is not grpc.aio.EOF:
+                kind = frame.WhichOneof("kind")
+                if kind == "observer":
+                    if observer is not None:
+                        observer.admit(frame.observer)
+                    continue
+                replayed.update(frame.events.ids)
+                if line := reply_frame(frame, request_id_json):
+                    yield line
+                if kind == "error":  # the replay failed: the stream ends with it
+                    return
         except asyncio.CancelledError:
             # The cancelled call raises this too; only a cancelled task goes on cancelling.
             task = asyncio.current_task()
             if not self.ended_by_gateway or (task is not None and task.cancelling()):
                 raise
+            return
         except grpc.aio.AioRpcError as error:
             if not self.ended_by_gateway:
-                log.warning("%s stream failed: %s %s", rpc_name, error.code().name, error.details())
+                log.warning("Subscribe stream failed: %s %s", error.code().name, error.details())
                 if request_id_json is not None:
                     yield internal_error_frame(request_id_json)
+            return
+        if observer is None:
+            return  # not open: the replay was all (O-8)
+        async for lines in observer.lines(replayed):
+            yield lines
+        if observer.ending is Ending.LAGGED:
+            yield LAGGED_FRAME
+        elif observer.ending is Ending.FAILED and request_id_json is not None:
+            yield internal_error_frame(request_id_json)
 
 
 class RpcEndpoint:
     def __init__(self, upstream: Upstream, bodies: BodyReader) -> None:
         self.upstream = upstream
         self.bodies = bodies
-        self.subscriptions: set[LiveStream] = set()
+        self.fanout = Fanout(upstream)
+        self.subscriptions: set[ObserverStream] = set()
 
     def end_subscriptions(self) -> None:
         """On shutdown: observers' streams never end by themselves, so end them (clean tail)."""
@@ -124,6 +181,8 @@ class RpcEndpoint:
         )
         if isinstance(envelope, Rejected):
             return await self._reject(rpc_request, envelope)
+        if envelope.method == SUBSCRIBE:
+            return await self._subscribe(rpc_request, envelope)
         if envelope.method in STREAMING_METHODS:
             return await self._stream(STREAMING_METHODS[envelope.method], rpc_request, envelope)
         return await self._unary(rpc_request, envelope)
@@ -135,6 +194,49 @@ class RpcEndpoint:
         except grpc.aio.AioRpcError as error:
             return problem_response(self.upstream.failure(error))
         return Response(rejected.frame, media_type=NDJSON)
+
+    async def _subscribe(self, rpc_request: session_pb2.RpcRequest, call: Call) -> Response:
+        """Authenticate, join the session's relay, then ask for the replay: every event published
+        after the observer's position is queued for it by then (§6.4: subscribe first, then replay)."""
+        session_id = rpc_request.session_id
+        timeout = self.upstream.timeout
+        try:
+            # A relay is opened for an authenticated observer only.
+            await self.upstream.call(
+                session_id, lambda stub, metadata: stub.CheckSessionKey(rpc_request, timeout=timeout, metadata=metadata)
+            )
+            observer = await self.fanout.join(session_id)
+        except grpc.aio.AioRpcError as error:
+            return problem_response(self.upstream.failure(error))
+
+        def leave() -> None:
+            if observer is not None:
+                self.fanout.leave(session_id, observer)
+
+        replay_request = session_pb2.RpcRequest()
+        replay_request.CopyFrom(rpc_request)
+        replay_request.replay_only = True
+
+        async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> tuple[Any, Any]:
+            grpc_call = stub.Subscribe(replay_request, metadata=metadata)
+            try:
+                return grpc_call, await grpc_call.read()
+            except BaseException:
+                grpc_call.cancel()
+                raise
+
+        try:
+            grpc_call, first = await self.upstream.call(session_id, invoke)
+        except BaseException as error:
+            leave()
+            if isinstance(error, grpc.aio.AioRpcError):
+                return problem_response(self.upstream.failure(error))
+            raise
+        if first is grpc.aio.EOF:
+            leave()
+            log.error("session service ended Subscribe before accepting it")
+            return problem_response(internal())
+        return ObserverStream(grpc_call, observer, leave, call.id_json, self.subscriptions)
 
     async def _unary(self, rpc_request: session_pb2.RpcRequest, call: Call) -> Response:
         rpc_name = UNARY_METHODS[call.method]
@@ -169,5 +271,4 @@ class RpcEndpoint:
         if first is grpc.aio.EOF:
             log.error("session service ended %s before accepting it", rpc_name)
             return problem_response(internal())
-        registry = self.subscriptions if call.method == SUBSCRIBE else None
-        return LiveStream(rpc_name, grpc_call, first, call.id_json, registry)
+        return LiveStream(rpc_name, grpc_call, first, call.id_json)

@@ -116,6 +116,7 @@ async def serve(settings: Settings, config: Config) -> int:
     try:
         async with asyncio.timeout(settings.shutdown_timeout):
             await asyncio.gather(client.shutdown(sockets=[sockets[0]]), admin.shutdown(sockets=[sockets[1]]))
+            await rpc.fanout.close()
             await asyncio.gather(upstream.close(), readyz.close(), metrics.close())
     except TimeoutError:
         log.warning("gateway: shutdown budget exhausted; exiting anyway")

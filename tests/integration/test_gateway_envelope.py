@@ -111,6 +111,11 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
         self._authenticate(request, context)
         return session_pb2.JsonReply(json="{}")
 
+    def Relay(self, request, context):
+        # No live events: a Subscribe's script (its "replay") is all its stream sends.
+        self.requests.append(("Relay", request))
+        yield session_pb2.RpcFrame(position=0)
+
     def _unary_handler(self, name: str):
         def handle(request: session_pb2.RpcRequest, context: grpc.ServicerContext):
             self.requests.append((name, request))

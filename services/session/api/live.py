@@ -25,8 +25,8 @@ from services.session.api.race_hold import RaceHold
 from services.session.engine.domain import CompactRequest, SessionState, TurnRequest
 from services.session.engine.engine import TurnEngine
 from services.session.engine.errors import KeyRevoked, SessionNotOpen
-from services.session.engine.feed import Lagged, Watcher
-from services.session.engine.runtime import SessionRuntime
+from services.session.engine.feed import Lagged, Notice, Watcher
+from services.session.engine.runtime import LiveSession, SessionRuntime
 from services.session.engine import subagent_calls
 from services.session.engine.sandbox_calls import available_images
 from services.session.store import Store
@@ -41,6 +41,10 @@ LOCAL_SUBAGENT_STATES = ("start", "running", "completed", "failed", "cancelled")
 RESERVED_TOOL = "remote_subagent_status"
 
 T = TypeVar("T")
+
+LAGGED = session_pb2.RpcFrame(
+    error=RpcError(code=RpcCode.APPLICATION_ERROR, message="lagged; reconnect with since_event_id", id_mode=RpcError.NO_ID)
+)
 
 
 class LiveApi:
@@ -102,31 +106,12 @@ class LiveApi:
     # -- subscriptions ----------------------------------------------------------
 
     async def subscribe(self, call: RpcCall) -> AsyncIterator[session_pb2.RpcFrame]:
-        since = call.params().get("since_event_id")
-        live = None
-        if call.session is not None and call.session.state == SessionState.OPEN:
-            await self.hold.reached("session.subscribe", call.session_id)
-            try:
-                live = await self.runtime.attach(call.session_id)
-            except SessionNotOpen:
-                live = None  # closed since the key was checked: replay only
+        live = await self._attach_observed(call)
         watcher = live.feed.watch(subscriber=True, key=call.actor) if live else None
         replayed: set[str] = set()
         try:
-            if isinstance(since, str):
-                try:
-                    seq = await self.store.event_seq(call.session_id, since) or 0
-                    while True:
-                        page = await self.store.list_events(call.session_id, seq, REPLAY_PAGE)
-                        replayed.update(event["id"] for _, event in page)
-                        for frame in event_frames(event for _, event in page):
-                            yield frame
-                        seq = page[-1][0] if page else seq
-                        if len(page) < REPLAY_PAGE:
-                            break
-                except Exception:
-                    log.exception("replay for %s failed", call.session_id)
-                    raise RpcFault(RpcCode.APPLICATION_ERROR, "replay failed", id_mode=RpcError.NULL_ID) from None
+            async for frame in self._replay(call, replayed):
+                yield frame
             if watcher is None:
                 return  # a terminal session gets its replay, then the stream ends (O-8)
             async for frame in relay(watcher, skip=replayed):
@@ -134,6 +119,72 @@ class LiveApi:
         finally:
             if live is not None and watcher is not None:
                 live.feed.forget(watcher)
+
+    async def observe(self, call: RpcCall) -> AsyncIterator[session_pb2.RpcFrame]:
+        """`session.subscribe` for a gateway that fans the live events out from its relay (`feed_relay`),
+        which it joined before this call: who observes from which position, then the replay."""
+        live = await self._attach_observed(call)
+        if live is None:
+            observer = session_pb2.Observer(key=call.actor, live=False)
+        else:
+            observer = session_pb2.Observer(
+                key=call.actor, live=call.actor not in live.feed.revoked, position=live.feed.position
+            )
+        yield session_pb2.RpcFrame(observer=observer)
+        async for frame in self._replay(call, set(), with_ids=True):
+            yield frame
+
+    async def feed_relay(self, session_id: str) -> AsyncIterator[session_pb2.RpcFrame]:
+        """The session's feed for one gateway's observers: the position it starts after, then every
+        event and notice in order, until the session's live state ends; cut off when lagged like any
+        watcher. Raises SessionNotOpen before the first frame."""
+        live = await self.runtime.attach(session_id)
+        feed_relay = live.feed.relay()
+        try:
+            yield session_pb2.RpcFrame(position=live.feed.position)
+            while True:
+                try:
+                    items = await feed_relay.take()
+                except Lagged:
+                    yield LAGGED
+                    return
+                if items is None:
+                    return
+                for frame in relay_frames(items):
+                    yield frame
+        finally:
+            live.feed.forget(feed_relay)
+
+    async def _attach_observed(self, call: RpcCall) -> LiveSession | None:
+        """The live session a subscription watches; None when it is not open (replay only)."""
+        if call.session is None or call.session.state != SessionState.OPEN:
+            return None
+        await self.hold.reached("session.subscribe", call.session_id)
+        try:
+            return await self.runtime.attach(call.session_id)
+        except SessionNotOpen:
+            return None  # closed since the key was checked: replay only
+
+    async def _replay(
+        self, call: RpcCall, replayed: set[str], *, with_ids: bool = False
+    ) -> AsyncIterator[session_pb2.RpcFrame]:
+        """With `since_event_id`: the stored events after it, in pages, their ids added to `replayed`."""
+        since = call.params().get("since_event_id")
+        if not isinstance(since, str):
+            return
+        try:
+            seq = await self.store.event_seq(call.session_id, since) or 0
+            while True:
+                page = await self.store.list_events(call.session_id, seq, REPLAY_PAGE)
+                replayed.update(event["id"] for _, event in page)
+                for frame in event_frames((event for _, event in page), with_ids=with_ids):
+                    yield frame
+                seq = page[-1][0] if page else seq
+                if len(page) < REPLAY_PAGE:
+                    break
+        except Exception:
+            log.exception("replay for %s failed", call.session_id)
+            raise RpcFault(RpcCode.APPLICATION_ERROR, "replay failed", id_mode=RpcError.NULL_ID) from None
 
     async def unsubscribe(self, call: RpcCall) -> dict:
         live = self.runtime.sessions.get(call.session_id)
@@ -252,11 +303,7 @@ async def relay(watcher: Watcher, skip: set[str] | frozenset[str] = frozenset())
         try:
             items = await watcher.take()
         except Lagged:
-            yield session_pb2.RpcFrame(
-                error=RpcError(
-                    code=RpcCode.APPLICATION_ERROR, message="lagged; reconnect with since_event_id", id_mode=RpcError.NO_ID
-                )
-            )
+            yield LAGGED
             return
         if items is None:
             return
@@ -264,19 +311,40 @@ async def relay(watcher: Watcher, skip: set[str] | frozenset[str] = frozenset())
             yield frame
 
 
-def event_frames(events: Iterable[EventView]) -> Iterator[session_pb2.RpcFrame]:
+def relay_frames(items: list[EventView | Notice]) -> Iterator[session_pb2.RpcFrame]:
+    """A relay's items as frames, in order: runs of events batched, each notice a frame of its own."""
+    events: list[EventView] = []
+    for item in items:
+        if isinstance(item, Notice):
+            yield from event_frames(events, with_ids=True)
+            events = []
+            if item.revoked_key is None:
+                yield session_pb2.RpcFrame(subscriptions_ended=True)
+            else:
+                yield session_pb2.RpcFrame(revoked_key=item.revoked_key)
+        else:
+            events.append(item)
+    yield from event_frames(events, with_ids=True)
+
+
+def event_frames(events: Iterable[EventView], *, with_ids: bool = False) -> Iterator[session_pb2.RpcFrame]:
     """`events` in as few frames as fit, in order: up to FRAME_EVENTS_CHARS of event text each,
     an event larger than that alone (gRPC bounds one message, not a stream)."""
-    batch: list[str] = []
+    batch: list[EventView] = []
     size = 0
     for event in events:
         if batch and size + len(event.json) > FRAME_EVENTS_CHARS:
-            yield session_pb2.RpcFrame(events=session_pb2.EventBatch(json=batch))
+            yield _batch_frame(batch, with_ids)
             batch, size = [], 0
-        batch.append(event.json)
+        batch.append(event)
         size += len(event.json)
     if batch:
-        yield session_pb2.RpcFrame(events=session_pb2.EventBatch(json=batch))
+        yield _batch_frame(batch, with_ids)
+
+
+def _batch_frame(batch: list[EventView], with_ids: bool) -> session_pb2.RpcFrame:
+    ids = [event["id"] for event in batch] if with_ids else None
+    return session_pb2.RpcFrame(events=session_pb2.EventBatch(json=[event.json for event in batch], ids=ids))
 
 
 RpcHandler = Callable[[RpcCall], Awaitable[Any]]

@@ -19,6 +19,7 @@ from services.session.api.calls import Credential, RestCall
 from services.session.api.faults import rpc_error
 from services.session.api.jsonrpc import ACCEPTED, RpcCall
 from services.session.api.live import LiveApi
+from services.session.engine.errors import SessionNotOpen
 from services.session.engine.ownership import NotOwner, Ownership
 from services.session.engine.spans import session_spans
 from services.session.api.rest import ClientRestApi
@@ -165,7 +166,20 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
             yield frame
 
     async def Subscribe(self, request: session_pb2.RpcRequest, context: Context) -> AsyncIterator[session_pb2.RpcFrame]:
-        async for frame in self._stream(request, self.live.subscribe, context):
+        method = self.live.observe if request.replay_only else self.live.subscribe
+        async for frame in self._stream(request, method, context):
+            yield frame
+
+    async def Relay(self, request: session_pb2.RpcRequest, context: Context) -> AsyncIterator[session_pb2.RpcFrame]:
+        # The internal plane's token admitted the caller (a gateway): no session key here.
+        await self._owned(request.session_id, context)
+        frames = self.live.feed_relay(request.session_id)
+        try:
+            first = await anext(frames)
+        except SessionNotOpen:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the session is not open")
+        yield first
+        async for frame in frames:
             yield frame
 
     async def Unsubscribe(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:

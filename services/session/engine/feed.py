@@ -7,6 +7,11 @@ off with the `lagged` error. Lag is judged per published batch, and a reader
 takes everything queued at once: a batch is committed and published before
 any reader can run, so a reader that keeps coming back receives it whole,
 however large it is.
+
+A gateway fans a session's events out to its own `session.subscribe`
+observers from one `Relay` per session: the feed counts every event and
+notice it carries (its position), so an observer that joins at a position
+gets exactly what a watcher joining here would have got.
 """
 
 from __future__ import annotations
@@ -15,10 +20,13 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from services.session.store.events import EventView
 
 LAG_LIMIT = 256
+
+Item = TypeVar("Item")
 
 
 class Lagged(Exception):
@@ -26,23 +34,16 @@ class Lagged(Exception):
 
 
 @dataclass(eq=False)
-class Watcher:
-    subscriber: bool  # a session.subscribe stream (ended by session.unsubscribe)
-    # The client key whose stream this is (ended if that key is revoked); None for internal watchers.
-    key: str | None = None
-    # Event ids this watcher must not be sent (a sendMessage stream's own input echo).
-    echo_ids: set[str] = field(default_factory=set)
-    _items: deque[EventView] = field(default_factory=deque)
-    _ready: asyncio.Event = field(default_factory=asyncio.Event)
-    _ended: bool = False
-    _lagged: bool = False
-    _revoked: bool = False
-    # Called once if the caller behind this watcher goes away while its work runs on.
-    on_leave: Callable[[], None] | None = None
-    _left: bool = False
+class _Buffer(Generic[Item]):
+    """A reader's bounded queue: it ends, or is cut off as lagged, and takes everything queued at once."""
 
-    def push(self, *items: EventView) -> None:
-        """Queue one published batch, unless this watcher has fallen behind."""
+    _items: deque[Item] = field(default_factory=deque, init=False)
+    _ready: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _ended: bool = field(default=False, init=False)
+    _lagged: bool = field(default=False, init=False)
+
+    def push(self, *items: Item) -> None:
+        """Queue one published batch, unless this reader has fallen behind."""
         if self._ended:
             return
         if len(self._items) >= LAG_LIMIT:
@@ -55,6 +56,37 @@ class Watcher:
     @property
     def lagged(self) -> bool:
         return self._lagged
+
+    def end(self) -> None:
+        self._ended = True
+        self._ready.set()
+
+    async def take(self) -> list[Item] | None:
+        """Every queued item (waits for one), None once ended; raises Lagged when cut off."""
+        while True:
+            if self._lagged:
+                raise Lagged
+            if self._items:
+                items = list(self._items)
+                self._items.clear()
+                return items
+            if self._ended:
+                return None
+            self._ready.clear()
+            await self._ready.wait()
+
+
+@dataclass(eq=False)
+class Watcher(_Buffer[EventView]):
+    subscriber: bool  # a session.subscribe stream (ended by session.unsubscribe)
+    # The client key whose stream this is (ended if that key is revoked); None for internal watchers.
+    key: str | None = None
+    # Event ids this watcher must not be sent (a sendMessage stream's own input echo).
+    echo_ids: set[str] = field(default_factory=set)
+    _revoked: bool = False
+    # Called once if the caller behind this watcher goes away while its work runs on.
+    on_leave: Callable[[], None] | None = None
+    _left: bool = False
 
     @property
     def cut_off(self) -> bool:
@@ -79,27 +111,20 @@ class Watcher:
         self._revoked = True
         self.end()
 
-    def end(self) -> None:
-        self._ended = True
-        self._ready.set()
-
-    async def take(self) -> list[EventView] | None:
-        """Every queued item (waits for one), None once ended; raises Lagged when cut off."""
-        while True:
-            if self._lagged:
-                raise Lagged
-            if self._items:
-                items = list(self._items)
-                self._items.clear()
-                return items
-            if self._ended:
-                return None
-            self._ready.clear()
-            await self._ready.wait()
-
     def wants(self, event: dict) -> bool:
         """The one live-filter predicate (SERVER-SPEC §6.4): suppress only this stream's own echo."""
         return event["id"] not in self.echo_ids
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A relay's word that streams end: one client key's (`revoked_key`), or every subscription's (None)."""
+
+    revoked_key: str | None = None
+
+
+class Relay(_Buffer[EventView | Notice]):
+    """A gateway's copy of the feed: every event and notice, in order, one position each."""
 
 
 @dataclass
@@ -107,6 +132,9 @@ class SessionFeed:
     watchers: set[Watcher] = field(default_factory=set)
     # Client keys revoked while the session was live: a stream of theirs that joins late ends at once.
     revoked: set[str] = field(default_factory=set)
+    relays: set[Relay] = field(default_factory=set)
+    # How many events and notices this feed has carried: where a relay or an observer joins.
+    position: int = 0
 
     def watch(self, subscriber: bool, key: str | None = None) -> Watcher:
         watcher = Watcher(subscriber=subscriber, key=key)
@@ -120,11 +148,23 @@ class SessionFeed:
         else:
             self.watchers.add(watcher)
 
-    def forget(self, watcher: Watcher) -> None:
-        self.watchers.discard(watcher)
+    def relay(self) -> Relay:
+        """A relay of everything from now on, which starts after `position`."""
+        relay = Relay()
+        self.relays.add(relay)
+        return relay
+
+    def forget(self, watcher: Watcher | Relay) -> None:
+        if isinstance(watcher, Relay):
+            self.relays.discard(watcher)
+        else:
+            self.watchers.discard(watcher)
         watcher.end()
 
     def publish(self, events: Sequence[EventView]) -> None:
+        self.position += len(events)
+        for relay in list(self.relays):
+            relay.push(*events)
         for watcher in list(self.watchers):
             wanted = [event for event in events if watcher.wants(event)]
             if wanted:
@@ -133,13 +173,22 @@ class SessionFeed:
     def end_subscriptions(self) -> None:
         for watcher in [w for w in self.watchers if w.subscriber]:
             self.forget(watcher)
+        self._notify(Notice())
 
     def end_streams_of(self, key: str) -> None:
         self.revoked.add(key)
         for watcher in [w for w in self.watchers if w.key == key]:
             watcher.revoke()
             self.forget(watcher)
+        self._notify(Notice(revoked_key=key))
+
+    def _notify(self, notice: Notice) -> None:
+        self.position += 1
+        for relay in list(self.relays):
+            relay.push(notice)
 
     def close(self) -> None:
+        for relay in list(self.relays):
+            self.forget(relay)
         for watcher in list(self.watchers):
             self.forget(watcher)

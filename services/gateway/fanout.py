@@ -1,0 +1,227 @@
+"""Live events for `session.subscribe` observers: one relay per session per gateway, copied here.
+
+The session service sends each event of a session once to each gateway that
+has observers of it (its `Relay` stream), not once per observer. An observer
+joins its session's relay before it asks for its replay, and the session
+service answers with the feed position it joined at: the observer gets what
+comes after that position, as a watcher joining the feed in the session
+service would (SERVER-SPEC §6.4). Word that streams end, a revoked key or
+`session.unsubscribe`, travels in the relay's order, so no event published
+after it reaches a stream it ended. Each observer has its own bounded queue:
+a slow one is cut off as lagged and never slows the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections import deque
+from typing import AsyncIterator
+
+import grpc
+
+from bae.protos import session_pb2, session_pb2_grpc
+from services.gateway.frames import event_frame
+from services.gateway.upstream import Metadata, Upstream
+
+log = logging.getLogger("bae.gateway")
+
+# Events (and notices) an observer may have queued, as the session service's per-watcher buffer (§6.4).
+LAG_LIMIT = 256
+
+
+class Ending(enum.Enum):
+    CLEAN = "clean"  # the session's live state ended, its streams were ended, or the gateway is stopping
+    LAGGED = "lagged"  # the observer, or the whole relay, fell too far behind
+    FAILED = "failed"  # the relay broke: the session replica went away
+
+
+class _Entry:
+    """One relay frame as an observer queues it: its first item's position, its event lines made once."""
+
+    __slots__ = ("position", "frame", "lines")
+
+    def __init__(self, position: int, frame: session_pb2.RpcFrame, lines: list[bytes]) -> None:
+        self.position = position
+        self.frame = frame
+        self.lines = lines
+
+
+class Observer:
+    """One `session.subscribe` stream's share of its session's relay."""
+
+    def __init__(self) -> None:
+        self._entries: deque[_Entry] = deque()
+        self._queued = 0  # events and notices in `_entries`
+        self._ready = asyncio.Event()
+        self.ending: Ending | None = None
+        # Set from the session service's `observer` frame before the live part is read.
+        self.key = ""
+        self.after = 0
+
+    def push(self, entry: _Entry) -> None:
+        if self.ending is not None:
+            return
+        if self._queued >= LAG_LIMIT:
+            self.finish(Ending.LAGGED)
+            return
+        self._entries.append(entry)
+        self._queued += len(entry.lines) or 1
+        self._ready.set()
+
+    def finish(self, ending: Ending) -> None:
+        if self.ending is None:
+            self.ending = ending
+        self._ready.set()
+
+    def admit(self, observer: session_pb2.Observer) -> None:
+        self.key, self.after = observer.key, observer.position
+        if not observer.live:  # the replay is all it gets
+            self._entries.clear()
+            self.finish(Ending.CLEAN)
+
+    async def lines(self, replayed: set[str]) -> AsyncIterator[bytes]:
+        """The NDJSON lines of what comes after this observer's position, less what the replay sent,
+        until its stream ends (`ending` says how)."""
+        while True:
+            if self.ending is Ending.LAGGED:
+                return  # what is queued is not sent: the lagged error follows at once (§6.4)
+            if not self._entries:
+                if self.ending is not None:
+                    return
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            entries = list(self._entries)
+            self._entries.clear()
+            self._queued = 0
+            out: list[bytes] = []
+            for entry in entries:
+                frame = entry.frame
+                if entry.lines:
+                    for offset, (event_id, line) in enumerate(zip(frame.events.ids, entry.lines)):
+                        if entry.position + offset > self.after and event_id not in replayed:
+                            out.append(line)
+                elif entry.position > self.after and (
+                    frame.subscriptions_ended or frame.revoked_key == self.key
+                ):
+                    self.finish(Ending.CLEAN)
+                    self._entries.clear()
+                    break
+            if out:
+                yield b"".join(out)
+
+
+class _Relay:
+    """One session's Relay stream and the observers it feeds; it ends with its last observer."""
+
+    def __init__(self, session_id: str, fanout: Fanout) -> None:
+        self.session_id = session_id
+        self.fanout = fanout
+        self.observers: set[Observer] = set()
+        # True once the stream is open, False when the session is not open; or the call's error.
+        self.opened: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.task = asyncio.create_task(self._run(), name=f"relay:{session_id}")
+
+    async def _run(self) -> None:
+        ending = Ending.CLEAN
+        call = None
+        try:
+            call, first = await self._open()
+            if call is None:
+                return
+            position = first.position
+            self.opened.set_result(True)
+            while (frame := await call.read()) is not grpc.aio.EOF:
+                kind = frame.WhichOneof("kind")
+                if kind == "error":  # the relay itself lagged in the session service
+                    ending = Ending.LAGGED
+                    return
+                lines = [event_frame(text) for text in frame.events.json] if kind == "events" else []
+                entry = _Entry(position + 1, frame, lines)
+                position += len(lines) or 1
+                for observer in list(self.observers):
+                    observer.push(entry)
+        except grpc.aio.AioRpcError as error:
+            if not self.opened.done():
+                self.opened.set_exception(error)
+                return
+            log.warning("relay of session %s failed: %s %s", self.session_id, error.code().name, error.details())
+            ending = Ending.FAILED
+        finally:
+            if call is not None:
+                call.cancel()
+            if not self.opened.done():
+                self.opened.cancel()
+            self.fanout.forget(self)
+            for observer in self.observers:
+                observer.finish(ending)
+
+    async def _open(self) -> tuple[grpc.aio.UnaryStreamCall | None, session_pb2.RpcFrame]:
+        request = session_pb2.RpcRequest(session_id=self.session_id)
+
+        async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> tuple:
+            call = stub.Relay(request, metadata=metadata)
+            try:
+                return call, await call.read()
+            except BaseException:
+                call.cancel()
+                raise
+
+        try:
+            call, first = await self.fanout.upstream.call(self.session_id, invoke)
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            self.opened.set_result(False)  # not open: its observers get their replay only
+            return None, session_pb2.RpcFrame()
+        if first is grpc.aio.EOF:  # torn down as it opened
+            self.opened.set_result(False)
+            return None, session_pb2.RpcFrame()
+        return call, first
+
+
+class Fanout:
+    """The relays of the sessions this gateway's observers watch."""
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        self._relays: dict[str, _Relay] = {}
+
+    async def join(self, session_id: str) -> Observer | None:
+        """An observer of the session's relay, queueing from now on; None when the session is not
+        open. Raises the relay's gRPC error when it cannot be opened."""
+        relay = self._relays.get(session_id)
+        if relay is None:
+            relay = self._relays[session_id] = _Relay(session_id, self)
+        observer = Observer()
+        relay.observers.add(observer)
+        try:
+            live = await asyncio.shield(relay.opened)
+        except BaseException:
+            self.leave(session_id, observer)
+            raise
+        if not live:
+            self.leave(session_id, observer)
+            return None
+        return observer
+
+    def leave(self, session_id: str, observer: Observer) -> None:
+        relay = self._relays.get(session_id)
+        if relay is None or observer not in relay.observers:
+            return
+        relay.observers.discard(observer)
+        if not relay.observers:
+            self.forget(relay)
+            relay.task.cancel()
+
+    def forget(self, relay: _Relay) -> None:
+        if self._relays.get(relay.session_id) is relay:
+            del self._relays[relay.session_id]
+
+    async def close(self) -> None:
+        relays = list(self._relays.values())
+        for relay in relays:
+            relay.task.cancel()
+        await asyncio.gather(*(relay.task for relay in relays), return_exceptions=True)

@@ -1,0 +1,203 @@
+"""The gateway's fan-out of a session's relay to its observers (services/gateway/fanout.py), against a
+scripted relay: what each observer gets, what ends it, and that a session has one relay."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+import pytest
+
+from bae.protos import session_pb2
+from services.gateway.fanout import LAG_LIMIT, Ending, Fanout, Observer
+
+
+class ScriptedCall:
+    """A Relay call whose frames the test puts in; an exception put in is raised by `read`."""
+
+    def __init__(self) -> None:
+        self.frames: asyncio.Queue = asyncio.Queue()
+        self.cancelled = False
+
+    async def read(self):
+        item = await self.frames.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ScriptedUpstream:
+    """Answers every Relay with a new ScriptedCall that starts at `start`, or with `refusal`."""
+
+    def __init__(self, start: int = 10) -> None:
+        self.start = start
+        self.refusal: grpc.aio.AioRpcError | None = None
+        self.calls: list[tuple[str, ScriptedCall]] = []
+
+    async def call(self, session_id, invoke):
+        upstream = self
+
+        class Stub:
+            def Relay(self, request, metadata):
+                if upstream.refusal is not None:
+                    raise upstream.refusal
+                call = ScriptedCall()
+                call.frames.put_nowait(session_pb2.RpcFrame(position=upstream.start))
+                upstream.calls.append((request.session_id, call))
+                return call
+
+        return await invoke(Stub(), ())
+
+
+def status(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), "scripted")
+
+
+def events(*ids: str) -> session_pb2.RpcFrame:
+    texts = [json.dumps({"id": event_id}) for event_id in ids]
+    return session_pb2.RpcFrame(events=session_pb2.EventBatch(json=texts, ids=list(ids)))
+
+
+def admitted(observer: Observer, key: str, position: int, live: bool = True) -> Observer:
+    observer.admit(session_pb2.Observer(key=key, position=position, live=live))
+    return observer
+
+
+class Reader:
+    """Reads an observer's lines in the background, as its HTTP stream would."""
+
+    def __init__(self, observer: Observer, replayed: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.ids: list[str] = []
+        self.task = asyncio.create_task(self._read(observer, set(replayed)))
+
+    async def _read(self, observer: Observer, replayed: set[str]) -> None:
+        async for chunk in observer.lines(replayed):
+            self.ids += [json.loads(line)["params"]["id"] for line in chunk.splitlines()]
+
+    async def ended(self) -> list[str]:
+        await asyncio.wait_for(self.task, 5)
+        return self.ids
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_observers_of_a_session_share_one_relay_and_each_gets_what_follows_its_position():
+    upstream = ScriptedUpstream(start=10)
+    fanout = Fanout(upstream)  # type: ignore[arg-type]
+    early, late = await fanout.join("ses_a"), await fanout.join("ses_a")
+    other = await fanout.join("ses_b")
+    assert early is not None and late is not None and other is not None
+    assert [session_id for session_id, _ in upstream.calls] == ["ses_a", "ses_b"]
+    relay = upstream.calls[0][1]
+    relay.frames.put_nowait(events("e11", "e12"))  # positions 11 and 12
+    relay.frames.put_nowait(events("e13"))
+    await settle()
+    # `early` joined the feed at 10 and replayed e11; `late` joined at 12.
+    early_reader = Reader(admitted(early, "key_1", 10), replayed={"e11"})
+    late_reader = Reader(admitted(late, "key_2", 12))
+    relay.frames.put_nowait(events("e14"))
+    relay.frames.put_nowait(grpc.aio.EOF)  # the session's live state ended
+    assert await early_reader.ended() == ["e12", "e13", "e14"]
+    assert await late_reader.ended() == ["e13", "e14"]
+    assert early.ending is late.ending is Ending.CLEAN
+    assert other.ending is None  # another session's relay goes on
+
+
+async def test_word_that_streams_end_applies_to_those_who_joined_before_it():
+    upstream = ScriptedUpstream(start=0)
+    fanout = Fanout(upstream)  # type: ignore[arg-type]
+    first, revoked, joined_after = [await fanout.join("ses_a") for _ in range(3)]
+    assert first is not None and revoked is not None and joined_after is not None
+    relay = upstream.calls[0][1]
+    relay.frames.put_nowait(session_pb2.RpcFrame(revoked_key="key_2"))  # position 1
+    relay.frames.put_nowait(events("e2"))
+    relay.frames.put_nowait(session_pb2.RpcFrame(revoked_key="key_3"))  # position 3: key_3 joined at 3
+    relay.frames.put_nowait(events("e4"))
+    await settle()
+    readers = [Reader(admitted(first, "key_1", 0)), Reader(admitted(revoked, "key_2", 0)),
+               Reader(admitted(joined_after, "key_3", 3))]
+    await settle()
+    assert readers[1].task.done() and await readers[1].ended() == []  # revoked before e2
+    relay.frames.put_nowait(session_pb2.RpcFrame(subscriptions_ended=True))  # session.unsubscribe
+    relay.frames.put_nowait(events("e6"))
+    assert await readers[0].ended() == ["e2", "e4"]
+    assert await readers[2].ended() == ["e4"]
+    assert {observer.ending for observer in (first, revoked, joined_after)} == {Ending.CLEAN}
+
+
+async def test_an_observer_that_stops_reading_is_cut_off_alone():
+    upstream = ScriptedUpstream(start=0)
+    fanout = Fanout(upstream)  # type: ignore[arg-type]
+    stalled, reading = await fanout.join("ses_a"), await fanout.join("ses_a")
+    assert stalled is not None and reading is not None
+    admitted(stalled, "key_1", 0)
+    reader = Reader(admitted(reading, "key_2", 0))
+    relay = upstream.calls[0][1]
+    for number in range(LAG_LIMIT + 1):
+        relay.frames.put_nowait(events(f"e{number}"))
+        await settle()
+    assert stalled.ending is Ending.LAGGED
+    assert [line async for line in stalled.lines(set())] == []  # the lagged error follows at once
+    assert reading.ending is None and len(reader.ids) == LAG_LIMIT + 1
+    relay.frames.put_nowait(grpc.aio.EOF)
+    await reader.ended()
+
+
+@pytest.mark.parametrize("end,ending", [
+    (status(grpc.StatusCode.UNAVAILABLE), Ending.FAILED),
+    (session_pb2.RpcFrame(error=session_pb2.RpcError(code=-32000, message="lagged")), Ending.LAGGED),
+    (grpc.aio.EOF, Ending.CLEAN),
+])
+async def test_how_the_relay_ends_is_how_its_observers_end(end, ending):
+    upstream = ScriptedUpstream(start=0)
+    fanout = Fanout(upstream)  # type: ignore[arg-type]
+    observers = [await fanout.join("ses_a") for _ in range(3)]
+    upstream.calls[0][1].frames.put_nowait(end)
+    await settle()
+    assert [observer.ending for observer in observers if observer is not None] == [ending] * 3
+    assert upstream.calls[0][1].cancelled
+    assert await fanout.join("ses_a") is not None and len(upstream.calls) == 2  # the next one opens a new relay
+
+
+async def test_the_relay_ends_with_its_last_observer():
+    upstream = ScriptedUpstream()
+    fanout = Fanout(upstream)  # type: ignore[arg-type]
+    first, second = await fanout.join("ses_a"), await fanout.join("ses_a")
+    assert first is not None and second is not None
+    fanout.leave("ses_a", first)
+    await settle()
+    assert not upstream.calls[0][1].cancelled
+    fanout.leave("ses_a", second)
+    await settle()
+    assert upstream.calls[0][1].cancelled
+    assert await fanout.join("ses_a") is not None and len(upstream.calls) == 2
+
+
+async def test_a_session_that_is_not_open_has_no_relay_and_other_refusals_reach_the_caller():
+    upstream = ScriptedUpstream()
+    fanout = Fanout(upstream)  # type: ignore[arg-type]
+    upstream.refusal = status(grpc.StatusCode.FAILED_PRECONDITION)
+    assert await fanout.join("ses_closed") is None
+    upstream.refusal = status(grpc.StatusCode.UNAVAILABLE)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await fanout.join("ses_a")
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    upstream.refusal = None
+    assert await fanout.join("ses_a") is not None
+
+
+async def test_an_observer_without_live_access_gets_nothing_live():
+    upstream = ScriptedUpstream(start=0)
+    fanout = Fanout(upstream)  # type: ignore[arg-type]
+    observer = await fanout.join("ses_a")
+    assert observer is not None
+    upstream.calls[0][1].frames.put_nowait(events("e1"))
+    await settle()
+    assert await Reader(admitted(observer, "key_1", 0, live=False)).ended() == []
