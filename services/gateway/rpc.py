@@ -213,12 +213,8 @@ class RpcEndpoint:
             if observer is not None:
                 self.fanout.leave(session_id, observer)
 
-        replay_request = session_pb2.RpcRequest()
-        replay_request.CopyFrom(rpc_request)
-        replay_request.replay_only = True
-
         async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> tuple[Any, Any]:
-            grpc_call = stub.Subscribe(replay_request, metadata=metadata)
+            grpc_call = stub.Subscribe(rpc_request, metadata=metadata)
             try:
                 return grpc_call, await grpc_call.read()
             except BaseException:

@@ -112,7 +112,7 @@ async def test_a_turn_runs_with_no_client_and_returns_its_events(harness: Engine
 
 async def test_a_watcher_sees_the_turn_but_not_its_own_input(harness: EngineHarness, mock: MockLLM):
     session_id = await harness.open_session()
-    watcher = Watcher(subscriber=False)
+    watcher = Watcher()
     outcome = await harness.engine.run_turn(TurnRequest(session_id, ACTOR, user("hi")), watcher=watcher)
     seen = []
     while (items := await watcher.take()) is not None:

@@ -106,23 +106,9 @@ class LiveApi:
     # -- subscriptions ----------------------------------------------------------
 
     async def subscribe(self, call: RpcCall) -> AsyncIterator[session_pb2.RpcFrame]:
-        live = await self._attach_observed(call)
-        watcher = live.feed.watch(subscriber=True, key=call.actor) if live else None
-        replayed: set[str] = set()
-        try:
-            async for frame in self._replay(call, replayed):
-                yield frame
-            if watcher is None:
-                return  # a terminal session gets its replay, then the stream ends (O-8)
-            async for frame in relay(watcher, skip=replayed):
-                yield frame
-        finally:
-            if live is not None and watcher is not None:
-                live.feed.forget(watcher)
-
-    async def observe(self, call: RpcCall) -> AsyncIterator[session_pb2.RpcFrame]:
-        """`session.subscribe` for a gateway that fans the live events out from its relay (`feed_relay`),
-        which it joined before this call: who observes from which position, then the replay."""
+        """`session.subscribe`, whose live events the gateway takes from its relay (`feed_relay`), joined
+        before this call: who observes from which feed position (where a watcher would join), then
+        the replay (§6.4)."""
         live = await self._attach_observed(call)
         if live is None:
             observer = session_pb2.Observer(key=call.actor, live=False)
@@ -131,7 +117,7 @@ class LiveApi:
                 key=call.actor, live=call.actor not in live.feed.revoked, position=live.feed.position
             )
         yield session_pb2.RpcFrame(observer=observer)
-        async for frame in self._replay(call, set(), with_ids=True):
+        async for frame in self._replay(call):
             yield frame
 
     async def feed_relay(self, session_id: str) -> AsyncIterator[session_pb2.RpcFrame]:
@@ -165,10 +151,9 @@ class LiveApi:
         except SessionNotOpen:
             return None  # closed since the key was checked: replay only
 
-    async def _replay(
-        self, call: RpcCall, replayed: set[str], *, with_ids: bool = False
-    ) -> AsyncIterator[session_pb2.RpcFrame]:
-        """With `since_event_id`: the stored events after it, in pages, their ids added to `replayed`."""
+    async def _replay(self, call: RpcCall) -> AsyncIterator[session_pb2.RpcFrame]:
+        """With `since_event_id`: the stored events after it, in pages, with their ids (the gateway
+        drops the live events the replay sent)."""
         since = call.params().get("since_event_id")
         if not isinstance(since, str):
             return
@@ -176,8 +161,7 @@ class LiveApi:
             seq = await self.store.event_seq(call.session_id, since) or 0
             while True:
                 page = await self.store.list_events(call.session_id, seq, REPLAY_PAGE)
-                replayed.update(event["id"] for _, event in page)
-                for frame in event_frames((event for _, event in page), with_ids=with_ids):
+                for frame in event_frames((event for _, event in page), with_ids=True):
                     yield frame
                 seq = page[-1][0] if page else seq
                 if len(page) < REPLAY_PAGE:
@@ -200,7 +184,7 @@ class LiveApi:
         message = parse_message(call.params())
         await self.hold.reached("session.sendMessage", call.session_id)
         request = TurnRequest(call.session_id, call.actor, message)
-        watcher = Watcher(subscriber=False, key=call.actor)
+        watcher = Watcher(key=call.actor)
         work = asyncio.ensure_future(
             self.engine.run_turn(request, watcher=watcher, records=(call.session, call.profile))
         )
@@ -222,7 +206,7 @@ class LiveApi:
         if prompt is not None and not isinstance(prompt, str):
             raise invalid_params(serde.invalid_type(prompt, "a string or null"))
         request = CompactRequest(call.session_id, call.actor, prompt)
-        watcher = Watcher(subscriber=False, key=call.actor)
+        watcher = Watcher(key=call.actor)
         work = asyncio.ensure_future(self.engine.compact(request, watcher=watcher))
         async for frame in stream_until_done(watcher, work):
             yield frame
@@ -297,7 +281,7 @@ async def stream_until_done(watcher: Watcher, work: asyncio.Future[T]) -> AsyncI
             work.cancel()
 
 
-async def relay(watcher: Watcher, skip: set[str] | frozenset[str] = frozenset()) -> AsyncIterator[session_pb2.RpcFrame]:
+async def relay(watcher: Watcher) -> AsyncIterator[session_pb2.RpcFrame]:
     """A watcher's events as frames, until it ends; a lagged watcher gets the `lagged` error and ends."""
     while True:
         try:
@@ -307,7 +291,7 @@ async def relay(watcher: Watcher, skip: set[str] | frozenset[str] = frozenset())
             return
         if items is None:
             return
-        for frame in event_frames(item for item in items if item["id"] not in skip):
+        for frame in event_frames(items):
             yield frame
 
 

@@ -166,8 +166,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
             yield frame
 
     async def Subscribe(self, request: session_pb2.RpcRequest, context: Context) -> AsyncIterator[session_pb2.RpcFrame]:
-        method = self.live.observe if request.replay_only else self.live.subscribe
-        async for frame in self._stream(request, method, context):
+        async for frame in self._stream(request, self.live.subscribe, context):
             yield frame
 
     async def Relay(self, request: session_pb2.RpcRequest, context: Context) -> AsyncIterator[session_pb2.RpcFrame]:

@@ -78,7 +78,8 @@ class _Buffer(Generic[Item]):
 
 @dataclass(eq=False)
 class Watcher(_Buffer[EventView]):
-    subscriber: bool  # a session.subscribe stream (ended by session.unsubscribe)
+    """A live stream of the session's own (a sendMessage's or a compact's caller)."""
+
     # The client key whose stream this is (ended if that key is revoked); None for internal watchers.
     key: str | None = None
     # Event ids this watcher must not be sent (a sendMessage stream's own input echo).
@@ -136,11 +137,6 @@ class SessionFeed:
     # How many events and notices this feed has carried: where a relay or an observer joins.
     position: int = 0
 
-    def watch(self, subscriber: bool, key: str | None = None) -> Watcher:
-        watcher = Watcher(subscriber=subscriber, key=key)
-        self.join(watcher)
-        return watcher
-
     def join(self, watcher: Watcher) -> None:
         """Send `watcher` the session's events from now on (unless its key was revoked meanwhile)."""
         if watcher.key is not None and watcher.key in self.revoked:
@@ -171,8 +167,7 @@ class SessionFeed:
                 watcher.push(*wanted)
 
     def end_subscriptions(self) -> None:
-        for watcher in [w for w in self.watchers if w.subscriber]:
-            self.forget(watcher)
+        """`session.unsubscribe`: the gateways end their observers' streams."""
         self._notify(Notice())
 
     def end_streams_of(self, key: str) -> None:
