@@ -21,9 +21,9 @@ from typing import AsyncIterator
 
 import grpc
 
-from bae.protos import session_pb2, session_pb2_grpc
+from bae.protos import session_pb2
 from services.gateway.frames import event_frame
-from services.gateway.upstream import Metadata, Upstream
+from services.gateway.upstream import Upstream
 
 log = logging.getLogger("bae.gateway")
 
@@ -160,23 +160,14 @@ class _Relay:
 
     async def _open(self) -> tuple[grpc.aio.UnaryStreamCall | None, session_pb2.RpcFrame]:
         request = session_pb2.RpcRequest(session_id=self.session_id)
-
-        async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> tuple:
-            call = stub.Relay(request, metadata=metadata)
-            try:
-                return call, await call.read()
-            except BaseException:
-                call.cancel()
-                raise
-
         try:
-            call, first = await self.fanout.upstream.call(self.session_id, invoke)
+            call, first = await self.fanout.upstream.open_stream(self.session_id, "Relay", request)
         except grpc.aio.AioRpcError as error:
             if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 raise
             self.opened.set_result(False)  # not open: its observers get their replay only
             return None, session_pb2.RpcFrame()
-        if first is grpc.aio.EOF:  # torn down as it opened
+        if not isinstance(first, session_pb2.RpcFrame):  # EOF: torn down as it opened
             self.opened.set_result(False)
             return None, session_pb2.RpcFrame()
         return call, first

@@ -213,22 +213,14 @@ class RpcEndpoint:
             if observer is not None:
                 self.fanout.leave(session_id, observer)
 
-        async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> tuple[Any, Any]:
-            grpc_call = stub.Subscribe(rpc_request, metadata=metadata)
-            try:
-                return grpc_call, await grpc_call.read()
-            except BaseException:
-                grpc_call.cancel()
-                raise
-
         try:
-            grpc_call, first = await self.upstream.call(session_id, invoke)
+            grpc_call, first = await self.upstream.open_stream(session_id, "Subscribe", rpc_request)
         except BaseException as error:
             leave()
             if isinstance(error, grpc.aio.AioRpcError):
                 return problem_response(self.upstream.failure(error))
             raise
-        if first is grpc.aio.EOF:
+        if not isinstance(first, session_pb2.RpcFrame):  # EOF
             leave()
             log.error("session service ended Subscribe before accepting it")
             return problem_response(internal())
@@ -251,20 +243,11 @@ class RpcEndpoint:
         return Response(reply_frame(reply, call.id_json), media_type=NDJSON)
 
     async def _stream(self, rpc_name: str, rpc_request: session_pb2.RpcRequest, call: Call) -> Response:
-        async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> tuple[Any, Any]:
-            # Live calls carry no deadline: a turn or a subscription lasts as long as it lasts.
-            grpc_call = getattr(stub, rpc_name)(rpc_request, metadata=metadata)
-            try:
-                return grpc_call, await grpc_call.read()
-            except BaseException:
-                grpc_call.cancel()
-                raise
-
         try:
-            grpc_call, first = await self.upstream.call(rpc_request.session_id, invoke)
+            grpc_call, first = await self.upstream.open_stream(rpc_request.session_id, rpc_name, rpc_request)
         except grpc.aio.AioRpcError as error:
             return problem_response(self.upstream.failure(error))
-        if first is grpc.aio.EOF:
+        if not isinstance(first, session_pb2.RpcFrame):  # EOF
             log.error("session service ended %s before accepting it", rpc_name)
             return problem_response(internal())
         return LiveStream(rpc_name, grpc_call, first, call.id_json)

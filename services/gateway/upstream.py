@@ -16,7 +16,7 @@ from starlette.requests import Request
 from bae.errors import Problem, internal
 from bae.grpcutil import channel
 from bae.internal import InternalPlane
-from bae.protos import session_pb2_grpc
+from bae.protos import session_pb2, session_pb2_grpc
 from bae.session_routing import REDIRECTED_KEY, owner_of
 
 log = logging.getLogger("bae.gateway")
@@ -188,6 +188,23 @@ class Upstream:
                 self._remember(session_id, address)
             return result
         raise AssertionError("unreachable")
+
+    async def open_stream(
+        self, session_id: str, rpc_name: str, request: session_pb2.RpcRequest
+    ) -> tuple[grpc.aio.UnaryStreamCall, session_pb2.RpcFrame | object]:
+        """Start a live call on the session's replica and read its first frame (`accepted`, or a
+        relay's start), or EOF; a refusal before it raises as any call's does. Live calls carry no
+        deadline: a turn or a subscription lasts as long as it lasts."""
+
+        async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> tuple:
+            grpc_call = getattr(stub, rpc_name)(request, metadata=metadata)
+            try:
+                return grpc_call, await grpc_call.read()
+            except BaseException:
+                grpc_call.cancel()
+                raise
+
+        return await self.call(session_id, invoke)
 
     def failure(self, error: grpc.aio.AioRpcError) -> Problem:
         """The HTTP problem for a failed call: the service's own, or a generic one that names the outage.

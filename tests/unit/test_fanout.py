@@ -38,19 +38,13 @@ class ScriptedUpstream:
         self.refusal: grpc.aio.AioRpcError | None = None
         self.calls: list[tuple[str, ScriptedCall]] = []
 
-    async def call(self, session_id, invoke):
-        upstream = self
-
-        class Stub:
-            def Relay(self, request, metadata):
-                if upstream.refusal is not None:
-                    raise upstream.refusal
-                call = ScriptedCall()
-                call.frames.put_nowait(session_pb2.RpcFrame(position=upstream.start))
-                upstream.calls.append((request.session_id, call))
-                return call
-
-        return await invoke(Stub(), ())
+    async def open_stream(self, session_id, rpc_name, request):
+        assert (rpc_name, request.session_id) == ("Relay", session_id)
+        if self.refusal is not None:
+            raise self.refusal
+        call = ScriptedCall()
+        self.calls.append((session_id, call))
+        return call, session_pb2.RpcFrame(position=self.start)
 
 
 def status(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
