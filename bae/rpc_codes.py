@@ -5,6 +5,10 @@ from __future__ import annotations
 from enum import IntEnum
 
 
+# The error a stream that fell too far behind ends with (SERVER-SPEC §6.4).
+LAGGED_MESSAGE = "lagged; reconnect with since_event_id"
+
+
 class RpcCode(IntEnum):
     PARSE_ERROR = -32700
     INVALID_REQUEST = -32600

@@ -128,10 +128,10 @@ class _Relay:
         ending = Ending.CLEAN
         call = None
         try:
-            call, first = await self._open()
-            if call is None:
+            opened = await self._open()
+            if opened is None:
                 return
-            position = first.position
+            call, position = opened
             self.opened.set_result(True)
             while (frame := await call.read()) is not grpc.aio.EOF:
                 kind = frame.WhichOneof("kind")
@@ -158,7 +158,8 @@ class _Relay:
             for observer in self.observers:
                 observer.finish(ending)
 
-    async def _open(self) -> tuple[grpc.aio.UnaryStreamCall | None, session_pb2.RpcFrame]:
+    async def _open(self) -> tuple[grpc.aio.UnaryStreamCall, int] | None:
+        """The open Relay call and the position it starts after; None when the session is not open."""
         request = session_pb2.RpcRequest(session_id=self.session_id)
         try:
             call, first = await self.fanout.upstream.open_stream(self.session_id, "Relay", request)
@@ -166,11 +167,11 @@ class _Relay:
             if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 raise
             self.opened.set_result(False)  # not open: its observers get their replay only
-            return None, session_pb2.RpcFrame()
+            return None
         if not isinstance(first, session_pb2.RpcFrame):  # EOF: torn down as it opened
             self.opened.set_result(False)
-            return None, session_pb2.RpcFrame()
-        return call, first
+            return None
+        return call, first.position
 
 
 class Fanout:

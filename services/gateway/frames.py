@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bae.jsontext import dump
 from bae.protos import session_pb2
-from bae.rpc_codes import RpcCode
+from bae.rpc_codes import LAGGED_MESSAGE, RpcCode
 
 RpcError = session_pb2.RpcError
 
@@ -44,7 +44,7 @@ def rpc_error_frame(request_id_json: str | None, error: RpcError) -> bytes | Non
 
 
 # A stream that fell too far behind (SERVER-SPEC §6.4): no id, and the stream closes.
-LAGGED_FRAME = error_frame(None, RpcCode.APPLICATION_ERROR, "lagged; reconnect with since_event_id")
+LAGGED_FRAME = error_frame(None, RpcCode.APPLICATION_ERROR, LAGGED_MESSAGE)
 
 
 def internal_error_frame(request_id_json: str) -> bytes:

@@ -18,14 +18,14 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator, 
 from bae import serde
 from bae.jsontext import RawJson, dump
 from bae.protos import session_pb2
-from bae.rpc_codes import RpcCode
+from bae.rpc_codes import LAGGED_MESSAGE, RpcCode
 from services.session.api.faults import RpcError, RpcFault, invalid_params
 from services.session.api.jsonrpc import RpcCall, parse_message, require_driver
 from services.session.api.race_hold import RaceHold
 from services.session.engine.domain import CompactRequest, SessionState, TurnRequest
 from services.session.engine.engine import TurnEngine
 from services.session.engine.errors import KeyRevoked, SessionNotOpen
-from services.session.engine.feed import Lagged, Notice, Watcher
+from services.session.engine.feed import Buffer, Item, Lagged, Notice, Watcher
 from services.session.engine.runtime import LiveSession, SessionRuntime
 from services.session.engine import subagent_calls
 from services.session.engine.sandbox_calls import available_images
@@ -42,9 +42,8 @@ RESERVED_TOOL = "remote_subagent_status"
 
 T = TypeVar("T")
 
-LAGGED = session_pb2.RpcFrame(
-    error=RpcError(code=RpcCode.APPLICATION_ERROR, message="lagged; reconnect with since_event_id", id_mode=RpcError.NO_ID)
-)
+LAGGED = session_pb2.RpcFrame(error=RpcError(code=RpcCode.APPLICATION_ERROR, message=LAGGED_MESSAGE,
+                                               id_mode=RpcError.NO_ID))
 
 
 class LiveApi:
@@ -128,16 +127,8 @@ class LiveApi:
         feed_relay = live.feed.relay()
         try:
             yield session_pb2.RpcFrame(position=live.feed.position)
-            while True:
-                try:
-                    items = await feed_relay.take()
-                except Lagged:
-                    yield LAGGED
-                    return
-                if items is None:
-                    return
-                for frame in relay_frames(items):
-                    yield frame
+            async for frame in relay(feed_relay, relay_frames):
+                yield frame
         finally:
             live.feed.forget(feed_relay)
 
@@ -272,7 +263,7 @@ async def stream_until_done(watcher: Watcher, work: asyncio.Future[T]) -> AsyncI
     # The engine ends the watcher when its work ends; this covers work that fails before it does.
     work.add_done_callback(lambda _: watcher.end())
     try:
-        async for frame in relay(watcher):
+        async for frame in relay(watcher, event_frames):
             yield frame
         if not watcher.cut_off:
             await asyncio.wait({work})
@@ -281,17 +272,19 @@ async def stream_until_done(watcher: Watcher, work: asyncio.Future[T]) -> AsyncI
             work.cancel()
 
 
-async def relay(watcher: Watcher) -> AsyncIterator[session_pb2.RpcFrame]:
-    """A watcher's events as frames, until it ends; a lagged watcher gets the `lagged` error and ends."""
+async def relay(
+    buffer: Buffer[Item], frames: Callable[[list[Item]], Iterable[session_pb2.RpcFrame]]
+) -> AsyncIterator[session_pb2.RpcFrame]:
+    """A watcher's or relay's items as `frames`, until it ends; a lagged one gets the `lagged` error and ends."""
     while True:
         try:
-            items = await watcher.take()
+            items = await buffer.take()
         except Lagged:
             yield LAGGED
             return
         if items is None:
             return
-        for frame in event_frames(items):
+        for frame in frames(items):
             yield frame
 
 

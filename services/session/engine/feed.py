@@ -34,7 +34,7 @@ class Lagged(Exception):
 
 
 @dataclass(eq=False)
-class _Buffer(Generic[Item]):
+class Buffer(Generic[Item]):
     """A reader's bounded queue: it ends, or is cut off as lagged, and takes everything queued at once."""
 
     _items: deque[Item] = field(default_factory=deque, init=False)
@@ -77,7 +77,7 @@ class _Buffer(Generic[Item]):
 
 
 @dataclass(eq=False)
-class Watcher(_Buffer[EventView]):
+class Watcher(Buffer[EventView]):
     """A live stream of the session's own (a sendMessage's or a compact's caller)."""
 
     # The client key whose stream this is (ended if that key is revoked); None for internal watchers.
@@ -124,7 +124,7 @@ class Notice:
     revoked_key: str | None = None
 
 
-class Relay(_Buffer[EventView | Notice]):
+class Relay(Buffer[EventView | Notice]):
     """A gateway's copy of the feed: every event and notice, in order, one position each."""
 
 
