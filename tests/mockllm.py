@@ -152,6 +152,9 @@ class MockLLM:
     host: str = "127.0.0.1"
     port: int = 0
     requests: list[dict] = field(default_factory=list)
+    # Off when served on its own (nothing reads them there): a long benchmark would otherwise keep
+    # every request body, and the collector's pauses over them would show in its figures.
+    keep_requests: bool = True
 
     def __post_init__(self) -> None:
         self._queue: deque[Reply] = deque()
@@ -242,8 +245,9 @@ class MockLLM:
         except ValueError:
             body = raw.decode(errors="replace")
         headers = {key.decode().lower(): value.decode() for key, value in scope["headers"]}
-        # Runs on the server thread; a list append is atomic, so readers need no lock.
-        self.requests.append({"path": path, "headers": headers, "body": body})
+        if self.keep_requests:
+            # Runs on the server thread; a list append is atomic, so readers need no lock.
+            self.requests.append({"path": path, "headers": headers, "body": body})
 
         if scope["method"] != "POST" or path not in (ANTHROPIC_PATH, OPENAI_PATH):
             await respond(send, 404, b'{"error":"not found"}')
@@ -297,7 +301,7 @@ def serve_from_command_line(mock_class: type[MockLLM], name: str, default_host: 
     parser.add_argument("--port", type=int, default=9100)
     args = parser.parse_args()
     print(f"{name} listening on http://{args.host}:{args.port}", flush=True)
-    mock_class(host=args.host, port=args.port).serve_forever()
+    mock_class(host=args.host, port=args.port, keep_requests=False).serve_forever()
 
 
 if __name__ == "__main__":

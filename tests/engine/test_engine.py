@@ -27,6 +27,7 @@ from services.session.engine.feed import Watcher
 from services.session.engine.runtime import SessionRuntime
 from services.session.remote.runner import RunnerClient
 from services.session.store import Store, profiles, sessions
+from services.session.store.sqlite import StoreUnavailable
 
 TOKEN = "mock-token-for-engine-tests"
 ACTOR = "key_driver"
@@ -133,6 +134,73 @@ async def test_a_paused_turn_resumes_with_the_client_result(harness: EngineHarne
     assert second.end == TurnEnd.COMPLETED
     sent = mock.requests[-1]["body"]["messages"]
     assert sent[-1] == {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu_1", "content": "42"}]}
+
+
+class HeldFirstWrite:
+    """Holds the store's first append of a turn (its client message) until the provider has the
+    request, then lets it commit or fail: the provider call must not wait for that write."""
+
+    def __init__(self, harness: EngineHarness, mock: MockLLM, failure: Exception | None = None) -> None:
+        self.append = harness.store.append_events
+        self.mock = mock
+        self.failure = failure
+        self.held = 0
+        self.overlapped = False  # the provider had the request while the write was held
+
+    async def __call__(self, session_id, items, new_state=None):
+        self.held += 1
+        if self.held == 1:
+            for _ in range(300):
+                if self.mock.requests:
+                    self.overlapped = True
+                    break
+                await asyncio.sleep(0.01)
+            if self.failure is not None:
+                raise self.failure
+        return await self.append(session_id, items, new_state)
+
+
+async def test_the_provider_call_starts_while_the_client_message_is_written(
+    harness: EngineHarness, mock: MockLLM, monkeypatch: pytest.MonkeyPatch
+):
+    session_id = await harness.open_session()
+    mock.enqueue(Reply.text("one"))
+    await harness.engine.run_turn(TurnRequest(session_id, ACTOR, user("first")))
+    held = HeldFirstWrite(harness, mock)
+    monkeypatch.setattr(harness.store, "append_events", held)
+    mock.reset()
+    mock.enqueue(Reply.text("two"))
+    outcome = await harness.engine.run_turn(TurnRequest(session_id, ACTOR, user("second")))
+    assert outcome.end == TurnEnd.COMPLETED and held.overlapped
+    # The request went out before its message was committed, and carried it after the history.
+    assert [m["content"] for m in mock.requests[0]["body"]["messages"]] == [
+        "first", [{"type": "text", "text": "one"}], "second"
+    ]
+    kinds = ["client.message.send", "provider.request", "provider.response", "server.message.send"]
+    assert [view["event_type"] for view in outcome.events] == kinds
+    assert [e["event_type"] for e in await harness.events(session_id)] == kinds * 2
+
+
+async def test_a_client_message_that_fails_to_commit_fails_the_turn_and_records_nothing(
+    harness: EngineHarness, mock: MockLLM, monkeypatch: pytest.MonkeyPatch
+):
+    session_id = await harness.open_session()
+    unavailable = StoreUnavailable("the database is busy; retry shortly", busy=True)
+    held = HeldFirstWrite(harness, mock, unavailable)
+    monkeypatch.setattr(harness.store, "append_events", held)
+    mock.enqueue(Reply.text("never recorded"))
+    with pytest.raises(StoreUnavailable):
+        await harness.engine.run_turn(TurnRequest(session_id, ACTOR, user("hi")))
+    assert held.overlapped
+    # Neither the message nor the step's provider.request/response that followed it was written.
+    assert await harness.events(session_id) == []
+    live = harness.runtime.existing(session_id)
+    assert not live.gate.busy and len(live.loaded_history) == 0
+    monkeypatch.undo()
+    mock.enqueue(Reply.text("recorded"))
+    outcome = await harness.engine.run_turn(TurnRequest(session_id, ACTOR, user("again")))
+    assert outcome.end == TurnEnd.COMPLETED
+    assert [m["content"] for m in mock.requests[-1]["body"]["messages"]] == ["again"]
 
 
 async def test_an_orphan_tool_result_is_refused_and_records_nothing(harness: EngineHarness):

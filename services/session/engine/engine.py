@@ -181,11 +181,13 @@ class TurnEngine:
         await self.runtime.load_history(live)
         if watcher is not None:
             live.feed.join(watcher)
-        items: list[EventItem] = [("client.message.send", {"role": role, "content": content})]
+        items: list[tuple[str, dict]] = [("client.message.send", {"role": role, "content": content})]
         for block in content if isinstance(content, list) else []:
             if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("tool_use_id") not in server_ids:
                 items.append(("tool.result", client_result(block)))
-        await turn.emit(items, echo=True)
+        # Written while the provider step starts: the step's own events wait for this write, and
+        # its failure fails the turn before anything else is recorded (Turn.emit_soon).
+        turn.emit_soon(items, echo=True)
 
         if profile is None:
             await turn.emit(

@@ -8,6 +8,7 @@ the turn marks, and the turn ends with a `TurnEnd`, not a frame.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from services.session.engine import tools as toolset
 from services.session.engine.domain import Dispatch, SessionState, TurnEnd, Usage
 from services.session.engine.feed import Watcher
 from services.session.engine.gate import ParkedTurn
-from services.session.engine.history import StepMessages
+from services.session.engine.history import MESSAGE_EVENTS, StepMessages
 from services.session.engine.runtime import LiveSession, SessionRuntime
 from services.session.engine.spans import open_dispatch
 from services.session.remote.runner import RunnerClient
@@ -66,6 +67,11 @@ class Turn:
     # A successful provider.response, held back to be written in one store call
     # with the events that follow it (it arrives together with the step's result).
     carried: list[tuple[str | None, str, dict | RawJson]] = field(default_factory=list)
+    # A write emit_soon started and nothing has waited for yet.
+    _pending: asyncio.Future[list[EventView]] | None = field(default=None, init=False, repr=False)
+    # Its messages, which the history gets only when the write is broadcast: a step that starts
+    # before then sends them after the history.
+    _unwritten: list[dict] = field(default_factory=list, init=False, repr=False)
 
     @property
     def session_id(self) -> str:
@@ -81,6 +87,34 @@ class Turn:
         in_result: bool = True,
     ) -> list[EventView]:
         """Persist (after any carried event), then broadcast. `echo` marks the caller's own input."""
+        await self.settle()
+        return await self._write(items, echo=echo, new_state=new_state, attribute_to=attribute_to, in_result=in_result)
+
+    def emit_soon(self, items: list[tuple[str, dict]], *, echo: bool = False) -> None:
+        """Start persisting and broadcasting `items` while the turn goes on to its provider call.
+
+        The next emit (or `settle`) waits for this write first, so the log keeps its order and
+        nothing that follows is written or broadcast when it fails: the turn then fails with the
+        write's error, as it would have before calling the provider.
+        """
+        self._unwritten = [payload for kind, payload in items if kind in MESSAGE_EVENTS]
+        self._pending = asyncio.ensure_future(self._write(list(items), echo=echo))
+
+    async def settle(self) -> None:
+        """Wait for a write `emit_soon` started; raises what it raised."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            await pending
+
+    async def _write(
+        self,
+        items: list[EventItem],
+        *,
+        echo: bool = False,
+        new_state: SessionState | None = None,
+        attribute_to: str | None = None,
+        in_result: bool = True,
+    ) -> list[EventView]:
         carried, self.carried = self.carried, []
         views = await self.runtime.store.append_events(
             self.session_id,
@@ -92,10 +126,12 @@ class Turn:
             self.echo.echo_ids.update(view["id"] for view in own)
         self.events.extend(views if in_result else views[: len(carried)])
         await self.runtime.publish(self.session_id, views)
+        self._unwritten = []  # the history has them now
         return own
 
     async def emit_compaction(self, *, preamble: dict, summary: dict, completed: dict) -> list[EventView]:
         """A compaction's preamble, summary and `completed` marker, written together, then broadcast."""
+        await self.settle()
         carried, self.carried = self.carried, []
         views = await self.runtime.store.append_compaction(
             self.session_id, self.actor, carried, preamble, summary, completed
@@ -105,7 +141,9 @@ class Turn:
         return views
 
     async def flush(self) -> None:
-        """Write a provider.response still carried when the turn ends without a following event."""
+        """Finish a write still under way, and write a provider.response still carried when the
+        turn ends without a following event."""
+        await self.settle()
         if self.carried:
             await self.emit([])
 
@@ -116,7 +154,7 @@ class Turn:
                 session = await self.runtime.store.get_session(self.session_id) or session
             mcp = await self.runtime.ensure_mcp(self.live, profile)
             declared = toolset.ActingTools.of(session, self.actor, mcp, status_tool=bool(self.live.subagents.entries))
-            result = await self.step(profile, self.live.loaded_history.step_messages(extensions), declared.advertised())
+            result = await self.step(profile, self.live.loaded_history.step_messages([*self._unwritten, *extensions]), declared.advertised())
             if result.outcome != runner_pb2.StepResult.OK:
                 payload: dict[str, Any]
                 if result.outcome == runner_pb2.StepResult.PROVIDER_CONFIG:
@@ -203,8 +241,9 @@ class Turn:
             min_max_tokens=min_max_tokens,
         )
         result = None
+        call = self.runner.RunStep(request, timeout=STEP_DEADLINE)
         try:
-            async for update in self.runner.RunStep(request, timeout=STEP_DEADLINE):
+            async for update in call:
                 for step_event in update.events:
                     # Stored and sent as the runner wrote it: never re-serialized here.
                     event = (step_event.event_type, RawJson(step_event.payload_json))
@@ -215,8 +254,11 @@ class Turn:
                 if update.HasField("result"):
                     result = update.result
         except grpc.aio.AioRpcError as exc:
+            await self.settle()  # a failed write of what came before is the turn's error, not this
             log.error("runner call for session %s failed: %s %s", self.session_id, exc.code().name, exc.details())
             raise RunnerUnreachable(exc.code().name) from exc
+        finally:
+            await call.aclose()  # stops the step when an emit failed; nothing to do once it ended
         if result is None:
             raise RunnerUnreachable("the step ended without a result")
         if result.outcome == runner_pb2.StepResult.OK:

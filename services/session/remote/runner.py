@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from typing import AsyncGenerator
 
 import grpc
 
@@ -24,7 +24,7 @@ class RunnerClient:
         self.stub = runner_pb2_grpc.RunnerStub(self.channel)
         self.connect_timeout = connect_timeout
 
-    async def RunStep(self, request, *, timeout: float) -> AsyncIterator:
+    async def RunStep(self, request, *, timeout: float) -> AsyncGenerator:
         if self.channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
             try:
                 await asyncio.wait_for(self.channel.channel_ready(), self.connect_timeout)
