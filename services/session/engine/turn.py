@@ -88,33 +88,6 @@ class Turn:
     ) -> list[EventView]:
         """Persist (after any carried event), then broadcast. `echo` marks the caller's own input."""
         await self.settle()
-        return await self._write(items, echo=echo, new_state=new_state, attribute_to=attribute_to, in_result=in_result)
-
-    def emit_soon(self, items: list[tuple[str, dict]], *, echo: bool = False) -> None:
-        """Start persisting and broadcasting `items` while the turn goes on to its provider call.
-
-        The next emit (or `settle`) waits for this write first, so the log keeps its order and
-        nothing that follows is written or broadcast when it fails: the turn then fails with the
-        write's error, as it would have before calling the provider.
-        """
-        self._unwritten = [payload for kind, payload in items if kind in MESSAGE_EVENTS]
-        self._pending = asyncio.ensure_future(self._write(list(items), echo=echo))
-
-    async def settle(self) -> None:
-        """Wait for a write `emit_soon` started; raises what it raised."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            await pending
-
-    async def _write(
-        self,
-        items: list[EventItem],
-        *,
-        echo: bool = False,
-        new_state: SessionState | None = None,
-        attribute_to: str | None = None,
-        in_result: bool = True,
-    ) -> list[EventView]:
         carried, self.carried = self.carried, []
         views = await self.runtime.store.append_events(
             self.session_id,
@@ -128,6 +101,24 @@ class Turn:
         await self.runtime.publish(self.session_id, views)
         self._unwritten = []  # the history has them now
         return own
+
+    def emit_soon(self, items: list[tuple[str, dict]], *, echo: bool = False) -> None:
+        """Start persisting and broadcasting `items` while the turn goes on to its provider call.
+
+        The next emit (or `settle`) waits for this write first, so the log keeps its order and
+        nothing that follows is written or broadcast when it fails: the turn then fails with the
+        write's error, as it would have before calling the provider.
+        """
+        self._unwritten = [payload for kind, payload in items if kind in MESSAGE_EVENTS]
+        self._pending = asyncio.ensure_future(self.emit(list(items), echo=echo))
+
+    async def settle(self) -> None:
+        """Wait for a write `emit_soon` started (unless called from that write); raises what it raised."""
+        pending = self._pending
+        if pending is None or pending is asyncio.current_task():
+            return
+        self._pending = None
+        await pending
 
     async def emit_compaction(self, *, preamble: dict, summary: dict, completed: dict) -> list[EventView]:
         """A compaction's preamble, summary and `completed` marker, written together, then broadcast."""
