@@ -152,8 +152,9 @@ class MockLLM:
     host: str = "127.0.0.1"
     port: int = 0
     requests: list[dict] = field(default_factory=list)
-    # Off when served on its own (nothing reads them there): a long benchmark would otherwise keep
-    # every request body, and the collector's pauses over them would show in its figures.
+    # Off when nothing reads them (the mock served on its own, as the benchmarks run it): a long
+    # benchmark would otherwise keep every request body, and the collector's pauses over them
+    # would show in its figures.
     keep_requests: bool = True
 
     def __post_init__(self) -> None:
@@ -294,15 +295,18 @@ async def respond(send, status: int, payload: bytes) -> None:
     await send({"type": "http.response.body", "body": payload})
 
 
-def serve_from_command_line(mock_class: type[MockLLM], name: str, default_host: str) -> None:
+def serve_from_command_line(
+    mock_class: type[MockLLM], name: str, default_host: str, *, keep_requests: bool = True
+) -> None:
     """`--host`/`--port` from the command line, then serve `mock_class` in the foreground."""
     parser = argparse.ArgumentParser(description=f"Serve the {name}.")
     parser.add_argument("--host", default=default_host)
     parser.add_argument("--port", type=int, default=9100)
     args = parser.parse_args()
     print(f"{name} listening on http://{args.host}:{args.port}", flush=True)
-    mock_class(host=args.host, port=args.port, keep_requests=False).serve_forever()
+    mock_class(host=args.host, port=args.port, keep_requests=keep_requests).serve_forever()
 
 
 if __name__ == "__main__":
-    serve_from_command_line(MockLLM, "mock LLM", "127.0.0.1")
+    # Nothing can read the requests of this one (the compose tests' mock serves them).
+    serve_from_command_line(MockLLM, "mock LLM", "127.0.0.1", keep_requests=False)
