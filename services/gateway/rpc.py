@@ -214,17 +214,15 @@ class RpcEndpoint:
                 self.fanout.leave(session_id, observer)
 
         try:
-            grpc_call, first = await self.upstream.open_stream(session_id, "Subscribe", rpc_request)
-        except BaseException as error:
+            opened = await self._open("Subscribe", rpc_request)
+        except BaseException:
             leave()
-            if isinstance(error, grpc.aio.AioRpcError):
-                return problem_response(self.upstream.failure(error))
             raise
-        if not isinstance(first, session_pb2.RpcFrame):  # EOF
+        if isinstance(opened, Response):
             leave()
-            log.error("session service ended Subscribe before accepting it")
-            return problem_response(internal())
-        return ObserverStream(grpc_call, observer, leave, call.id_json, self.subscriptions)
+            return opened
+        replay_call, _accepted = opened
+        return ObserverStream(replay_call, observer, leave, call.id_json, self.subscriptions)
 
     async def _unary(self, rpc_request: session_pb2.RpcRequest, call: Call) -> Response:
         rpc_name = UNARY_METHODS[call.method]
@@ -243,6 +241,16 @@ class RpcEndpoint:
         return Response(reply_frame(reply, call.id_json), media_type=NDJSON)
 
     async def _stream(self, rpc_name: str, rpc_request: session_pb2.RpcRequest, call: Call) -> Response:
+        opened = await self._open(rpc_name, rpc_request)
+        if isinstance(opened, Response):
+            return opened
+        return LiveStream(rpc_name, *opened, call.id_json)
+
+    async def _open(
+        self, rpc_name: str, rpc_request: session_pb2.RpcRequest
+    ) -> tuple[grpc.aio.UnaryStreamCall, session_pb2.RpcFrame] | Response:
+        """A live call the session service accepted and its first frame, or the problem response
+        for its refusal."""
         try:
             grpc_call, first = await self.upstream.open_stream(rpc_request.session_id, rpc_name, rpc_request)
         except grpc.aio.AioRpcError as error:
@@ -250,4 +258,4 @@ class RpcEndpoint:
         if not isinstance(first, session_pb2.RpcFrame):  # EOF
             log.error("session service ended %s before accepting it", rpc_name)
             return problem_response(internal())
-        return LiveStream(rpc_name, grpc_call, first, call.id_json)
+        return grpc_call, first

@@ -145,7 +145,8 @@ class Turn:
                 session = await self.runtime.store.get_session(self.session_id) or session
             mcp = await self.runtime.ensure_mcp(self.live, profile)
             declared = toolset.ActingTools.of(session, self.actor, mcp, status_tool=bool(self.live.subagents.entries))
-            result = await self.step(profile, self.live.loaded_history.step_messages([*self._unwritten, *extensions]), declared.advertised())
+            messages = self.live.loaded_history.step_messages([*self._unwritten, *extensions])
+            result = await self.step(profile, messages, declared.advertised())
             if result.outcome != runner_pb2.StepResult.OK:
                 payload: dict[str, Any]
                 if result.outcome == runner_pb2.StepResult.PROVIDER_CONFIG:
