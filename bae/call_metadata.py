@@ -27,7 +27,8 @@ class _AddingMetadata:
         self._call = call
         self._add = add
 
-    def __call__(self, request: Any, *, metadata: Metadata | None = None, **kwargs: Any) -> Any:
+    def __call__(self, request: Any = None, *, metadata: Metadata | None = None, **kwargs: Any) -> Any:
+        # `request` is a stream call's iterator, None for one written to with `write()`.
         return self._call(request, metadata=self._add(metadata), **kwargs)
 
 

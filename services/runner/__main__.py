@@ -40,13 +40,15 @@ def main(argv: list[str]) -> int:
             if demo is not None:
                 await demo.stop()
 
+        service = RunnerService(config, clients)
         await serve(
             "runner",
             settings.runner_grpc_addr,
-            registrar(RunnerService(config, clients)),
+            registrar(service),
             settings.shutdown_timeout,
             on_shutdown=shutdown,
             plane=InternalPlane.of(settings),
+            drain=service.drain,
         )
 
     return run_async(start)

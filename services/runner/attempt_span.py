@@ -1,7 +1,7 @@
 """The `bae.provider.attempt` span of one provider attempt (TELEMETRY §3.2), when tracing is on.
 
-Its parent is the `bae.turn` whose context came with the RunStep call (bound by the server
-interceptor). Error descriptions are the attempt's failure detail with any URL taken out;
+Its parent is the `bae.turn` whose context came with the step (bound by the step's task,
+services/runner/server.py). Error descriptions are the attempt's failure detail with any URL taken out;
 the detail never holds a token (the walk redacts it) or a response body.
 """
 

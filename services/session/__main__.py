@@ -144,9 +144,8 @@ async def serve_forever(command: Command, settings: Settings) -> None:
     await bootstrap_admin_key(store, options)
     auth = Authenticator(store, admin_auth_disabled=options.disabled)
     runtime = SessionRuntime(store=store, settings=settings, config=config)
-    engine = TurnEngine(
-        runtime=runtime, runner=RunnerClient(settings.runner_grpc_addr, settings.rpc_timeout, plane)
-    )
+    runner = RunnerClient(settings.runner_grpc_addr, settings.rpc_timeout, plane)
+    engine = TurnEngine(runtime=runtime, runner=runner)
     servicer = SessionServicer(
         rest=ClientRestApi(store=store, auth=auth, runtime=runtime, config=config),
         admin=AdminApi(store=store, auth=auth, runtime=runtime, config=config),
@@ -167,6 +166,7 @@ async def serve_forever(command: Command, settings: Settings) -> None:
     async def shutdown() -> None:
         session_spans.end_all()
         await runtime.stop()
+        await runner.close()
         await auth.stop()  # writes the last coalesced last_used_at stamps
         await store.close()
 

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import secrets
+import signal
+import threading
 import time
-from typing import Iterator
+from pathlib import Path
+from typing import AsyncIterator, Iterator
 
-import grpc
 import pytest
 
-from bae.grpcutil import channel as internal_channel
-from bae.protos import runner_pb2, runner_pb2_grpc
+from bae.protos import runner_pb2
 from conftest import free_port, mock_provider_toml
 from mockllm import MockLLM, Reply
 from processes import TEST_PLANE, ServiceProcess, service_env
+from services.session.remote.runner import MAX_STEP_REQUEST_BYTES, RunnerClient, RunnerUnreachable
 
 TOKEN = "sk-test-" + secrets.token_hex(12)
 REDACTED = "\u2022" * 8
@@ -51,10 +55,8 @@ def llm() -> Iterator[MockLLM]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def runner(llm: MockLLM, tmp_path_factory) -> Iterator[str]:
-    """The gRPC address of a running `python -m services.runner`."""
-    tmp = tmp_path_factory.mktemp("runner")
+def start_runner(llm: MockLLM, tmp: Path) -> tuple[ServiceProcess, str]:
+    """A running `python -m services.runner` and its gRPC address."""
     config = tmp / "bae-config.toml"
     config.write_text(runner_config(llm.base_url))
     address = f"127.0.0.1:{free_port()}"
@@ -73,6 +75,13 @@ def runner(llm: MockLLM, tmp_path_factory) -> Iterator[str]:
     except Exception:
         process.stop()
         raise
+    return process, address
+
+
+@pytest.fixture(scope="module")
+def runner(llm: MockLLM, tmp_path_factory) -> Iterator[str]:
+    """The gRPC address of a running `python -m services.runner`."""
+    process, address = start_runner(llm, tmp_path_factory.mktemp("runner"))
     yield address
     assert process.stop() == 0, "SIGTERM must stop the runner cleanly"
     assert TOKEN not in process.log_path.read_text(), "the auth token leaked into the runner's log"
@@ -107,8 +116,8 @@ async def run_step(
     )
     events: list[tuple[str, dict]] = []
     results = []
-    async with internal_channel(runner, TEST_PLANE) as channel:
-        async for update in runner_pb2_grpc.RunnerStub(channel).RunStep(request, timeout=30):
+    async with runner_client(runner) as client:
+        async for update in client.run_step(request, timeout=30):
             assert not results, "an update arrived after the result"
             for event in update.events:
                 assert TOKEN not in event.payload_json, f"the auth token leaked into {event.event_type}"
@@ -117,8 +126,25 @@ async def run_step(
                 results.append(update.result)
             if updates is not None:
                 updates.append([event.event_type for event in update.events] + ["result"] * len(results))
-    assert len(results) == 1, "exactly one result ends the stream"
+    assert len(results) == 1, "exactly one result ends the step"
     return events, results[0]
+
+
+@contextlib.asynccontextmanager
+async def runner_client(address: str) -> AsyncIterator[RunnerClient]:
+    """The session service's own client of the runner."""
+    client = RunnerClient(address, 5.0, TEST_PLANE)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+def step_request(primary: str, messages: list[dict], **fields) -> runner_pb2.StepRequest:
+    return runner_pb2.StepRequest(
+        session_id="ses_test", primary_provider=primary, messages=[json.dumps(message) for message in messages],
+        roles=[message["role"] for message in messages], tools_json="[]", **fields,
+    )
 
 
 def types(events: list[tuple[str, dict]]) -> list[str]:
@@ -196,8 +222,8 @@ async def test_a_history_is_sent_as_the_texts_that_came_in(runner, llm):
     request = runner_pb2.StepRequest(session_id="ses_test", primary_provider="mock", messages=texts,
                                      roles=["user", "assistant", "user"], tools_json="[]")
     llm.enqueue(Reply.text("ok"))
-    async with internal_channel(runner, TEST_PLANE) as channel:
-        updates = [u async for u in runner_pb2_grpc.RunnerStub(channel).RunStep(request, timeout=30)]
+    async with runner_client(runner) as client:
+        updates = [u async for u in client.run_step(request, timeout=30)]
     (first,) = updates[0].events
     assert first.event_type == "provider.request"
     assert '"messages":[' + ",".join(texts) + "]" in first.payload_json
@@ -207,13 +233,15 @@ async def test_a_history_is_sent_as_the_texts_that_came_in(runner, llm):
 async def test_messages_and_roles_must_pair_up(runner, llm):
     request = runner_pb2.StepRequest(session_id="ses_test", primary_provider="mock",
                                      messages=['{"role":"user","content":"hi"}'], roles=[])
-    async with internal_channel(runner, TEST_PLANE) as channel:
-        with pytest.raises(grpc.aio.AioRpcError) as failure:
-            async for _ in runner_pb2_grpc.RunnerStub(channel).RunStep(request, timeout=30):
+    async with runner_client(runner) as client:
+        with pytest.raises(RunnerUnreachable, match="refused the step: 1 messages but 0 roles"):
+            async for _ in client.run_step(request, timeout=30):
                 pass
-    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "1 messages but 0 roles" in failure.value.details()
-    assert llm.requests == []
+        assert llm.requests == []
+        # Only the step failed: the stream serves the next one.
+        llm.enqueue(Reply.text("still here"))
+        updates = [u async for u in client.run_step(step_request("mock", USER_HELLO), timeout=30)]
+    assert json.loads(updates[-1].result.message_json)["content"] == [{"type": "text", "text": "still here"}]
 
 
 async def test_missing_usage_is_null(runner, llm):
@@ -451,3 +479,95 @@ async def test_attempt_timeout(runner, llm):
     assert events[1][1]["status"] is None
     assert events[1][1]["error"] == "request timed out after 1 s"
     assert result.outcome == runner_pb2.StepResult.OK
+
+
+# -- the step stream ------------------------------------------------------------------
+
+
+async def test_concurrent_steps_share_one_stream_and_each_gets_its_own_replies(runner, llm):
+    release = threading.Event()
+    for _ in range(3):
+        llm.enqueue(Reply.held(release))
+    async with runner_client(runner) as client:
+
+        async def step(word: str) -> list[runner_pb2.StepUpdate]:
+            request = step_request("mock", [{"role": "user", "content": word}])
+            return [update async for update in client.run_step(request, timeout=30)]
+
+        steps = [asyncio.ensure_future(step(word)) for word in ("one", "two", "three")]
+        while len(llm.requests) < 3:  # all three wait on the provider at once
+            await asyncio.sleep(0.02)
+        release.set()
+        answers = await asyncio.gather(*steps)
+        streams = client.opened_streams
+    assert streams == 1
+    for word, updates in zip(("one", "two", "three"), answers):
+        request_event = json.loads(updates[0].events[0].payload_json)
+        assert request_event["messages"] == [{"role": "user", "content": word}]
+        assert [update.HasField("result") for update in updates] == [False, True]
+        assert updates[-1].result.outcome == runner_pb2.StepResult.OK
+
+
+async def test_a_step_its_caller_stops_waiting_for_is_stopped(runner, llm):
+    # Unstopped, the walk would give up on the primary after its 1 s timeout and call the fallback.
+    llm.enqueue(Reply.hang(3))
+    async with runner_client(runner) as client:
+        updates = client.run_step(step_request("mock", USER_HELLO, fallback_providers=["fallback"]), timeout=30)
+        first = await anext(updates)
+        assert first.events[0].event_type == "provider.request"
+        await updates.aclose()
+        await asyncio.sleep(1.8)
+        assert len(llm.requests) == 1, "the stopped step went on to its fallback"
+        # The stream carries on.
+        llm.enqueue(Reply.text("next"))
+        answer = [update async for update in client.run_step(step_request("mock", USER_HELLO), timeout=30)]
+    assert answer[-1].result.outcome == runner_pb2.StepResult.OK
+
+
+async def test_a_step_that_overruns_its_deadline_fails_and_is_stopped(runner, llm):
+    llm.enqueue(Reply.hang(3))
+    async with runner_client(runner) as client:
+        with pytest.raises(RunnerUnreachable, match="longer than 0.5 s"):
+            async for _ in client.run_step(step_request("mock", USER_HELLO, fallback_providers=["fallback"]),
+                                           timeout=0.5):
+                pass
+        await asyncio.sleep(1.5)
+    assert len(llm.requests) == 1, "the step went on after its deadline"
+
+
+async def test_a_runner_shutting_down_finishes_running_steps_then_ends_the_stream(llm, tmp_path):
+    process, address = start_runner(llm, tmp_path)
+    release = threading.Event()
+    llm.enqueue(Reply.held(release))
+    try:
+        async with runner_client(address) as client:
+            running = client.run_step(step_request("mock", USER_HELLO), timeout=30)
+            assert (await anext(running)).events[0].event_type == "provider.request"
+            process.process.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.5)
+            # A step asked for now is refused (or finds the stream ended): it never runs.
+            with pytest.raises(RunnerUnreachable, match="shutting down"):
+                async for _ in client.run_step(step_request("mock", USER_HELLO), timeout=30):
+                    pass
+            release.set()
+            rest = [update async for update in running]
+            assert rest[-1].result.outcome == runner_pb2.StepResult.OK
+            started = time.monotonic()
+            assert await asyncio.to_thread(process.process.wait, 5) == 0
+            assert time.monotonic() - started < 2, "an idle stream held the shutdown to its budget"
+    finally:
+        release.set()
+        process.stop()
+    assert len(llm.requests) == 1
+
+
+async def test_a_request_too_large_for_the_stream_fails_its_step_alone(runner, llm):
+    huge = [{"role": "user", "content": "x" * MAX_STEP_REQUEST_BYTES}]
+    async with runner_client(runner) as client:
+        with pytest.raises(RunnerUnreachable, match="over the"):
+            async for _ in client.run_step(step_request("mock", huge), timeout=30):
+                pass
+        llm.enqueue(Reply.text("fine"))
+        answer = [update async for update in client.run_step(step_request("mock", USER_HELLO), timeout=30)]
+    assert answer[-1].result.outcome == runner_pb2.StepResult.OK
+    assert len(llm.requests) == 1

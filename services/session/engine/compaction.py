@@ -11,7 +11,8 @@ from bae.protos import runner_pb2
 from services.session.engine.domain import CompactionReason, CompactionTrigger
 from services.session.engine.errors import CompactionFailed
 from services.session.engine.runtime import CompactionBackoff, LiveSession
-from services.session.engine.turn import RunnerUnreachable, Turn
+from services.session.engine.turn import Turn
+from services.session.remote.runner import RunnerUnreachable
 from services.session.store.events import EventView
 from services.session.store.records import ProfileRecord, SessionRecord
 

@@ -47,8 +47,8 @@ from services.session.engine.merge import (
 from services.session.engine.runtime import LiveSession, SessionRuntime
 from services.session.engine.spans import MERGE_INVALID, PROFILE_UNAVAILABLE, session_spans, turn_trace
 from services.session.engine.tasks import TaskOwner
-from services.session.engine.turn import EventItem, RunnerUnreachable, Turn
-from services.session.remote.runner import RunnerClient
+from services.session.engine.turn import EventItem, Turn
+from services.session.remote.runner import RunnerClient, RunnerUnreachable
 from services.session.store.records import ProfileRecord, SessionRecord
 
 log = logging.getLogger("bae.session.engine")

@@ -14,8 +14,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-
 from bae.jsontext import RawJson, dump, load
 from bae.protos import runner_pb2
 from services.session.engine import tools as toolset
@@ -25,7 +23,7 @@ from services.session.engine.gate import ParkedTurn
 from services.session.engine.history import MESSAGE_EVENTS, StepMessages
 from services.session.engine.runtime import LiveSession, SessionRuntime
 from services.session.engine.spans import open_dispatch
-from services.session.remote.runner import RunnerClient
+from services.session.remote.runner import RunnerClient, RunnerUnreachable
 from services.session.store.events import EventView
 from services.session.store.records import ProfileRecord, SessionRecord
 
@@ -40,10 +38,6 @@ UNAVAILABLE_MESSAGE = {
 }
 
 EventItem = tuple[str, dict | RawJson]
-
-
-class RunnerUnreachable(Exception):
-    """The runner call itself failed (not a provider): the step produced no result."""
 
 
 @dataclass
@@ -233,9 +227,9 @@ class Turn:
             min_max_tokens=min_max_tokens,
         )
         result = None
-        call = self.runner.RunStep(request, timeout=STEP_DEADLINE)
+        updates = self.runner.run_step(request, timeout=STEP_DEADLINE)
         try:
-            async for update in call:
+            async for update in updates:
                 for step_event in update.events:
                     # Stored and sent as the runner wrote it: never re-serialized here.
                     event = (step_event.event_type, RawJson(step_event.payload_json))
@@ -245,12 +239,12 @@ class Turn:
                         await self.emit([event])
                 if update.HasField("result"):
                     result = update.result
-        except grpc.aio.AioRpcError as exc:
+        except RunnerUnreachable as exc:
             await self.settle()  # a failed write of what came before is the turn's error, not this
-            log.error("runner call for session %s failed: %s %s", self.session_id, exc.code().name, exc.details())
-            raise RunnerUnreachable(exc.code().name) from exc
+            log.error("runner step for session %s failed: %s", self.session_id, exc)
+            raise
         finally:
-            await call.aclose()  # stops the step when an emit failed; nothing to do once it ended
+            await updates.aclose()  # stops the step when an emit failed; nothing to do once it ended
         if result is None:
             raise RunnerUnreachable("the step ended without a result")
         if result.outcome == runner_pb2.StepResult.OK:
