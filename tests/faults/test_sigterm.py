@@ -1,9 +1,11 @@
-"""SIGTERM to the session service with a turn in flight (shutdown phases, SERVER-SPEC §1.2).
+"""SIGTERM to the session service, or the runner, with a turn in flight (shutdown phases, SERVER-SPEC §1.2).
 
 The service stops accepting, lets the running turn finish within
 BAE_SHUTDOWN_TIMEOUT, then tears down: every event of the turn is there
 exactly once, the session stays open, and it serves the next turn after a
-restart. A turn that outlives the budget is cancelled between events.
+restart. A turn that outlives the budget is cancelled between events. The
+runner finishes the step it is running, then ends the session service's
+step stream without waiting out its budget.
 """
 
 from __future__ import annotations
@@ -107,3 +109,23 @@ def test_a_turn_past_the_shutdown_budget_is_cut_between_events(start_stack, mock
     assert session_state(stack, sid) == "open"
     assert next_turn_text(stack, mock, sid, skey, "recovered") == "recovered"
     assert_no_container_left(stack)
+
+
+def test_sigterm_to_the_runner_lets_its_running_step_finish(start_stack, mock):
+    stack, sid, skey, thread, outcome, before = turn_in_flight(start_stack, mock, shutdown_timeout="20", hang=1.5)
+
+    started = time.monotonic()
+    stack.stack.restart("runner")  # SIGTERM; returns once the new process serves
+    # Held open, the step stream would have kept the old runner up for its whole budget (20 s).
+    assert time.monotonic() - started < 12
+    thread.join(30)
+
+    events = assert_history_kept(stack, sid, skey, before)
+    assert types(turn_events(events)) == ["client.message.send", "provider.request", "provider.response",
+                                          "server.message.send"]
+    assert "frames" in outcome and result(outcome["frames"])["message"]["content"][0]["text"] == "ok"
+    assert session_state(stack, sid) == "open"
+
+    # The next step goes to the new runner on a stream of its own.
+    mock.enqueue(Reply.text("new runner"))
+    assert result(send(stack, sid, skey, "next"))["message"]["content"][0]["text"] == "new runner"
