@@ -39,17 +39,18 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
     async def RunSteps(
         self, calls: AsyncIterator[runner_pb2.StepCall], context: grpc.aio.ServicerContext
     ) -> None:
-        """Serve one caller's steps until it stops writing, or, once draining, until its steps are done."""
+        """Serve one caller's steps until it stops writing and they are done, or, once draining, until they are done."""
         async with _StepStream(self, context) as stream:
             reading = asyncio.ensure_future(stream.read(calls))
             drained = asyncio.ensure_future(self._drained(stream))
             try:
                 await asyncio.wait((reading, drained), return_when=asyncio.FIRST_COMPLETED)
+                if reading.done():
+                    reading.result()  # a stream that broke ends the call with its error
+                    await stream.idle()  # the caller only stopped writing: its running steps finish
             finally:
                 reading.cancel()
                 drained.cancel()
-            if reading.done() and not reading.cancelled():
-                reading.result()  # a stream that broke ends the call with its error
 
     async def drain(self, budget: float) -> None:
         """Shutdown: refuse new steps; each stream ends once its running steps are done."""

@@ -14,7 +14,8 @@ from typing import AsyncIterator, Iterator
 
 import pytest
 
-from bae.protos import runner_pb2
+from bae.grpcutil import channel as internal_channel
+from bae.protos import runner_pb2, runner_pb2_grpc
 from conftest import free_port, mock_provider_toml
 from mockllm import MockLLM, Reply
 from processes import TEST_PLANE, ServiceProcess, service_env
@@ -571,3 +572,15 @@ async def test_a_request_too_large_for_the_stream_fails_its_step_alone(runner, l
         answer = [update async for update in client.run_step(step_request("mock", USER_HELLO), timeout=30)]
     assert answer[-1].result.outcome == runner_pb2.StepResult.OK
     assert len(llm.requests) == 1
+
+
+async def test_a_caller_that_stops_writing_still_gets_its_running_steps_answered(runner, llm):
+    llm.enqueue(Reply.text("half-closed"))
+    start = runner_pb2.StepStart(request=step_request("mock", USER_HELLO))
+    async with internal_channel(runner, TEST_PLANE) as channel:
+        # The request iterator ends after the start: the client half-closes at once.
+        call = runner_pb2_grpc.RunnerStub(channel).RunSteps(iter([runner_pb2.StepCall(step_id=7, start=start)]),
+                                                            timeout=30)
+        replies = [reply async for reply in call]
+    assert {reply.step_id for reply in replies} == {7}
+    assert json.loads(replies[-1].update.result.message_json)["content"] == [{"type": "text", "text": "half-closed"}]
