@@ -389,6 +389,33 @@ def test_a_subagent_survives_a_session_service_restart(start_stack, mock, image)
     driver.close()
 
 
+def test_a_host_silent_at_start_up_is_reconciled_once_it_answers(start_stack, mock, image):
+    mock.reset()
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), **overrides())
+    driver = Driver(stack, image)
+    started = launch(driver, mock, "sleep 4\nprint after the thaw")["result"]
+    session = stack.stack.processes["session"]
+    session.send_signal(signal.SIGKILL)
+    session.wait(10)
+    host = stack.stack.processes["sandbox"]
+    host.send_signal(signal.SIGSTOP)  # the restarted service finds the host silent
+    try:
+        stack.stack.restart("session")
+    finally:
+        host.send_signal(signal.SIGCONT)
+    # The next health poll sees the host up: its sandbox and subagent are taken back then.
+    completed = driver.wait_for("session.subagent.completed", timeout=30)
+    assert completed["payload"]["subagent_id"] == started["subagent_id"]
+    driver.ok("session.registerDriver")
+    report, _ = status(driver, mock, started["subagent_id"])
+    assert report["subagents"][0]["stdout"] == "after the thaw\n"
+    assert driver.ok("session.execRemoteSandbox", {"command": "echo still mine"})["stdout"] == "still mine\n"
+    events = driver.events()
+    assert types(events).count("session.subagent.completed") == 1
+    assert "session.sandbox.start" not in types(events[types(events).index("session.subagent.completed"):])
+    driver.close()
+
+
 def test_orphan_sandboxes_are_stopped_at_start_up(start_stack, mock, image):
     mock.reset()
     stack = start_stack(config_toml=mock_provider_toml(mock.base_url), **overrides())

@@ -108,6 +108,8 @@ class SessionRuntime:
         self.peers = Peers(InternalPlane.of(settings), settings.rpc_timeout)
         # Sandbox stops of closed sessions that outlasted their close's wait (see `close`).
         self.closing = TaskOwner("closing")
+        # Reconciliations of sandbox hosts first seen up after start-up.
+        self._reconciling = TaskOwner("reconcile")
         self.sandboxes: SandboxPool | None = (
             SandboxPool(
                 settings.sandbox_grpc_addrs, settings.rpc_timeout, InternalPlane.of(settings),
@@ -384,19 +386,27 @@ class SessionRuntime:
                 if profile.available_sandboxes:
                     self.provision(profile)
             await self.reconcile()
+            # A host that was down or silent just now is reconciled when it is first seen up.
+            self.sandboxes.on_uninventoried_up = self._reconcile_late
 
-    async def reconcile(self, only_session: str | None = None) -> None:
+    def _reconcile_late(self) -> None:
+        self._reconciling.spawn(self.reconcile(uninventoried_only=True), name="hosts")
+
+    async def reconcile(self, only_session: str | None = None, *, uninventoried_only: bool = False) -> None:
         """Adopt the sandboxes and subagents of open sessions this replica owns that the hosts
         still run (a restart or a takeover leaves them running), and stop the containers of
-        sessions that are closed, failed or unknown. Sessions other replicas own are theirs."""
+        sessions that are closed, failed or unknown. Sessions other replicas own are theirs.
+        `uninventoried_only` limits it to hosts no reconciliation has covered yet."""
         assert self.sandboxes is not None
-        for host, sandboxes, commands in await self.sandboxes.inventory():
+        for host, sandboxes, commands in await self.sandboxes.inventory(uninventoried_only=uninventoried_only):
             for info in sandboxes:
                 if only_session is not None and info.session_id != only_session:
                     continue
                 handle = SandboxHandle(host=host, sandbox_id=info.sandbox_id, image=info.image)
                 session = await self.store.get_session(info.session_id)
                 live = self.sessions.get(info.session_id)
+                if live is not None and live.sandbox is not None and live.sandbox.sandbox_id == info.sandbox_id:
+                    continue  # already this session's sandbox
                 keep = (
                     session is not None
                     and session.state == SessionState.OPEN
@@ -414,6 +424,8 @@ class SessionRuntime:
                 try:
                     live = await self.attach(info.session_id)
                 except (SessionNotOpen, NotOwner):
+                    continue
+                if live.sandbox is not None:  # the session started another one meanwhile
                     continue
                 live.sandbox = handle
                 self.sandboxes.adopt(info.session_id, handle)
@@ -437,7 +449,7 @@ class SessionRuntime:
             elif event["event_type"] != "session.subagent.running":
                 launched.pop(subagent_id, None)  # it ended
         for subagent_id, entry in launched.items():
-            if subagent_id in command_ids:
+            if subagent_id in command_ids and subagent_id not in live.subagents.entries:
                 live.subagents.entries[subagent_id] = entry
                 live.tasks.spawn(subagent_calls.watch(self, live, entry), name=f"subagent:{subagent_id}")
                 log.info("re-attached subagent %s of session %s", subagent_id, live.session_id)
@@ -454,6 +466,7 @@ class SessionRuntime:
         if self.sandbox_discovery is not None:
             await self.sandbox_discovery.close()
         await self.closing.cancel()  # what `drain` left: those containers are stopped at the next start
+        await self._reconciling.cancel()
         while self.sessions:
             _, live = self.sessions.popitem()
             await self._teardown(live)

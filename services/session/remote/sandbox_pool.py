@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -76,6 +76,8 @@ class _Host:
         self.up: bool | None = None  # None until the first poll answers or fails
         self.running = 0
         self.images_version = -1  # the version of the allowed images this host last received
+        # Whether an inventory (reconciliation) has covered this host since it was added.
+        self.inventoried = False
 
 
 class SandboxPool:
@@ -109,6 +111,9 @@ class SandboxPool:
         # The images hosts may pull and start (every image some profile declares), and its version.
         self._images: tuple[str, ...] = ()
         self._images_version = 0
+        # Called when a host no inventory has covered yet is seen up: a host down or silent at
+        # start-up still holds the sandboxes and subagents of open sessions.
+        self.on_uninventoried_up: Callable[[], None] | None = None
         self.set_addrs(addrs)
 
     # -- hosts and health -------------------------------------------------------------------
@@ -148,6 +153,8 @@ class SandboxPool:
             up = False
         if up != host.up:
             log.log(logging.INFO if up else logging.WARNING, "sandbox host %s is %s", host.address, "up" if up else "down")
+            if up and host.up is False and not host.inventoried and self.on_uninventoried_up is not None:
+                self.on_uninventoried_up()
         host.up = up
 
     async def _healthy(self) -> list[_Host]:
@@ -297,16 +304,22 @@ class SandboxPool:
         request = sandbox_pb2.KillCommandRequest(command_id=command_id)
         return await self._call(self._address(host), "KillCommand", request, self._rpc_timeout)
 
-    async def inventory(self) -> list[tuple[str, list[sandbox_pb2.SandboxInfo], list[sandbox_pb2.CommandStatus]]]:
-        """Each reachable host's sandboxes and background commands (reconciliation at start-up)."""
+    async def inventory(
+        self, *, uninventoried_only: bool = False
+    ) -> list[tuple[str, list[sandbox_pb2.SandboxInfo], list[sandbox_pb2.CommandStatus]]]:
+        """Each reachable host's sandboxes and background commands (reconciliation); with
+        `uninventoried_only`, only the hosts no inventory has covered yet."""
         found = []
         for host in await self._healthy():
+            if uninventoried_only and host.inventoried:
+                continue
             try:
                 sandboxes = await self._call(host, "List", sandbox_pb2.ListRequest(), self._rpc_timeout)
                 commands = await self._call(host, "ListCommands", sandbox_pb2.ListCommandsRequest(), self._rpc_timeout)
             except SandboxError as exc:
                 log.warning("sandbox host %s: inventory failed: %s", host.address, exc.detail)
                 continue
+            host.inventoried = True
             found.append((host.address, list(sandboxes.sandboxes), list(commands.commands)))
         return found
 
