@@ -370,7 +370,8 @@ def test_close_cancels_running_subagents_before_the_sandbox_stops(stack, mock, i
     assert tail[1]["payload"]["reason"] == "session_close"
 
 
-def test_a_subagent_survives_a_session_service_restart(start_stack, mock, image):
+@pytest.mark.parametrize("host_silent", [False, True], ids=["host answering", "host silent at start-up"])
+def test_a_subagent_survives_a_session_service_restart(start_stack, mock, image, host_silent):
     mock.reset()
     stack = start_stack(config_toml=mock_provider_toml(mock.base_url), **overrides())
     driver = Driver(stack, image)
@@ -378,7 +379,13 @@ def test_a_subagent_survives_a_session_service_restart(start_stack, mock, image)
     session = stack.stack.processes["session"]
     session.send_signal(signal.SIGKILL)
     session.wait(10)
-    stack.stack.restart("session")
+    host = stack.stack.processes["sandbox"]
+    if host_silent:  # the restarted service finds the host frozen; the next health poll sees it up
+        host.send_signal(signal.SIGSTOP)
+    try:
+        stack.stack.restart("session")
+    finally:
+        host.send_signal(signal.SIGCONT)
     completed = driver.wait_for("session.subagent.completed", timeout=30)
     assert completed["payload"]["subagent_id"] == started["subagent_id"]
     driver.ok("session.registerDriver")
@@ -386,33 +393,9 @@ def test_a_subagent_survives_a_session_service_restart(start_stack, mock, image)
     assert report["subagents"][0]["stdout"] == "after the restart\n"
     # The sandbox was re-attached too: it still runs commands without a new start.
     assert driver.ok("session.execRemoteSandbox", {"command": "echo still mine"})["stdout"] == "still mine\n"
-    driver.close()
-
-
-def test_a_host_silent_at_start_up_is_reconciled_once_it_answers(start_stack, mock, image):
-    mock.reset()
-    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), **overrides())
-    driver = Driver(stack, image)
-    started = launch(driver, mock, "sleep 4\nprint after the thaw")["result"]
-    session = stack.stack.processes["session"]
-    session.send_signal(signal.SIGKILL)
-    session.wait(10)
-    host = stack.stack.processes["sandbox"]
-    host.send_signal(signal.SIGSTOP)  # the restarted service finds the host silent
-    try:
-        stack.stack.restart("session")
-    finally:
-        host.send_signal(signal.SIGCONT)
-    # The next health poll sees the host up: its sandbox and subagent are taken back then.
-    completed = driver.wait_for("session.subagent.completed", timeout=30)
-    assert completed["payload"]["subagent_id"] == started["subagent_id"]
-    driver.ok("session.registerDriver")
-    report, _ = status(driver, mock, started["subagent_id"])
-    assert report["subagents"][0]["stdout"] == "after the thaw\n"
-    assert driver.ok("session.execRemoteSandbox", {"command": "echo still mine"})["stdout"] == "still mine\n"
-    events = driver.events()
-    assert types(events).count("session.subagent.completed") == 1
-    assert "session.sandbox.start" not in types(events[types(events).index("session.subagent.completed"):])
+    kinds = types(driver.events())
+    assert kinds.count("session.subagent.completed") == 1
+    assert kinds.count("session.sandbox.start") == 1
     driver.close()
 
 
