@@ -118,13 +118,19 @@ async def serve(
     """
     server = grpc.aio.server(
         interceptors=[*plane.server_interceptors(), ProblemInterceptor()],
-        options=[*MESSAGE_SIZE_OPTIONS, *plane.server_options()],
+        # gRPC shares a port with another process that binds it too (SO_REUSEPORT) and splits the
+        # connections between them; a port already in use must fail the start instead.
+        options=[*MESSAGE_SIZE_OPTIONS, *plane.server_options(), ("grpc.so_reuseport", 0)],
     )
     services = list(register(server))
     server.add_generic_rpc_handlers((telemetry.metrics_rpc_handler(),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if server.add_insecure_port(address) == 0:
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError:  # what grpcio raises when the address is in use
+        bound = 0
+    if bound == 0:
         raise OSError(f"{name}: cannot bind gRPC address {address}")
     if report_health is None:
         for service in ["", *services]:

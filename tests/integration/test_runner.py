@@ -584,3 +584,16 @@ async def test_a_caller_that_stops_writing_still_gets_its_running_steps_answered
         replies = [reply async for reply in call]
     assert {reply.step_id for reply in replies} == {7}
     assert json.loads(replies[-1].update.result.message_json)["content"] == [{"type": "text", "text": "half-closed"}]
+
+
+def test_a_second_runner_on_a_port_in_use_fails_to_start(runner, llm, tmp_path):
+    # Sharing the port would split the session service's connections between the two.
+    env = service_env(BAE_RUNNER_GRPC_ADDR=runner, MOCK_LLM_TOKEN=TOKEN)
+    (tmp_path / "bae-config.toml").write_text(runner_config(llm.base_url))
+    second = ServiceProcess("services.runner", "--config", str(tmp_path / "bae-config.toml"), env=env,
+                            log_path=tmp_path / "second.log")
+    try:
+        assert second.process.wait(30) == 1
+    finally:
+        second.stop()
+    assert "cannot bind gRPC address" in second.log_path.read_text()
