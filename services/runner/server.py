@@ -9,11 +9,11 @@ from typing import AsyncIterator
 import grpc
 
 from bae import callcontext
+from bae.call_tasks import CallTasks, serve_until_done
 from bae.config import Config
 from bae.errors import Problem, bad_request
 from bae.jsontext import RawJson, dump, load
 from bae.protos import runner_pb2, runner_pb2_grpc
-from bae.stream_writer import StreamWriter
 from services.runner.canonical import History
 from services.runner.clients import ProviderClients
 from services.runner.walk import PROVIDER_REQUEST, StepEvent, StepOutcome, StepSpec, run_step
@@ -40,17 +40,8 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
         self, calls: AsyncIterator[runner_pb2.StepCall], context: grpc.aio.ServicerContext
     ) -> None:
         """Serve one caller's steps until it stops writing and they are done, or, once draining, until they are done."""
-        async with _StepStream(self, context) as stream:
-            reading = asyncio.ensure_future(stream.read(calls))
-            drained = asyncio.ensure_future(self._drained(stream))
-            try:
-                await asyncio.wait((reading, drained), return_when=asyncio.FIRST_COMPLETED)
-                if reading.done():
-                    reading.result()  # a stream that broke ends the call with its error
-                    await stream.idle()  # the caller only stopped writing: its running steps finish
-            finally:
-                reading.cancel()
-                drained.cancel()
+        async with CallTasks(context.write) as steps:
+            await serve_until_done(_StepStream(self, steps).read(calls), steps, self._draining)
 
     async def drain(self, budget: float) -> None:
         """Shutdown: refuse new steps; each stream ends once its running steps are done."""
@@ -59,10 +50,6 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
     @property
     def draining(self) -> bool:
         return self._draining.is_set()
-
-    async def _drained(self, stream: "_StepStream") -> None:
-        await self._draining.wait()
-        await stream.idle()
 
     async def walk(self, step: runner_pb2.StepStart) -> AsyncIterator[runner_pb2.StepUpdate]:
         """One step's updates: an update as each provider call starts, and one with the result."""
@@ -79,69 +66,38 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
 
 
 class _StepStream:
-    """One caller's stream: a task per running step, and a writer that sends their replies in turn.
+    """One caller's stream: a task per running step; replies of different steps interleave."""
 
-    As an async context manager it owns its tasks: the steps still running are cancelled
-    when the stream ends, as a step's call used to be when its caller went away.
-    """
-
-    def __init__(self, service: RunnerService, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, service: RunnerService, steps: CallTasks) -> None:
         self._service = service
-        self._writer = StreamWriter(context.write, lambda exc: log.debug("a step stream ended: %s", exc))
-        self._steps: dict[int, asyncio.Task[None]] = {}
-        self._none_running = asyncio.Event()
-        self._none_running.set()
-
-    async def __aenter__(self) -> "_StepStream":
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        steps = list(self._steps.values())
-        for task in steps:
-            task.cancel()
-        await asyncio.gather(*steps, return_exceptions=True)
-        if exc_type is None:  # the stream ends in order: what the steps answered goes out first
-            await self._writer.flush()
-        await self._writer.close()
+        self.steps = steps
 
     async def read(self, calls: AsyncIterator[runner_pb2.StepCall]) -> None:
         async for call in calls:
             kind = call.WhichOneof("kind")
             if kind == "start":
                 self._start(call.step_id, call.start)
-            elif kind == "cancel" and (task := self._steps.get(call.step_id)) is not None:
-                task.cancel()
-
-    async def idle(self) -> None:
-        await self._none_running.wait()
+            elif kind == "cancel":
+                self.steps.cancel(call.step_id)
 
     def _start(self, step_id: int, start: runner_pb2.StepStart) -> None:
         if self._service.draining:
-            self._writer.send(runner_pb2.StepReply(step_id=step_id, refused=SHUTTING_DOWN))
-            return
-        if step_id in self._steps:
-            self._writer.send(runner_pb2.StepReply(step_id=step_id, refused=f"step {step_id} is already running"))
-            return
-        task = asyncio.ensure_future(self._run(step_id, start))
-        self._steps[step_id] = task
-        self._none_running.clear()
-        task.add_done_callback(lambda _: self._ended(step_id))
-
-    def _ended(self, step_id: int) -> None:
-        self._steps.pop(step_id, None)
-        if not self._steps:
-            self._none_running.set()
+            self.steps.send(runner_pb2.StepReply(step_id=step_id, refused=SHUTTING_DOWN))
+        elif step_id in self.steps:
+            self.steps.send(runner_pb2.StepReply(step_id=step_id, refused=f"step {step_id} is already running"))
+        else:
+            self.steps.start(step_id, self._run(step_id, start))
 
     async def _run(self, step_id: int, start: runner_pb2.StepStart) -> None:
         callcontext.bind_incoming(list(start.context.items()))  # this task's own request id and trace
         try:
             async for update in self._service.walk(start):
-                self._writer.send(runner_pb2.StepReply(step_id=step_id, update=update))
+                self.steps.send(runner_pb2.StepReply(step_id=step_id, update=update))
         except Problem as problem:  # an invalid request: the step fails, not the stream
-            self._writer.send(runner_pb2.StepReply(step_id=step_id, refused=problem.detail))
+            self.steps.send(runner_pb2.StepReply(step_id=step_id, refused=problem.detail))
         except Exception:
             log.exception("step %d failed", step_id)
-            self._writer.send(runner_pb2.StepReply(step_id=step_id, refused="the runner failed the step (see its log)"))
+            self.steps.send(runner_pb2.StepReply(step_id=step_id, refused="the runner failed the step (see its log)"))
 
 
 def step_spec(request: runner_pb2.StepRequest) -> StepSpec:
