@@ -43,11 +43,7 @@ class ProblemInterceptor(grpc.aio.ServerInterceptor):
             inner = handler.unary_unary
 
             async def unary(request, context):
-                bind_incoming(metadata)
-                try:
-                    return await inner(request, context)
-                except Problem as problem:
-                    await _abort(context, problem)
+                return await serve_unary(inner, request, context, metadata)
 
             return grpc.unary_unary_rpc_method_handler(
                 unary, handler.request_deserializer, handler.response_serializer
@@ -67,6 +63,16 @@ class ProblemInterceptor(grpc.aio.ServerInterceptor):
                 stream, handler.request_deserializer, handler.response_serializer
             )
         return handler
+
+
+async def serve_unary(inner, request, context, metadata):
+    """A unary handler's call, as ProblemInterceptor serves it: with the caller's request id and
+    trace context bound, and a raised `Problem` ending it as a status and `bae-problem` trailer."""
+    bind_incoming(metadata)
+    try:
+        return await inner(request, context)
+    except Problem as problem:
+        await _abort(context, problem)
 
 
 async def _abort(context: grpc.aio.ServicerContext, problem: Problem) -> None:

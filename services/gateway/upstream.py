@@ -18,6 +18,7 @@ from bae.grpcutil import channel
 from bae.internal import InternalPlane
 from bae.protos import session_pb2, session_pb2_grpc
 from bae.session_routing import REDIRECTED_KEY, owner_of
+from services.gateway.exchange import ExchangeChannel
 
 log = logging.getLogger("bae.gateway")
 
@@ -99,7 +100,10 @@ class Upstream:
         if chan is None:
             # A configured host name may stand for several replicas: balance over its addresses.
             balanced = address in self.targets and _is_host_name(address)
-            chan = self._channels[address] = channel(address, self._plane, balanced=balanced)
+            chan = channel(address, self._plane, balanced=balanced)
+            if not balanced:  # a stream stays with one replica: a balanced target's calls would all go to it
+                chan = ExchangeChannel(chan)
+            self._channels[address] = chan
             self._stubs[address] = session_pb2_grpc.SessionServiceStub(chan)
         return chan
 

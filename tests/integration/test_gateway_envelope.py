@@ -7,6 +7,7 @@ httpx); the gateway is the real `python -m services.gateway` subprocess.
 from __future__ import annotations
 
 import json
+import queue
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from typing import Callable, Iterator
 import grpc
 import httpx
 import pytest
+from google.protobuf.message_factory import GetMessageClass
 
 from bae.errors import PROBLEM_TRAILER, Problem, unauthorized
 from bae.protos import session_pb2, session_pb2_grpc
@@ -48,6 +50,25 @@ def abort_with(context: grpc.ServicerContext, problem: Problem) -> None:
     context.abort(problem.grpc_code, problem.detail)
 
 
+class ExchangedContext:
+    """The servicer context of a call served on the Exchange stream: what the double's handlers use."""
+
+    class Aborted(Exception):
+        pass
+
+    def __init__(self) -> None:
+        self.trailing: tuple = ()
+        self.code = grpc.StatusCode.OK
+        self.details = ""
+
+    def set_trailing_metadata(self, metadata) -> None:
+        self.trailing = metadata
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.code, self.details = code, details
+        raise self.Aborted()
+
+
 class SessionDouble(session_pb2_grpc.SessionServiceServicer):
     """Records every request; answers by convention or by a per-test `rest_replies` entry.
 
@@ -68,6 +89,43 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
             setattr(self, name, self._unary_handler(name))
         for name in STREAM_RPCS:
             setattr(self, name, self._stream_handler(name))
+
+    def Exchange(self, calls, context):
+        """The gateway's unary calls on one stream, each in a thread of its own as its call would be."""
+        outcomes: queue.Queue = queue.Queue()
+
+        def read() -> None:
+            serving = []
+            try:
+                for call in calls:
+                    if call.HasField("start"):
+                        serving.append(threading.Thread(target=lambda c=call: outcomes.put(self._exchanged(c))))
+                        serving[-1].start()
+            except grpc.RpcError:
+                pass  # the gateway went away
+            for thread in serving:
+                thread.join()
+            outcomes.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        while (outcome := outcomes.get()) is not None:
+            yield outcome
+
+    def _exchanged(self, call: session_pb2.UnaryCall) -> session_pb2.UnaryOutcome:
+        name = call.start.method.rpartition("/")[2]
+        request_type = GetMessageClass(session_pb2.DESCRIPTOR.services_by_name["SessionService"]
+                                       .methods_by_name[name].input_type)
+        context = ExchangedContext()
+        try:
+            reply = getattr(self, name)(request_type.FromString(call.start.request), context)
+        except ExchangedContext.Aborted:
+            return session_pb2.UnaryOutcome(call_id=call.call_id, code=context.code.value[0],
+                                            details=context.details, trailing_metadata=dict(context.trailing))
+        except Exception:
+            return session_pb2.UnaryOutcome(call_id=call.call_id, code=grpc.StatusCode.UNKNOWN.value[0],
+                                            details="Exception calling application")
+        return session_pb2.UnaryOutcome(call_id=call.call_id, reply=reply.SerializeToString(),
+                                        trailing_metadata=dict(context.trailing))
 
     def last(self, rpc: str):
         return [request for name, request in self.requests if name == rpc][-1]

@@ -9,8 +9,6 @@ holds the call exactly inside that window, closes the session over REST, then le
 from __future__ import annotations
 
 import json
-import queue
-import socket
 import threading
 
 import httpx
@@ -19,48 +17,10 @@ import pytest
 from conftest import launch_stack, mock_provider_toml
 from live import new_session, notifications, register, rpc
 from mockllm import Reply
+from race_holds import RaceHolds
 
 TOKEN = "sk-test-secret-token-123456"
 CLOSED = {"code": -32000, "message": "session is closed, not open"}
-
-
-class RaceHolds:
-    """The test's end of BAE_TEST_HOLD_ADDR: every call that reaches the hold point is let
-    through at once, except the one method and session it was told to hold."""
-
-    def __init__(self) -> None:
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.address = "127.0.0.1:%d" % self._server.getsockname()[1]
-        self._target: tuple[str, str] | None = None
-        self._held: queue.Queue[socket.socket] = queue.Queue()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def hold(self, method: str, session_id: str) -> None:
-        self._target = (method, session_id)
-
-    def wait_held(self) -> socket.socket:
-        """The held call's connection, once the call sits between its check and the live state."""
-        return self._held.get(timeout=10)
-
-    @staticmethod
-    def release(held: socket.socket) -> None:
-        held.sendall(b"go\n")
-        held.close()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return  # closed
-            line = conn.makefile("r").readline().split()
-            if tuple(line) == self._target:
-                self._held.put(conn)
-            else:
-                self.release(conn)
-
-    def close(self) -> None:
-        self._server.close()
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from bae.session_routing import OWNER_KEY, was_redirected
 from services.session.api.admin import AdminApi
 from services.session.api.auth import Authenticator
 from services.session.api.calls import Credential, RestCall
+from services.session.api.exchange import UnaryExchange, unary_handlers
 from services.session.api.faults import rpc_error
 from services.session.api.jsonrpc import ACCEPTED, RpcCall
 from services.session.api.live import LiveApi
@@ -60,6 +61,8 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         self.auth = auth
         self.live = live
         self.sandboxes = sandboxes
+        # Built last: it takes the handlers of this servicer's methods.
+        self.exchange = UnaryExchange(unary_handlers(session_pb2_grpc.add_SessionServiceServicer_to_server, self))
 
     # Client REST.
 
@@ -210,6 +213,9 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
     async def ApplyRevocation(self, request: session_pb2.Revocation, context: Context) -> session_pb2.RevocationReply:
         await self.admin.apply_revocation(request)
         return session_pb2.RevocationReply()
+
+    async def Exchange(self, calls: AsyncIterator[session_pb2.UnaryCall], context: Context) -> None:
+        await self.exchange.serve(calls, context)
 
     # JSON-RPC plumbing: authenticate once (a failure is a Problem: HTTP 401 before
     # any streaming), then map every fault to its error in one place.

@@ -1,0 +1,187 @@
+"""The gateway's unary calls to a session replica on one `Exchange` stream (session.proto).
+
+Through the gateway: a call past its deadline is stopped on the replica too, and a
+replica told to stop answers the calls it took and exits without waiting out its
+budget. Through the gateway's own `ExchangeChannel` against a real session service:
+calls share one stream and each ends as a call of its own would (reply, problem
+trailer, unknown method, oversized request), and a replica killed mid-call fails
+that call and is reached on a new stream once it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+import time
+
+import grpc
+import pytest
+
+from bae.errors import PROBLEM_TRAILER
+from bae.grpcutil import channel as internal_channel
+from bae.protos import session_pb2, session_pb2_grpc
+from conftest import mock_provider_toml
+from live import new_session, rpc
+from processes import TEST_PLANE
+from race_holds import RaceHolds
+from services.gateway.exchange import MAX_REQUEST_BYTES, ExchangeChannel
+
+TOKEN = "sk-test-secret-token-123456"
+
+
+@pytest.fixture
+def holds():
+    holds = RaceHolds()
+    yield holds
+    holds.close()
+
+
+def held_registration(stack, holds, sid, skey):
+    """A registerDriver call through the gateway, held on the replica; returns its thread, its
+    outcome (filled when it ends) and the held connection."""
+    holds.hold("session.registerDriver", sid)
+    outcome: dict = {}
+
+    def call():
+        try:
+            outcome["lines"] = rpc(stack.client, sid, skey, "session.registerDriver")
+        except Exception as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread, outcome, holds.wait_held()
+
+
+def test_a_call_past_the_gateways_deadline_answers_504_and_is_stopped_on_the_replica(start_stack, mock, holds):
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
+                        BAE_TEST_HOLD_ADDR=holds.address, BAE_RPC_TIMEOUT="1")
+    sid, skey, _ = new_session(stack)
+    holds.hold("session.registerDriver", sid)
+    started = time.monotonic()
+    response = stack.client.post(
+        f"/api/v1/sessions/{sid}/rpc", json={"jsonrpc": "2.0", "id": 1, "method": "session.registerDriver"},
+        headers={"Authorization": f"Bearer {skey}"},
+    )
+    assert response.status_code == 504, response.text
+    assert response.json()["type"].endswith("gateway_timeout")
+    assert time.monotonic() - started < 5
+    # The replica cancelled the call: the hold's connection is closed without an answer.
+    held = holds.wait_held()
+    held.settimeout(5)
+    assert held.recv(16) == b""
+    held.close()
+    holds.hold("nothing", "")
+    assert rpc(stack.client, sid, skey, "session.registerDriver")[0]["result"] == {"registered": True}
+
+
+def test_a_replica_told_to_stop_answers_the_calls_it_took_and_exits_without_waiting_out_its_budget(
+    start_stack, mock, holds
+):
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
+                        BAE_TEST_HOLD_ADDR=holds.address, BAE_SHUTDOWN_TIMEOUT="30")
+    sid, skey, _ = new_session(stack)
+    thread, outcome, held = held_registration(stack, holds, sid, skey)
+    session = stack.stack.processes["session"]
+    session.send_signal(signal.SIGTERM)
+    time.sleep(0.5)  # the replica is draining now: it took the held call, it takes no new one
+    RaceHolds.release(held)
+    thread.join(10)
+    assert outcome.get("lines", [{}])[0].get("result") == {"registered": True}, outcome
+    stopping = time.monotonic()
+    assert session.wait(15) == 0
+    assert time.monotonic() - stopping < 10  # not its 30 s budget: the stream ended once drained
+
+
+async def _exchange(address: str):
+    return ExchangeChannel(internal_channel(address, TEST_PLANE))
+
+
+def test_calls_share_one_stream_and_each_ends_as_its_own_call_would(start_stack, mock):
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN)
+    sid, skey, _ = new_session(stack)
+    address = stack.stack.settings.session_grpc_addr
+
+    async def scenario():
+        chan = await _exchange(address)
+        stub = session_pb2_grpc.SessionServiceStub(chan)
+        good = session_pb2.RestRequest(authorization=f"Bearer {skey}", has_authorization=True, path_id=sid,
+                                       query={"limit": "1"})
+        bad = session_pb2.RestRequest(authorization="Bearer nope", has_authorization=True, path_id=sid)
+        calls = [stub.ListEvents(good if i % 2 else bad, timeout=10) for i in range(40)]
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        for i, outcome in enumerate(outcomes):
+            if i % 2:
+                assert json.loads(outcome.json)["items"][0]["event_type"] == "session.open"
+            else:
+                assert isinstance(outcome, grpc.aio.AioRpcError)
+                assert outcome.code() == grpc.StatusCode.UNAUTHENTICATED
+                trailer = dict(outcome.trailing_metadata())[PROBLEM_TRAILER]
+                assert json.loads(trailer)["status"] == 401
+
+        # A request too large for one message fails alone; the stream carries on.
+        huge = session_pb2.RestRequest(body=b"x" * (MAX_REQUEST_BYTES + 1))
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stub.CreateProfile(huge, timeout=10)
+        assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert (await stub.ListEvents(good, timeout=10)).json
+        assert chan.opened_streams == 1
+        await chan.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_unknown_method_on_the_stream_fails_alone(start_stack, mock):
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN)
+    address = stack.stack.settings.session_grpc_addr
+
+    async def scenario():
+        async with internal_channel(address, TEST_PLANE) as chan:
+            stream = session_pb2_grpc.SessionServiceStub(chan).Exchange()
+            calls = [
+                session_pb2.UnaryStart(method="/baeproto.v1.SessionService/SendMessage"),  # not unary
+                session_pb2.UnaryStart(method="/nope/Nope"),
+                session_pb2.UnaryStart(method="/baeproto.v1.SessionService/CheckCredential",
+                                       request=session_pb2.CredentialCheck().SerializeToString()),
+            ]
+            for call_id, start in enumerate(calls, 1):
+                await stream.write(session_pb2.UnaryCall(call_id=call_id, start=start))
+            outcomes = {}
+            while len(outcomes) < len(calls):
+                outcome = await stream.read()
+                outcomes[outcome.call_id] = outcome
+            await stream.done_writing()
+            assert outcomes[1].code == outcomes[2].code == grpc.StatusCode.UNIMPLEMENTED.value[0]
+            assert outcomes[3].code == grpc.StatusCode.UNAUTHENTICATED.value[0]
+            assert json.loads(outcomes[3].trailing_metadata[PROBLEM_TRAILER])["status"] == 401
+            assert await stream.read() == grpc.aio.EOF  # half-closed with nothing running: the stream ends
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_killed_mid_call_fails_the_call_and_is_reached_again_on_a_new_stream(start_stack, mock, holds):
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
+                        BAE_TEST_HOLD_ADDR=holds.address)
+    sid, skey, _ = new_session(stack)
+    address = stack.stack.settings.session_grpc_addr
+    request = session_pb2.RpcRequest(authorization=f"Bearer {skey}", has_authorization=True, session_id=sid)
+    holds.hold("session.registerDriver", sid)
+
+    async def scenario():
+        chan = await _exchange(address)
+        stub = session_pb2_grpc.SessionServiceStub(chan)
+        call = asyncio.ensure_future(stub.RegisterDriver(request, timeout=30))
+        await asyncio.to_thread(holds.wait_held)
+        await asyncio.to_thread(stack.stack.restart, "session", sig=signal.SIGKILL)
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await call
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+        holds.hold("nothing", "")
+        reply = await stub.RegisterDriver(request, timeout=30)
+        assert json.loads(reply.result_json) == {"registered": True}
+        assert chan.opened_streams == 2
+        await chan.close()
+
+    asyncio.run(scenario())
