@@ -22,6 +22,7 @@ import pytest
 from bae.errors import PROBLEM_TRAILER
 from bae.grpcutil import channel as internal_channel
 from bae.protos import session_pb2, session_pb2_grpc
+from bae.stack import grpc_serving
 from conftest import mock_provider_toml
 from live import new_session, rpc
 from processes import TEST_PLANE
@@ -86,7 +87,10 @@ def test_a_replica_told_to_stop_answers_the_calls_it_took_and_exits_without_wait
     thread, outcome, held = held_registration(stack, holds, sid, skey)
     session = stack.stack.processes["session"]
     session.send_signal(signal.SIGTERM)
-    time.sleep(0.5)  # the replica is draining now: it took the held call, it takes no new one
+    deadline = time.monotonic() + 10
+    while grpc_serving(stack.stack.settings.session_grpc_addr):  # draining once it reports so
+        assert time.monotonic() < deadline, "the session service did not start to drain"
+        time.sleep(0.05)
     RaceHolds.release(held)
     thread.join(10)
     assert outcome.get("lines", [{}])[0].get("result") == {"registered": True}, outcome
