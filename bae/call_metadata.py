@@ -14,6 +14,8 @@ from typing import Any, Callable, Sequence
 
 import grpc
 
+from bae.channel_wrapper import ChannelWrapper
+
 Metadata = Sequence[tuple[str, str | bytes]]
 AddMetadata = Callable[[Metadata | None], Metadata]
 
@@ -32,11 +34,11 @@ class _AddingMetadata:
         return self._call(request, metadata=self._add(metadata), **kwargs)
 
 
-class MetadataChannel(grpc.aio.Channel):
+class MetadataChannel(ChannelWrapper):
     """Wraps `channel`; everything but the multicallables is the wrapped channel's own."""
 
     def __init__(self, channel: grpc.aio.Channel, add: AddMetadata) -> None:
-        self._channel = channel
+        super().__init__(channel)
         self._add = add
 
     def unary_unary(self, *args: Any, **kwargs: Any) -> Any:
@@ -50,21 +52,3 @@ class MetadataChannel(grpc.aio.Channel):
 
     def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
         return _AddingMetadata(self._channel.stream_stream(*args, **kwargs), self._add)
-
-    async def close(self, grace: float | None = None) -> None:
-        await self._channel.close(grace)
-
-    def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
-        return self._channel.get_state(try_to_connect)
-
-    async def wait_for_state_change(self, last_observed_state: grpc.ChannelConnectivity) -> None:
-        await self._channel.wait_for_state_change(last_observed_state)
-
-    async def channel_ready(self) -> None:
-        await self._channel.channel_ready()
-
-    async def __aenter__(self) -> "MetadataChannel":
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close(None)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Generator
 import grpc
 
 from bae import callcontext
+from bae.channel_wrapper import ChannelWrapper
 from bae.grpcutil import MAX_MESSAGE_BYTES
 from bae.protos import session_pb2, session_pb2_grpc
 from bae.stream_writer import StreamWriter
@@ -40,12 +41,12 @@ _NO_METADATA = grpc.aio.Metadata()
 _EXCHANGED = f"/{session_pb2.DESCRIPTOR.services_by_name['SessionService'].full_name}/"
 
 
-class ExchangeChannel(grpc.aio.Channel):
+class ExchangeChannel(ChannelWrapper):
     """Wraps `channel`: SessionService's unary calls go on the Exchange stream, everything else is the
     channel's own."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
-        self._channel = channel
+        super().__init__(channel)
         self._open_call = session_pb2_grpc.SessionServiceStub(channel).Exchange
         self._stream: _Exchange | None = None
         self._call_ids = itertools.count(1)
@@ -64,34 +65,10 @@ class ExchangeChannel(grpc.aio.Channel):
             return self._channel.unary_unary(method, request_serializer, response_deserializer, *args, **kwargs)
         return _UnaryMethod(self, method, request_serializer, response_deserializer)
 
-    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:
-        return self._channel.unary_stream(*args, **kwargs)
-
-    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
-        return self._channel.stream_unary(*args, **kwargs)
-
-    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
-        return self._channel.stream_stream(*args, **kwargs)
-
     async def close(self, grace: float | None = None) -> None:
         if self._stream is not None:
             await self._stream.close()
-        await self._channel.close(grace)
-
-    def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
-        return self._channel.get_state(try_to_connect)
-
-    async def wait_for_state_change(self, last_observed_state: grpc.ChannelConnectivity) -> None:
-        await self._channel.wait_for_state_change(last_observed_state)
-
-    async def channel_ready(self) -> None:
-        await self._channel.channel_ready()
-
-    async def __aenter__(self) -> "ExchangeChannel":
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close(None)
+        await super().close(grace)
 
     def start(self, start: session_pb2.UnaryStart) -> tuple["_Exchange", int, asyncio.Future]:
         """Send a call on the open stream (opening one if none is); its outcome comes in the future."""
