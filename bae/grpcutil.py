@@ -52,12 +52,8 @@ class ProblemInterceptor(grpc.aio.ServerInterceptor):
             inner_stream = handler.unary_stream
 
             async def stream(request, context):
-                bind_incoming(metadata)
-                try:
-                    async for item in inner_stream(request, context):
-                        yield item
-                except Problem as problem:
-                    await _abort(context, problem)
+                async for item in serve_stream(inner_stream, request, context, metadata):
+                    yield item
 
             return grpc.unary_stream_rpc_method_handler(
                 stream, handler.request_deserializer, handler.response_serializer
@@ -71,6 +67,16 @@ async def serve_unary(inner, request, context, metadata):
     bind_incoming(metadata)
     try:
         return await inner(request, context)
+    except Problem as problem:
+        await _abort(context, problem)
+
+
+async def serve_stream(inner, request, context, metadata):
+    """A server-streaming handler's call, served as `serve_unary` serves a unary one."""
+    bind_incoming(metadata)
+    try:
+        async for item in inner(request, context):
+            yield item
     except Problem as problem:
         await _abort(context, problem)
 

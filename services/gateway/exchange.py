@@ -1,13 +1,15 @@
-"""A channel to one session replica whose unary calls share one long-lived `Exchange` stream.
+"""A channel to one session replica whose calls share one long-lived `Exchange` stream.
 
-A unary call of its own cost the gateway and the session service more CPU than an
+A call of its own cost the gateway and the session service more CPU than an
 authenticated `GET …/events` does in all (its setup and teardown on both ends,
 against one message each way on an open stream). So `ExchangeChannel` sends every
-unary call on one stream per replica, told apart by call id, and the generated stub
-built on it is used as on any channel: a call is awaited for its reply, and a failed
-one raises `grpc.aio.AioRpcError` with the status and trailing metadata the replica
-answered (its `bae-problem`, its `bae-session-owner`). Streaming calls (turns,
-subscriptions, relays) keep calls of their own: their flow control is per call.
+SessionService call on one stream per replica, told apart by call id, and the
+generated stub built on it is used as on any channel: a unary call is awaited for
+its reply, a streaming one is read to `grpc.aio.EOF`, and a failed one raises
+`grpc.aio.AioRpcError` with the status and trailing metadata the replica answered
+(its `bae-problem`, its `bae-session-owner`). A streaming call's messages are
+credited back as they are read, so a client that stops reading holds back its own
+call only.
 
 The stream is opened on first use and again after it ended. A call whose stream
 breaks fails with the stream's status, as a call cut off mid-way does; a call the
@@ -37,13 +39,17 @@ log = logging.getLogger("bae.gateway")
 MAX_REQUEST_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _NO_METADATA = grpc.aio.Metadata()
+# Stands for a cancelled streaming call among its replies.
+_CANCELLED = object()
+# A streaming call's reader grants credit back after this many messages: half the replica's window.
+_CREDIT_EVERY = session_pb2.EXCHANGE_WINDOW // 2
 # The methods the replica serves on the stream: its own (health checks keep calls of their own).
 _EXCHANGED = f"/{session_pb2.DESCRIPTOR.services_by_name['SessionService'].full_name}/"
 
 
 class ExchangeChannel(ChannelWrapper):
-    """Wraps `channel`: SessionService's unary calls go on the Exchange stream, everything else is the
-    channel's own."""
+    """Wraps `channel`: SessionService's calls go on the Exchange stream, everything else (health
+    checks, the stream itself) is the channel's own."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         super().__init__(channel)
@@ -63,15 +69,29 @@ class ExchangeChannel(ChannelWrapper):
     ) -> Any:
         if not method.startswith(_EXCHANGED) or request_serializer is None or response_deserializer is None:
             return self._channel.unary_unary(method, request_serializer, response_deserializer, *args, **kwargs)
-        return _UnaryMethod(self, method, request_serializer, response_deserializer)
+        return _Method(self, method, request_serializer, response_deserializer, ExchangedCall)
+
+    def unary_stream(
+        self,
+        method: str,
+        request_serializer: Callable[[Any], bytes] | None = None,
+        response_deserializer: Callable[[bytes], Any] | None = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        if not method.startswith(_EXCHANGED) or request_serializer is None or response_deserializer is None:
+            return self._channel.unary_stream(method, request_serializer, response_deserializer, *args, **kwargs)
+        return _Method(self, method, request_serializer, response_deserializer, ExchangedStream)
 
     async def close(self, grace: float | None = None) -> None:
         if self._stream is not None:
             await self._stream.close()
         await super().close(grace)
 
-    def start(self, start: session_pb2.UnaryStart) -> tuple["_Exchange", int, asyncio.Future]:
-        """Send a call on the open stream (opening one if none is); its outcome comes in the future."""
+    def start(self, start: session_pb2.ExchangeStart) -> tuple["_Exchange", int, asyncio.Queue]:
+        """Send a call on the open stream (opening one if none is); its replies come in the queue."""
+        if (size := start.ByteSize()) > MAX_REQUEST_BYTES:
+            raise _error(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the request is {size} bytes, over {MAX_REQUEST_BYTES}")
         if self._stream is None or self._stream.ending is not None:
             # Opened outside any request's context: each call sends its own request id and trace.
             # Long-lived, so no deadline: keepalive finds a replica that went away.
@@ -81,28 +101,32 @@ class ExchangeChannel(ChannelWrapper):
         return self._stream, call_id, self._stream.send(call_id, start)
 
 
-class _UnaryMethod:
-    """One unary method of the stub: calling it sends a call on the exchange."""
+class _Method:
+    """One method of the stub: calling it makes a call on the exchange."""
 
-    __slots__ = ("_channel", "_method", "_serialize", "_deserialize")
+    __slots__ = ("_channel", "_method", "_serialize", "_deserialize", "_kind")
 
     def __init__(
-        self, channel: ExchangeChannel, method: str, serialize: Callable[[Any], bytes], deserialize: Callable[[bytes], Any]
+        self,
+        channel: ExchangeChannel,
+        method: str,
+        serialize: Callable[[Any], bytes],
+        deserialize: Callable[[bytes], Any],
+        kind: type["ExchangedCall"] | type["ExchangedStream"],
     ) -> None:
         self._channel = channel
         self._method = method
         self._serialize = serialize
         self._deserialize = deserialize
+        self._kind = kind
 
-    def __call__(
-        self, request: Any, *, timeout: float | None = None, metadata: Any = None, **kwargs: Any
-    ) -> "ExchangedCall":
+    def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, **kwargs: Any) -> Any:
         sent: list[tuple[str, str | bytes]] = list(metadata or ())
         callcontext.add_outgoing(sent)
-        start = session_pb2.UnaryStart(
+        start = session_pb2.ExchangeStart(
             method=self._method, request=self._serialize(request), metadata={k: str(v) for k, v in sent}
         )
-        return ExchangedCall(self._channel, start, self._deserialize, timeout)
+        return self._kind(self._channel, start, self._deserialize, timeout)
 
 
 class ExchangedCall:
@@ -114,7 +138,7 @@ class ExchangedCall:
     def __init__(
         self,
         channel: ExchangeChannel,
-        start: session_pb2.UnaryStart,
+        start: session_pb2.ExchangeStart,
         deserialize: Callable[[bytes], Any],
         timeout: float | None,
     ) -> None:
@@ -131,57 +155,119 @@ class ExchangedCall:
         return self._trailing
 
     async def _run(self) -> Any:
-        if (size := self._start.ByteSize()) > MAX_REQUEST_BYTES:
-            raise _error(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the request is {size} bytes, over {MAX_REQUEST_BYTES}")
         try:
             async with asyncio.timeout(self._timeout):
-                outcome = await self._send()
-                if outcome.not_started:  # refused by a replica shutting down: safe to send once more
-                    outcome = await self._send()
+                ending = await self._send()
+                if ending.not_started:  # refused by a replica shutting down: safe to send once more
+                    ending = await self._send()
         except TimeoutError:
             raise _error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
-        self._trailing = grpc.aio.Metadata(*outcome.trailing_metadata.items())
-        if outcome.code != grpc.StatusCode.OK.value[0]:
-            raise _error(_CODES.get(outcome.code, grpc.StatusCode.UNKNOWN), outcome.details, self._trailing)
-        return self._deserialize(outcome.reply)
+        self._trailing = _trailing(ending)
+        _raise_failure(ending, self._trailing)
+        return self._deserialize(ending.message)
 
-    async def _send(self) -> session_pb2.UnaryOutcome:
-        stream, call_id, outcome = self._channel.start(self._start)
+    async def _send(self) -> session_pb2.ExchangeReply:
+        stream, call_id, replies = self._channel.start(self._start)
         answered = False
         try:
-            answer = await outcome
+            reply = await replies.get()
             answered = True
-            return answer
         finally:
             stream.forget(call_id, cancel=not answered)
+        if isinstance(reply, grpc.aio.AioRpcError):
+            raise reply
+        return reply
+
+
+class ExchangedStream:
+    """A server-streaming call on the exchange, read as grpc.aio's is: `read()` gives each message,
+    then `grpc.aio.EOF`, or raises the call's failure; after `cancel()` a read raises CancelledError.
+    Sent when made; live calls carry no deadline."""
+
+    def __init__(
+        self,
+        channel: ExchangeChannel,
+        start: session_pb2.ExchangeStart,
+        deserialize: Callable[[bytes], Any],
+        timeout: float | None,
+    ) -> None:
+        self._channel = channel
+        self._start = start
+        self._deserialize = deserialize
+        self._stream, self._call_id, self._replies = channel.start(start)
+        self._resent = False
+        self._uncredited = 0  # messages read since the last credit
+        self._ended: grpc.aio.AioRpcError | object | None = None  # EOF, the failure, or _CANCELLED
+
+    async def read(self) -> Any:
+        while self._ended is None:
+            reply = await self._replies.get()
+            if reply is _CANCELLED:
+                break
+            if isinstance(reply, grpc.aio.AioRpcError):
+                self._ended = reply
+            elif reply.more:
+                self._uncredited += 1
+                if self._uncredited >= _CREDIT_EVERY:
+                    self._stream.grant(self._call_id, self._uncredited)
+                    self._uncredited = 0
+                return self._deserialize(reply.message)
+            elif reply.not_started and not self._resent:  # as ExchangedCall: sent once more
+                self._resent = True
+                self._stream, self._call_id, self._replies = self._channel.start(self._start)
+            else:
+                try:
+                    _raise_failure(reply, _trailing(reply))
+                    self._ended = grpc.aio.EOF
+                except grpc.aio.AioRpcError as failure:
+                    self._ended = failure
+        if self._ended is _CANCELLED:
+            raise asyncio.CancelledError()
+        if isinstance(self._ended, grpc.aio.AioRpcError):
+            raise self._ended
+        return grpc.aio.EOF
+
+    def cancel(self) -> bool:
+        if self._ended is not None:
+            return False
+        self._ended = _CANCELLED
+        self._stream.forget(self._call_id, cancel=True)
+        self._replies.put_nowait(_CANCELLED)  # a read waiting now raises CancelledError
+        return True
 
 
 class _Exchange:
-    """One open `Exchange` call: a reader task hands each outcome to the call it belongs to."""
+    """One open `Exchange` call: a reader task hands each reply to the call it belongs to."""
 
     def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
         self._call = call
-        self._waiting: dict[int, asyncio.Future[session_pb2.UnaryOutcome]] = {}
+        # Each call's replies; an AioRpcError in place of its end when the stream ended under it.
+        self._waiting: dict[int, asyncio.Queue] = {}
         self._writer = StreamWriter(call.write, self._write_failed)
-        # The status calls waiting when it ended fail with (it takes no new call then); None while open.
+        # What calls sent from now on fail with (they go on a new stream); None while open.
         self.ending: grpc.aio.AioRpcError | None = None
         self._ended = False
         self._reader = asyncio.get_running_loop().create_task(self._read(), context=contextvars.Context())
 
-    def send(self, call_id: int, start: session_pb2.UnaryStart) -> asyncio.Future[session_pb2.UnaryOutcome]:
-        outcome: asyncio.Future[session_pb2.UnaryOutcome] = asyncio.get_running_loop().create_future()
+    def send(self, call_id: int, start: session_pb2.ExchangeStart) -> asyncio.Queue:
+        replies: asyncio.Queue = asyncio.Queue()
         if self.ending is not None:
-            outcome.set_exception(self.ending)
-            return outcome
-        self._waiting[call_id] = outcome
-        self._writer.send(session_pb2.UnaryCall(call_id=call_id, start=start))
-        return outcome
+            replies.put_nowait(self.ending)
+            return replies
+        self._waiting[call_id] = replies
+        self._writer.send(session_pb2.ExchangeCall(call_id=call_id, start=start))
+        return replies
+
+    def grant(self, call_id: int, credit: int) -> None:
+        """The call's reader took `credit` more messages: the replica may send as many more."""
+        if not self._ended:
+            self._writer.send(session_pb2.ExchangeCall(call_id=call_id, credit=credit))
 
     def forget(self, call_id: int, *, cancel: bool) -> None:
-        """The call's caller stopped waiting; `cancel` tells the replica to stop it too."""
+        """The call ended or its caller stopped waiting; `cancel` tells the replica to stop it too."""
         self._waiting.pop(call_id, None)
         if cancel and not self._ended:
-            self._writer.send(session_pb2.UnaryCall(call_id=call_id, cancel=True))
+            self._writer.send(session_pb2.ExchangeCall(call_id=call_id, cancel=True))
 
     async def close(self) -> None:
         self._end(_error(grpc.StatusCode.CANCELLED, "the gateway is shutting down"))
@@ -190,14 +276,14 @@ class _Exchange:
 
     async def _read(self) -> None:
         try:
-            async for outcome in self._call:
-                if outcome.not_started and self.ending is None:
+            async for reply in self._call:
+                if reply.not_started and self.ending is None:
                     # The replica is draining: later calls go on a new stream; the calls it took
                     # are still answered on this one.
-                    self.ending = _error(grpc.StatusCode.UNAVAILABLE, outcome.details)
-                waiting = self._waiting.pop(outcome.call_id, None)
-                if waiting is not None and not waiting.done():  # else its caller stopped waiting
-                    waiting.set_result(outcome)
+                    self.ending = _error(grpc.StatusCode.UNAVAILABLE, reply.details)
+                replies = self._waiting.get(reply.call_id) if reply.more else self._waiting.pop(reply.call_id, None)
+                if replies is not None:  # else its caller stopped waiting
+                    replies.put_nowait(reply)
             self._end(_error(grpc.StatusCode.UNAVAILABLE, "the session service ended the exchange stream"))
         except grpc.aio.AioRpcError as error:
             if error.code() != grpc.StatusCode.UNAVAILABLE:
@@ -216,9 +302,17 @@ class _Exchange:
         if self.ending is None:
             self.ending = error
         waiting, self._waiting = self._waiting, {}
-        for outcome in waiting.values():
-            if not outcome.done():
-                outcome.set_exception(self.ending)
+        for replies in waiting.values():
+            replies.put_nowait(self.ending)
+
+
+def _trailing(reply: session_pb2.ExchangeReply) -> grpc.aio.Metadata:
+    return grpc.aio.Metadata(*reply.trailing_metadata.items()) if reply.trailing_metadata else _NO_METADATA
+
+
+def _raise_failure(reply: session_pb2.ExchangeReply, trailing: grpc.aio.Metadata) -> None:
+    if reply.code != grpc.StatusCode.OK.value[0]:
+        raise _error(_CODES.get(reply.code, grpc.StatusCode.UNKNOWN), reply.details, trailing)
 
 
 def _error(

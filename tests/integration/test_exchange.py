@@ -1,4 +1,4 @@
-"""The gateway's unary calls to a session replica on one `Exchange` stream (session.proto).
+"""The gateway's calls to a session replica on one `Exchange` stream (session.proto).
 
 Through the gateway: a call past its deadline is stopped on the replica too, and a
 replica told to stop answers the calls it took and exits without waiting out its
@@ -24,7 +24,8 @@ from bae.grpcutil import channel as internal_channel
 from bae.protos import session_pb2, session_pb2_grpc
 from bae.stack import grpc_serving
 from conftest import mock_provider_toml
-from live import new_session, rpc
+from live import new_session, register, rpc, send
+from mockllm import Reply
 from processes import TEST_PLANE
 from race_holds import RaceHolds
 from services.gateway.exchange import MAX_REQUEST_BYTES, ExchangeChannel
@@ -145,13 +146,13 @@ def test_an_unknown_method_on_the_stream_fails_alone(start_stack, mock):
         async with internal_channel(address, TEST_PLANE) as chan:
             stream = session_pb2_grpc.SessionServiceStub(chan).Exchange()
             calls = [
-                session_pb2.UnaryStart(method="/baeproto.v1.SessionService/SendMessage"),  # not unary
-                session_pb2.UnaryStart(method="/nope/Nope"),
-                session_pb2.UnaryStart(method="/baeproto.v1.SessionService/CheckCredential",
+                session_pb2.ExchangeStart(method="/baeproto.v1.SessionService/Exchange"),  # not on itself
+                session_pb2.ExchangeStart(method="/nope/Nope"),
+                session_pb2.ExchangeStart(method="/baeproto.v1.SessionService/CheckCredential",
                                        request=session_pb2.CredentialCheck().SerializeToString()),
             ]
             for call_id, start in enumerate(calls, 1):
-                await stream.write(session_pb2.UnaryCall(call_id=call_id, start=start))
+                await stream.write(session_pb2.ExchangeCall(call_id=call_id, start=start))
             outcomes = {}
             while len(outcomes) < len(calls):
                 outcome = await stream.read()
@@ -187,5 +188,64 @@ def test_a_replica_killed_mid_call_fails_the_call_and_is_reached_again_on_a_new_
         assert json.loads(reply.result_json) == {"registered": True}
         assert chan.opened_streams == 2
         await chan.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_streaming_call_sends_no_more_than_its_credit_and_holds_back_no_other_call(start_stack, mock):
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN)
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    address = stack.stack.settings.session_grpc_addr
+    window = session_pb2.EXCHANGE_WINDOW
+
+    async def replies_until_quiet(replies: asyncio.Queue, quiet: float = 1.0) -> list:
+        got = []
+        while True:
+            try:
+                got.append(await asyncio.wait_for(replies.get(), quiet))
+            except TimeoutError:
+                return got
+
+    async def read_all(stream, replies: asyncio.Queue) -> None:
+        # A read cancelled by a timeout would cancel the whole call: one task reads, the test waits.
+        while (reply := await stream.read()) is not grpc.aio.EOF:
+            replies.put_nowait(reply)
+
+    async def scenario():
+        async with internal_channel(address, TEST_PLANE) as chan:
+            stream = session_pb2_grpc.SessionServiceStub(chan).Exchange()
+            relay = session_pb2.ExchangeStart(method="/baeproto.v1.SessionService/Relay",
+                                              request=session_pb2.RpcRequest(session_id=sid).SerializeToString())
+            await stream.write(session_pb2.ExchangeCall(call_id=1, start=relay))
+            replies: asyncio.Queue = asyncio.Queue()
+            reader = asyncio.ensure_future(read_all(stream, replies))
+            for _ in range(10):  # each turn publishes several batches: more than the window in all
+                mock.enqueue(Reply.text("ok"))
+                await asyncio.to_thread(send, stack, sid, skey, "hi")
+            held = await replies_until_quiet(replies)
+            assert [reply.call_id for reply in held] == [1] * window and all(reply.more for reply in held)
+
+            # Another call on the same stream is answered meanwhile.
+            check = session_pb2.ExchangeStart(method="/baeproto.v1.SessionService/CheckCredential",
+                                              request=session_pb2.CredentialCheck().SerializeToString())
+            await stream.write(session_pb2.ExchangeCall(call_id=2, start=check))
+            (answer,) = await replies_until_quiet(replies)
+            assert answer.call_id == 2 and answer.code == grpc.StatusCode.UNAUTHENTICATED.value[0]
+
+            # Credit lets the rest come, in order, ending where the session's feed is.
+            await stream.write(session_pb2.ExchangeCall(call_id=1, credit=window))
+            more = await replies_until_quiet(replies)
+            assert 0 < len(more) <= window
+            frames = [session_pb2.RpcFrame.FromString(reply.message) for reply in held + more]
+            assert frames[0].WhichOneof("kind") == "position"
+            streamed = [event_id for frame in frames[1:] for event_id in frame.events.ids]
+            page = stack.client.get(f"/api/v1/sessions/{sid}/events", params={"limit": 200},
+                                    headers={"Authorization": f"Bearer {skey}"}).json()
+            assert not page.get("next_cursor")
+            assert streamed == [event["id"] for event in page["items"]][-len(streamed):]
+            await stream.write(session_pb2.ExchangeCall(call_id=1, cancel=True))
+            await stream.done_writing()
+            await asyncio.wait_for(reader, 10)  # the cancelled relay ended: so does the stream
 
     asyncio.run(scenario())

@@ -60,6 +60,10 @@ class ExchangedContext:
         self.trailing: tuple = ()
         self.code = grpc.StatusCode.OK
         self.details = ""
+        self.active = True
+
+    def is_active(self) -> bool:
+        return self.active
 
     def set_trailing_metadata(self, metadata) -> None:
         self.trailing = metadata
@@ -91,41 +95,56 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
             setattr(self, name, self._stream_handler(name))
 
     def Exchange(self, calls, context):
-        """The gateway's unary calls on one stream, each in a thread of its own as its call would be."""
-        outcomes: queue.Queue = queue.Queue()
+        """The gateway's calls on one stream, each in a thread of its own as its call would be."""
+        replies: queue.Queue = queue.Queue()
+        contexts: dict[int, ExchangedContext] = {}
+
+        def serve(call: session_pb2.ExchangeCall) -> None:
+            for reply in self._exchanged(call, contexts[call.call_id]):
+                replies.put(reply)
 
         def read() -> None:
             serving = []
             try:
                 for call in calls:
                     if call.HasField("start"):
-                        serving.append(threading.Thread(target=lambda c=call: outcomes.put(self._exchanged(c))))
+                        contexts[call.call_id] = ExchangedContext()
+                        serving.append(threading.Thread(target=serve, args=(call,)))
                         serving[-1].start()
+                    elif call.HasField("cancel") and call.call_id in contexts:
+                        contexts[call.call_id].active = False
             except grpc.RpcError:
                 pass  # the gateway went away
+            for call_context in contexts.values():
+                call_context.active = False  # the stream ended, and with it its calls
             for thread in serving:
                 thread.join()
-            outcomes.put(None)
+            replies.put(None)
 
         threading.Thread(target=read, daemon=True).start()
-        while (outcome := outcomes.get()) is not None:
-            yield outcome
+        while (reply := replies.get()) is not None:
+            yield reply
 
-    def _exchanged(self, call: session_pb2.UnaryCall) -> session_pb2.UnaryOutcome:
+    def _exchanged(self, call: session_pb2.ExchangeCall, context: "ExchangedContext"):
         name = call.start.method.rpartition("/")[2]
-        request_type = GetMessageClass(session_pb2.DESCRIPTOR.services_by_name["SessionService"]
-                                       .methods_by_name[name].input_type)
-        context = ExchangedContext()
+        method = session_pb2.DESCRIPTOR.services_by_name["SessionService"].methods_by_name[name]
+        request = GetMessageClass(method.input_type).FromString(call.start.request)
         try:
-            reply = getattr(self, name)(request_type.FromString(call.start.request), context)
+            answer = getattr(self, name)(request, context)
+            if method.server_streaming:
+                for message in answer:
+                    yield session_pb2.ExchangeReply(call_id=call.call_id, more=True,
+                                                    message=message.SerializeToString())
+                yield session_pb2.ExchangeReply(call_id=call.call_id, trailing_metadata=dict(context.trailing))
+            else:
+                yield session_pb2.ExchangeReply(call_id=call.call_id, message=answer.SerializeToString(),
+                                                trailing_metadata=dict(context.trailing))
         except ExchangedContext.Aborted:
-            return session_pb2.UnaryOutcome(call_id=call.call_id, code=context.code.value[0],
+            yield session_pb2.ExchangeReply(call_id=call.call_id, code=context.code.value[0],
                                             details=context.details, trailing_metadata=dict(context.trailing))
         except Exception:
-            return session_pb2.UnaryOutcome(call_id=call.call_id, code=grpc.StatusCode.UNKNOWN.value[0],
+            yield session_pb2.ExchangeReply(call_id=call.call_id, code=grpc.StatusCode.UNKNOWN.value[0],
                                             details="Exception calling application")
-        return session_pb2.UnaryOutcome(call_id=call.call_id, reply=reply.SerializeToString(),
-                                        trailing_metadata=dict(context.trailing))
 
     def last(self, rpc: str):
         return [request for name, request in self.requests if name == rpc][-1]

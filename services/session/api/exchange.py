@@ -1,14 +1,18 @@
-"""The unary calls a gateway sends on its `Exchange` stream, served as calls of their own would be.
+"""The calls a gateway sends on its `Exchange` stream, served as calls of their own would be.
 
-Each `UnaryStart` goes to the same handler its method's call reaches, wrapped as the
-server's interceptor wraps it (grpcutil.serve_unary: request id, trace context, a
-`Problem` as status and trailer). The handler gets a `CallContext` in place of gRPC's
-servicer context, and its `UnaryOutcome` carries what the call would have ended with.
+Each `ExchangeStart` goes to the same handler its method's call reaches, wrapped as the
+server's interceptor wraps it (grpcutil.serve_unary/serve_stream: request id, trace
+context, a `Problem` as status and trailer). The handler gets a `CallContext` in place
+of gRPC's servicer context, and its last `ExchangeReply` carries what the call would
+have ended with. A streaming call sends at most `EXCHANGE_WINDOW` messages ahead of
+the gateway's credit: a client that stops reading holds back its own call only, and
+its turn's watcher falls behind and is cut off as it would on a call of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any, AsyncIterator, Callable, Mapping
 
@@ -16,14 +20,15 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from bae.call_tasks import CallTasks, serve_until_done
-from bae.grpcutil import MAX_MESSAGE_BYTES, serve_unary
+from bae.grpcutil import MAX_MESSAGE_BYTES, serve_stream, serve_unary
 from bae.protos import session_pb2
 
 log = logging.getLogger("bae.session.exchange")
 
 SHUTTING_DOWN = "the session service is shutting down"
-# An outcome larger than a message may be would fail the shared stream, not just its call.
-MAX_OUTCOME_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
+# A reply larger than a message may be would fail the shared stream, not just its call.
+MAX_REPLY_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
+EXCHANGE_WINDOW = session_pb2.EXCHANGE_WINDOW
 
 
 class CallContext:
@@ -49,8 +54,9 @@ class CallContext:
         raise grpc.aio.AbortError()
 
 
-def unary_handlers(add_to_server: Callable[[Any, Any], None], servicer: object) -> dict[str, grpc.RpcMethodHandler]:
-    """The unary method handlers a generated `add_…Servicer_to_server` registers, by full method name."""
+def call_handlers(add_to_server: Callable[[Any, Any], None], servicer: object) -> dict[str, grpc.RpcMethodHandler]:
+    """The unary and server-streaming handlers a generated `add_…Servicer_to_server` registers,
+    by full method name."""
     table: dict[str, grpc.RpcMethodHandler] = {}
 
     class Recorder:
@@ -59,75 +65,118 @@ def unary_handlers(add_to_server: Callable[[Any, Any], None], servicer: object) 
 
         def add_registered_method_handlers(self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]) -> None:
             for name, handler in handlers.items():
-                if handler.unary_unary is not None:
+                if handler.unary_unary is not None or handler.unary_stream is not None:
                     table[f"/{service}/{name}"] = handler
 
     add_to_server(servicer, Recorder())
     return table
 
 
-class UnaryExchange:
+class Exchange:
     """Serves `Exchange` streams; `drain` (at shutdown) makes each end once its calls are answered."""
 
     def __init__(self, handlers: Mapping[str, grpc.RpcMethodHandler]) -> None:
         self._handlers = handlers
         self._draining = asyncio.Event()
 
-    async def serve(self, calls: AsyncIterator[session_pb2.UnaryCall], context: grpc.aio.ServicerContext) -> None:
+    async def serve(self, calls: AsyncIterator[session_pb2.ExchangeCall], context: grpc.aio.ServicerContext) -> None:
         async with CallTasks(context.write) as running:
             await serve_until_done(self._read(calls, running), running, self._draining)
 
     async def drain(self, budget: float) -> None:
         self._draining.set()
 
-    async def _read(self, calls: AsyncIterator[session_pb2.UnaryCall], running: CallTasks) -> None:
+    async def _read(self, calls: AsyncIterator[session_pb2.ExchangeCall], running: CallTasks) -> None:
+        credits: dict[int, asyncio.Semaphore] = {}
         async for call in calls:
             kind = call.WhichOneof("kind")
-            if kind == "cancel":
+            if kind == "credit":
+                if (credit := credits.get(call.call_id)) is not None:
+                    for _ in range(min(call.credit, EXCHANGE_WINDOW)):
+                        credit.release()
+            elif kind == "cancel":
                 running.cancel(call.call_id)
             elif kind != "start":
                 continue
             elif self._draining.is_set():
-                running.send(session_pb2.UnaryOutcome(
+                running.send(session_pb2.ExchangeReply(
                     call_id=call.call_id, code=grpc.StatusCode.UNAVAILABLE.value[0], details=SHUTTING_DOWN,
                     not_started=True,
                 ))
             elif call.call_id in running:
                 running.send(_failed(call.call_id, grpc.StatusCode.ALREADY_EXISTS, f"call {call.call_id} is running"))
             else:
-                running.start(call.call_id, self._serve(call.call_id, call.start, running))
+                credits[call.call_id] = asyncio.Semaphore(EXCHANGE_WINDOW)
+                running.start(call.call_id, self._serve(call.call_id, call.start, running, credits))
 
-    async def _serve(self, call_id: int, start: session_pb2.UnaryStart, running: CallTasks) -> None:
+    async def _serve(
+        self, call_id: int, start: session_pb2.ExchangeStart, running: CallTasks, credits: dict[int, asyncio.Semaphore]
+    ) -> None:
+        try:
+            await self._answer(call_id, start, running, credits[call_id])
+        finally:
+            del credits[call_id]
+
+    async def _answer(
+        self, call_id: int, start: session_pb2.ExchangeStart, running: CallTasks, credit: asyncio.Semaphore
+    ) -> None:
         handler = self._handlers.get(start.method)
         if handler is None:
-            running.send(_failed(call_id, grpc.StatusCode.UNIMPLEMENTED, f"no unary method {start.method!r}"))
+            running.send(_failed(call_id, grpc.StatusCode.UNIMPLEMENTED, f"no method {start.method!r} on the exchange"))
             return
         context = CallContext(start.metadata)
+        metadata = context.invocation_metadata()
         try:
             request = handler.request_deserializer(start.request)
-            reply = await serve_unary(handler.unary_unary, request, context, context.invocation_metadata())
-            outcome = session_pb2.UnaryOutcome(
-                call_id=call_id, reply=handler.response_serializer(reply),
-                trailing_metadata=dict(context.trailing_metadata),
-            )
+            if handler.unary_unary is not None:
+                reply = await serve_unary(handler.unary_unary, request, context, metadata)
+                ending = session_pb2.ExchangeReply(call_id=call_id, message=handler.response_serializer(reply))
+            else:
+                messages = serve_stream(handler.unary_stream, request, context, metadata)
+                async with contextlib.aclosing(messages):
+                    async for message in messages:
+                        await credit.acquire()
+                        running.send(_checked(
+                            session_pb2.ExchangeReply(
+                                call_id=call_id, more=True, message=handler.response_serializer(message)
+                            ),
+                            start.method,
+                        ))
+                ending = session_pb2.ExchangeReply(call_id=call_id)
+            ending.trailing_metadata.update(context.trailing_metadata)
         except grpc.aio.AbortError:
-            outcome = _failed(call_id, context.code, context.details, context.trailing_metadata)
+            ending = _failed(call_id, context.code, context.details, context.trailing_metadata)
+        except _TooLarge as too_large:
+            ending = too_large.reply
         except DecodeError:
-            outcome = _failed(call_id, grpc.StatusCode.INTERNAL, f"the request of {start.method} does not parse")
+            ending = _failed(call_id, grpc.StatusCode.INTERNAL, f"the request of {start.method} does not parse")
         except Exception:
             log.exception("%s failed", start.method)
-            outcome = _failed(call_id, grpc.StatusCode.UNKNOWN, "the session service failed the call (see its log)")
-        if (size := outcome.ByteSize()) > MAX_OUTCOME_BYTES:
-            outcome = _failed(
-                call_id, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"the reply of {start.method} is {size} bytes, over the {MAX_OUTCOME_BYTES} a reply may carry",
-            )
-        running.send(outcome)
+            ending = _failed(call_id, grpc.StatusCode.UNKNOWN, "the session service failed the call (see its log)")
+        try:
+            running.send(_checked(ending, start.method))
+        except _TooLarge as too_large:
+            running.send(too_large.reply)
+
+
+class _TooLarge(Exception):
+    def __init__(self, reply: session_pb2.ExchangeReply) -> None:
+        self.reply = reply
+
+
+def _checked(reply: session_pb2.ExchangeReply, method: str) -> session_pb2.ExchangeReply:
+    """`reply`, unless it is too large to send: then the call fails with RESOURCE_EXHAUSTED."""
+    if (size := reply.ByteSize()) <= MAX_REPLY_BYTES:
+        return reply
+    raise _TooLarge(_failed(
+        reply.call_id, grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"a reply of {method} is {size} bytes, over the {MAX_REPLY_BYTES} a reply may carry",
+    ))
 
 
 def _failed(
     call_id: int, code: grpc.StatusCode, details: str, trailing: tuple[tuple[str, str], ...] = ()
-) -> session_pb2.UnaryOutcome:
-    return session_pb2.UnaryOutcome(
+) -> session_pb2.ExchangeReply:
+    return session_pb2.ExchangeReply(
         call_id=call_id, code=code.value[0], details=details, trailing_metadata=dict(trailing)
     )

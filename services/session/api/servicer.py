@@ -16,7 +16,7 @@ from bae.session_routing import OWNER_KEY, was_redirected
 from services.session.api.admin import AdminApi
 from services.session.api.auth import Authenticator
 from services.session.api.calls import Credential, RestCall
-from services.session.api.exchange import UnaryExchange, unary_handlers
+from services.session.api.exchange import Exchange, call_handlers
 from services.session.api.faults import rpc_error
 from services.session.api.jsonrpc import ACCEPTED, RpcCall
 from services.session.api.live import LiveApi
@@ -62,7 +62,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         self.live = live
         self.sandboxes = sandboxes
         # Built last: it takes the handlers of this servicer's methods.
-        self.exchange = UnaryExchange(unary_handlers(session_pb2_grpc.add_SessionServiceServicer_to_server, self))
+        self.exchange = Exchange(call_handlers(session_pb2_grpc.add_SessionServiceServicer_to_server, self))
 
     # Client REST.
 
@@ -214,7 +214,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         await self.admin.apply_revocation(request)
         return session_pb2.RevocationReply()
 
-    async def Exchange(self, calls: AsyncIterator[session_pb2.UnaryCall], context: Context) -> None:
+    async def Exchange(self, calls: AsyncIterator[session_pb2.ExchangeCall], context: Context) -> None:
         await self.exchange.serve(calls, context)
 
     # JSON-RPC plumbing: authenticate once (a failure is a Problem: HTTP 401 before
