@@ -59,29 +59,19 @@ class ExchangeChannel(ChannelWrapper):
         # How many streams this channel opened: one, unless the replica went away or restarted.
         self.opened_streams = 0
 
-    def unary_unary(
-        self,
-        method: str,
-        request_serializer: Callable[[Any], bytes] | None = None,
-        response_deserializer: Callable[[bytes], Any] | None = None,
-        *args: Any,
-        **kwargs: Any,
-    ) -> Any:
-        if not method.startswith(_EXCHANGED) or request_serializer is None or response_deserializer is None:
-            return self._channel.unary_unary(method, request_serializer, response_deserializer, *args, **kwargs)
-        return _Method(self, method, request_serializer, response_deserializer, ExchangedCall)
+    def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self._exchanged(method, ExchangedCall, kwargs) or self._channel.unary_unary(method, *args, **kwargs)
 
-    def unary_stream(
-        self,
-        method: str,
-        request_serializer: Callable[[Any], bytes] | None = None,
-        response_deserializer: Callable[[bytes], Any] | None = None,
-        *args: Any,
-        **kwargs: Any,
-    ) -> Any:
-        if not method.startswith(_EXCHANGED) or request_serializer is None or response_deserializer is None:
-            return self._channel.unary_stream(method, request_serializer, response_deserializer, *args, **kwargs)
-        return _Method(self, method, request_serializer, response_deserializer, ExchangedStream)
+    def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self._exchanged(method, ExchangedStream, kwargs) or self._channel.unary_stream(method, *args, **kwargs)
+
+    def _exchanged(self, method: str, kind: type["ExchangedCall"] | type["ExchangedStream"], kwargs: dict) -> "_Method | None":
+        """The method's calls on the exchange; None for one the replica does not serve there (or
+        one made without the generated stub's keyword serializers)."""
+        serialize, deserialize = kwargs.get("request_serializer"), kwargs.get("response_deserializer")
+        if not method.startswith(_EXCHANGED) or serialize is None or deserialize is None:
+            return None
+        return _Method(self, method, serialize, deserialize, kind)
 
     async def close(self, grace: float | None = None) -> None:
         if self._stream is not None:
