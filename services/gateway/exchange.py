@@ -65,7 +65,7 @@ class ExchangeChannel(ChannelWrapper):
     def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self._exchanged(method, ExchangedStream, kwargs) or self._channel.unary_stream(method, *args, **kwargs)
 
-    def _exchanged(self, method: str, kind: type["ExchangedCall"] | type["ExchangedStream"], kwargs: dict) -> "_Method | None":
+    def _exchanged(self, method: str, kind: type[_Call], kwargs: dict) -> "_Method | None":
         """The method's calls on the exchange; None for one the replica does not serve there (or
         one made without the generated stub's keyword serializers)."""
         serialize, deserialize = kwargs.get("request_serializer"), kwargs.get("response_deserializer")
@@ -102,7 +102,7 @@ class _Method:
         method: str,
         serialize: Callable[[Any], bytes],
         deserialize: Callable[[bytes], Any],
-        kind: type["ExchangedCall"] | type["ExchangedStream"],
+        kind: type[_Call],
     ) -> None:
         self._channel = channel
         self._method = method
@@ -119,11 +119,10 @@ class _Method:
         return self._kind(self._channel, start, self._deserialize, timeout)
 
 
-class ExchangedCall:
-    """A unary call on the exchange: awaiting it (once) sends it and waits for the reply;
-    `trailing_metadata()` is what it ended with."""
+class _Call:
+    """What every call on the exchange is made with (`_Method.__call__`)."""
 
-    __slots__ = ("_channel", "_start", "_deserialize", "_timeout", "_trailing")
+    __slots__ = ("_channel", "_start", "_deserialize", "_timeout")
 
     def __init__(
         self,
@@ -136,6 +135,16 @@ class ExchangedCall:
         self._start = start
         self._deserialize = deserialize
         self._timeout = timeout
+
+
+class ExchangedCall(_Call):
+    """A unary call on the exchange: awaiting it (once) sends it and waits for the reply;
+    `trailing_metadata()` is what it ended with."""
+
+    __slots__ = ("_trailing",)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
         self._trailing: grpc.aio.Metadata = _NO_METADATA
 
     def __await__(self) -> Generator[Any, None, Any]:
@@ -169,22 +178,14 @@ class ExchangedCall:
         return reply
 
 
-class ExchangedStream:
+class ExchangedStream(_Call):
     """A server-streaming call on the exchange, read as grpc.aio's is: `read()` gives each message,
     then `grpc.aio.EOF`, or raises the call's failure; after `cancel()` a read raises CancelledError.
     Sent when made; live calls carry no deadline."""
 
-    def __init__(
-        self,
-        channel: ExchangeChannel,
-        start: session_pb2.ExchangeStart,
-        deserialize: Callable[[bytes], Any],
-        timeout: float | None,
-    ) -> None:
-        self._channel = channel
-        self._start = start
-        self._deserialize = deserialize
-        self._stream, self._call_id, self._replies = channel.start(start)
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._stream, self._call_id, self._replies = self._channel.start(self._start)
         self._resent = False
         self._uncredited = 0  # messages read since the last credit
         self._ended: grpc.aio.AioRpcError | object | None = None  # EOF, the failure, or _CANCELLED
