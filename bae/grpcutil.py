@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import Awaitable, Callable, Iterable
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -61,7 +61,9 @@ class ProblemInterceptor(grpc.aio.ServerInterceptor):
         return handler
 
 
-async def serve_unary(inner, request, context, metadata):
+async def serve_unary(
+    inner: Callable[[Any, Any], Awaitable[Any]], request: Any, context: Any, metadata: Metadata | None
+) -> Any:
     """A unary handler's call, as ProblemInterceptor serves it: with the caller's request id and
     trace context bound, and a raised `Problem` ending it as a status and `bae-problem` trailer."""
     bind_incoming(metadata)
@@ -71,7 +73,9 @@ async def serve_unary(inner, request, context, metadata):
         await _abort(context, problem)
 
 
-async def serve_stream(inner, request, context, metadata):
+async def serve_stream(
+    inner: Callable[[Any, Any], AsyncIterator[Any]], request: Any, context: Any, metadata: Metadata | None
+) -> AsyncGenerator[Any, None]:
     """A server-streaming handler's call, served as `serve_unary` serves a unary one."""
     bind_incoming(metadata)
     try:
@@ -102,6 +106,8 @@ def configure_logging(level: str = "info", log_format: str = "text") -> None:
 # Conversations (so step requests, events and /rpc params) can exceed gRPC's
 # 4 MB default; servers and channels must both accept them.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# A message carried inside another on a shared stream (session.proto, Exchange) leaves room for its frame.
+MAX_CARRIED_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
 MESSAGE_SIZE_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -29,14 +29,12 @@ import grpc
 
 from bae import callcontext
 from bae.channel_wrapper import ChannelWrapper
-from bae.grpcutil import MAX_MESSAGE_BYTES
+from bae.grpcutil import MAX_CARRIED_BYTES
 from bae.protos import session_pb2, session_pb2_grpc
 from bae.stream_writer import StreamWriter
 
 log = logging.getLogger("bae.gateway")
 
-# A larger request would fail the shared stream, not just its call.
-MAX_REQUEST_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _NO_METADATA = grpc.aio.Metadata()
 # Stands for a cancelled streaming call among its replies.
@@ -80,8 +78,6 @@ class ExchangeChannel(ChannelWrapper):
 
     def start(self, start: session_pb2.ExchangeStart) -> tuple["_Exchange", int, asyncio.Queue]:
         """Send a call on the open stream (opening one if none is); its replies come in the queue."""
-        if (size := start.ByteSize()) > MAX_REQUEST_BYTES:
-            raise _error(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the request is {size} bytes, over {MAX_REQUEST_BYTES}")
         if self._stream is None or self._stream.ending is not None:
             # Opened outside any request's context: each call sends its own request id and trace.
             # Long-lived, so no deadline: keepalive finds a replica that went away.
@@ -111,11 +107,12 @@ class _Method:
         self._kind = kind
 
     def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, **kwargs: Any) -> Any:
+        payload = self._serialize(request)
+        if len(payload) > MAX_CARRIED_BYTES:  # it would fail the shared stream, not just this call
+            raise _error(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the request is {len(payload)} bytes, over {MAX_CARRIED_BYTES}")
         sent: list[tuple[str, str | bytes]] = list(metadata or ())
         callcontext.add_outgoing(sent)
-        start = session_pb2.ExchangeStart(
-            method=self._method, request=self._serialize(request), metadata={k: str(v) for k, v in sent}
-        )
+        start = session_pb2.ExchangeStart(method=self._method, request=payload, metadata={k: str(v) for k, v in sent})
         return self._kind(self._channel, start, self._deserialize, timeout)
 
 

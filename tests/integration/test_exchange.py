@@ -20,6 +20,7 @@ import grpc
 import pytest
 
 from bae.errors import PROBLEM_TRAILER
+from bae.grpcutil import MAX_CARRIED_BYTES
 from bae.grpcutil import channel as internal_channel
 from bae.protos import session_pb2, session_pb2_grpc
 from bae.stack import grpc_serving
@@ -28,7 +29,7 @@ from live import new_session, register, rpc, send
 from mockllm import Reply
 from processes import TEST_PLANE
 from race_holds import RaceHolds
-from services.gateway.exchange import MAX_REQUEST_BYTES, ExchangeChannel
+from services.gateway.exchange import ExchangeChannel
 
 TOKEN = "sk-test-secret-token-123456"
 
@@ -127,7 +128,7 @@ def test_calls_share_one_stream_and_each_ends_as_its_own_call_would(start_stack,
                 assert json.loads(trailer)["status"] == 401
 
         # A request too large for one message fails alone; the stream carries on.
-        huge = session_pb2.RestRequest(body=b"x" * (MAX_REQUEST_BYTES + 1))
+        huge = session_pb2.RestRequest(body=b"x" * (MAX_CARRIED_BYTES + 1))
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await stub.CreateProfile(huge, timeout=10)
         assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -20,14 +20,12 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from bae.call_tasks import CallTasks, serve_until_done
-from bae.grpcutil import MAX_MESSAGE_BYTES, serve_stream, serve_unary
+from bae.grpcutil import MAX_CARRIED_BYTES, serve_stream, serve_unary
 from bae.protos import session_pb2
 
 log = logging.getLogger("bae.session.exchange")
 
 SHUTTING_DOWN = "the session service is shutting down"
-# A reply larger than a message may be would fail the shared stream, not just its call.
-MAX_REPLY_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
 EXCHANGE_WINDOW = session_pb2.EXCHANGE_WINDOW
 
 
@@ -129,49 +127,41 @@ class Exchange:
         try:
             request = handler.request_deserializer(start.request)
             if handler.unary_unary is not None:
-                reply = await serve_unary(handler.unary_unary, request, context, metadata)
-                ending = session_pb2.ExchangeReply(call_id=call_id, message=handler.response_serializer(reply))
+                payload = handler.response_serializer(await serve_unary(handler.unary_unary, request, context, metadata))
+                ending = _reply_or_oversized(call_id, start.method, payload)
             else:
                 messages = serve_stream(handler.unary_stream, request, context, metadata)
                 async with contextlib.aclosing(messages):
                     async for message in messages:
                         await credit.acquire()
-                        running.send(_checked(
-                            session_pb2.ExchangeReply(
-                                call_id=call_id, more=True, message=handler.response_serializer(message)
-                            ),
-                            start.method,
-                        ))
-                ending = session_pb2.ExchangeReply(call_id=call_id)
-            ending.trailing_metadata.update(context.trailing_metadata)
+                        payload = handler.response_serializer(message)
+                        if len(payload) > MAX_CARRIED_BYTES:
+                            ending = _reply_or_oversized(call_id, start.method, payload)
+                            break
+                        running.send(session_pb2.ExchangeReply(call_id=call_id, more=True, message=payload))
+                    else:
+                        ending = session_pb2.ExchangeReply(call_id=call_id)
+            if ending.code == grpc.StatusCode.OK.value[0]:
+                ending.trailing_metadata.update(context.trailing_metadata)
         except grpc.aio.AbortError:
             ending = _failed(call_id, context.code, context.details, context.trailing_metadata)
-        except _TooLarge as too_large:
-            ending = too_large.reply
         except DecodeError:
             ending = _failed(call_id, grpc.StatusCode.INTERNAL, f"the request of {start.method} does not parse")
         except Exception:
             log.exception("%s failed", start.method)
             ending = _failed(call_id, grpc.StatusCode.UNKNOWN, "the session service failed the call (see its log)")
-        try:
-            running.send(_checked(ending, start.method))
-        except _TooLarge as too_large:
-            running.send(too_large.reply)
+        running.send(ending)
 
 
-class _TooLarge(Exception):
-    def __init__(self, reply: session_pb2.ExchangeReply) -> None:
-        self.reply = reply
-
-
-def _checked(reply: session_pb2.ExchangeReply, method: str) -> session_pb2.ExchangeReply:
-    """`reply`, unless it is too large to send: then the call fails with RESOURCE_EXHAUSTED."""
-    if (size := reply.ByteSize()) <= MAX_REPLY_BYTES:
-        return reply
-    raise _TooLarge(_failed(
-        reply.call_id, grpc.StatusCode.RESOURCE_EXHAUSTED,
-        f"a reply of {method} is {size} bytes, over the {MAX_REPLY_BYTES} a reply may carry",
-    ))
+def _reply_or_oversized(call_id: int, method: str, payload: bytes) -> session_pb2.ExchangeReply:
+    """The call's end with `payload`, or its failure if that is too large to carry (it would fail
+    the shared stream, not just this call)."""
+    if len(payload) <= MAX_CARRIED_BYTES:
+        return session_pb2.ExchangeReply(call_id=call_id, message=payload)
+    return _failed(
+        call_id, grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"a reply of {method} is {len(payload)} bytes, over the {MAX_CARRIED_BYTES} a reply may carry",
+    )
 
 
 def _failed(
