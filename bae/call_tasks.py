@@ -26,8 +26,10 @@ class CallTasks:
     stream ends are cancelled, as a call of its own is when its caller goes away.
     """
 
-    def __init__(self, write: Callable[[Any], Awaitable[object]]) -> None:
-        self._writer = StreamWriter(write, lambda exc: log.debug("a stream of calls ended: %s", exc))
+    def __init__(self, write: Callable[[Any], Awaitable[object]], pack: Callable[[list[Any]], object]) -> None:
+        self._writer: StreamWriter[Any] = StreamWriter(
+            write, lambda exc: log.debug("a stream of calls ended: %s", exc), pack
+        )
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._none_running = asyncio.Event()
         self._none_running.set()

@@ -70,8 +70,8 @@ import asyncio, os, grpc
 from bae.protos import runner_pb2, runner_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc, session_pb2, session_pb2_grpc
 calls = {
     "session:50051": (session_pb2_grpc.SessionServiceStub, "GetConfig", session_pb2.RestRequest()),
-    "runner:50052": (runner_pb2_grpc.RunnerStub, "RunSteps", [runner_pb2.StepCall(
-        step_id=1, start=runner_pb2.StepStart(request=runner_pb2.StepRequest(session_id="ses_x")))]),
+    "runner:50052": (runner_pb2_grpc.RunnerStub, "RunSteps", [runner_pb2.StepCalls(calls=[runner_pb2.StepCall(
+        step_id=1, start=runner_pb2.StepStart(request=runner_pb2.StepRequest(session_id="ses_x")))])]),
     "sandbox:50053": (sandbox_pb2_grpc.SandboxStub, "List", sandbox_pb2.ListRequest()),
 }
 async def outcome(address, stub, method, request, token):

@@ -231,7 +231,9 @@ class _Exchange:
         self._call = call
         # Each call's replies; an AioRpcError in place of its end when the stream ended under it.
         self._waiting: dict[int, asyncio.Queue] = {}
-        self._writer = StreamWriter(call.write, self._write_failed)
+        self._writer: StreamWriter[session_pb2.ExchangeCall] = StreamWriter(
+            call.write, self._write_failed, lambda calls: session_pb2.ExchangeCalls(calls=calls)
+        )
         # What calls sent from now on fail with (they go on a new stream); None while open.
         self.ending: grpc.aio.AioRpcError | None = None
         self._ended = False
@@ -264,14 +266,9 @@ class _Exchange:
 
     async def _read(self) -> None:
         try:
-            async for reply in self._call:
-                if reply.not_started and self.ending is None:
-                    # The replica is draining: later calls go on a new stream; the calls it took
-                    # are still answered on this one.
-                    self.ending = _error(grpc.StatusCode.UNAVAILABLE, reply.details)
-                replies = self._waiting.get(reply.call_id) if reply.more else self._waiting.pop(reply.call_id, None)
-                if replies is not None:  # else its caller stopped waiting
-                    replies.put_nowait(reply)
+            async for pack in self._call:
+                for reply in pack.replies:
+                    self._deliver(reply)
             self._end(_error(grpc.StatusCode.UNAVAILABLE, "the session service ended the exchange stream"))
         except grpc.aio.AioRpcError as error:
             if error.code() != grpc.StatusCode.UNAVAILABLE:
@@ -280,6 +277,15 @@ class _Exchange:
         finally:
             self._end(_error(grpc.StatusCode.CANCELLED, "the exchange stream was closed"))
             await self._writer.close()
+
+    def _deliver(self, reply: session_pb2.ExchangeReply) -> None:
+        if reply.not_started and self.ending is None:
+            # The replica is draining: later calls go on a new stream; the calls it took
+            # are still answered on this one.
+            self.ending = _error(grpc.StatusCode.UNAVAILABLE, reply.details)
+        replies = self._waiting.get(reply.call_id) if reply.more else self._waiting.pop(reply.call_id, None)
+        if replies is not None:  # else its caller stopped waiting
+            replies.put_nowait(reply)
 
     def _write_failed(self, exc: Exception) -> None:
         # The reader sees the call's end and its status; writing only stops here.

@@ -37,10 +37,10 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
         self._draining = asyncio.Event()
 
     async def RunSteps(
-        self, calls: AsyncIterator[runner_pb2.StepCall], context: grpc.aio.ServicerContext
+        self, calls: AsyncIterator[runner_pb2.StepCalls], context: grpc.aio.ServicerContext
     ) -> None:
         """Serve one caller's steps until it stops writing and they are done, or, once draining, until they are done."""
-        async with CallTasks(context.write) as steps:
+        async with CallTasks(context.write, _replies) as steps:
             await serve_until_done(_StepStream(self, steps).read(calls), steps, self._draining)
 
     async def drain(self, budget: float) -> None:
@@ -72,13 +72,14 @@ class _StepStream:
         self._service = service
         self.steps = steps
 
-    async def read(self, calls: AsyncIterator[runner_pb2.StepCall]) -> None:
-        async for call in calls:
-            kind = call.WhichOneof("kind")
-            if kind == "start":
-                self._start(call.step_id, call.start)
-            elif kind == "cancel":
-                self.steps.cancel(call.step_id)
+    async def read(self, packs: AsyncIterator[runner_pb2.StepCalls]) -> None:
+        async for pack in packs:
+            for call in pack.calls:
+                kind = call.WhichOneof("kind")
+                if kind == "start":
+                    self._start(call.step_id, call.start)
+                elif kind == "cancel":
+                    self.steps.cancel(call.step_id)
 
     def _start(self, step_id: int, start: runner_pb2.StepStart) -> None:
         if self._service.draining:
@@ -154,3 +155,7 @@ def registrar(service: RunnerService):
         return [SERVICE_NAME]
 
     return register
+
+
+def _replies(replies: list[runner_pb2.StepReply]) -> runner_pb2.StepReplies:
+    return runner_pb2.StepReplies(replies=replies)

@@ -58,6 +58,10 @@ def held_registration(stack, holds, sid, skey):
     return thread, outcome, holds.wait_held()
 
 
+def one_call(**fields) -> session_pb2.ExchangeCalls:
+    return session_pb2.ExchangeCalls(calls=[session_pb2.ExchangeCall(**fields)])
+
+
 def test_a_call_past_the_gateways_deadline_answers_504_and_is_stopped_on_the_replica(start_stack, mock, holds):
     stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
                         BAE_TEST_HOLD_ADDR=holds.address, BAE_RPC_TIMEOUT="1")
@@ -152,12 +156,14 @@ def test_an_unknown_method_on_the_stream_fails_alone(start_stack, mock):
                 session_pb2.ExchangeStart(method="/baeproto.v1.SessionService/CheckCredential",
                                        request=session_pb2.CredentialCheck().SerializeToString()),
             ]
-            for call_id, start in enumerate(calls, 1):
-                await stream.write(session_pb2.ExchangeCall(call_id=call_id, start=start))
+            # Packed into one message, as a gateway's writer packs what queued: each is served alone.
+            await stream.write(session_pb2.ExchangeCalls(calls=[
+                session_pb2.ExchangeCall(call_id=call_id, start=start) for call_id, start in enumerate(calls, 1)
+            ]))
             outcomes = {}
             while len(outcomes) < len(calls):
-                outcome = await stream.read()
-                outcomes[outcome.call_id] = outcome
+                for outcome in (await stream.read()).replies:
+                    outcomes[outcome.call_id] = outcome
             await stream.done_writing()
             assert outcomes[1].code == outcomes[2].code == grpc.StatusCode.UNIMPLEMENTED.value[0]
             assert outcomes[3].code == grpc.StatusCode.UNAUTHENTICATED.value[0]
@@ -210,15 +216,16 @@ def test_a_streaming_call_sends_no_more_than_its_credit_and_holds_back_no_other_
 
     async def read_all(stream, replies: asyncio.Queue) -> None:
         # A read cancelled by a timeout would cancel the whole call: one task reads, the test waits.
-        while (reply := await stream.read()) is not grpc.aio.EOF:
-            replies.put_nowait(reply)
+        while (pack := await stream.read()) is not grpc.aio.EOF:
+            for reply in pack.replies:
+                replies.put_nowait(reply)
 
     async def scenario():
         async with internal_channel(address, TEST_PLANE) as chan:
             stream = session_pb2_grpc.SessionServiceStub(chan).Exchange()
             relay = session_pb2.ExchangeStart(method="/baeproto.v1.SessionService/Relay",
                                               request=session_pb2.RpcRequest(session_id=sid).SerializeToString())
-            await stream.write(session_pb2.ExchangeCall(call_id=1, start=relay))
+            await stream.write(one_call(call_id=1, start=relay))
             replies: asyncio.Queue = asyncio.Queue()
             reader = asyncio.ensure_future(read_all(stream, replies))
             for _ in range(10):  # each turn publishes several batches: more than the window in all
@@ -230,12 +237,12 @@ def test_a_streaming_call_sends_no_more_than_its_credit_and_holds_back_no_other_
             # Another call on the same stream is answered meanwhile.
             check = session_pb2.ExchangeStart(method="/baeproto.v1.SessionService/CheckCredential",
                                               request=session_pb2.CredentialCheck().SerializeToString())
-            await stream.write(session_pb2.ExchangeCall(call_id=2, start=check))
+            await stream.write(one_call(call_id=2, start=check))
             (answer,) = await replies_until_quiet(replies)
             assert answer.call_id == 2 and answer.code == grpc.StatusCode.UNAUTHENTICATED.value[0]
 
             # Credit lets the rest come, in order, ending where the session's feed is.
-            await stream.write(session_pb2.ExchangeCall(call_id=1, credit=window))
+            await stream.write(one_call(call_id=1, credit=window))
             more = await replies_until_quiet(replies)
             assert 0 < len(more) <= window
             frames = [session_pb2.RpcFrame.FromString(reply.message) for reply in held + more]
@@ -245,7 +252,7 @@ def test_a_streaming_call_sends_no_more_than_its_credit_and_holds_back_no_other_
                                     headers={"Authorization": f"Bearer {skey}"}).json()
             assert not page.get("next_cursor")
             assert streamed == [event["id"] for event in page["items"]][-len(streamed):]
-            await stream.write(session_pb2.ExchangeCall(call_id=1, cancel=True))
+            await stream.write(one_call(call_id=1, cancel=True))
             await stream.done_writing()
             await asyncio.wait_for(reader, 10)  # the cancelled relay ended: so does the stream
 

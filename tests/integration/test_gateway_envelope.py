@@ -94,9 +94,10 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
         for name in STREAM_RPCS:
             setattr(self, name, self._stream_handler(name))
 
-    def Exchange(self, calls, context):
+    def Exchange(self, packs, context):
         """The gateway's calls on one stream, each in a thread of its own as its call would be."""
         replies: queue.Queue = queue.Queue()
+        calls = (call for pack in packs for call in pack.calls)
         contexts: dict[int, ExchangedContext] = {}
 
         def serve(call: session_pb2.ExchangeCall) -> None:
@@ -123,7 +124,7 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
 
         threading.Thread(target=read, daemon=True).start()
         while (reply := replies.get()) is not None:
-            yield reply
+            yield session_pb2.ExchangeReplies(replies=[reply])
 
     def _exchanged(self, call: session_pb2.ExchangeCall, context: "ExchangedContext"):
         name = call.start.method.rpartition("/")[2]

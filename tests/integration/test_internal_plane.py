@@ -35,8 +35,9 @@ def calls(stack) -> dict:
     return {
         "session": (settings.session_grpc_addr, session_pb2_grpc.SessionServiceStub, "ListProfiles",
                     session_pb2.RestRequest(authorization=f"Bearer {stack.admin_key}", has_authorization=True)),
-        "runner": (settings.runner_grpc_addr, runner_pb2_grpc.RunnerStub, "RunSteps", [runner_pb2.StepCall(
-                   step_id=1, start=runner_pb2.StepStart(request=runner_pb2.StepRequest(primary_provider="none")))]),
+        "runner": (settings.runner_grpc_addr, runner_pb2_grpc.RunnerStub, "RunSteps", [runner_pb2.StepCalls(calls=[
+                   runner_pb2.StepCall(step_id=1, start=runner_pb2.StepStart(
+                       request=runner_pb2.StepRequest(primary_provider="none")))])]),
         "sandbox": (settings.sandbox_grpc_addrs[0], sandbox_pb2_grpc.SandboxStub, "List", sandbox_pb2.ListRequest()),
     }
 

@@ -579,9 +579,9 @@ async def test_a_caller_that_stops_writing_still_gets_its_running_steps_answered
     start = runner_pb2.StepStart(request=step_request("mock", USER_HELLO))
     async with internal_channel(runner, TEST_PLANE) as channel:
         # The request iterator ends after the start: the client half-closes at once.
-        call = runner_pb2_grpc.RunnerStub(channel).RunSteps(iter([runner_pb2.StepCall(step_id=7, start=start)]),
-                                                            timeout=30)
-        replies = [reply async for reply in call]
+        packs = [runner_pb2.StepCalls(calls=[runner_pb2.StepCall(step_id=7, start=start)])]
+        call = runner_pb2_grpc.RunnerStub(channel).RunSteps(iter(packs), timeout=30)
+        replies = [reply async for pack in call for reply in pack.replies]
     assert {reply.step_id for reply in replies} == {7}
     assert json.loads(replies[-1].update.result.message_json)["content"] == [{"type": "text", "text": "half-closed"}]
 

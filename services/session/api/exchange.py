@@ -77,35 +77,41 @@ class Exchange:
         self._handlers = handlers
         self._draining = asyncio.Event()
 
-    async def serve(self, calls: AsyncIterator[session_pb2.ExchangeCall], context: grpc.aio.ServicerContext) -> None:
-        async with CallTasks(context.write) as running:
-            await serve_until_done(self._read(calls, running), running, self._draining)
+    async def serve(self, packs: AsyncIterator[session_pb2.ExchangeCalls], context: grpc.aio.ServicerContext) -> None:
+        async with CallTasks(context.write, _replies) as running:
+            await serve_until_done(self._read(packs, running), running, self._draining)
 
     async def drain(self, budget: float) -> None:
         self._draining.set()
 
-    async def _read(self, calls: AsyncIterator[session_pb2.ExchangeCall], running: CallTasks) -> None:
+    async def _read(self, packs: AsyncIterator[session_pb2.ExchangeCalls], running: CallTasks) -> None:
         credits: dict[int, asyncio.Semaphore] = {}
-        async for call in calls:
-            kind = call.WhichOneof("kind")
-            if kind == "credit":
-                if (credit := credits.get(call.call_id)) is not None:
-                    for _ in range(min(call.credit, EXCHANGE_WINDOW)):
-                        credit.release()
-            elif kind == "cancel":
-                running.cancel(call.call_id)
-            elif kind != "start":
-                continue
-            elif self._draining.is_set():
-                running.send(session_pb2.ExchangeReply(
-                    call_id=call.call_id, code=grpc.StatusCode.UNAVAILABLE.value[0], details=SHUTTING_DOWN,
-                    not_started=True,
-                ))
-            elif call.call_id in running:
-                running.send(_failed(call.call_id, grpc.StatusCode.ALREADY_EXISTS, f"call {call.call_id} is running"))
-            else:
-                credits[call.call_id] = asyncio.Semaphore(EXCHANGE_WINDOW)
-                running.start(call.call_id, self._serve(call.call_id, call.start, running, credits))
+        async for pack in packs:
+            for call in pack.calls:
+                self._take(call, running, credits)
+
+    def _take(
+        self, call: session_pb2.ExchangeCall, running: CallTasks, credits: dict[int, asyncio.Semaphore]
+    ) -> None:
+        kind = call.WhichOneof("kind")
+        if kind == "credit":
+            if (credit := credits.get(call.call_id)) is not None:
+                for _ in range(min(call.credit, EXCHANGE_WINDOW)):
+                    credit.release()
+        elif kind == "cancel":
+            running.cancel(call.call_id)
+        elif kind != "start":
+            return
+        elif self._draining.is_set():
+            running.send(session_pb2.ExchangeReply(
+                call_id=call.call_id, code=grpc.StatusCode.UNAVAILABLE.value[0], details=SHUTTING_DOWN,
+                not_started=True,
+            ))
+        elif call.call_id in running:
+            running.send(_failed(call.call_id, grpc.StatusCode.ALREADY_EXISTS, f"call {call.call_id} is running"))
+        else:
+            credits[call.call_id] = asyncio.Semaphore(EXCHANGE_WINDOW)
+            running.start(call.call_id, self._serve(call.call_id, call.start, running, credits))
 
     async def _serve(
         self, call_id: int, start: session_pb2.ExchangeStart, running: CallTasks, credits: dict[int, asyncio.Semaphore]
@@ -170,3 +176,7 @@ def _failed(
     return session_pb2.ExchangeReply(
         call_id=call_id, code=code.value[0], details=details, trailing_metadata=dict(trailing)
     )
+
+
+def _replies(replies: list[session_pb2.ExchangeReply]) -> session_pb2.ExchangeReplies:
+    return session_pb2.ExchangeReplies(replies=replies)

@@ -214,8 +214,8 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         await self.admin.apply_revocation(request)
         return session_pb2.RevocationReply()
 
-    async def Exchange(self, calls: AsyncIterator[session_pb2.ExchangeCall], context: Context) -> None:
-        await self.exchange.serve(calls, context)
+    async def Exchange(self, packs: AsyncIterator[session_pb2.ExchangeCalls], context: Context) -> None:
+        await self.exchange.serve(packs, context)
 
     # JSON-RPC plumbing: authenticate once (a failure is a Problem: HTTP 401 before
     # any streaming), then map every fault to its error in one place.

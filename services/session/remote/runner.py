@@ -114,7 +114,11 @@ class _StepStream:
     def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
         self._call = call
         self._waiting: dict[int, asyncio.Queue] = {}
-        self._writer = StreamWriter(call.write, lambda exc: self._end(f"writing to the runner failed: {exc}"))
+        self._writer: StreamWriter[runner_pb2.StepCall] = StreamWriter(
+            call.write,
+            lambda exc: self._end(f"writing to the runner failed: {exc}"),
+            lambda calls: runner_pb2.StepCalls(calls=calls),
+        )
         # Why the stream ended (it takes no new step then); None while it is open.
         self.ending: str | None = None
         self._reader = asyncio.get_running_loop().create_task(self._read(), context=contextvars.Context())
@@ -144,10 +148,11 @@ class _StepStream:
 
     async def _read(self) -> None:
         try:
-            async for reply in self._call:
-                queue = self._waiting.get(reply.step_id)
-                if queue is not None:  # else its caller stopped waiting
-                    queue.put_nowait(reply)
+            async for pack in self._call:
+                for reply in pack.replies:
+                    queue = self._waiting.get(reply.step_id)
+                    if queue is not None:  # else its caller stopped waiting
+                        queue.put_nowait(reply)
             self._end("the runner ended the stream (it is shutting down)")
         except grpc.aio.AioRpcError as exc:
             log.warning("the runner stream broke: %s %s", exc.code().name, exc.details())
