@@ -1,7 +1,10 @@
 """One HTTP attempt through the official SDKs, as raw status + body text.
 
 Clients are cached per (kind, base_url) so connections are reused across
-steps. The body is serialized here and sent through the SDK client's generic
+steps, CLIENTS_PER_PROVIDER of them taken in turn: the SDK's connection pool
+checks every idle connection it holds (a socket probe each) whenever a request
+starts or ends, so one pool's cost per request grows with the concurrency, and
+at 64 concurrent sessions that check was a quarter of the runner's CPU. The body is serialized here and sent through the SDK client's generic
 `post`: the typed `create` methods deep-copy every request, which costs more
 than the HTTP call itself once a history holds a few hundred messages. The
 auth token is resolved per attempt, so it never lives on a client: each call
@@ -12,6 +15,7 @@ walk makes is exactly one HTTP request (and one logged event pair).
 from __future__ import annotations
 
 import asyncio
+import itertools
 from dataclasses import dataclass
 
 import anthropic
@@ -44,10 +48,15 @@ class TransportError(Exception):
     """No HTTP response at all (connect failure, timeout, ...); `str()` is the detail."""
 
 
+# Each with a connection pool of its own: a pool holds about 1/CLIENTS_PER_PROVIDER of the connections.
+CLIENTS_PER_PROVIDER = 8
+
+
 class ProviderClients:
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._clients: dict[tuple[str, str], anthropic.AsyncAnthropic | openai.AsyncOpenAI] = {}
+        self._clients: dict[tuple[str, str], list[anthropic.AsyncAnthropic | openai.AsyncOpenAI]] = {}
+        self._turn = itertools.count()
 
     async def post(self, kind: str, base_url: str, token: str, body: dict) -> WireResponse:
         """POST `body` to the kind's endpoint under `base_url` (no trailing `/`, as
@@ -83,10 +92,12 @@ class ProviderClients:
         return TransportError(f"request timed out after {self.timeout:g} s")
 
     def _client(self, kind: str, base_url: str) -> anthropic.AsyncAnthropic | openai.AsyncOpenAI:
-        client = self._clients.get((kind, base_url))
-        if client is None:
-            client = self._clients[(kind, base_url)] = self._new_client(kind, base_url)
-        return client
+        clients = self._clients.get((kind, base_url))
+        if clients is None:
+            clients = self._clients[(kind, base_url)] = [
+                self._new_client(kind, base_url) for _ in range(CLIENTS_PER_PROVIDER)
+            ]
+        return clients[next(self._turn) % CLIENTS_PER_PROVIDER]
 
     def _new_client(self, kind: str, base_url: str) -> anthropic.AsyncAnthropic | openai.AsyncOpenAI:
         if kind == ANTHROPIC:
@@ -106,7 +117,7 @@ class ProviderClients:
         )
 
     async def close(self) -> None:
-        clients, self._clients = list(self._clients.values()), {}
+        clients, self._clients = [client for each in self._clients.values() for client in each], {}
         for client in clients:
             await client.close()
 
