@@ -14,6 +14,8 @@ import asyncio
 import logging
 from typing import Any, Awaitable, Callable, Coroutine
 
+from google.protobuf.message import Message
+
 from bae.stream_writer import StreamWriter
 
 log = logging.getLogger("bae")
@@ -26,9 +28,9 @@ class CallTasks:
     stream ends are cancelled, as a call of its own is when its caller goes away.
     """
 
-    def __init__(self, write: Callable[[Any], Awaitable[object]], pack: Callable[[list[Any]], object]) -> None:
+    def __init__(self, write: Callable[[Any], Awaitable[object]], wrapper: type[Message]) -> None:
         self._writer: StreamWriter[Any] = StreamWriter(
-            write, lambda exc: log.debug("a stream of calls ended: %s", exc), pack
+            write, lambda exc: log.debug("a stream of calls ended: %s", exc), wrapper
         )
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._none_running = asyncio.Event()

@@ -7,9 +7,9 @@ queue their messages, and a task of the writer's own writes them, in order.
 
 A write costs both ends more CPU than packing several messages into one, and
 under load messages queue while a write is in flight (at 64 concurrent sessions
-most writes found more waiting). So what queued goes out as one packed message
-(`pack`: the stream's repeated wrapper), up to PACK_BYTES; a message larger than
-that goes alone, as before.
+most writes found more waiting). So what queued goes out as one message of the
+stream's wrapper type (a message whose one field repeats the stream's message), up
+to PACK_BYTES; a message larger than that goes alone, as before.
 """
 
 from __future__ import annotations
@@ -17,18 +17,15 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections import deque
-from typing import Awaitable, Callable, Generic, Protocol, TypeVar
+from typing import Awaitable, Callable, Generic, TypeVar
+
+from google.protobuf.message import Message
 
 # What one write packs beyond its first message, in serialized bytes: small messages gain, a large
 # one costs the same alone, and a pack never grows past a lone message's own bound.
 PACK_BYTES = 1024 * 1024
 
-
-class Sized(Protocol):
-    def ByteSize(self) -> int: ...
-
-
-M = TypeVar("M", bound=Sized)
+M = TypeVar("M", bound=Message)
 
 
 class StreamWriter(Generic[M]):
@@ -42,11 +39,13 @@ class StreamWriter(Generic[M]):
         self,
         write: Callable[[object], Awaitable[object]],
         on_failure: Callable[[Exception], None],
-        pack: Callable[[list[M]], object],
+        wrapper: type[Message],
     ) -> None:
         self._write = write
         self._on_failure = on_failure
-        self._pack = pack
+        self._wrapper = wrapper
+        (field,) = wrapper.DESCRIPTOR.fields  # the repeated field a pack's messages go in
+        self._field = field.name
         self._queued: deque[M] = deque()
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()  # nothing queued or being written
@@ -81,7 +80,7 @@ class StreamWriter(Generic[M]):
             if not self._queued:
                 self._wake.clear()
             try:
-                await self._write(self._pack(messages))
+                await self._write(self._wrapper(**{self._field: messages}))
             except Exception as exc:  # the call ended under the write (gRPC raises one of several)
                 self._on_failure(exc)
                 return

@@ -232,7 +232,7 @@ class _Exchange:
         # Each call's replies; an AioRpcError in place of its end when the stream ended under it.
         self._waiting: dict[int, asyncio.Queue] = {}
         self._writer: StreamWriter[session_pb2.ExchangeCall] = StreamWriter(
-            call.write, self._write_failed, lambda calls: session_pb2.ExchangeCalls(calls=calls)
+            call.write, self._write_failed, session_pb2.ExchangeCalls
         )
         # What calls sent from now on fail with (they go on a new stream); None while open.
         self.ending: grpc.aio.AioRpcError | None = None

@@ -1,10 +1,13 @@
 """One HTTP attempt through the official SDKs, as raw status + body text.
 
 Clients are cached per (kind, base_url) so connections are reused across
-steps, CLIENTS_PER_PROVIDER of them taken in turn: the SDK's connection pool
-checks every idle connection it holds (a socket probe each) whenever a request
-starts or ends, so one pool's cost per request grows with the concurrency, and
-at 64 concurrent sessions that check was a quarter of the runner's CPU. The body is serialized here and sent through the SDK client's generic
+steps. The SDK's connection pool checks every idle connection it holds (a
+socket probe each) whenever a request starts or ends, so its cost per request
+grows with the connections: at 64 concurrent sessions on one client that check
+was a quarter of the runner's CPU. So a client takes REQUESTS_PER_CLIENT
+requests at once before another is made for the same provider, up to
+CLIENTS_PER_PROVIDER; under light load there is one, as there always was. The
+body is serialized here and sent through the SDK client's generic
 `post`: the typed `create` methods deep-copy every request, which costs more
 than the HTTP call itself once a history holds a few hundred messages. The
 auth token is resolved per attempt, so it never lives on a client: each call
@@ -15,7 +18,6 @@ walk makes is exactly one HTTP request (and one logged event pair).
 from __future__ import annotations
 
 import asyncio
-import itertools
 from dataclasses import dataclass
 
 import anthropic
@@ -48,15 +50,24 @@ class TransportError(Exception):
     """No HTTP response at all (connect failure, timeout, ...); `str()` is the detail."""
 
 
-# Each with a connection pool of its own: a pool holds about 1/CLIENTS_PER_PROVIDER of the connections.
+REQUESTS_PER_CLIENT = 8
 CLIENTS_PER_PROVIDER = 8
+
+SdkClient = anthropic.AsyncAnthropic | openai.AsyncOpenAI
+
+
+@dataclass
+class _Pooled:
+    """One SDK client (and its connection pool) and the requests it carries now."""
+
+    client: SdkClient
+    in_flight: int = 0
 
 
 class ProviderClients:
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._clients: dict[tuple[str, str], list[anthropic.AsyncAnthropic | openai.AsyncOpenAI]] = {}
-        self._turn = itertools.count()
+        self._clients: dict[tuple[str, str], list[_Pooled]] = {}
 
     async def post(self, kind: str, base_url: str, token: str, body: dict) -> WireResponse:
         """POST `body` to the kind's endpoint under `base_url` (no trailing `/`, as
@@ -73,8 +84,10 @@ class ProviderClients:
             path, headers = ANTHROPIC_PATH, {"X-Api-Key": token, "Authorization": anthropic.omit}
         else:
             path, headers = OPENAI_PATH, {"Authorization": f"Bearer {token}"}
+        pooled = self._take(kind, base_url)
+        pooled.in_flight += 1
         try:
-            response = await self._client(kind, base_url).post(
+            response = await pooled.client.post(
                 path,
                 cast_to=httpx2.Response,
                 content=dump(body).encode(),
@@ -86,20 +99,26 @@ class ProviderClients:
             raise self._timed_out() from None
         except (anthropic.APIConnectionError, openai.APIConnectionError) as error:
             raise TransportError(_connection_detail(error)) from None
+        finally:
+            pooled.in_flight -= 1
         return WireResponse(response.status_code, response.text)
 
     def _timed_out(self) -> TransportError:
         return TransportError(f"request timed out after {self.timeout:g} s")
 
-    def _client(self, kind: str, base_url: str) -> anthropic.AsyncAnthropic | openai.AsyncOpenAI:
-        clients = self._clients.get((kind, base_url))
-        if clients is None:
-            clients = self._clients[(kind, base_url)] = [
-                self._new_client(kind, base_url) for _ in range(CLIENTS_PER_PROVIDER)
-            ]
-        return clients[next(self._turn) % CLIENTS_PER_PROVIDER]
+    def _take(self, kind: str, base_url: str) -> _Pooled:
+        """The first client with room for another request; a new one while there may be more;
+        else the least busy."""
+        pool = self._clients.setdefault((kind, base_url), [])
+        for pooled in pool:
+            if pooled.in_flight < REQUESTS_PER_CLIENT:
+                return pooled
+        if len(pool) < CLIENTS_PER_PROVIDER:
+            pool.append(_Pooled(self._new_client(kind, base_url)))
+            return pool[-1]
+        return min(pool, key=lambda pooled: pooled.in_flight)
 
-    def _new_client(self, kind: str, base_url: str) -> anthropic.AsyncAnthropic | openai.AsyncOpenAI:
+    def _new_client(self, kind: str, base_url: str) -> SdkClient:
         if kind == ANTHROPIC:
             return anthropic.AsyncAnthropic(
                 api_key=_UNUSED_CREDENTIAL,
@@ -117,9 +136,10 @@ class ProviderClients:
         )
 
     async def close(self) -> None:
-        clients, self._clients = [client for each in self._clients.values() for client in each], {}
-        for client in clients:
-            await client.close()
+        pools, self._clients = list(self._clients.values()), {}
+        for pool in pools:
+            for pooled in pool:
+                await pooled.client.close()
 
 
 def _connection_detail(error: anthropic.APIConnectionError | openai.APIConnectionError) -> str:

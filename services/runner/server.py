@@ -40,7 +40,7 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
         self, calls: AsyncIterator[runner_pb2.StepCalls], context: grpc.aio.ServicerContext
     ) -> None:
         """Serve one caller's steps until it stops writing and they are done, or, once draining, until they are done."""
-        async with CallTasks(context.write, _replies) as steps:
+        async with CallTasks(context.write, runner_pb2.StepReplies) as steps:
             await serve_until_done(_StepStream(self, steps).read(calls), steps, self._draining)
 
     async def drain(self, budget: float) -> None:
@@ -155,7 +155,3 @@ def registrar(service: RunnerService):
         return [SERVICE_NAME]
 
     return register
-
-
-def _replies(replies: list[runner_pb2.StepReply]) -> runner_pb2.StepReplies:
-    return runner_pb2.StepReplies(replies=replies)

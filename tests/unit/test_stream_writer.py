@@ -28,7 +28,7 @@ def call(call_id: int, size: int = 0) -> session_pb2.ExchangeCall:
 
 
 def writer_to(stream: HeldStream, failures: list[Exception]) -> StreamWriter[session_pb2.ExchangeCall]:
-    return StreamWriter(stream.write, failures.append, lambda calls: session_pb2.ExchangeCalls(calls=calls))
+    return StreamWriter(stream.write, failures.append, session_pb2.ExchangeCalls)
 
 
 def ids(stream: HeldStream) -> list[list[int]]:
@@ -74,7 +74,7 @@ async def test_a_failed_write_stops_the_writer_and_flush_returns() -> None:
         raise RuntimeError("the call ended")
 
     writer: StreamWriter[session_pb2.ExchangeCall] = StreamWriter(
-        broken, failures.append, lambda calls: session_pb2.ExchangeCalls(calls=calls)
+        broken, failures.append, session_pb2.ExchangeCalls
     )
     writer.send(call(1))
     writer.send(call(2))

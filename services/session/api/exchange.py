@@ -78,7 +78,7 @@ class Exchange:
         self._draining = asyncio.Event()
 
     async def serve(self, packs: AsyncIterator[session_pb2.ExchangeCalls], context: grpc.aio.ServicerContext) -> None:
-        async with CallTasks(context.write, _replies) as running:
+        async with CallTasks(context.write, session_pb2.ExchangeReplies) as running:
             await serve_until_done(self._read(packs, running), running, self._draining)
 
     async def drain(self, budget: float) -> None:
@@ -176,7 +176,3 @@ def _failed(
     return session_pb2.ExchangeReply(
         call_id=call_id, code=code.value[0], details=details, trailing_metadata=dict(trailing)
     )
-
-
-def _replies(replies: list[session_pb2.ExchangeReply]) -> session_pb2.ExchangeReplies:
-    return session_pb2.ExchangeReplies(replies=replies)

@@ -117,7 +117,7 @@ class _StepStream:
         self._writer: StreamWriter[runner_pb2.StepCall] = StreamWriter(
             call.write,
             lambda exc: self._end(f"writing to the runner failed: {exc}"),
-            lambda calls: runner_pb2.StepCalls(calls=calls),
+            runner_pb2.StepCalls,
         )
         # Why the stream ended (it takes no new step then); None while it is open.
         self.ending: str | None = None

@@ -12,10 +12,11 @@ locks (this measured best). Calls that queue while the writer is busy are
 committed together (group commit): they run in one transaction, and if one
 raises, the group is rolled back and its calls run again one at a time, so a
 call that raises leaves no trace while the others commit; the group costs one
-commit (one fsync) and one wake-up of the loop instead of one per call. Under load that is most of the writer's cost; a lone call
-runs as it always did. Reads run on the loop's own thread, on a connection
-of their own that never waits for a lock (busy timeout 0): in WAL mode a read
-needs no lock a writer holds, and the thread hop cost as much as the read (an
+commit (one fsync) and one wake-up of the loop instead of one per call. Under
+load that is most of the writer's cost; a lone call runs as it always did.
+Reads run on the loop's own thread, on a connection of their own that never
+waits for a lock (busy timeout 0): in WAL mode a read needs no lock a writer
+holds, and the thread hop cost as much as the read (an
 authenticated GET went from 1.05 to 0.87 ms p50). A read that would have to
 wait (another process holds the database in a way that stops readers) is handed
 to a reader thread, which waits with patience; so neither path ever holds up a
