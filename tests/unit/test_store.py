@@ -15,7 +15,7 @@ from bae.errors import Problem
 from bae.jsontext import RawJson, dump
 from services.session.api import bodies
 from services.session.api.pagination import PageRequest, page_json, page_request
-from services.session.store import Store, events, keys, sessions
+from services.session.store import Store, access, events, keys, profiles, sessions
 from services.session.store.schema import session_events
 from postgres_support import store_url  # noqa: F401 - the fixture
 
@@ -183,6 +183,34 @@ async def test_key_lookup_by_digest_and_revocation(store):
     assert await store.call(keys.revoke_client, client.id) is None
     assert (await store.call(keys.by_digest, "b" * 64)).deleted_at is not None
     assert await store.call(keys.sessions_with_active_keys, ["ses_1"]) == set()
+
+
+async def test_a_session_key_and_its_records_are_read_as_the_separate_reads_give_them(store):
+    """The one joined read every JSON-RPC call starts with agrees with the three reads it replaces,
+    and refuses what they refuse: another session's key, a client key, a revoked key."""
+    profile = await store.call(profiles.create, {
+        "name": "p", "primary_provider": "claude", **{name: [] for name in profiles.LIST_FIELDS}})
+    sid = await store.call(lambda conn: sessions.create(
+        conn, client_key_id="key_a", profile_id=profile.id, state="open", client_version="1.2",
+        client_tools=[{"name": "t"}], sandbox_tools=[], subagent_tools=[], compaction={"mode": "client", "prompt": None},
+    ))
+    client = await store.call(lambda c: keys.insert_key(c, name="k", key_hash="a" * 64, prefix="bae_aaaa",
+                                                        role="client", profile_id=profile.id))
+    session_key = await store.call(lambda c: keys.insert_key(c, name=sid, key_hash="b" * 64, prefix="bae_ses_",
+                                                             role="session", profile_id=profile.id, client_id=client.id))
+
+    principal, session, live_profile = await store.read(access.session_key_and_records, "b" * 64, sid)
+    assert principal == await store.read(keys.session_principal, "b" * 64, sid)
+    assert principal.key_id == session_key.id and principal.client_key_id == client.id
+    assert (session, live_profile) == await store.session_and_profile(sid)
+    assert session.compaction == {"mode": "client", "prompt": None} and live_profile.id == profile.id  # JSON read back
+
+    await store.call(profiles.soft_delete, profile.id)
+    assert await store.read(access.session_key_and_records, "b" * 64, sid) == (principal, session, None)
+    for digest, session_id in (("b" * 64, "ses_other"), ("a" * 64, sid), ("c" * 64, sid)):
+        assert await store.read(access.session_key_and_records, digest, session_id) == (None, None, None)
+    await store.call(keys.revoke_client, client.id)
+    assert await store.read(access.session_key_and_records, "b" * 64, sid) == (None, None, None)
 
 
 def test_page_request_parsing():

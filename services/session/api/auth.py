@@ -23,7 +23,7 @@ from services.session.api.admin_hash import AdminHashVerifier
 from services.session.api.calls import Credential
 from services.session.store import access, keys
 from services.session.store.records import KeyRecord, Principal, ProfileRecord, SessionRecord
-from services.session.store.store import Store, session_and_profile
+from services.session.store.store import Store
 
 log = logging.getLogger("bae.session.auth")
 
@@ -63,10 +63,13 @@ class Authenticator:
         digest = token_digest(credential.token())
         run = self.store.call if writes else self.store.read
         principal, result = await run(access.as_session_key, digest, session_id, fn, args)
+        return self._accepted(principal), result
+
+    def _accepted(self, principal: Principal | None) -> Principal:
         if principal is None:
             raise unauthorized("invalid session key")
         self.stamps.stamp(principal.key_id)
-        return principal, result
+        return principal
 
     async def with_session_key(
         self, credential: Credential, session_id: str, fn: Callable[..., T], *args: Any, writes: bool = True
@@ -83,11 +86,11 @@ class Authenticator:
     async def session_principal_and_records(
         self, credential: Credential, session_id: str
     ) -> tuple[Principal, SessionRecord | None, ProfileRecord | None]:
-        """The principal, the session's record and its live profile, read in one store call."""
-        principal, records = await self._as_session_key(credential, session_id, session_and_profile, (session_id,),
-                                                        False)
-        assert records is not None  # the key was valid, so session_and_profile ran
-        return principal, *records
+        """The principal, the session's record and its live profile, read in one statement."""
+        principal, session, profile = await self.store.read(
+            access.session_key_and_records, token_digest(credential.token()), session_id
+        )
+        return self._accepted(principal), session, profile
 
     async def client_key(self, credential: Credential) -> KeyRecord:
         row = await self.store.read(keys.active_by_digest, token_digest(credential.token()), "client")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Callable, TypeVar
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Row, and_, bindparam, select
 
-from services.session.store import keys
-from services.session.store.records import Principal
+from services.session.store import keys, profiles, sessions
+from services.session.store.records import Principal, ProfileRecord, SessionRecord
+from services.session.store.schema import keys as key_table
+from services.session.store.schema import profiles as profile_table
+from services.session.store.schema import sessions as session_table
 
 T = TypeVar("T")
 
@@ -20,3 +24,47 @@ def as_session_key(
     if principal is None or fn is None:
         return principal, None
     return principal, fn(conn, *args)
+
+
+# What every JSON-RPC call reads first, as one statement rather than three: the key a token names,
+# the session the key is named after, and that session's profile unless it was deleted.
+_JOINED_TABLES = (key_table, session_table, profile_table)
+_KEY_SESSION_PROFILE = (
+    select(*key_table.c, *session_table.c, *profile_table.c)
+    .select_from(
+        key_table.outerjoin(session_table, session_table.c.id == key_table.c.name).outerjoin(
+            profile_table,
+            and_(profile_table.c.id == session_table.c.profile_id, profile_table.c.deleted_at.is_(None)),
+        )
+    )
+    .where(key_table.c.key_hash == bindparam("digest"))
+)
+
+
+def session_key_and_records(
+    conn: Connection, digest: str, session_id: str
+) -> tuple[Principal | None, SessionRecord | None, ProfileRecord | None]:
+    """The principal of a session key, with its session's record and live profile (None for a
+    missing or deleted one); all three None for any token that is not a valid key of `session_id`."""
+    row = conn.execute(_KEY_SESSION_PROFILE, {"digest": digest}).first()
+    if row is None:
+        return None, None, None
+    key, session, profile = _split(row)
+    principal = keys.principal_of(keys.record(key), digest, session_id)
+    if principal is None:
+        return None, None, None
+    return (
+        principal,
+        None if session.id is None else sessions.record(session),
+        None if profile.id is None else profiles.record(profile),
+    )
+
+
+def _split(row: Row) -> list[Any]:
+    """Each joined table's columns of `row`, read by their own names as that table's record builder does."""
+    parts, start = [], 0
+    for table in _JOINED_TABLES:
+        names = table.c.keys()
+        parts.append(SimpleNamespace(**dict(zip(names, row[start : start + len(names)]))))
+        start += len(names)
+    return parts

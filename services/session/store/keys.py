@@ -188,8 +188,15 @@ def active_by_digest(conn: Connection, digest: str, role: str) -> KeyRecord | No
 
 def session_principal(conn: Connection, digest: str, session_id: str) -> Principal | None:
     """Who an active session key of `session_id` acts as; None for any other token."""
-    row = active_by_digest(conn, digest, "session")
-    if row is None or row.name != session_id:
+    row = by_digest(conn, digest)
+    return None if row is None else principal_of(row, digest, session_id)
+
+
+def principal_of(row: KeyRecord, digest: str, session_id: str) -> Principal | None:
+    """Who the key `row`, found by `digest`, acts as on `session_id`: None unless it is an active session key of it."""
+    if row.role != "session" or row.deleted_at is not None or row.name != session_id:
+        return None
+    if not digests_equal(row.key_hash, digest):  # found by digest; compared again in constant time anyway
         return None
     return Principal(key_id=row.id, client_key_id=row.client_id or "", session_id=session_id, profile_id=row.profile_id)
 
