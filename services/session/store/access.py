@@ -29,8 +29,10 @@ def as_session_key(
 # What every JSON-RPC call reads first, as one statement rather than three: the key a token names,
 # the session the key is named after, and that session's profile unless it was deleted.
 _JOINED_TABLES = (key_table, session_table, profile_table)
+# Each table's column names, in the order the statement selects them.
+_JOINED_NAMES = [table.c.keys() for table in _JOINED_TABLES]
 _KEY_SESSION_PROFILE = (
-    select(*key_table.c, *session_table.c, *profile_table.c)
+    select(*(column for table in _JOINED_TABLES for column in table.c))
     .select_from(
         key_table.outerjoin(session_table, session_table.c.id == key_table.c.name).outerjoin(
             profile_table,
@@ -63,8 +65,7 @@ def session_key_and_records(
 def _split(row: Row) -> list[Any]:
     """Each joined table's columns of `row`, read by their own names as that table's record builder does."""
     parts, start = [], 0
-    for table in _JOINED_TABLES:
-        names = table.c.keys()
+    for names in _JOINED_NAMES:
         parts.append(SimpleNamespace(**dict(zip(names, row[start : start + len(names)]))))
         start += len(names)
     return parts

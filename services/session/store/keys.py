@@ -180,10 +180,13 @@ def sessions_with_active_keys(conn: Connection, session_ids: list[str]) -> set[s
 def active_by_digest(conn: Connection, digest: str, role: str) -> KeyRecord | None:
     """The active key of `role` whose stored digest is `digest`."""
     row = by_digest(conn, digest)
-    if row is None or row.role != role or row.deleted_at is not None:
-        return None
+    return row if row is not None and _active(row, digest, role) else None
+
+
+def _active(row: KeyRecord, digest: str, role: str) -> bool:
+    """Whether `row`, found by `digest`, is an active key of `role`."""
     # The index found the row by digest; compare again in constant time anyway.
-    return row if digests_equal(row.key_hash, digest) else None
+    return row.role == role and row.deleted_at is None and digests_equal(row.key_hash, digest)
 
 
 def session_principal(conn: Connection, digest: str, session_id: str) -> Principal | None:
@@ -194,9 +197,7 @@ def session_principal(conn: Connection, digest: str, session_id: str) -> Princip
 
 def principal_of(row: KeyRecord, digest: str, session_id: str) -> Principal | None:
     """Who the key `row`, found by `digest`, acts as on `session_id`: None unless it is an active session key of it."""
-    if row.role != "session" or row.deleted_at is not None or row.name != session_id:
-        return None
-    if not digests_equal(row.key_hash, digest):  # found by digest; compared again in constant time anyway
+    if row.name != session_id or not _active(row, digest, "session"):
         return None
     return Principal(key_id=row.id, client_key_id=row.client_id or "", session_id=session_id, profile_id=row.profile_id)
 
