@@ -51,13 +51,19 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
     def draining(self) -> bool:
         return self._draining.is_set()
 
-    async def walk(self, step: runner_pb2.StepStart) -> AsyncIterator[runner_pb2.StepUpdate]:
+    async def walk(self, request: runner_pb2.StepRequest, history: History) -> AsyncIterator[runner_pb2.StepUpdate]:
         """One step's updates: an update as each provider call starts, and one with the result."""
-        spec = step_spec(step.request)
+        spec = step_spec(request, history)
         events: list[runner_pb2.StepEvent] = []
         async for item in run_step(spec, self.config, self.clients):
             if isinstance(item, StepEvent):
-                events.append(runner_pb2.StepEvent(event_type=item.event_type, payload_json=dump(item.payload)))
+                events.append(
+                    runner_pb2.StepEvent(
+                        event_type=item.event_type,
+                        payload_json=dump(item.payload),
+                        messages_as_sent=item.messages_as_sent,
+                    )
+                )
                 if item.event_type == PROVIDER_REQUEST:  # the walk now waits for the provider: send it at once
                     yield runner_pb2.StepUpdate(events=events)
                     events = []
@@ -66,11 +72,17 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
 
 
 class _StepStream:
-    """One caller's stream: a task per running step; replies of different steps interleave."""
+    """One caller's stream: a task per running step; replies of different steps interleave.
+
+    It holds each session's history as the stream's last step of the session had it, so that
+    a step sends only what changed (`StepRequest.kept_messages`). Starts are taken in the order
+    they came, which is the order the caller sent them in: both ends agree on what is held.
+    """
 
     def __init__(self, service: RunnerService, steps: CallTasks) -> None:
         self._service = service
         self.steps = steps
+        self._histories: dict[str, History] = {}
 
     async def read(self, packs: AsyncIterator[runner_pb2.StepCalls]) -> None:
         async for pack in packs:
@@ -82,17 +94,44 @@ class _StepStream:
                     self.steps.cancel(call.step_id)
 
     def _start(self, step_id: int, start: runner_pb2.StepStart) -> None:
+        request = start.request
+        for session_id in request.forget_sessions:
+            self._histories.pop(session_id, None)
         if self._service.draining:
-            self.steps.send(runner_pb2.StepReply(step_id=step_id, refused=SHUTTING_DOWN))
+            self._refuse(step_id, request, SHUTTING_DOWN)
         elif step_id in self.steps:
-            self.steps.send(runner_pb2.StepReply(step_id=step_id, refused=f"step {step_id} is already running"))
+            self._refuse(step_id, request, f"step {step_id} is already running")
         else:
-            self.steps.start(step_id, self._run(step_id, start))
+            try:
+                history = self._history(request)
+            except Problem as problem:
+                self._refuse(step_id, request, problem.detail)
+                return
+            self._histories[request.session_id] = history
+            self.steps.start(step_id, self._run(step_id, start, history))
 
-    async def _run(self, step_id: int, start: runner_pb2.StepStart) -> None:
+    def _refuse(self, step_id: int, request: runner_pb2.StepRequest, reason: str) -> None:
+        self._histories.pop(request.session_id, None)  # as the caller does on a refusal
+        self.steps.send(runner_pb2.StepReply(step_id=step_id, refused=reason))
+
+    def _history(self, request: runner_pb2.StepRequest) -> History:
+        """The step's whole history: the kept part of the one held, then the messages sent."""
+        texts, roles = list(request.messages), list(request.roles)
+        if len(texts) != len(roles):
+            raise bad_request(f"{len(texts)} messages but {len(roles)} roles")
+        kept = request.kept_messages
+        if kept:
+            held = self._histories.get(request.session_id)
+            if held is None or len(held.texts) < kept:
+                holds = len(held.texts) if held is not None else 0
+                raise bad_request(f"the step keeps {kept} messages of the session's history; the runner holds {holds}")
+            texts, roles = held.texts[:kept] + texts, held.roles[:kept] + roles
+        return History(texts, roles)
+
+    async def _run(self, step_id: int, start: runner_pb2.StepStart, history: History) -> None:
         callcontext.bind_incoming(list(start.context.items()))  # this task's own request id and trace
         try:
-            async for update in self._service.walk(start):
+            async for update in self._service.walk(start.request, history):
                 self.steps.send(runner_pb2.StepReply(step_id=step_id, update=update))
         except Problem as problem:  # an invalid request: the step fails, not the stream
             self.steps.send(runner_pb2.StepReply(step_id=step_id, refused=problem.detail))
@@ -101,24 +140,17 @@ class _StepStream:
             self.steps.send(runner_pb2.StepReply(step_id=step_id, refused="the runner failed the step (see its log)"))
 
 
-def step_spec(request: runner_pb2.StepRequest) -> StepSpec:
+def step_spec(request: runner_pb2.StepRequest, history: History) -> StepSpec:
     return StepSpec(
         session_id=request.session_id,
         primary=request.primary_provider,
         fallbacks=list(request.fallback_providers),
-        history=_history(request),
+        history=history,
         tools=_json_array(request.tools_json, "tools_json"),
         tools_json=RawJson(request.tools_json or "[]"),
         purpose=request.purpose,
         min_max_tokens=request.min_max_tokens,
     )
-
-
-def _history(request: runner_pb2.StepRequest) -> History:
-    texts, roles = list(request.messages), list(request.roles)
-    if len(texts) != len(roles):
-        raise bad_request(f"{len(texts)} messages but {len(roles)} roles")
-    return History(texts, roles)
 
 
 def _json_array(text: str, field: str) -> list:

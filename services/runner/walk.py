@@ -49,6 +49,8 @@ class StepSpec:
 class StepEvent:
     event_type: str
     payload: dict
+    # provider.request: `messages` is left out of `payload`, being the step's history as it came.
+    messages_as_sent: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,9 @@ async def run_step(
         max_tokens = max(entry.max_tokens, spec.min_max_tokens)
         sent, normalized = wire.normalize(history)
         prepared = _Prepared(sent, spec.tools, spec.tools_json)
+        # The caller has the history it sent: when that is what goes out, it adds the messages
+        # itself (as the last member) instead of receiving them back.
+        as_sent = sent is spec.history
         request_event = StepEvent(
             PROVIDER_REQUEST,
             {
@@ -173,11 +178,12 @@ async def run_step(
                 "base_url": entry.effective_base_url,
                 "model": entry.model,
                 "max_tokens": max_tokens,
-                "messages": sent.json,
                 "tools": prepared.tools_json,
                 **({"normalized": normalized} if normalized is not None else {}),
                 **purpose,
+                **({} if as_sent else {"messages": sent.json}),
             },
+            messages_as_sent=as_sent,
         )
         span = start_attempt(entry, attempt)
         # The HTTP call starts now; streaming the request event to the session overlaps it.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 
-from checks import assert_history_kept, assert_no_container_left, count, wait_for_log, wait_until
+from checks import assert_history_kept, assert_no_container_left, count, event_log, wait_for_log, wait_until
 from conftest import mock_provider_toml
 from live import new_session, register, result, send, session_state, types
 from mockllm import Reply
@@ -85,3 +85,26 @@ def test_runner_killed_mid_step(start_stack, mock):
         "client.message.send", "provider.request", "provider.response", "server.message.send",
     ]
     assert_no_container_left(stack)
+
+
+def test_runner_killed_between_turns_is_sent_the_whole_history_again(start_stack, mock):
+    """The runner keeps each session's history between steps and a step sends only what is new;
+    a restarted runner holds nothing, so the next step sends everything again."""
+    stack = crash_stack(start_stack, mock)
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    said = []
+    for word in ("one", "two", "three"):
+        mock.enqueue(Reply.text(f"answer to {word}"))
+        assert result(send(stack, sid, skey, word))["message"]["content"][0]["text"] == f"answer to {word}"
+        said += [{"role": "user", "content": word}, {"role": "assistant", "content": [{"type": "text", "text": f"answer to {word}"}]}]
+    stack.stack.restart("runner", sig=signal.SIGKILL)
+
+    mock.enqueue(Reply.text("answer to four"))
+    assert result(send(stack, sid, skey, "four"))["message"]["content"][0]["text"] == "answer to four"
+    assert mock.requests[-1]["body"]["messages"] == [*said, {"role": "user", "content": "four"}]
+    # Every turn's provider.request records the whole history its provider call carried.
+    events = event_log(stack, sid, skey)
+    recorded = [event["payload"]["messages"] for event in events if event["event_type"] == "provider.request"]
+    assert recorded == [request["body"]["messages"] for request in mock.requests]
+    assert len(recorded) == 4

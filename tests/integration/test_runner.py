@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import secrets
 import signal
@@ -19,7 +20,7 @@ from bae.protos import runner_pb2, runner_pb2_grpc
 from conftest import free_port, mock_provider_toml
 from mockllm import MockLLM, Reply
 from processes import TEST_PLANE, ServiceProcess, service_env
-from services.session.remote.runner import MAX_STEP_REQUEST_BYTES, RunnerClient, RunnerUnreachable
+from services.session.remote.runner import MAX_STEP_REQUEST_BYTES, RunnerClient, RunnerUnreachable, StepMessages
 
 TOKEN = "sk-test-" + secrets.token_hex(12)
 REDACTED = "\u2022" * 8
@@ -105,12 +106,10 @@ async def run_step(
     updates: list[list[str]] | None = None,
 ) -> tuple[list[tuple[str, dict]], runner_pb2.StepResult]:
     """The step's events and result; `updates` gets each update's event types (and "result")."""
-    request = runner_pb2.StepRequest(
-        session_id="ses_test",
-        primary_provider=primary,
+    request, history = step_request(
+        primary,
+        messages,
         fallback_providers=list(fallbacks),
-        messages=[json.dumps(message) for message in messages],
-        roles=[message["role"] for message in messages],
         tools_json=json.dumps(list(tools)),
         purpose=purpose,
         min_max_tokens=min_max_tokens,
@@ -118,7 +117,7 @@ async def run_step(
     events: list[tuple[str, dict]] = []
     results = []
     async with runner_client(runner) as client:
-        async for update in client.run_step(request, timeout=30):
+        async for update in client.run_step(request, history, timeout=30):
             assert not results, "an update arrived after the result"
             for event in update.events:
                 assert TOKEN not in event.payload_json, f"the auth token leaked into {event.event_type}"
@@ -141,11 +140,11 @@ async def runner_client(address: str) -> AsyncIterator[RunnerClient]:
         await client.close()
 
 
-def step_request(primary: str, messages: list[dict], **fields) -> runner_pb2.StepRequest:
-    return runner_pb2.StepRequest(
-        session_id="ses_test", primary_provider=primary, messages=[json.dumps(message) for message in messages],
-        roles=[message["role"] for message in messages], tools_json="[]", **fields,
-    )
+def step_request(primary: str, messages: list[dict], **fields) -> tuple[runner_pb2.StepRequest, StepMessages]:
+    """A step's request for RunnerClient.run_step, and its history."""
+    fields = {"session_id": "ses_test", "tools_json": "[]", **fields}
+    history = StepMessages([json.dumps(message) for message in messages], [message["role"] for message in messages])
+    return runner_pb2.StepRequest(primary_provider=primary, **fields), history
 
 
 def types(events: list[tuple[str, dict]]) -> list[str]:
@@ -220,29 +219,153 @@ async def test_a_history_is_sent_as_the_texts_that_came_in(runner, llm):
     # Texts in a spacing of their own: a re-serialization would show.
     texts = ['{"role": "user",  "content": "hello"}', '{"role": "assistant",  "content": "hi"}',
              '{"role": "user",  "content": "again"}']
-    request = runner_pb2.StepRequest(session_id="ses_test", primary_provider="mock", messages=texts,
-                                     roles=["user", "assistant", "user"], tools_json="[]")
+    request = runner_pb2.StepRequest(session_id="ses_test", primary_provider="mock", tools_json="[]")
     llm.enqueue(Reply.text("ok"))
     async with runner_client(runner) as client:
-        updates = [u async for u in client.run_step(request, timeout=30)]
+        updates = [u async for u in client.run_step(request, StepMessages(texts, ["user", "assistant", "user"]), timeout=30)]
     (first,) = updates[0].events
     assert first.event_type == "provider.request"
     assert '"messages":[' + ",".join(texts) + "]" in first.payload_json
+    assert not first.messages_as_sent
     assert llm.requests[0]["body"]["messages"] == [json.loads(text) for text in texts]
 
 
-async def test_messages_and_roles_must_pair_up(runner, llm):
-    request = runner_pb2.StepRequest(session_id="ses_test", primary_provider="mock",
-                                     messages=['{"role":"user","content":"hi"}'], roles=[])
+async def test_a_step_sends_what_changed_and_the_runner_keeps_the_rest(runner, llm):
+    texts = [json.dumps({"role": role, "content": f"message {i}"}) for i, role in enumerate(["user", "assistant"] * 3)]
+    roles = ["user", "assistant"] * 3
+
+    def start(session_id: str, kept: int, new: slice, forget: tuple[str, ...] = ()) -> runner_pb2.StepStart:
+        return runner_pb2.StepStart(request=runner_pb2.StepRequest(
+            session_id=session_id, primary_provider="mock", tools_json="[]", kept_messages=kept,
+            messages=texts[new], roles=roles[new], forget_sessions=forget))
+
+    for _ in range(5):
+        llm.enqueue(Reply.text("ok"))
+    async with raw_step_stream(runner) as step:
+        # The whole history, then the same session's next step keeps three and adds two.
+        first = await step(start("ses_a", 0, slice(0, 3)))
+        second = await step(start("ses_a", 3, slice(3, 5)))
+        # One message fewer than held, then one more: a step may keep any part of what is held.
+        third = await step(start("ses_a", 2, slice(2, 6)))
+        assert (await step(start("ses_a", 7, slice(0, 0)))).refused == (
+            "the step keeps 7 messages of the session's history; the runner holds 6")
+        # A refusal drops the session's history: only a step that keeps nothing is taken now.
+        assert "the runner holds 0" in (await step(start("ses_a", 1, slice(1, 2)))).refused
+        fourth = await step(start("ses_a", 0, slice(0, 2)))
+        # A session the caller names is forgotten before the step is taken.
+        await step(start("ses_b", 0, slice(0, 1), forget=("ses_a",)))
+        assert "the runner holds 0" in (await step(start("ses_a", 2, slice(2, 3)))).refused
+    sent = [request["body"]["messages"] for request in llm.requests]
+    assert sent == [[json.loads(text) for text in texts[:n]] for n in (3, 5, 6, 2, 1)]
+    for reply in (first, second, third, fourth):
+        request_event = reply.events[0]
+        assert request_event.event_type == "provider.request" and request_event.messages_as_sent
+        assert "messages" not in json.loads(request_event.payload_json)
+
+
+async def test_a_history_the_runner_changes_comes_back_in_its_request_event(runner, llm):
+    # A routing field is dropped before the provider sees it: the event carries what was sent.
+    tagged = {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "tu_1", "name": "get_weather", "input": {}, "dispatch": "client"}]}
+    answer = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu_1", "content": "sunny"}]}
+    history = [*USER_HELLO, tagged, answer]
+    llm.enqueue(Reply.text("ok"))
+    async with raw_step_stream(runner) as step:
+        reply = await step(runner_pb2.StepStart(request=runner_pb2.StepRequest(
+            session_id="ses_a", primary_provider="mock", tools_json="[]",
+            messages=[json.dumps(message) for message in history], roles=[m["role"] for m in history])))
+    request_event = reply.events[0]
+    assert not request_event.messages_as_sent
+    stripped = {"role": "assistant", "content": [{"type": "tool_use", "id": "tu_1", "name": "get_weather", "input": {}}]}
+    assert json.loads(request_event.payload_json)["messages"] == [*USER_HELLO, stripped, answer]
+    assert llm.requests[0]["body"]["messages"] == [*USER_HELLO, stripped, answer]
+
+
+async def test_a_client_sends_each_history_whole_through_the_runner_it_keeps(runner, llm):
+    """RunnerClient over one stream: the history grows, has its last message replaced (as a
+    compaction instruction does), shrinks, and starts again; every provider call and every
+    `provider.request` carries the whole history, and a refusal does not lose the next step."""
+    messages = [{"role": role, "content": f"m{i}"} for i, role in enumerate(["user", "assistant"] * 4)]
+    histories = [messages[:1], messages[:3], messages[:5], [*messages[:4], {"role": "user", "content": "summarize"}],
+                 messages[:2], messages[:7]]
     async with runner_client(runner) as client:
-        with pytest.raises(RunnerUnreachable, match="refused the step: 1 messages but 0 roles"):
-            async for _ in client.run_step(request, timeout=30):
+        for history in histories:
+            llm.enqueue(Reply.text("ok"))
+            updates = [u async for u in client.run_step(*step_request("mock", history), timeout=30)]
+            assert json.loads(updates[0].events[0].payload_json)["messages"] == history
+            assert not updates[0].events[0].messages_as_sent
+        # A step the runner refuses (its tools are not JSON) is the step's failure; the next one is whole.
+        request, texts = step_request("mock", messages, tools_json="{")
+        with pytest.raises(RunnerUnreachable, match="tools_json is not valid JSON"):
+            async for _ in client.run_step(request, texts, timeout=30):
                 pass
-        assert llm.requests == []
+        llm.enqueue(Reply.text("ok"))
+        updates = [u async for u in client.run_step(*step_request("mock", messages), timeout=30)]
+        assert json.loads(updates[0].events[0].payload_json)["messages"] == messages
+    assert [request["body"]["messages"] for request in llm.requests] == [*histories, messages]
+
+
+async def test_messages_and_roles_must_pair_up(runner, llm):
+    async with raw_step_stream(runner) as step:
+        reply = await step(runner_pb2.StepStart(request=runner_pb2.StepRequest(
+            session_id="ses_test", primary_provider="mock", messages=['{"role":"user","content":"hi"}'], roles=[])))
+        assert reply.refused == "1 messages but 0 roles"
         # Only the step failed: the stream serves the next one.
         llm.enqueue(Reply.text("still here"))
-        updates = [u async for u in client.run_step(step_request("mock", USER_HELLO), timeout=30)]
-    assert json.loads(updates[-1].result.message_json)["content"] == [{"type": "text", "text": "still here"}]
+        request, history = step_request("mock", USER_HELLO)
+        reply = await step(runner_pb2.StepStart(request=runner_pb2.StepRequest(
+            session_id="ses_test", primary_provider="mock", messages=history.texts, roles=history.roles)))
+    assert reply.result is not None
+    assert json.loads(reply.result.message_json)["content"] == [{"type": "text", "text": "still here"}]
+    with pytest.raises(ValueError, match="1 messages but 0 roles"):
+        async with runner_client(runner) as client:
+            async for _ in client.run_step(request, StepMessages(['{"role":"user","content":"hi"}'], []), timeout=30):
+                pass
+
+
+@dataclasses.dataclass
+class StepReplies:
+    """What one step answered: its events and result, or its refusal."""
+
+    events: list[runner_pb2.StepEvent] = dataclasses.field(default_factory=list)
+    result: runner_pb2.StepResult | None = None
+    refused: str = ""
+
+
+@contextlib.asynccontextmanager
+async def raw_step_stream(address: str):
+    """A `RunSteps` stream driven by hand: `step(start)` sends one step and returns what it
+    answered, one step at a time."""
+    calls: asyncio.Queue = asyncio.Queue()
+    step_ids = iter(range(1, 1000))
+
+    async def packs():
+        while (call := await calls.get()) is not None:
+            yield runner_pb2.StepCalls(calls=[call])
+
+    async with internal_channel(address, TEST_PLANE) as channel:
+        stream = runner_pb2_grpc.RunnerStub(channel).RunSteps(packs(), timeout=30)
+        replies = stream.__aiter__()
+
+        async def step(start: runner_pb2.StepStart) -> StepReplies:
+            await calls.put(runner_pb2.StepCall(step_id=next(step_ids), start=start))
+            answered = StepReplies()
+            while True:
+                for reply in (await anext(replies)).replies:
+                    if reply.WhichOneof("kind") == "refused":
+                        answered.refused = reply.refused
+                        return answered
+                    answered.events += reply.update.events
+                    if reply.update.HasField("result"):
+                        answered.result = reply.update.result
+                        return answered
+
+        try:
+            yield step
+        finally:
+            await calls.put(None)
+            async for _ in replies:
+                pass
 
 
 async def test_missing_usage_is_null(runner, llm):
@@ -493,7 +616,7 @@ async def test_concurrent_steps_share_one_stream_and_each_gets_its_own_replies(r
 
         async def step(word: str) -> list[runner_pb2.StepUpdate]:
             request = step_request("mock", [{"role": "user", "content": word}])
-            return [update async for update in client.run_step(request, timeout=30)]
+            return [update async for update in client.run_step(*request, timeout=30)]
 
         steps = [asyncio.ensure_future(step(word)) for word in ("one", "two", "three")]
         while len(llm.requests) < 3:  # all three wait on the provider at once
@@ -513,7 +636,7 @@ async def test_a_step_its_caller_stops_waiting_for_is_stopped(runner, llm):
     # Unstopped, the walk would give up on the primary after its 1 s timeout and call the fallback.
     llm.enqueue(Reply.hang(3))
     async with runner_client(runner) as client:
-        updates = client.run_step(step_request("mock", USER_HELLO, fallback_providers=["fallback"]), timeout=30)
+        updates = client.run_step(*step_request("mock", USER_HELLO, fallback_providers=["fallback"]), timeout=30)
         first = await anext(updates)
         assert first.events[0].event_type == "provider.request"
         await updates.aclose()
@@ -521,7 +644,7 @@ async def test_a_step_its_caller_stops_waiting_for_is_stopped(runner, llm):
         assert len(llm.requests) == 1, "the stopped step went on to its fallback"
         # The stream carries on.
         llm.enqueue(Reply.text("next"))
-        answer = [update async for update in client.run_step(step_request("mock", USER_HELLO), timeout=30)]
+        answer = [update async for update in client.run_step(*step_request("mock", USER_HELLO), timeout=30)]
     assert answer[-1].result.outcome == runner_pb2.StepResult.OK
 
 
@@ -529,7 +652,7 @@ async def test_a_step_that_overruns_its_deadline_fails_and_is_stopped(runner, ll
     llm.enqueue(Reply.hang(3))
     async with runner_client(runner) as client:
         with pytest.raises(RunnerUnreachable, match="longer than 0.5 s"):
-            async for _ in client.run_step(step_request("mock", USER_HELLO, fallback_providers=["fallback"]),
+            async for _ in client.run_step(*step_request("mock", USER_HELLO, fallback_providers=["fallback"]),
                                            timeout=0.5):
                 pass
         await asyncio.sleep(1.5)
@@ -542,13 +665,13 @@ async def test_a_runner_shutting_down_finishes_running_steps_then_ends_the_strea
     llm.enqueue(Reply.held(release))
     try:
         async with runner_client(address) as client:
-            running = client.run_step(step_request("mock", USER_HELLO), timeout=30)
+            running = client.run_step(*step_request("mock", USER_HELLO), timeout=30)
             assert (await anext(running)).events[0].event_type == "provider.request"
             process.process.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.5)
             # A step asked for now is refused (or finds the stream ended): it never runs.
             with pytest.raises(RunnerUnreachable, match="shutting down"):
-                async for _ in client.run_step(step_request("mock", USER_HELLO), timeout=30):
+                async for _ in client.run_step(*step_request("mock", USER_HELLO), timeout=30):
                     pass
             release.set()
             rest = [update async for update in running]
@@ -566,17 +689,20 @@ async def test_a_request_too_large_for_the_stream_fails_its_step_alone(runner, l
     huge = [{"role": "user", "content": "x" * MAX_STEP_REQUEST_BYTES}]
     async with runner_client(runner) as client:
         with pytest.raises(RunnerUnreachable, match="over the"):
-            async for _ in client.run_step(step_request("mock", huge), timeout=30):
+            async for _ in client.run_step(*step_request("mock", huge), timeout=30):
                 pass
         llm.enqueue(Reply.text("fine"))
-        answer = [update async for update in client.run_step(step_request("mock", USER_HELLO), timeout=30)]
+        answer = [update async for update in client.run_step(*step_request("mock", USER_HELLO), timeout=30)]
     assert answer[-1].result.outcome == runner_pb2.StepResult.OK
     assert len(llm.requests) == 1
 
 
 async def test_a_caller_that_stops_writing_still_gets_its_running_steps_answered(runner, llm):
     llm.enqueue(Reply.text("half-closed"))
-    start = runner_pb2.StepStart(request=step_request("mock", USER_HELLO))
+    request, history = step_request("mock", USER_HELLO)
+    request.messages.extend(history.texts)
+    request.roles.extend(history.roles)
+    start = runner_pb2.StepStart(request=request)
     async with internal_channel(runner, TEST_PLANE) as channel:
         # The request iterator ends after the start: the client half-closes at once.
         packs = [runner_pb2.StepCalls(calls=[runner_pb2.StepCall(step_id=7, start=start)])]

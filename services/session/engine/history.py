@@ -10,19 +10,12 @@ re-serialization (and the runner reads only the messages it must change).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from bae.jsontext import dump, load
+from services.session.remote.runner import StepMessages
 
 MESSAGE_EVENTS = ("client.message.send", "server.message.send")
 DEFAULT_ROLE = {"client.message.send": "user", "server.message.send": "assistant"}
-
-
-class StepMessages(NamedTuple):
-    """A provider step's history: each message's JSON text, and its role."""
-
-    texts: list[str]
-    roles: list[str]
 
 
 class History:

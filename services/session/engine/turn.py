@@ -20,10 +20,10 @@ from services.session.engine import tools as toolset
 from services.session.engine.domain import Dispatch, SessionState, TurnEnd, Usage
 from services.session.engine.feed import Watcher
 from services.session.engine.gate import ParkedTurn
-from services.session.engine.history import MESSAGE_EVENTS, StepMessages
+from services.session.engine.history import MESSAGE_EVENTS
 from services.session.engine.runtime import LiveSession, SessionRuntime
 from services.session.engine.spans import open_dispatch
-from services.session.remote.runner import RunnerClient, RunnerUnreachable
+from services.session.remote.runner import RunnerClient, RunnerUnreachable, StepMessages
 from services.session.store.events import EventView
 from services.session.store.records import ProfileRecord, SessionRecord
 
@@ -220,14 +220,12 @@ class Turn:
             session_id=self.session_id,
             primary_provider=profile.primary_provider,
             fallback_providers=list(profile.fallback_providers),
-            messages=messages.texts,
-            roles=messages.roles,
             tools_json=dump(tools),
             purpose=purpose,
             min_max_tokens=min_max_tokens,
         )
         result = None
-        updates = self.runner.run_step(request, timeout=STEP_DEADLINE)
+        updates = self.runner.run_step(request, messages, timeout=STEP_DEADLINE)
         try:
             async for update in updates:
                 for step_event in update.events:

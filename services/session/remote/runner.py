@@ -5,6 +5,15 @@ and teardown on both ends, against one message each way on an open stream), so
 the steps of all sessions share one `RunSteps` stream, told apart by step id. The
 stream is opened on first use and again after it ended; a step that was running
 when it broke fails as a runner call used to fail when the runner went away.
+
+A session's history went to the runner whole with every step and came back whole
+in its `provider.request`: at 2,000 events that was two 60 KB messages per step,
+built and read on both ends. Now the runner keeps, per stream, each session's
+history as its last step had it; a step sends only the messages after the part
+that stayed the same, and a `provider.request` that sends the history as it came
+leaves it out for this end to add. This end decides what the runner keeps: it
+drops the sessions stepped least recently beyond HELD_HISTORY_BYTES and names them
+in its next step.
 """
 
 from __future__ import annotations
@@ -13,7 +22,9 @@ import asyncio
 import contextvars
 import itertools
 import logging
-from typing import AsyncGenerator
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import AsyncGenerator, NamedTuple
 
 import grpc
 
@@ -26,9 +37,21 @@ log = logging.getLogger("bae.session.runner")
 
 # What a step waits for a reply that is the stream's end, not the runner's.
 _ENDED = object()
-# A larger request would fail the shared stream, not just its step; the margin leaves room for
-# the runner's `provider.request` event, which carries the same history.
+# A larger history would fail the shared stream, not just its step (the first step of a
+# session on a stream sends it whole); the margin leaves room for the rest of the request and
+# for a `provider.request` that carries the history changed (normalized, routing fields dropped).
 MAX_STEP_REQUEST_BYTES = grpcutil.MAX_MESSAGE_BYTES - 1024 * 1024
+# What the runner may hold of one stream's histories: message text in UTF-8 bytes (at most), plus
+# HELD_MESSAGE_OVERHEAD per message for the objects that hold it.
+HELD_HISTORY_BYTES = 128 * 1024 * 1024
+HELD_MESSAGE_OVERHEAD = 128
+
+
+class StepMessages(NamedTuple):
+    """A provider step's history: each message's JSON text, and its role."""
+
+    texts: Sequence[str]
+    roles: Sequence[str]
 
 
 class RunnerUnreachable(Exception):
@@ -52,10 +75,15 @@ class RunnerClient:
         self.opened_streams = 0
 
     async def run_step(
-        self, request: runner_pb2.StepRequest, *, timeout: float
+        self, request: runner_pb2.StepRequest, messages: StepMessages, *, timeout: float
     ) -> AsyncGenerator[runner_pb2.StepUpdate, None]:
-        """The step's updates, the last one with its result. A consumer that stops early stops the step."""
-        if (size := request.ByteSize()) > MAX_STEP_REQUEST_BYTES:
+        """The step's updates, the last one with its result; `request` without its history, which
+        is `messages`. Each `provider.request` has its messages. A consumer that stops early stops
+        the step."""
+        if len(messages.texts) != len(messages.roles):
+            raise ValueError(f"{len(messages.texts)} messages but {len(messages.roles)} roles")
+        size = _history_bytes(messages.texts) + request.ByteSize()
+        if size > MAX_STEP_REQUEST_BYTES:
             raise RunnerUnreachable(f"the step's request is {size} bytes, over the {MAX_STEP_REQUEST_BYTES} a step may send")
         stream = await self._open()
         step_id = next(self._step_ids)
@@ -63,11 +91,12 @@ class RunnerClient:
         context: list[tuple[str, str | bytes]] = []
         callcontext.add_outgoing(context)
         start = runner_pb2.StepStart(request=request, context={k: str(v) for k, v in context})
+        messages_json: str | None = None  # the history as one JSON array, made when first needed
         ended = False
         # Only the waits are bounded: the consumer's own work between updates is not cut short.
         deadline = asyncio.get_running_loop().time() + timeout
         try:
-            stream.send(runner_pb2.StepCall(step_id=step_id, start=start))
+            stream.send_start(step_id, start, messages, size)
             while not ended:
                 try:
                     async with asyncio.timeout_at(deadline):
@@ -78,7 +107,13 @@ class RunnerClient:
                     raise RunnerUnreachable(stream.ending or "the runner ended the stream")
                 if reply.WhichOneof("kind") == "refused":
                     ended = True
+                    stream.histories.drop(request.session_id)
                     raise RunnerUnreachable(f"the runner refused the step: {reply.refused}")
+                for event in reply.update.events:
+                    if event.messages_as_sent:
+                        messages_json = messages_json or "[" + ",".join(messages.texts) + "]"
+                        event.payload_json = _with_messages(event.payload_json, messages_json)
+                        event.messages_as_sent = False
                 ended = reply.update.HasField("result")
                 yield reply.update
         finally:
@@ -108,11 +143,72 @@ class RunnerClient:
             return self._stream
 
 
+def _history_bytes(texts: Sequence[str]) -> int:
+    """The history's size in UTF-8: counted exactly only when its characters could exceed the bound."""
+    size = sum(map(len, texts))
+    if size * 4 > MAX_STEP_REQUEST_BYTES:
+        size = sum(len(text.encode()) for text in texts)
+    return size
+
+
+def _with_messages(payload_json: str, messages_json: str) -> str:
+    """A JSON object's text with a `messages` member added last."""
+    separator = "" if payload_json == "{}" else ","
+    return f'{payload_json[:-1]}{separator}"messages":{messages_json}}}'
+
+
+class _HeldHistory(NamedTuple):
+    texts: list[str]
+    size: int
+
+
+class HeldHistories:
+    """What the runner holds of one stream's histories, as this end sent them: per session, the
+    whole history of its last step. Both ends change it in the order the steps go out."""
+
+    def __init__(self, budget: int = HELD_HISTORY_BYTES) -> None:
+        self.budget = budget
+        self._held: OrderedDict[str, _HeldHistory] = OrderedDict()  # least recently stepped first
+        self._size = 0
+        self._dropped: list[str] = []  # for the runner to drop too, named in the next step
+
+    def step(self, request: runner_pb2.StepRequest, messages: StepMessages, size: int) -> None:
+        """Fill in the request's history: the messages after the part the runner keeps."""
+        texts = list(messages.texts)
+        previous = self._held.pop(request.session_id, None)
+        kept = _kept(previous.texts, texts) if previous is not None else 0
+        request.kept_messages = kept
+        request.messages.extend(texts[kept:])
+        request.roles.extend(messages.roles[kept:])
+        request.forget_sessions.extend(self._dropped)
+        self._dropped = []
+        held = _HeldHistory(texts, size + HELD_MESSAGE_OVERHEAD * len(texts))
+        self._held[request.session_id] = held
+        self._size += held.size - (previous.size if previous is not None else 0)
+        while self._size > self.budget and len(self._held) > 1:
+            self.drop(next(iter(self._held)))
+
+    def drop(self, session_id: str) -> None:
+        """Forget a session's history here, and have the runner forget it with the next step."""
+        held = self._held.pop(session_id, None)
+        if held is not None:
+            self._size -= held.size
+            self._dropped.append(session_id)
+
+
+def _kept(held: list[str], texts: list[str]) -> int:
+    """How many leading messages of `held` the history `texts` starts with."""
+    if texts[: len(held)] == held:  # the usual step: the history only grew
+        return len(held)
+    return next((i for i, (old, new) in enumerate(zip(held, texts)) if old != new), min(len(held), len(texts)))
+
+
 class _StepStream:
     """One open `RunSteps` call: a reader task hands each reply to the step it belongs to."""
 
     def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
         self._call = call
+        self.histories = HeldHistories()
         self._waiting: dict[int, asyncio.Queue] = {}
         self._writer: StreamWriter[runner_pb2.StepCall] = StreamWriter(
             call.write,
@@ -131,10 +227,13 @@ class _StepStream:
     def forget(self, step_id: int) -> None:
         self._waiting.pop(step_id, None)
 
-    def send(self, call: runner_pb2.StepCall) -> None:
+    def send_start(self, step_id: int, start: runner_pb2.StepStart, messages: StepMessages, size: int) -> None:
+        """Send a step with the part of its history the runner does not hold."""
         if self.ending is not None:
             raise RunnerUnreachable(self.ending)
-        self._writer.send(call)
+        # No await from here on: the runner takes the starts in the order they are written.
+        self.histories.step(start.request, messages, size)
+        self._writer.send(runner_pb2.StepCall(step_id=step_id, start=start))
 
     def cancel_step(self, step_id: int) -> None:
         """Tell the runner to stop a step whose caller stopped waiting."""
