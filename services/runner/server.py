@@ -54,6 +54,7 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
     async def walk(self, request: runner_pb2.StepRequest, history: History) -> AsyncIterator[runner_pb2.StepUpdate]:
         """One step's updates: an update as each provider call starts, and one with the result."""
         spec = step_spec(request, history)
+        held = request.hold_history
         events: list[runner_pb2.StepEvent] = []
         async for item in run_step(spec, self.config, self.clients):
             if isinstance(item, StepEvent):
@@ -65,10 +66,10 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
                     )
                 )
                 if item.event_type == PROVIDER_REQUEST:  # the walk now waits for the provider: send it at once
-                    yield runner_pb2.StepUpdate(events=events)
+                    yield runner_pb2.StepUpdate(events=events, history_held=held)
                     events = []
             else:
-                yield runner_pb2.StepUpdate(events=events, result=step_result(item))
+                yield runner_pb2.StepUpdate(events=events, result=step_result(item), history_held=held)
 
 
 class _StepStream:
@@ -107,7 +108,10 @@ class _StepStream:
             except Problem as problem:
                 self._refuse(step_id, request, problem.detail)
                 return
-            self._histories[request.session_id] = history
+            if request.hold_history:
+                self._histories[request.session_id] = history
+            else:
+                self._histories.pop(request.session_id, None)
             self.steps.start(step_id, self._run(step_id, start, history))
 
     def _refuse(self, step_id: int, request: runner_pb2.StepRequest, reason: str) -> None:

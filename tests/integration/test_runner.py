@@ -234,12 +234,12 @@ async def test_a_step_sends_what_changed_and_the_runner_keeps_the_rest(runner, l
     texts = [json.dumps({"role": role, "content": f"message {i}"}) for i, role in enumerate(["user", "assistant"] * 3)]
     roles = ["user", "assistant"] * 3
 
-    def start(session_id: str, kept: int, new: slice, forget: tuple[str, ...] = ()) -> runner_pb2.StepStart:
+    def start(session_id: str, kept: int, new: slice, forget: tuple[str, ...] = (), hold: bool = True) -> runner_pb2.StepStart:
         return runner_pb2.StepStart(request=runner_pb2.StepRequest(
             session_id=session_id, primary_provider="mock", tools_json="[]", kept_messages=kept,
-            messages=texts[new], roles=roles[new], forget_sessions=forget))
+            messages=texts[new], roles=roles[new], forget_sessions=forget, hold_history=hold))
 
-    for _ in range(5):
+    for _ in range(6):
         llm.enqueue(Reply.text("ok"))
     async with raw_step_stream(runner) as step:
         # The whole history, then the same session's next step keeps three and adds two.
@@ -253,14 +253,19 @@ async def test_a_step_sends_what_changed_and_the_runner_keeps_the_rest(runner, l
         assert "the runner holds 0" in (await step(start("ses_a", 1, slice(1, 2)))).refused
         fourth = await step(start("ses_a", 0, slice(0, 2)))
         # A session the caller names is forgotten before the step is taken.
-        await step(start("ses_b", 0, slice(0, 1), forget=("ses_a",)))
+        held_b = await step(start("ses_b", 0, slice(0, 1), forget=("ses_a",)))
         assert "the runner holds 0" in (await step(start("ses_a", 2, slice(2, 3)))).refused
+        # A step that does not ask for its history to be held leaves none: the runner says so.
+        unheld = await step(start("ses_b", 0, slice(0, 2), hold=False))
+        assert "the runner holds 0" in (await step(start("ses_b", 1, slice(1, 2)))).refused
     sent = [request["body"]["messages"] for request in llm.requests]
-    assert sent == [[json.loads(text) for text in texts[:n]] for n in (3, 5, 6, 2, 1)]
+    assert sent == [[json.loads(text) for text in texts[:n]] for n in (3, 5, 6, 2, 1, 2)]
     for reply in (first, second, third, fourth):
         request_event = reply.events[0]
         assert request_event.event_type == "provider.request" and request_event.messages_as_sent
         assert "messages" not in json.loads(request_event.payload_json)
+    assert all(update.history_held for update in held_b.updates)
+    assert not any(update.history_held for update in unheld.updates)
 
 
 async def test_a_history_the_runner_changes_comes_back_in_its_request_event(runner, llm):
@@ -294,6 +299,7 @@ async def test_a_client_sends_each_history_whole_through_the_runner_it_keeps(run
             updates = [u async for u in client.run_step(*step_request("mock", history), timeout=30)]
             assert json.loads(updates[0].events[0].payload_json)["messages"] == history
             assert not updates[0].events[0].messages_as_sent
+            assert client.runner_holds_histories  # from the first step's replies on
         # A step the runner refuses (its tools are not JSON) is the step's failure; the next one is whole.
         request, texts = step_request("mock", messages, tools_json="{")
         with pytest.raises(RunnerUnreachable, match="tools_json is not valid JSON"):
@@ -327,6 +333,7 @@ async def test_messages_and_roles_must_pair_up(runner, llm):
 class StepReplies:
     """What one step answered: its events and result, or its refusal."""
 
+    updates: list[runner_pb2.StepUpdate] = dataclasses.field(default_factory=list)
     events: list[runner_pb2.StepEvent] = dataclasses.field(default_factory=list)
     result: runner_pb2.StepResult | None = None
     refused: str = ""
@@ -355,6 +362,7 @@ async def raw_step_stream(address: str):
                     if reply.WhichOneof("kind") == "refused":
                         answered.refused = reply.refused
                         return answered
+                    answered.updates.append(reply.update)
                     answered.events += reply.update.events
                     if reply.update.HasField("result"):
                         answered.result = reply.update.result

@@ -18,8 +18,15 @@ def sent(request: runner_pb2.StepRequest) -> tuple[int, list[str], list[str]]:
     return request.kept_messages, list(request.messages), list(request.forget_sessions)
 
 
+def holding(budget: int | None = None) -> HeldHistories:
+    """Histories of a stream whose runner said it holds them."""
+    held = HeldHistories() if budget is None else HeldHistories(budget=budget)
+    held.runner_holds = True
+    return held
+
+
 def test_a_step_sends_the_messages_after_the_part_held():
-    held = HeldHistories()
+    held = holding()
     assert sent(step(held, "a", TEXTS[:3])) == (0, TEXTS[:3], [])
     assert sent(step(held, "a", TEXTS[:5])) == (3, TEXTS[3:5], [])
     # Equal texts count as the same message, whatever object holds them.
@@ -35,7 +42,7 @@ def test_a_step_sends_the_messages_after_the_part_held():
 
 def test_the_sessions_stepped_least_recently_are_dropped_beyond_the_budget_and_named_next():
     one = len(TEXTS[0]) + HELD_MESSAGE_OVERHEAD
-    held = HeldHistories(budget=3 * one)
+    held = holding(budget=3 * one)
     step(held, "a", TEXTS[:1])
     step(held, "b", TEXTS[:1])
     step(held, "a", TEXTS[:1])  # a is now the most recent
@@ -48,10 +55,20 @@ def test_the_sessions_stepped_least_recently_are_dropped_beyond_the_budget_and_n
 
 
 def test_a_dropped_session_is_sent_whole_and_named_for_the_runner_to_drop():
-    held = HeldHistories()
+    held = holding()
     step(held, "a", TEXTS[:3])
     step(held, "b", TEXTS[:3])
     held.drop("a")  # its step was refused
     held.drop("a")
     assert sent(step(held, "b", TEXTS[:4])) == (3, TEXTS[3:4], ["a"])
     assert sent(step(held, "a", TEXTS[:4])) == (0, TEXTS[:4], [])
+
+
+def test_every_step_is_sent_whole_until_the_runner_says_it_holds_histories():
+    # A runner from before held histories would ignore kept_messages and send the provider a part.
+    held = HeldHistories()
+    assert sent(step(held, "a", TEXTS[:3])) == (0, TEXTS[:3], [])
+    request = step(held, "a", TEXTS[:5])
+    assert sent(request) == (0, TEXTS[:5], []) and request.hold_history
+    held.runner_holds = True  # its replies said so: it holds what every step so far sent
+    assert sent(step(held, "a", TEXTS[:6])) == (5, TEXTS[5:6], [])

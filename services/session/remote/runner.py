@@ -13,7 +13,8 @@ history as its last step had it; a step sends only the messages after the part
 that stayed the same, and a `provider.request` that sends the history as it came
 leaves it out for this end to add. This end decides what the runner keeps: it
 drops the sessions stepped least recently beyond HELD_HISTORY_BYTES and names them
-in its next step.
+in its next step. Until the runner has said it holds histories, every step is
+sent whole: one from before this protocol would ignore `kept_messages`.
 """
 
 from __future__ import annotations
@@ -121,6 +122,11 @@ class RunnerClient:
             if not ended:
                 stream.cancel_step(step_id)
 
+    @property
+    def runner_holds_histories(self) -> bool:
+        """Whether steps on the open stream send only what changed of their histories."""
+        return self._stream is not None and self._stream.histories.runner_holds
+
     async def close(self) -> None:
         if self._stream is not None:
             await self._stream.close()
@@ -168,6 +174,8 @@ class HeldHistories:
 
     def __init__(self, budget: int = HELD_HISTORY_BYTES) -> None:
         self.budget = budget
+        # Whether the runner said it holds histories; until then every step keeps nothing.
+        self.runner_holds = False
         self._held: OrderedDict[str, _HeldHistory] = OrderedDict()  # least recently stepped first
         self._size = 0
         self._dropped: list[str] = []  # for the runner to drop too, named in the next step
@@ -176,7 +184,8 @@ class HeldHistories:
         """Fill in the request's history: the messages after the part the runner keeps."""
         texts = list(messages.texts)
         previous = self._held.pop(request.session_id, None)
-        kept = _kept(previous.texts, texts) if previous is not None else 0
+        kept = _kept(previous.texts, texts) if previous is not None and self.runner_holds else 0
+        request.hold_history = True
         request.kept_messages = kept
         request.messages.extend(texts[kept:])
         request.roles.extend(messages.roles[kept:])
@@ -249,6 +258,8 @@ class _StepStream:
         try:
             async for pack in self._call:
                 for reply in pack.replies:
+                    if reply.update.history_held:
+                        self.histories.runner_holds = True
                     queue = self._waiting.get(reply.step_id)
                     if queue is not None:  # else its caller stopped waiting
                         queue.put_nowait(reply)
