@@ -7,8 +7,6 @@ must alternate (SERVER-SPEC §8.5).
 
 from __future__ import annotations
 
-import operator
-
 from bae.jsontext import RawJson
 from services.runner.canonical import History, Message, Usage, WireFormatError, content_blocks, read_usage
 
@@ -18,8 +16,7 @@ COMPACTED_PREAMBLE = "The earlier part of this conversation was compacted. A sum
 def normalize_history(history: History) -> tuple[History, dict | None]:
     """`normalize` over a History. Its roles alone show the usual case, a history that starts
     with `user` and alternates: then no message is read and the history goes out as it came."""
-    roles = history.roles
-    if (not roles or roles[0] == "user") and not any(map(operator.eq, roles, roles[1:])):
+    if history.alternates_from_user:
         return history, None
     folded, normalized = normalize(history.messages)
     return History.of(folded), normalized

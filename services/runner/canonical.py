@@ -7,6 +7,7 @@ Messages are `{"role", "content": string | block[]}`; blocks are `text`,
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -38,6 +39,27 @@ class History:
     def of(cls, messages: list[Message]) -> "History":
         return cls([dump(message) for message in messages], [message.get("role") or "" for message in messages])
 
+    def extended(self, texts: list[str], roles: list[str]) -> "History":
+        """This history, then more messages. What was found out about this one's messages holds
+        for them in the longer one, so a step after a long held history looks only at the new ones."""
+        longer = History(self.texts + texts, self.roles + roles)
+        known = vars(self)  # where functools.cached_property keeps what it found out
+        if "names_routing_fields" in known:
+            longer.names_routing_fields = self.names_routing_fields or _names_routing_fields(texts)
+        if "alternates_from_user" in known and self.roles:
+            longer.alternates_from_user = self.alternates_from_user and _alternate(self.roles[-1:] + roles)
+        return longer
+
+    @functools.cached_property
+    def names_routing_fields(self) -> bool:
+        """Whether a message may name a routing field (a text may just mention one)."""
+        return _names_routing_fields([self.json.text])
+
+    @functools.cached_property
+    def alternates_from_user(self) -> bool:
+        """Whether the roles start with `user` and alternate (an empty history does too)."""
+        return (not self.roles or self.roles[0] == "user") and _alternate(self.roles)
+
     @functools.cached_property
     def messages(self) -> list[Message]:
         """The messages as values, read on first use."""
@@ -50,7 +72,7 @@ class History:
 
     def without_routing_fields(self) -> "History":
         """`dispatch` / `caller` dropped from tool_use blocks; itself when no message names one."""
-        if not any(key in self.json.text for key in _ROUTING_KEYS):
+        if not self.names_routing_fields:
             return self
         texts = list(self.texts)
         for index, text in enumerate(texts):
@@ -58,6 +80,14 @@ class History:
                 (message,) = strip_routing_fields([load(text)])
                 texts[index] = dump(message)
         return History(texts, self.roles)
+
+
+def _names_routing_fields(texts: list[str]) -> bool:
+    return any(key in text for text in texts for key in _ROUTING_KEYS)
+
+
+def _alternate(roles: list[str]) -> bool:
+    return not any(map(operator.eq, roles, roles[1:]))
 
 
 @dataclass(frozen=True)

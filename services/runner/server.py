@@ -124,13 +124,15 @@ class _StepStream:
         if len(texts) != len(roles):
             raise bad_request(f"{len(texts)} messages but {len(roles)} roles")
         kept = request.kept_messages
-        if kept:
-            held = self._histories.get(request.session_id)
-            if held is None or len(held.texts) < kept:
-                holds = len(held.texts) if held is not None else 0
-                raise bad_request(f"the step keeps {kept} messages of the session's history; the runner holds {holds}")
-            texts, roles = held.texts[:kept] + texts, held.roles[:kept] + roles
-        return History(texts, roles)
+        if not kept:
+            return History(texts, roles)
+        held = self._histories.get(request.session_id)
+        if held is None or len(held.texts) < kept:
+            holds = len(held.texts) if held is not None else 0
+            raise bad_request(f"the step keeps {kept} messages of the session's history; the runner holds {holds}")
+        if kept == len(held.texts):  # the usual step: the history only grew
+            return held.extended(texts, roles)
+        return History(held.texts[:kept] + texts, held.roles[:kept] + roles)
 
     async def _run(self, step_id: int, start: runner_pb2.StepStart, history: History) -> None:
         callcontext.bind_incoming(list(start.context.items()))  # this task's own request id and trace

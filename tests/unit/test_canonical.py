@@ -61,6 +61,45 @@ def test_only_the_messages_that_name_a_routing_field_are_read_and_rewritten():
 # --- anthropic normalization ---------------------------------------------------
 
 
+ROUTED = json.dumps({"role": "assistant", "content": [
+    {"type": "tool_use", "id": "tu_1", "name": "t", "input": {}, "dispatch": "client"}]})
+
+
+def message(role: str) -> str:
+    return json.dumps({"role": role, "content": f"a {role} message"})
+
+
+@pytest.mark.parametrize(
+    ("held", "added"),
+    [
+        (["user", "assistant"], ["user"]),
+        (["user", "assistant"], ["assistant"]),  # the roles repeat where the two meet
+        (["user", "assistant"], ["user", "user"]),  # they repeat among the new messages
+        (["assistant", "user"], ["assistant"]),  # it starts with the wrong role
+        (["user"], []),
+        (["user", "routed"], ["user"]),
+        (["user", "assistant"], ["user", "routed"]),
+    ],
+)
+def test_an_extended_history_knows_what_a_fresh_one_finds_out(held, added):
+    def texts(roles: list[str]) -> tuple[list[str], list[str]]:
+        return [ROUTED if role == "routed" else message(role) for role in roles], [
+            "assistant" if role == "routed" else role for role in roles]
+
+    shorter = History(*texts(held))
+    shorter.without_routing_fields()
+    anthropic_wire.normalize_history(shorter)
+    longer = shorter.extended(*texts(added))
+    fresh = History(*texts(held + added))
+    assert vars(longer)["names_routing_fields"] == fresh.names_routing_fields
+    assert vars(longer)["alternates_from_user"] == fresh.alternates_from_user
+    assert (longer.texts, longer.roles) == (fresh.texts, fresh.roles)
+    # Nothing found out yet: the longer history finds out for itself.
+    unexamined = History(*texts(held)).extended(*texts(added))
+    assert "names_routing_fields" not in vars(unexamined)
+    assert unexamined.alternates_from_user == fresh.alternates_from_user
+
+
 def test_normalize_leaves_well_formed_history_alone():
     messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     assert anthropic_wire.normalize(messages) == (messages, None)

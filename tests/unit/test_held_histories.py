@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bae.protos import runner_pb2
-from services.session.remote.runner import HELD_MESSAGE_OVERHEAD, HeldHistories, StepMessages
+from services.session.remote import runner
+from services.session.remote.runner import HELD_MESSAGE_OVERHEAD, HeldHistories, RunnerUnreachable, StepMessages
 
 TEXTS = [f'{{"role":"user","content":"message {i}"}}' for i in range(6)]
 
 
 def step(held: HeldHistories, session_id: str, texts: list[str]) -> runner_pb2.StepRequest:
     request = runner_pb2.StepRequest(session_id=session_id)
-    held.step(request, StepMessages(texts, ["user"] * len(texts)), sum(map(len, texts)))
+    held.step(request, StepMessages(texts, ["user"] * len(texts)))
     return request
 
 
@@ -72,3 +75,17 @@ def test_every_step_is_sent_whole_until_the_runner_says_it_holds_histories():
     assert sent(request) == (0, TEXTS[:5], []) and request.hold_history
     held.runner_holds = True  # its replies said so: it holds what every step so far sent
     assert sent(step(held, "a", TEXTS[:6])) == (5, TEXTS[5:6], [])
+
+
+def test_a_history_grown_too_large_for_the_stream_is_refused_and_nothing_changes(monkeypatch):
+    monkeypatch.setattr(runner, "MAX_STEP_REQUEST_BYTES", 4 * len(TEXTS[0]) + 20)
+    held = holding()
+    step(held, "a", TEXTS[:3])
+    with pytest.raises(RunnerUnreachable, match="over the"):
+        step(held, "a", [*TEXTS[:3], "x" * 60])
+    # Counted in UTF-8, not in characters: three bytes each (the characters alone would fit).
+    with pytest.raises(RunnerUnreachable, match="over the"):
+        step(held, "a", [*TEXTS[:3], "\u20ac" * 20])
+    assert sent(step(held, "a", TEXTS[:4])) == (3, TEXTS[3:4], [])
+    # A history that lost messages counts only what is left.
+    assert sent(step(held, "a", [*TEXTS[:2], "x" * 25])) == (2, ["x" * 25], [])

@@ -42,7 +42,7 @@ _ENDED = object()
 # session on a stream sends it whole); the margin leaves room for the rest of the request and
 # for a `provider.request` that carries the history changed (normalized, routing fields dropped).
 MAX_STEP_REQUEST_BYTES = grpcutil.MAX_MESSAGE_BYTES - 1024 * 1024
-# What the runner may hold of one stream's histories: message text in UTF-8 bytes (at most), plus
+# What the runner may hold of one stream's histories: message text in characters, plus
 # HELD_MESSAGE_OVERHEAD per message for the objects that hold it.
 HELD_HISTORY_BYTES = 128 * 1024 * 1024
 HELD_MESSAGE_OVERHEAD = 128
@@ -83,9 +83,6 @@ class RunnerClient:
         the step."""
         if len(messages.texts) != len(messages.roles):
             raise ValueError(f"{len(messages.texts)} messages but {len(messages.roles)} roles")
-        size = _history_bytes(messages.texts) + request.ByteSize()
-        if size > MAX_STEP_REQUEST_BYTES:
-            raise RunnerUnreachable(f"the step's request is {size} bytes, over the {MAX_STEP_REQUEST_BYTES} a step may send")
         stream = await self._open()
         step_id = next(self._step_ids)
         replies = stream.expect(step_id)
@@ -97,7 +94,7 @@ class RunnerClient:
         # Only the waits are bounded: the consumer's own work between updates is not cut short.
         deadline = asyncio.get_running_loop().time() + timeout
         try:
-            stream.send_start(step_id, start, messages, size)
+            stream.send_start(step_id, start, messages)
             while not ended:
                 try:
                     async with asyncio.timeout_at(deadline):
@@ -149,12 +146,11 @@ class RunnerClient:
             return self._stream
 
 
-def _history_bytes(texts: Sequence[str]) -> int:
-    """The history's size in UTF-8: counted exactly only when its characters could exceed the bound."""
-    size = sum(map(len, texts))
-    if size * 4 > MAX_STEP_REQUEST_BYTES:
-        size = sum(len(text.encode()) for text in texts)
-    return size
+def _utf8_size(texts: list[str], chars: int) -> int:
+    """The size in UTF-8 of texts of `chars` characters: counted only when it could exceed the bound."""
+    if chars * 4 > MAX_STEP_REQUEST_BYTES:
+        return sum(len(text.encode()) for text in texts)
+    return chars
 
 
 def _with_messages(payload_json: str, messages_json: str) -> str:
@@ -165,7 +161,12 @@ def _with_messages(payload_json: str, messages_json: str) -> str:
 
 class _HeldHistory(NamedTuple):
     texts: list[str]
-    size: int
+    chars: int  # of all the texts, counted once
+
+    @property
+    def cost(self) -> int:
+        """What it counts for against the budget."""
+        return self.chars + HELD_MESSAGE_OVERHEAD * len(self.texts)
 
 
 class HeldHistories:
@@ -180,20 +181,29 @@ class HeldHistories:
         self._size = 0
         self._dropped: list[str] = []  # for the runner to drop too, named in the next step
 
-    def step(self, request: runner_pb2.StepRequest, messages: StepMessages, size: int) -> None:
-        """Fill in the request's history: the messages after the part the runner keeps."""
+    def step(self, request: runner_pb2.StepRequest, messages: StepMessages) -> None:
+        """Fill in the request's history: the messages after the part the runner keeps. A history
+        too large for the stream raises RunnerUnreachable, and nothing changes."""
         texts = list(messages.texts)
-        previous = self._held.pop(request.session_id, None)
-        kept = _kept(previous.texts, texts) if previous is not None and self.runner_holds else 0
+        previous = self._held.get(request.session_id)
+        if previous is None:
+            shared, chars = 0, sum(map(len, texts))
+        else:  # only what changed is counted
+            shared = _shared(previous.texts, texts)
+            chars = previous.chars - sum(map(len, previous.texts[shared:])) + sum(map(len, texts[shared:]))
+        size = _utf8_size(texts, chars) + request.ByteSize()
+        if size > MAX_STEP_REQUEST_BYTES:
+            raise RunnerUnreachable(f"the step's request is {size} bytes, over the {MAX_STEP_REQUEST_BYTES} a step may send")
+        kept = shared if self.runner_holds else 0
         request.hold_history = True
         request.kept_messages = kept
         request.messages.extend(texts[kept:])
         request.roles.extend(messages.roles[kept:])
         request.forget_sessions.extend(self._dropped)
         self._dropped = []
-        held = _HeldHistory(texts, size + HELD_MESSAGE_OVERHEAD * len(texts))
-        self._held[request.session_id] = held
-        self._size += held.size - (previous.size if previous is not None else 0)
+        held = self._held[request.session_id] = _HeldHistory(texts, chars)
+        self._held.move_to_end(request.session_id)
+        self._size += held.cost - (previous.cost if previous is not None else 0)
         while self._size > self.budget and len(self._held) > 1:
             self.drop(next(iter(self._held)))
 
@@ -201,11 +211,11 @@ class HeldHistories:
         """Forget a session's history here, and have the runner forget it with the next step."""
         held = self._held.pop(session_id, None)
         if held is not None:
-            self._size -= held.size
+            self._size -= held.cost
             self._dropped.append(session_id)
 
 
-def _kept(held: list[str], texts: list[str]) -> int:
+def _shared(held: list[str], texts: list[str]) -> int:
     """How many leading messages of `held` the history `texts` starts with."""
     if texts[: len(held)] == held:  # the usual step: the history only grew
         return len(held)
@@ -236,12 +246,12 @@ class _StepStream:
     def forget(self, step_id: int) -> None:
         self._waiting.pop(step_id, None)
 
-    def send_start(self, step_id: int, start: runner_pb2.StepStart, messages: StepMessages, size: int) -> None:
+    def send_start(self, step_id: int, start: runner_pb2.StepStart, messages: StepMessages) -> None:
         """Send a step with the part of its history the runner does not hold."""
         if self.ending is not None:
             raise RunnerUnreachable(self.ending)
         # No await from here on: the runner takes the starts in the order they are written.
-        self.histories.step(start.request, messages, size)
+        self.histories.step(start.request, messages)
         self._writer.send(runner_pb2.StepCall(step_id=step_id, start=start))
 
     def cancel_step(self, step_id: int) -> None:
