@@ -76,7 +76,7 @@ class History:
             return self
         texts = list(self.texts)
         for index, text in enumerate(texts):
-            if any(key in text for key in _ROUTING_KEYS):  # may be just text: reading it tells
+            if _names_routing_fields([text]):  # may be just text: reading it tells
                 (message,) = strip_routing_fields([load(text)])
                 texts[index] = dump(message)
         return History(texts, self.roles)
