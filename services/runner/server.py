@@ -16,7 +16,7 @@ from bae.jsontext import RawJson, dump, load
 from bae.protos import runner_pb2, runner_pb2_grpc
 from services.runner.canonical import History
 from services.runner.clients import ProviderClients
-from services.runner.walk import PROVIDER_REQUEST, StepEvent, StepOutcome, StepSpec, run_step
+from services.runner.walk import StepEvent, StepOutcome, StepSpec, run_step
 
 log = logging.getLogger("bae.runner")
 
@@ -52,7 +52,7 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
         return self._draining.is_set()
 
     async def walk(self, request: runner_pb2.StepRequest, history: History) -> AsyncIterator[runner_pb2.StepUpdate]:
-        """One step's updates: an update as each provider call starts, and one with the result."""
+        """One step's updates: one when the walk starts waiting for a provider, one with the result."""
         spec = step_spec(request, history)
         held = request.hold_history
         events: list[runner_pb2.StepEvent] = []
@@ -65,7 +65,7 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
                         messages_as_sent=item.messages_as_sent,
                     )
                 )
-                if item.event_type == PROVIDER_REQUEST:  # the walk now waits for the provider: send it at once
+                if item.then_waits:
                     yield runner_pb2.StepUpdate(events=events, history_held=held)
                     events = []
             else:

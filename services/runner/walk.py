@@ -31,6 +31,11 @@ PROVIDER_REQUEST = "provider.request"
 # Shorter "tokens" (test placeholders like "x") would match ordinary text, and
 # redacting them would corrupt every body without protecting a real secret.
 MIN_REDACTED_TOKEN_LENGTH = 8
+# A provider that answers within this long has its provider.request sent to the session service
+# with its answer, to be written in one commit with it: a message each way, a commit and a
+# broadcast fewer per call. A slower provider's request event goes out when this has passed,
+# while the call goes on.
+REQUEST_EVENT_HOLD = 0.005
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,8 @@ class StepEvent:
     payload: dict
     # provider.request: `messages` is left out of `payload`, being the step's history as it came.
     messages_as_sent: bool = False
+    # The walk goes on waiting for a provider after this event: the events so far should go out now.
+    then_waits: bool = False
 
 
 @dataclass(frozen=True)
@@ -171,25 +178,24 @@ async def run_step(
         # The caller has the history it sent: when that is what goes out, it adds the messages
         # itself (as the last member) instead of receiving them back.
         as_sent = sent is spec.history
-        request_event = StepEvent(
-            PROVIDER_REQUEST,
-            {
-                **base,
-                "base_url": entry.effective_base_url,
-                "model": entry.model,
-                "max_tokens": max_tokens,
-                "tools": prepared.tools_json,
-                **({"normalized": normalized} if normalized is not None else {}),
-                **purpose,
-                **({} if as_sent else {"messages": sent.json}),
-            },
-            messages_as_sent=as_sent,
-        )
+        request_payload = {
+            **base,
+            "base_url": entry.effective_base_url,
+            "model": entry.model,
+            "max_tokens": max_tokens,
+            "tools": prepared.tools_json,
+            **({"normalized": normalized} if normalized is not None else {}),
+            **purpose,
+            **({} if as_sent else {"messages": sent.json}),
+        }
         span = start_attempt(entry, attempt)
-        # The HTTP call starts now; streaming the request event to the session overlaps it.
+        # The HTTP call starts now; the request event goes out with its answer, or while it runs.
         attempt_call = asyncio.ensure_future(_attempt(entry, wire, max_tokens, prepared, clients))
         try:
-            yield request_event
+            await asyncio.wait((attempt_call,), timeout=REQUEST_EVENT_HOLD)
+            yield StepEvent(
+                PROVIDER_REQUEST, request_payload, messages_as_sent=as_sent, then_waits=not attempt_call.done()
+            )
             result = await attempt_call
         finally:
             attempt_call.cancel()  # a no-op once done; stops the call when the step is abandoned

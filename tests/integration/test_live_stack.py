@@ -187,11 +187,11 @@ def test_a_reader_that_keeps_up_gets_a_batch_larger_than_the_lag_limit(stack, mo
 
 
 def test_events_committed_together_reach_the_gateway_in_one_frame(shared, mock):
-    """At the session service's own boundary: a text turn's stream is four gRPC messages, its
-    provider.response and server.message.send (one commit) in one of them."""
+    """At the session service's own boundary: a text turn's events written in one commit go in one
+    gRPC message. A slow provider's provider.request is written while it waits; a fast one's (within
+    the runner's 5 ms) with its answer, so that whole turn is three messages."""
     sid, skey, _ = new_session(shared)
     register(shared, sid, skey)
-    mock.enqueue(Reply.text("together"))
     plane = InternalPlane(shared.stack.env["BAE_INTERNAL_TOKEN"], keepalive=30.0)
     request = session_pb2.RpcRequest(authorization=f"Bearer {skey}", has_authorization=True, session_id=sid,
                                      params_json=json.dumps({"message": {"content": "hi"}}))
@@ -202,11 +202,19 @@ def test_events_committed_together_reach_the_gateway_in_one_frame(shared, mock):
                 request, metadata=[plane.token_metadata], timeout=30)
             return [frame async for frame in call]
 
-    received = asyncio.run(frames())
-    shapes = [frame.WhichOneof("kind") for frame in received]
+    def turn(reply: Reply) -> tuple[list[str | None], list[list[str]]]:
+        mock.enqueue(reply)
+        received = asyncio.run(frames())
+        events = [[json.loads(event)["event_type"] for event in frame.events.json] for frame in received
+                  if frame.WhichOneof("kind") == "events"]
+        return [frame.WhichOneof("kind") for frame in received], events
+
+    shapes, events = turn(Reply.hang(0.2))
     assert shapes == ["accepted", "events", "events", "result_json"]
-    assert [[json.loads(event)["event_type"] for event in frame.events.json] for frame in received[1:3]] == [
-        ["provider.request"], ["provider.response", "server.message.send"]]
+    assert events == [["provider.request"], ["provider.response", "server.message.send"]]
+    # Whether the provider answers within 5 ms is up to the machine: one of a few quick turns does.
+    quick = [turn(Reply.text("quick")) for _ in range(5)]
+    assert (["accepted", "events", "result_json"], [["provider.request", "provider.response", "server.message.send"]]) in quick, quick
 
 
 # --- 2. mixed-kind fallback ------------------------------------------------------------------

@@ -58,8 +58,9 @@ class Turn:
     events: list[EventView] = field(default_factory=list)
     # Usage of the last successful provider call of this turn (§12.2); None when unreported.
     last_usage: Usage | None = None
-    # A successful provider.response, held back to be written in one store call
-    # with the events that follow it (it arrives together with the step's result).
+    # The events that came with a step's result (its provider.response, and its provider.request
+    # when the provider answered at once), held back to be written in one store call with the
+    # events that follow them.
     carried: list[tuple[str | None, str, dict | RawJson]] = field(default_factory=list)
     # A write emit_soon started and nothing has waited for yet.
     _pending: asyncio.Future[list[EventView]] | None = field(default=None, init=False, repr=False)
@@ -112,7 +113,11 @@ class Turn:
         if pending is None or pending is asyncio.current_task():
             return
         self._pending = None
-        await pending
+        try:
+            await pending
+        except BaseException:
+            self.carried = []  # they follow a write that did not succeed: nothing after it is recorded
+            raise
 
     async def emit_compaction(self, *, preamble: dict, summary: dict, completed: dict) -> list[EventView]:
         """A compaction's preamble, summary and `completed` marker, written together, then broadcast."""
@@ -126,7 +131,7 @@ class Turn:
         return views
 
     async def flush(self) -> None:
-        """Finish a write still under way, and write a provider.response still carried when the
+        """Finish a write still under way, and write the events still carried when the
         turn ends without a following event."""
         await self.settle()
         if self.carried:
@@ -228,15 +233,13 @@ class Turn:
         updates = self.runner.run_step(request, messages, timeout=STEP_DEADLINE)
         try:
             async for update in updates:
-                for step_event in update.events:
-                    # Stored and sent as the runner wrote it: never re-serialized here.
-                    event = (step_event.event_type, RawJson(step_event.payload_json))
-                    if event[0] == "provider.response":
-                        self.carried.append((self.actor, *event))  # written with what follows
-                    else:
-                        await self.emit([event])
+                # Stored and sent as the runner wrote them: never re-serialized here.
+                events: list[EventItem] = [(event.event_type, RawJson(event.payload_json)) for event in update.events]
                 if update.HasField("result"):
                     result = update.result
+                    self.carried += [(self.actor, kind, payload) for kind, payload in events]
+                elif events:
+                    await self.emit(events)
         except RunnerUnreachable as exc:
             await self.settle()  # a failed write of what came before is the turn's error, not this
             log.error("runner step for session %s failed: %s", self.session_id, exc)
