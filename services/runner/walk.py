@@ -31,10 +31,11 @@ PROVIDER_REQUEST = "provider.request"
 # Shorter "tokens" (test placeholders like "x") would match ordinary text, and
 # redacting them would corrupt every body without protecting a real secret.
 MIN_REDACTED_TOKEN_LENGTH = 8
-# A provider that answers within this long has its provider.request sent to the session service
-# with its answer, to be written in one commit with it: a message each way, a commit and a
-# broadcast fewer per call. A slower provider's request event goes out when this has passed,
-# while the call goes on.
+# A provider that answers a turn's call within this long has its provider.request sent to the
+# session service with its answer, to be written in one commit with it: a message each way, a
+# commit and a broadcast fewer per call. A slower provider's request event goes out when this has
+# passed, while the call goes on. A compaction's is never held: it is written before the summary,
+# which the database may have no room for, and a failed compaction keeps its request (§12.4).
 REQUEST_EVENT_HOLD = 0.005
 
 
@@ -165,6 +166,7 @@ async def run_step(
     history = spec.history.without_routing_fields()
     compaction = spec.purpose == COMPACTION
     purpose = {"purpose": spec.purpose} if spec.purpose else {}
+    request_event_hold = 0.0 if compaction else REQUEST_EVENT_HOLD
     for attempt, entry in enumerate(chain):
         base = {
             "attempt": attempt,
@@ -192,7 +194,8 @@ async def run_step(
         # The HTTP call starts now; the request event goes out with its answer, or while it runs.
         attempt_call = asyncio.ensure_future(_attempt(entry, wire, max_tokens, prepared, clients))
         try:
-            await asyncio.wait((attempt_call,), timeout=REQUEST_EVENT_HOLD)
+            if request_event_hold:
+                await asyncio.wait((attempt_call,), timeout=request_event_hold)
             yield StepEvent(
                 PROVIDER_REQUEST, request_payload, messages_as_sent=as_sent, then_waits=not attempt_call.done()
             )

@@ -251,6 +251,13 @@ async def test_a_fast_providers_request_event_goes_with_its_answer(runner, llm):
     assert [["provider.request", "provider.response"]] in sent, sent
 
 
+async def test_a_compactions_request_event_is_never_held(runner, llm):
+    llm.enqueue(Reply.text("summary"))
+    updates: list[list[str]] = []
+    await run_step(runner, "mock", USER_HELLO, purpose="compaction", updates=updates)
+    assert updates == [["provider.request"], ["provider.response", "result"]]
+
+
 async def test_a_history_is_sent_as_the_texts_that_came_in(runner, llm):
     # Texts in a spacing of their own: a re-serialization would show.
     texts = ['{"role": "user",  "content": "hello"}', '{"role": "assistant",  "content": "hi"}',
