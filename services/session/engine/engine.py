@@ -336,7 +336,7 @@ class TurnEngine:
         try:
             await turn.flush()
         except Exception:
-            log.exception("writing the last provider response of %s failed", turn.session_id)
+            log.exception("writing the last events of %s's turn failed", turn.session_id)
 
 
 def client_result(block: dict) -> dict:
