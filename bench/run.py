@@ -15,7 +15,9 @@ Turns: a simple text turn through gateway -> session -> runner -> mock LLM,
 against the same mock called directly with the anthropic SDK: one session at a
 time (new sessions of 10 turns, so the history stays small), then 8 and 64
 concurrent sessions; and a session with 2,000 prior events against fresh ones,
-each less its own provider call made directly (the body grows with the history).
+each less its own provider call made directly (the body grows with the history),
+after the latency of the 500 turns that build it (their tail shows writes held up
+by the database, such as a checkpoint inside a commit).
 Compaction: a session of about 2,000 events before and after `session.compact`:
 the provider request body, the turn's added latency, and what one compaction
 run costs over the same provider call made directly.
@@ -330,8 +332,8 @@ async def bench_long_history(client: httpx.AsyncClient, url: str, key: str, mock
     driver = await Connection.open(url)
     await lean_rpc(driver, sid, skey, "session.registerDriver")
     print("  building a session with 2,000 prior events ...", flush=True)
-    for _ in range(LONG_HISTORY_TURNS):
-        await lean_rpc(driver, sid, skey, "session.sendMessage", SEND)
+    building = [(await timed_rpc(driver, sid, skey, "session.sendMessage", SEND))[0] for _ in range(LONG_HISTORY_TURNS)]
+    report(f"text turns building it (history 0 -> {LONG_HISTORY_TURNS * 2} messages)", building[1:], sum(building[1:]))
     long_history = await last_request_messages(client, sid, skey)
     freeze_heap()
     fresh: list[float] = []

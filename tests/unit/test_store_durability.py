@@ -1,18 +1,22 @@
-"""Durability and availability: SQLite's synchronous mode, private files and a database locked by another
-process; PostgreSQL's outages."""
+"""Durability and availability: SQLite's synchronous mode, private files, a database locked by another
+process and the WAL's checkpoints; PostgreSQL's outages."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sqlite3
 import stat
+import threading
+from pathlib import Path
 
 import pytest
 
 from bae.errors import UsageError
 from bae.settings import load_settings
 from services.session.store import Store, sessions
+from services.session.store.checkpoint import WAL_AUTOCHECKPOINT_PAGES
 from services.session.store.sqlite import StoreUnavailable
 import postgres_support
 
@@ -171,3 +175,37 @@ async def test_a_postgresql_outage_is_a_503_and_the_password_never_logged(caplog
     finally:
         server.stop()
     assert "s3cret-pw" not in caplog.text
+
+
+def rows_in_the_database_file_alone(path, table: str) -> int:
+    """The rows of `table` a copy of the database file holds without its WAL: what checkpoints copied."""
+    copy = path.parent / "copy-without-wal.db"
+    shutil.copyfile(path, copy)
+    db = sqlite3.connect(copy)
+    try:
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)).fetchone():
+            return 0  # not even the schema was copied yet
+        return db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    finally:
+        db.close()
+        for name in (copy, Path(f"{copy}-wal"), Path(f"{copy}-shm")):
+            name.unlink(missing_ok=True)
+
+
+async def test_the_wal_is_checkpointed_by_the_stores_own_thread(tmp_path):
+    """A commit checkpoints only as a backstop; the store's thread copies the WAL into the database
+    file shortly after writes, with no further write and no connection closed."""
+    path = tmp_path / "bae.db"
+    store = await Store.open(f"sqlite:///{path}")
+    try:
+        backstop = await store.call(lambda conn: conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar())
+        assert backstop == WAL_AUTOCHECKPOINT_PAGES > 1000  # SQLite's default would checkpoint inside commits
+        written = [await new_session(store) for _ in range(3)]
+        deadline = asyncio.get_running_loop().time() + 10
+        while rows_in_the_database_file_alone(path, "sessions") < len(written):
+            assert asyncio.get_running_loop().time() < deadline, "the WAL was never checkpointed"
+            await asyncio.sleep(0.05)
+    finally:
+        await store.close()
+    assert not [t for t in threading.enumerate() if t.name == "bae-store-checkpoint"]  # closing stopped it
+

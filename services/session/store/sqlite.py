@@ -20,6 +20,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
 from bae.errors import Problem
+from services.session.store.checkpoint import WAL_AUTOCHECKPOINT_PAGES
 
 log = logging.getLogger("bae.session.store")
 
@@ -76,6 +77,8 @@ def make_sqlite_engine(url: URL, synchronous: str) -> Engine:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         cursor.execute(f"PRAGMA synchronous={synchronous}")
+        # The store's own thread checkpoints (checkpoint.py); a commit does only when that falls behind.
+        cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
         cursor.close()
 
     return engine

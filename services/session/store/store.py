@@ -21,6 +21,8 @@ authenticated GET went from 1.05 to 0.87 ms p50). A read that would have to
 wait (another process holds the database in a way that stops readers) is handed
 to a reader thread, which waits with patience; so neither path ever holds up a
 read behind a blocked write.
+The WAL is checkpointed by a thread of its own (checkpoint.py), not inside a
+commit.
 
 PostgreSQL (postgres.py): an asyncio engine with a pool of asyncpg connections;
 `fn` runs through `AsyncConnection.run_sync`.
@@ -43,6 +45,7 @@ from sqlalchemy.exc import OperationalError
 from bae.errors import UsageError
 from bae.jsontext import RawJson
 from services.session.store import events, profiles, sessions
+from services.session.store.checkpoint import WalCheckpointer
 from services.session.store.migrations import current, migrate
 from services.session.store.postgres import PostgresBackend, is_postgres, make_postgres_engine
 from services.session.store.records import ProfileRecord, SessionRecord
@@ -170,8 +173,9 @@ class _GroupWriter(_Worker):
     eighth of the session service's CPU under load).
     """
 
-    def __init__(self, engine: Engine, name: str) -> None:
+    def __init__(self, engine: Engine, name: str, *, on_commit: Callable[[], None] | None = None) -> None:
         super().__init__(engine, name)
+        self._on_commit = on_commit  # called on the thread after each group
         self._queue: deque[_Queued[Any]] = deque()
         self._lock = threading.Lock()  # the queue's hand-over between the loop and the thread
         self._draining = False
@@ -195,6 +199,8 @@ class _GroupWriter(_Worker):
                 self._queue.clear()
             self._run_group(group)
             loop.call_soon_threadsafe(_deliver_all, group)
+            if self._on_commit is not None:
+                self._on_commit()
 
     def _run_group(self, group: list[_Queued[Any]]) -> None:
         if len(group) > 1:
@@ -225,13 +231,16 @@ def _deliver_all(group: list[_Queued[Any]]) -> None:
 
 
 class _SqliteBackend:
-    """The writer thread; for a file database, the loop's reader and a reader thread to fall back
-    on (an in-memory database is one connection: the writer's)."""
+    """The writer thread; for a file database, the loop's reader, a reader thread to fall back
+    on, and the WAL's checkpointer (an in-memory database is one connection: the writer's)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.writer = _GroupWriter(engine, "bae-store")
         separate = is_file_database(engine.url)
+        self.checkpointer = WalCheckpointer(engine) if separate else None
+        self.writer = _GroupWriter(
+            engine, "bae-store", on_commit=self.checkpointer.wrote if self.checkpointer is not None else None
+        )
         self.reader = _Worker(engine, "bae-store-read") if separate else self.writer
         # Used only from the event loop's thread; it never waits for a lock.
         self.loop_reader = _Connection(engine, busy_timeout_ms=0) if separate else None
@@ -251,6 +260,8 @@ class _SqliteBackend:
         if self.reader is not self.writer:
             await self.reader.close()
         await self.writer.close()
+        if self.checkpointer is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.checkpointer.close)
         self.engine.dispose()
 
 
