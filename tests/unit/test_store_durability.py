@@ -16,8 +16,7 @@ import pytest
 from bae.errors import UsageError
 from bae.settings import load_settings
 from services.session.store import Store, sessions
-from services.session.store.checkpoint import WAL_AUTOCHECKPOINT_PAGES
-from services.session.store.sqlite import StoreUnavailable
+from services.session.store.sqlite import WAL_AUTOCHECKPOINT_PAGES, StoreUnavailable
 import postgres_support
 
 

@@ -7,24 +7,23 @@ queued behind it waited as long. So the store checkpoints shortly after its writ
 thread of its own, in PASSIVE mode, which waits for no reader or writer. Once a checkpoint
 has copied the whole WAL, the next commit starts it again from its beginning, so the file
 stays about as large as what was written between two checkpoints. The writer's automatic
-checkpoint stays as a backstop at a much larger WAL, should this thread fall behind.
+checkpoint stays as a backstop at a much larger WAL (sqlite.py: WAL_AUTOCHECKPOINT_PAGES).
 """
 
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
-from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.pool import PoolProxiedConnection
+
+from services.session.store.sqlite import is_busy
 
 log = logging.getLogger("bae.session.store")
 
 # At most one checkpoint per this many seconds: a burst of writes is checkpointed once.
 CHECKPOINT_PACE = 0.2
-# The committing connection's own checkpoint, for when the thread falls behind: about 40 MB of WAL.
-WAL_AUTOCHECKPOINT_PAGES = 10_000
 # What closing waits for a checkpoint under way (a stalled disk must not hold up shutdown).
 CLOSE_WAIT = 5.0
 
@@ -50,7 +49,7 @@ class WalCheckpointer:
         self._thread.join(CLOSE_WAIT)
 
     def _run(self) -> None:
-        connection: Any = None
+        connection: PoolProxiedConnection | None = None
         try:
             while True:
                 self._wrote.wait()
@@ -62,7 +61,7 @@ class WalCheckpointer:
             if connection is not None:
                 connection.close()
 
-    def _checkpoint(self, connection: Any) -> Any:
+    def _checkpoint(self, connection: PoolProxiedConnection | None) -> PoolProxiedConnection | None:
         """One PASSIVE checkpoint; the connection to use next time (None after it failed)."""
         try:
             if connection is None:
@@ -71,9 +70,7 @@ class WalCheckpointer:
             return connection
         except Exception as exc:  # sqlite3's, or SQLAlchemy's when the connection could not open
             # The WAL keeps every page until a checkpoint copied it: nothing is lost, the next write asks again.
-            code = getattr(getattr(exc, "orig", exc), "sqlite_errorcode", 0) & 0xFF
-            busy = code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)  # another process holds the database
-            log.log(logging.DEBUG if busy else logging.WARNING,
+            log.log(logging.DEBUG if is_busy(exc) else logging.WARNING,
                     "checkpointing the database failed: %s; the next write tries again", exc)
             if connection is not None:
                 connection.close()

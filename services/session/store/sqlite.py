@@ -20,11 +20,13 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
 from bae.errors import Problem
-from services.session.store.checkpoint import WAL_AUTOCHECKPOINT_PAGES
 
 log = logging.getLogger("bae.session.store")
 
 BUSY_TIMEOUT_MS = 2000
+# A commit checkpoints the WAL only past this many pages (about 40 MB): the store's own thread
+# does it long before (checkpoint.py), and this is the backstop should that thread fall behind.
+WAL_AUTOCHECKPOINT_PAGES = 10_000
 # Once a write found the database locked, the next ones wait this long only, so a
 # database held by another process answers quickly instead of queueing every write.
 LOCKED_BUSY_TIMEOUT_MS = 100
@@ -77,7 +79,6 @@ def make_sqlite_engine(url: URL, synchronous: str) -> Engine:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         cursor.execute(f"PRAGMA synchronous={synchronous}")
-        # The store's own thread checkpoints (checkpoint.py); a commit does only when that falls behind.
         cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
         cursor.close()
 
@@ -89,12 +90,20 @@ def set_busy_timeout(driver_connection: sqlite3.Connection | None, milliseconds:
         driver_connection.execute(f"PRAGMA busy_timeout={milliseconds}")
 
 
+def _primary_code(error: BaseException) -> int | None:
+    """The primary SQLite result code of a sqlite3 error, or of the one SQLAlchemy wraps."""
+    code = getattr(getattr(error, "orig", error), "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
+
+
+def is_busy(error: BaseException) -> bool:
+    """Whether `error` says another connection holds the database."""
+    return _primary_code(error) in _BUSY_CODES
+
+
 def unavailable(error: OperationalError) -> StoreUnavailable | None:
     """The 503 for a locked database or a failing disk; None for any other error."""
-    code = getattr(error.orig, "sqlite_errorcode", None)
-    if code is None:
-        return None
-    primary = code & 0xFF
+    primary = _primary_code(error)
     if primary in _BUSY_CODES:
         return StoreUnavailable("the database is busy; retry shortly", busy=True)
     if primary in _STORAGE_CODES:
