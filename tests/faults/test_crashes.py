@@ -108,3 +108,24 @@ def test_runner_killed_between_turns_is_sent_the_whole_history_again(start_stack
     recorded = [event["payload"]["messages"] for event in events if event["event_type"] == "provider.request"]
     assert recorded == [request["body"]["messages"] for request in mock.requests]
     assert len(recorded) == 4
+
+
+def test_session_service_killed_before_its_wal_is_checkpointed(start_stack, mock):
+    """Committed turns still only in the WAL (the store checkpoints 0.2 s after writes, on a thread
+    of its own) survive a SIGKILL: after the restart every event is there, once."""
+    stack = crash_stack(start_stack, mock)
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    for n in range(5):
+        mock.enqueue(Reply.text(f"reply {n}"))
+        assert result(send(stack, sid, skey, f"turn {n}"))["message"]["content"][0]["text"] == f"reply {n}"
+    before = event_log(stack, sid, skey)
+
+    stack.stack.restart("session", sig=signal.SIGKILL)  # at once: the last turns' checkpoint is still due
+
+    assert event_log(stack, sid, skey) == before
+    assert len({event["id"] for event in before}) == len(before)
+    assert types(before).count("server.message.send") == 5
+    register(stack, sid, skey)
+    mock.enqueue(Reply.text("after the crash"))
+    assert result(send(stack, sid, skey, "again"))["message"]["content"][0]["text"] == "after the crash"
