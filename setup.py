@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent
 
 def protos_fresh() -> bool:
     sys.path.insert(0, str(ROOT))
-    from bae.protodigest import proto_digest
+    from bae.common.protodigest import proto_digest
 
     generated = ROOT / "baeproto" / "__init__.py"
     return generated.is_file() and f'SOURCE_DIGEST = "{proto_digest()}"' in generated.read_text()

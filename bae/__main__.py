@@ -1,5 +1,5 @@
-"""`python -m bae`: the `bae` command (bae/cli.py)."""
+"""`python -m bae`: the `bae` command (bae/launcher/cli.py)."""
 
-from bae.cli import main
+from bae.launcher.cli import main
 
 raise SystemExit(main())

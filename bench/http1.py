@@ -17,7 +17,7 @@ import time
 from typing import AsyncIterator
 from urllib.parse import urlsplit
 
-from bae.jsontext import dump
+from bae.common.jsontext import dump
 
 
 class Connection:

@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import RunningStack, free_port, launch_stack, mock_provider_toml  # noqa: E402
 
-from bae.stack import Stack  # noqa: E402
+from bae.launcher.stack import Stack  # noqa: E402
 from services.runner.clients import ANTHROPIC, ProviderClients  # noqa: E402
 from http1 import Connection, StampedStream, rpc as lean_rpc, timed_rpc  # noqa: E402
 from table import print_table, record  # noqa: E402
@@ -584,7 +584,7 @@ async def bench_telemetry(mock: MockProcess) -> None:
 
 def freeze_heap() -> None:
     """Leave what the load generator holds now out of its collector's full passes, as the services
-    do after start-up (bae/entry.py): with the SDKs imported, a full pass here takes 100 ms or more,
+    do after start-up (bae/common/entry.py): with the SDKs imported, a full pass here takes 100 ms or more,
     and it would land in whichever sample it interrupts."""
     gc.collect()
     gc.freeze()

@@ -54,8 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from http1 import Connection, rpc as lean_rpc  # noqa: E402
 from bench.run import TOKEN, client_key, ms, open_session, report, rpc, start_stack  # noqa: E402
 from table import print_table, record  # noqa: E402
-from bae.grpcutil import channel as internal_channel  # noqa: E402
-from bae.protos import sandbox_pb2, sandbox_pb2_grpc  # noqa: E402
+from bae.common.grpcutil import channel as internal_channel  # noqa: E402
+from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc  # noqa: E402
 from conftest import launch_stack, mock_provider_toml  # noqa: E402
 from docker_support import TEST_IMAGE, SandboxHostProcess, docker_client, docker_skip_reason  # noqa: E402
 from mockllm import MockLLM, Reply  # noqa: E402

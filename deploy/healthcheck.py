@@ -12,7 +12,7 @@ import os
 import sys
 import urllib.request
 
-from bae.stack import grpc_serving
+from bae.launcher.stack import grpc_serving
 
 # The variable holding each service's listen address, and its image default.
 LISTEN = {

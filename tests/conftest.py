@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bae.stack import Stack  # noqa: E402
+from bae.launcher.stack import Stack  # noqa: E402
 from mockllm import MockLLM  # noqa: E402
 from processes import service_env  # noqa: E402
 import postgres_support  # noqa: E402

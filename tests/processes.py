@@ -10,8 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from bae.internal import InternalPlane
-from bae.stack import ROOT, grpc_serving
+from bae.common.internal import InternalPlane
+from bae.launcher.stack import ROOT, grpc_serving
 
 
 # The internal token of every service the tests start (unless a test sets its own),

@@ -1,7 +1,7 @@
 """Generate the Python gRPC code for protos/ into ./baeproto (git-ignored).
 
 The generated package records a digest of the .proto sources it came from;
-`bae.protos` refuses to load it when the sources have changed since, so a
+`bae.common.protos` refuses to load it when the sources have changed since, so a
 stale build can never hide a contract change.
 """
 
@@ -16,7 +16,7 @@ from grpc_tools import protoc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bae.protodigest import PROTO_ROOT, proto_digest  # noqa: E402
+from bae.common.protodigest import PROTO_ROOT, proto_digest  # noqa: E402
 
 OUT = ROOT / "baeproto"
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from bae import telemetry
-from bae.config import load_config
-from bae.entry import run_async, service_parser
-from bae.grpcutil import configure_logging
-from bae.settings import load_settings
+from bae.common import telemetry
+from bae.common.config import load_config
+from bae.common.entry import run_async, service_parser
+from bae.common.grpcutil import configure_logging
+from bae.common.settings import load_settings
 from services.gateway.server import serve
 
 

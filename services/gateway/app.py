@@ -7,7 +7,7 @@ from starlette.responses import Response
 from starlette.routing import Router
 
 from bae import API_VERSIONS, __version__
-from bae.jsontext import dump
+from bae.common.jsontext import dump
 from services.gateway.body import ADMIN_KEY, CLIENT_KEY, SESSION_KEY
 from services.gateway.openapi import ADMIN_DOCUMENT, CLIENT_DOCUMENT
 from services.gateway.responses import JSON

@@ -10,8 +10,8 @@ from __future__ import annotations
 import grpc
 from starlette.requests import Request
 
-from bae.errors import bad_request, payload_too_large
-from bae.protos import session_pb2
+from bae.common.errors import bad_request, payload_too_large
+from bae.common.protos import session_pb2
 from services.gateway.upstream import Upstream, credentials
 
 Credential = session_pb2.CredentialCheck.Credential

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bae.jsontext import JsonSyntaxError, dump, strict_load
-from bae.rpc_codes import RpcCode
+from bae.common.jsontext import JsonSyntaxError, dump, strict_load
+from bae.common.rpc_codes import RpcCode
 from services.gateway.frames import error_frame
 
 # JSON-RPC method -> SessionService RPC.

@@ -27,11 +27,11 @@ from typing import Any, Callable, Generator
 
 import grpc
 
-from bae import callcontext
-from bae.channel_wrapper import ChannelWrapper
-from bae.grpcutil import MAX_CARRIED_BYTES
-from bae.protos import session_pb2, session_pb2_grpc
-from bae.stream_writer import StreamWriter
+from bae.common import propagation
+from bae.common.channel_wrapper import ChannelWrapper
+from bae.common.grpcutil import MAX_CARRIED_BYTES
+from bae.common.protos import session_pb2, session_pb2_grpc
+from bae.common.stream_writer import StreamWriter
 
 log = logging.getLogger("bae.gateway")
 
@@ -111,7 +111,7 @@ class _Method:
         if len(payload) > MAX_CARRIED_BYTES:  # it would fail the shared stream, not just this call
             raise _error(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the request is {len(payload)} bytes, over {MAX_CARRIED_BYTES}")
         sent: list[tuple[str, str | bytes]] = list(metadata or ())
-        callcontext.add_outgoing(sent)
+        propagation.add_outgoing(sent)
         start = session_pb2.ExchangeStart(method=self._method, request=payload, metadata={k: str(v) for k, v in sent})
         return self._kind(self._channel, start, self._deserialize, timeout)
 

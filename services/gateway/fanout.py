@@ -21,7 +21,7 @@ from typing import AsyncIterator
 
 import grpc
 
-from bae.protos import session_pb2
+from bae.common.protos import session_pb2
 from services.gateway.frames import event_frame
 from services.gateway.upstream import Upstream
 

@@ -6,9 +6,9 @@ so event and result bodies pass through verbatim without a decode/encode.
 
 from __future__ import annotations
 
-from bae.jsontext import dump
-from bae.protos import session_pb2
-from bae.rpc_codes import LAGGED_MESSAGE, RpcCode
+from bae.common.jsontext import dump
+from bae.common.protos import session_pb2
+from bae.common.rpc_codes import LAGGED_MESSAGE, RpcCode
 
 RpcError = session_pb2.RpcError
 

@@ -2,7 +2,7 @@
 `http.request` span (TELEMETRY §3.2, §3.7).
 
 The request id is the client's `x-request-id` when it is a plain token, else a new one. It is
-echoed on the response, travels to the internal services in gRPC metadata (bae.callcontext)
+echoed on the response, travels to the internal services in gRPC metadata (bae.common.propagation)
 and ends every log line written for the request. The access line is written when the response
 has ended (for NDJSON streams, when the stream ends); the span ends when the response head
 goes out, so a turn's spans outlive it.
@@ -21,8 +21,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from bae import telemetry
-from bae.callcontext import request_id
+from bae.common import telemetry
+from bae.common.propagation import request_id
 
 access_log = logging.getLogger("bae.access")
 

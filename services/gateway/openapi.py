@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from bae import __version__
-from bae.jsontext import dump
+from bae.common.jsontext import dump
 from services.gateway.envelope import STREAMING_METHODS, UNARY_METHODS
 
 Schema = dict[str, Any]

@@ -1,7 +1,7 @@
 """GET /metrics on the admin port: the services' instruments in Prometheus text exposition.
 
 The gateway owns no instrument. Each scrape asks every service that owns some (session
-service, runner) for its OTLP snapshot over the internal gRPC method of bae.telemetry, and
+service, runner) for its OTLP snapshot over the internal gRPC method of bae.common.telemetry, and
 writes the sum over them: counters, histogram buckets and in-memory gauges of several
 replicas add up, and the database gauges come from the one session service. Names follow
 the usual OTLP-to-Prometheus mapping: dots become underscores, counters end in `_total`,
@@ -23,11 +23,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from starlette.requests import Request
 from starlette.responses import Response
 
-from bae.errors import Problem
-from bae.grpcutil import channel
-from bae.internal import InternalPlane
-from bae import telemetry
-from bae.telemetry import METRICS_METHOD
+from bae.common.errors import Problem
+from bae.common.grpcutil import channel
+from bae.common.internal import InternalPlane
+from bae.common import telemetry
+from bae.common.telemetry import METRICS_METHOD
 from services.gateway.responses import problem_response
 
 log = logging.getLogger("bae.gateway")

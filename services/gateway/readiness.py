@@ -17,10 +17,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
-from bae.errors import Problem
-from bae.grpcutil import channel
-from bae.internal import InternalPlane
-from bae.jsontext import dump
+from bae.common.errors import Problem
+from bae.common.grpcutil import channel
+from bae.common.internal import InternalPlane
+from bae.common.jsontext import dump
 from services.gateway.responses import JSON, problem_response
 from services.gateway.upstream import Upstream
 

@@ -6,7 +6,7 @@ from typing import Mapping
 
 from starlette.responses import Response
 
-from bae.errors import Problem
+from bae.common.errors import Problem
 
 JSON = "application/json"
 

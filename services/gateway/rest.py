@@ -6,8 +6,8 @@ import grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
-from bae.errors import Problem
-from bae.protos import session_pb2, session_pb2_grpc
+from bae.common.errors import Problem
+from bae.common.protos import session_pb2, session_pb2_grpc
 from services.gateway.body import BodyReader, Credential
 from services.gateway.responses import JSON, problem_response
 from services.gateway.router import Endpoint

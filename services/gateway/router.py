@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
-from bae.errors import Problem, internal, not_found
+from bae.common.errors import Problem, internal, not_found
 from services.gateway.responses import problem_response
 
 log = logging.getLogger("bae.gateway")

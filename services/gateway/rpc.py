@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from bae import telemetry
-from bae.errors import Problem, internal
-from bae.protos import session_pb2, session_pb2_grpc
+from bae.common import telemetry
+from bae.common.errors import Problem, internal
+from bae.common.protos import session_pb2, session_pb2_grpc
 from services.gateway.body import SESSION_KEY, BodyReader
 from services.gateway.envelope import (
     STREAMING_METHODS,

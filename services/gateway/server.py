@@ -10,11 +10,11 @@ import socket
 import uvicorn
 from starlette.types import ASGIApp
 
-from bae import telemetry
-from bae.config import Config
-from bae.entry import freeze_startup_heap
-from bae.internal import InternalPlane
-from bae.settings import Address, Settings
+from bae.common import telemetry
+from bae.common.config import Config
+from bae.common.entry import freeze_startup_heap
+from bae.common.internal import InternalPlane
+from bae.common.settings import Address, Settings
 from services.gateway.app import admin_app, client_app
 from services.gateway.body import BodyReader
 from services.gateway.observe import Observed

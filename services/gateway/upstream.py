@@ -13,11 +13,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from starlette.requests import Request
 
-from bae.errors import Problem, internal
-from bae.grpcutil import channel
-from bae.internal import InternalPlane
-from bae.protos import session_pb2, session_pb2_grpc
-from bae.session_routing import REDIRECTED_KEY, owner_of
+from bae.common.errors import Problem, internal
+from bae.common.grpcutil import channel
+from bae.common.internal import InternalPlane
+from bae.common.protos import session_pb2, session_pb2_grpc
+from bae.common.session_routing import REDIRECTED_KEY, owner_of
 from services.gateway.exchange import ExchangeChannel
 
 log = logging.getLogger("bae.gateway")
@@ -64,7 +64,7 @@ class Upstream:
     A call for a session goes to its replica; one without a session (or for a
     session not seen yet) goes to the next configured target that is not known
     to be down. A replica that does not own the session refuses the call before
-    acting on it and names the owner (bae.session_routing), and the call is sent
+    acting on it and names the owner (bae.common.session_routing), and the call is sent
     there. Each target may be a host name: its channel balances over every
     address the name resolves to (a scaled compose service).
 

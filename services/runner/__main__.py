@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import sys
 
-from bae import telemetry
-from bae.config import load_config
-from bae.entry import run_async, service_parser
-from bae.grpcutil import configure_logging, serve
-from bae.internal import InternalPlane
-from bae.settings import load_settings
+from bae.common import telemetry
+from bae.common.config import load_config
+from bae.common.entry import run_async, service_parser
+from bae.common.grpcutil import configure_logging, serve
+from bae.common.internal import InternalPlane
+from bae.common.settings import load_settings
 from services.runner.clients import ProviderClients
 from services.runner.demo import DemoProvider
 from services.runner.server import RunnerService, registrar

@@ -7,7 +7,7 @@ must alternate (SERVER-SPEC §8.5).
 
 from __future__ import annotations
 
-from bae.jsontext import RawJson
+from bae.common.jsontext import RawJson
 from services.runner.canonical import History, Message, Usage, WireFormatError, content_blocks, read_usage
 
 COMPACTED_PREAMBLE = "The earlier part of this conversation was compacted. A summary follows."

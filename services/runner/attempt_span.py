@@ -11,8 +11,8 @@ import re
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from bae import telemetry
-from bae.config import ProviderEntry
+from bae.common import telemetry
+from bae.common.config import ProviderEntry
 
 _URL = re.compile(r"\w+://\S+")
 

@@ -11,7 +11,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from bae.jsontext import RawJson, dump, load
+from bae.common.jsontext import RawJson, dump, load
 
 # Engine-only routing fields on tool_use blocks; no provider ever sees them.
 ROUTING_FIELDS = ("dispatch", "caller")

@@ -24,7 +24,7 @@ import anthropic
 import httpx2
 import openai
 
-from bae.jsontext import dump
+from bae.common.jsontext import dump
 
 ANTHROPIC = "anthropic"
 OPENAI = "openai"

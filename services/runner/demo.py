@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from bae.settings import Address
+from bae.common.settings import Address
 
 log = logging.getLogger("bae.runner.demo")
 

@@ -8,12 +8,12 @@ from typing import AsyncIterator
 
 import grpc
 
-from bae import callcontext
-from bae.call_tasks import CallTasks, serve_until_done
-from bae.config import Config
-from bae.errors import Problem, bad_request
-from bae.jsontext import RawJson, dump, load
-from bae.protos import runner_pb2, runner_pb2_grpc
+from bae.common import propagation
+from bae.common.call_tasks import CallTasks, serve_until_done
+from bae.common.config import Config
+from bae.common.errors import Problem, bad_request
+from bae.common.jsontext import RawJson, dump, load
+from bae.common.protos import runner_pb2, runner_pb2_grpc
 from services.runner.canonical import History
 from services.runner.clients import ProviderClients
 from services.runner.walk import StepEvent, StepOutcome, StepSpec, run_step
@@ -135,7 +135,7 @@ class _StepStream:
         return History(held.texts[:kept] + texts, held.roles[:kept] + roles)
 
     async def _run(self, step_id: int, start: runner_pb2.StepStart, history: History) -> None:
-        callcontext.bind_incoming(list(start.context.items()))  # this task's own request id and trace
+        propagation.bind_incoming(list(start.context.items()))  # this task's own request id and trace
         try:
             async for update in self._service.walk(start.request, history):
                 self.steps.send(runner_pb2.StepReply(step_id=step_id, update=update))

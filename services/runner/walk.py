@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from bae.config import REDACTED, Config, EnvResolutionError, ProviderEntry, primary_not_configured, resolve_env
-from bae import telemetry
-from bae.jsontext import RawJson, load
+from bae.common.config import REDACTED, Config, EnvResolutionError, ProviderEntry, primary_not_configured, resolve_env
+from bae.common import telemetry
+from bae.common.jsontext import RawJson, load
 from services.runner import anthropic_wire, openai_wire
 from services.runner.attempt_span import end_attempt, start_attempt
 from services.runner.canonical import History, Message, Usage, WireFormatError

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import sys
 
-from bae import telemetry
-from bae.config import load_config
-from bae.entry import run_async, service_parser
-from bae.grpcutil import configure_logging
-from bae.internal import InternalPlane
-from bae.settings import load_settings
+from bae.common import telemetry
+from bae.common.config import load_config
+from bae.common.entry import run_async, service_parser
+from bae.common.grpcutil import configure_logging
+from bae.common.internal import InternalPlane
+from bae.common.settings import load_settings
 from services.sandbox.config import load_sandbox_config
 from services.sandbox.docker_driver import DockerDriver
 from services.sandbox.driver import Driver, UnsupportedDriver

@@ -8,11 +8,11 @@ import socket
 from dataclasses import dataclass
 from typing import Callable, Mapping, TypeVar
 
-from bae.errors import UsageError
-from bae.settings import Settings, is_truthy
+from bae.common.errors import UsageError
+from bae.common.settings import Settings, is_truthy
 
 _MEMORY = re.compile(r"^[0-9]+[bkmg]?$")
-# Both streams of one capped output must fit in a gRPC message (64 MiB, bae/grpcutil.py).
+# Both streams of one capped output must fit in a gRPC message (64 MiB, bae/common/grpcutil.py).
 MAX_OUTPUT_LIMIT = 16 * 1024 * 1024
 # Warm spares per image: each is a running container holding its memory reservation.
 MAX_WARM = 32

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from opentelemetry.trace import Span, Status, StatusCode
 
-from bae import telemetry
+from bae.common import telemetry
 
 
 def start_exec() -> Span | None:

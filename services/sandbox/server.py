@@ -9,9 +9,9 @@ import math
 import grpc
 from grpc_health.v1 import health, health_pb2
 
-from bae.grpcutil import serve
-from bae.internal import InternalPlane
-from bae.protos import sandbox_pb2, sandbox_pb2_grpc
+from bae.common.grpcutil import serve
+from bae.common.internal import InternalPlane
+from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
 from services.sandbox.commands import COMMAND_ID_LIMIT, BackgroundCommands, Command
 from services.sandbox.config import SandboxConfig
 from services.sandbox.driver import Driver, SandboxFailure

@@ -14,12 +14,12 @@ from pathlib import Path
 from sqlalchemy.exc import SQLAlchemyError
 
 from bae import API_VERSIONS, __version__
-from bae import telemetry
-from bae.config import load_config
-from bae.errors import UsageError
-from bae.grpcutil import configure_logging, serve
-from bae.internal import InternalPlane
-from bae.settings import Settings, load_settings
+from bae.common import telemetry
+from bae.common.config import load_config
+from bae.common.errors import UsageError
+from bae.common.grpcutil import configure_logging, serve
+from bae.common.internal import InternalPlane
+from bae.common.settings import Settings, load_settings
 from services.session.api.admin_key import AdminKeyError, AdminKeyOptions, bootstrap_admin_key
 from services.session.store import Store
 

@@ -14,9 +14,9 @@ from typing import AsyncIterator
 
 import pytest
 
-from bae.config import load_config
-from bae.internal import InternalPlane
-from bae.settings import load_settings
+from bae.common.config import load_config
+from bae.common.internal import InternalPlane
+from bae.common.settings import load_settings
 from conftest import free_port, mock_provider_toml, store_url
 from mockllm import MockLLM, Reply
 from processes import ServiceProcess, service_env

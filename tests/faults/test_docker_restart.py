@@ -23,7 +23,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from bae.stack import grpc_serving
+from bae.launcher.stack import grpc_serving
 from checks import assert_each_event_once, event_log
 from conftest import mock_provider_toml
 from docker_support import TEST_IMAGE, require_docker

@@ -19,8 +19,8 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bae.grpcutil import channel
-from bae.internal import InternalPlane
+from bae.common.grpcutil import channel
+from bae.common.internal import InternalPlane
 from checks import assert_each_event_once, assert_no_container_left, event_log
 from conftest import launch_stack, mock_provider_toml
 from docker_support import TEST_IMAGE, require_docker

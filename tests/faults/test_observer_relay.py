@@ -18,8 +18,8 @@ import grpc
 import httpx
 import pytest
 
-from bae.internal import InternalPlane
-from bae.protos import session_pb2, session_pb2_grpc
+from bae.common.internal import InternalPlane
+from bae.common.protos import session_pb2, session_pb2_grpc
 
 from checks import assert_each_event_once, event_log, wait_until
 from conftest import mock_provider_toml

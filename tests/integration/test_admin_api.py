@@ -8,9 +8,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bae.errors import Problem
-from bae.grpcutil import channel
-from bae.protos import session_pb2, session_pb2_grpc
+from bae.common.errors import Problem
+from bae.common.grpcutil import channel
+from bae.common.protos import session_pb2, session_pb2_grpc
 from conftest import stack_env
 from processes import TEST_PLANE, ServiceProcess
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 from argon2 import PasswordHasher
 
-from bae.ids import new_token, token_digest
-from bae.stack import ROOT
+from bae.common.ids import new_token, token_digest
+from bae.launcher.stack import ROOT
 from conftest import stack_env
 from test_admin_api import Service, problem_of
 

@@ -8,8 +8,8 @@ import grpc
 import pytest
 from sqlalchemy import update
 
-from bae.errors import Problem
-from bae.protos import session_pb2
+from bae.common.errors import Problem
+from bae.common.protos import session_pb2
 from conftest import database_url_of
 from services.session.store import Store
 from services.session.store.schema import profiles

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from bae.stack import Stack
+from bae.launcher.stack import Stack
 from conftest import ROOT, RunningStack, launch_stack, mock_provider_toml, stack_env
 from processes import service_env
 

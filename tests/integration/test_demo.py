@@ -13,7 +13,7 @@ from typing import Iterator
 import pytest
 
 from bae.client import ApiError, Client, RpcError, ToolDef
-from bae.stack import demo_config
+from bae.launcher.stack import demo_config
 from conftest import ROOT, RunningStack, free_port, launch_stack, stack_env
 
 TIME = ToolDef("get_current_time", "The current time")

@@ -19,11 +19,11 @@ import time
 import grpc
 import pytest
 
-from bae.errors import PROBLEM_TRAILER
-from bae.grpcutil import MAX_CARRIED_BYTES
-from bae.grpcutil import channel as internal_channel
-from bae.protos import session_pb2, session_pb2_grpc
-from bae.stack import grpc_serving
+from bae.common.errors import PROBLEM_TRAILER
+from bae.common.grpcutil import MAX_CARRIED_BYTES
+from bae.common.grpcutil import channel as internal_channel
+from bae.common.protos import session_pb2, session_pb2_grpc
+from bae.launcher.stack import grpc_serving
 from conftest import mock_provider_toml
 from live import new_session, register, rpc, send
 from mockllm import Reply

@@ -23,8 +23,8 @@ import httpx
 import pytest
 from google.protobuf.message_factory import GetMessageClass
 
-from bae.errors import PROBLEM_TRAILER, Problem, unauthorized
-from bae.protos import session_pb2, session_pb2_grpc
+from bae.common.errors import PROBLEM_TRAILER, Problem, unauthorized
+from bae.common.protos import session_pb2, session_pb2_grpc
 from conftest import ROOT, free_port
 from processes import ServiceProcess, service_env
 

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from bae.settings import DEFAULT_MAX_BODY_BYTES, load_settings
+from bae.common.settings import DEFAULT_MAX_BODY_BYTES, load_settings
 from conftest import launch_stack, mock_provider_toml
 from docker_support import TEST_IMAGE, SandboxHostProcess, require_docker
 from live import new_session, register, result, rpc, send, session_state, terminal

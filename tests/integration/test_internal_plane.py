@@ -13,10 +13,10 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bae.errors import Problem
-from bae.internal import TOKEN_METADATA, InternalPlane
-from bae.protos import runner_pb2, runner_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc, session_pb2, session_pb2_grpc
-from bae.stack import Stack
+from bae.common.errors import Problem
+from bae.common.internal import TOKEN_METADATA, InternalPlane
+from bae.common.protos import runner_pb2, runner_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc, session_pb2, session_pb2_grpc
+from bae.launcher.stack import Stack
 from conftest import ROOT, free_port, launch_stack, stack_env
 
 WRONG = secrets.token_hex(32)

@@ -13,8 +13,8 @@ import grpc
 import httpx
 import pytest
 
-from bae.internal import InternalPlane
-from bae.protos import session_pb2, session_pb2_grpc
+from bae.common.internal import InternalPlane
+from bae.common.protos import session_pb2, session_pb2_grpc
 
 from conftest import launch_stack, mock_provider_toml
 from live import join, new_session, notifications, register, result, rpc, send, session_state, types

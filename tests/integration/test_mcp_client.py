@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from bae.config import Config, McpServer
+from bae.common.config import Config, McpServer
 from conftest import free_port
 from mcp_support import TOOLS_SERVER, http_tools_server, live_children, pid_alive
 from services.session.remote.mcp import McpSessionConnections

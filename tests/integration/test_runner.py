@@ -15,8 +15,8 @@ from typing import AsyncIterator, Iterator
 
 import pytest
 
-from bae.grpcutil import channel as internal_channel
-from bae.protos import runner_pb2, runner_pb2_grpc
+from bae.common.grpcutil import channel as internal_channel
+from bae.common.protos import runner_pb2, runner_pb2_grpc
 from conftest import free_port, mock_provider_toml
 from mockllm import MockLLM, Reply
 from processes import TEST_PLANE, ServiceProcess, service_env

@@ -9,8 +9,8 @@ import uuid
 import grpc
 import pytest
 
-from bae.grpcutil import channel as internal_channel
-from bae.protos import sandbox_pb2, sandbox_pb2_grpc
+from bae.common.grpcutil import channel as internal_channel
+from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
 from docker_support import TEST_IMAGE, SandboxHostProcess, containers_with, docker_client, require_docker
 from processes import TEST_PLANE, PeakRss
 

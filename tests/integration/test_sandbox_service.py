@@ -11,8 +11,8 @@ import uuid
 import grpc
 import pytest
 
-from bae.grpcutil import channel as internal_channel
-from bae.protos import sandbox_pb2, sandbox_pb2_grpc
+from bae.common.grpcutil import channel as internal_channel
+from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
 from conftest import ROOT
 from processes import TEST_PLANE
 from services.sandbox.docker_driver import SHELL_CAPABILITIES

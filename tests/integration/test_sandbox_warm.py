@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from bae.grpcutil import channel as internal_channel
-from bae.protos import sandbox_pb2, sandbox_pb2_grpc
+from bae.common.grpcutil import channel as internal_channel
+from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
 from docker_support import start_host  # noqa: F401 - the fixture
 from docker_support import (
     TEST_IMAGE,

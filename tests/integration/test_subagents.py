@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bae.protos import sandbox_pb2, sandbox_pb2_grpc
+from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
 from conftest import mock_provider_toml
 from docker_support import (
     containers_with,

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from services.runner import anthropic_wire, openai_wire
-from bae.jsontext import RawJson
+from bae.common.jsontext import RawJson
 from services.runner.canonical import History, Usage, WireFormatError, strip_routing_fields
 
 PREAMBLE = "The earlier part of this conversation was compacted. A summary follows."
@@ -329,7 +329,7 @@ def test_openai_unreadable_responses_fail(body):
 
 
 def test_json_text_round_trips_what_the_fast_encoder_refuses():
-    from bae.jsontext import RawJson, dump, load
+    from bae.common.jsontext import RawJson, dump, load
 
     value = {"big": 10**30, "negative": -(2**70), 1: "non-string key", "text": "é\u2028", "nested": [1.5, None]}
     text = dump(value)
@@ -353,7 +353,7 @@ def test_json_text_round_trips_what_the_fast_encoder_refuses():
     ],
 )
 def test_json_load_reads_as_the_standard_library_does(text):
-    from bae.jsontext import load
+    from bae.common.jsontext import load
 
     expected = json.loads(text)
     loaded = load(text)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bae.config import (
+from bae.common.config import (
     REDACTED,
     Config,
     EnvResolutionError,
@@ -20,7 +20,7 @@ from bae.config import (
     providers_view,
     resolve_env,
 )
-from bae.errors import UsageError
+from bae.common.errors import UsageError
 
 PROVIDER = """
 [[providers.entries]]

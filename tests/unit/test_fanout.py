@@ -9,7 +9,7 @@ import json
 import grpc
 import pytest
 
-from bae.protos import session_pb2
+from bae.common.protos import session_pb2
 from services.gateway.fanout import LAG_LIMIT, Ending, Fanout, Observer
 
 

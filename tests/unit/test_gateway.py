@@ -8,7 +8,7 @@ import pytest
 from starlette.responses import Response
 from starlette.routing import Match
 
-from bae.protos import session_pb2
+from bae.common.protos import session_pb2
 from services.gateway.envelope import STREAMING_METHODS, UNARY_METHODS, Call, Rejected, parse_envelope
 from services.gateway.frames import error_frame, event_frame, internal_error_frame, result_frame, rpc_error_frame
 from services.gateway.router import build_router

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bae.protos import runner_pb2
+from bae.common.protos import runner_pb2
 from services.session.remote import runner
 from services.session.remote.runner import HELD_MESSAGE_OVERHEAD, HeldHistories, RunnerUnreachable, StepMessages
 

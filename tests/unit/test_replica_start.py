@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bae.ids import token_digest
+from bae.common.ids import token_digest
 from services.session.api.admin_key import AdminKeyOptions, bootstrap_admin_key
 from services.session.store import Store
 from services.session.store import keys

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from bae.internal import InternalPlane
+from bae.common.internal import InternalPlane
 from services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery, resolve_all
 from services.session.remote.sandbox_pool import SandboxPool
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bae.errors import UsageError
-from bae.settings import load_settings
+from bae.common.errors import UsageError
+from bae.common.settings import load_settings
 from services.sandbox.config import load_sandbox_config
 from services.sandbox.output import CappedOutput, utf8_prefix
 

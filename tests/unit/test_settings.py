@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bae.errors import UsageError
-from bae.settings import Address, load_settings
+from bae.common.errors import UsageError
+from bae.common.settings import Address, load_settings
 
 
 def test_defaults() -> None:

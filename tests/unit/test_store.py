@@ -11,8 +11,8 @@ from sqlalchemy.exc import IntegrityError
 
 from sqlalchemy.util import await_only
 
-from bae.errors import Problem
-from bae.jsontext import RawJson, dump
+from bae.common.errors import Problem
+from bae.common.jsontext import RawJson, dump
 from services.session.api import bodies
 from services.session.api.pagination import PageRequest, page_json, page_request
 from services.session.store import Store, access, events, keys, profiles, sessions

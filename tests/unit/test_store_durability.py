@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bae.errors import UsageError
-from bae.settings import load_settings
+from bae.common.errors import UsageError
+from bae.common.settings import load_settings
 from services.session.store import Store, sessions
 from services.session.store.sqlite import WAL_AUTOCHECKPOINT_PAGES, StoreUnavailable
 import postgres_support

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bae.ids import token_digest
+from bae.common.ids import token_digest
 from services.session.store import Store, events, keys
 from fixtures.make_store_0e5055c import ADMIN, CLIENT, SESSION
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from bae.protos import session_pb2
-from bae.stream_writer import PACK_BYTES, StreamWriter
+from bae.common.protos import session_pb2
+from bae.common.stream_writer import PACK_BYTES, StreamWriter
 
 
 class HeldStream:

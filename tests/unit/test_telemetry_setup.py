@@ -10,11 +10,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from bae import telemetry
-from bae.callcontext import request_id
-from bae.config import Telemetry
-from bae.errors import UsageError
-from bae.logs import JsonFormatter, TextFormatter
+from bae.common import telemetry
+from bae.common.propagation import request_id
+from bae.common.config import Telemetry
+from bae.common.errors import UsageError
+from bae.common.logs import JsonFormatter, TextFormatter
 from services.gateway.prometheus import exposition
 
 ENDPOINT = "http://127.0.0.1:9"  # nothing listens: exports fail quietly in the background

@@ -6,10 +6,10 @@ Handlers take the gateway's RestRequest and return the response body text
 
 from __future__ import annotations
 
-from bae import config as config_views
-from bae.config import Config
-from bae.errors import Problem, bad_request, not_found
-from bae.protos import session_pb2
+from bae.common import config as config_views
+from bae.common.config import Config
+from bae.common.errors import Problem, bad_request, not_found
+from bae.common.protos import session_pb2
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
 from services.session.api.calls import RestCall
@@ -17,7 +17,7 @@ from services.session.api.pagination import page_json, page_request
 from services.session.engine.runtime import SessionRuntime
 from services.session.store.records import KeyRecord
 from services.session.store import events, keys, profiles, revocation, sessions
-from bae.jsontext import dump
+from bae.common.jsontext import dump
 from services.session.store.store import Store
 
 

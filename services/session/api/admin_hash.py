@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
-from bae.errors import Problem
+from bae.common.errors import Problem
 
 FREE_FAILURES = 3
 FIRST_DELAY = 1.0

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from argon2 import extract_parameters
 from argon2.exceptions import InvalidHashError
-from bae.errors import BaeError, UsageError
+from bae.common.errors import BaeError, UsageError
 from services.session.store import keys
 from services.session.store.store import Store
 

@@ -16,9 +16,9 @@ import asyncio
 import logging
 from typing import Any, Callable, TypeVar
 
-from bae.errors import unauthorized
-from bae.ids import token_digest
-from bae.timefmt import now
+from bae.common.errors import unauthorized
+from bae.common.ids import token_digest
+from bae.common.timefmt import now
 from services.session.api.admin_hash import AdminHashVerifier
 from services.session.api.calls import Credential
 from services.session.store import access, keys

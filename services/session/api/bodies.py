@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from bae import serde
-from bae.errors import Problem, bad_request
-from bae.jsontext import JsonSyntaxError, strict_load
+from bae.common import serde
+from bae.common.errors import Problem, bad_request
+from bae.common.jsontext import JsonSyntaxError, strict_load
 
 CONTENT_TYPE_REJECTION = "Expected request with `Content-Type: application/json`"
 RESERVED_TOOL = "remote_subagent_status"

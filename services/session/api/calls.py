@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from bae.errors import unauthorized
-from bae.protos import session_pb2
+from bae.common.errors import unauthorized
+from bae.common.protos import session_pb2
 
 
 @dataclass(frozen=True)

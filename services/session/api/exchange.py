@@ -19,9 +19,9 @@ from typing import Any, AsyncIterator, Callable, Mapping
 import grpc
 from google.protobuf.message import DecodeError
 
-from bae.call_tasks import CallTasks, serve_until_done
-from bae.grpcutil import MAX_CARRIED_BYTES, serve_stream, serve_unary
-from bae.protos import session_pb2
+from bae.common.call_tasks import CallTasks, serve_until_done
+from bae.common.grpcutil import MAX_CARRIED_BYTES, serve_stream, serve_unary
+from bae.common.protos import session_pb2
 
 log = logging.getLogger("bae.session.exchange")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 
-from bae.protos import session_pb2
-from bae.rpc_codes import RpcCode
+from bae.common.protos import session_pb2
+from bae.common.rpc_codes import RpcCode
 from services.session.engine.errors import EngineError, LoopFailed, TurnInProgress
 
 log = logging.getLogger("bae.session.rpc")

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bae import serde
-from bae.jsontext import JsonSyntaxError, strict_load
-from bae.protos import session_pb2
-from bae.rpc_codes import RpcCode
+from bae.common import serde
+from bae.common.jsontext import JsonSyntaxError, strict_load
+from bae.common.protos import session_pb2
+from bae.common.rpc_codes import RpcCode
 from services.session.api.faults import RpcFault, invalid_params
 from services.session.engine.domain import Message, SessionState
 from services.session.engine.errors import SessionNotOpen

@@ -15,10 +15,10 @@ import asyncio
 import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator, TypeVar
 
-from bae import serde
-from bae.jsontext import RawJson, dump
-from bae.protos import session_pb2
-from bae.rpc_codes import LAGGED_MESSAGE, RpcCode
+from bae.common import serde
+from bae.common.jsontext import RawJson, dump
+from bae.common.protos import session_pb2
+from bae.common.rpc_codes import LAGGED_MESSAGE, RpcCode
 from services.session.api.faults import RpcError, RpcFault, invalid_params
 from services.session.api.jsonrpc import RpcCall, parse_message, require_driver
 from services.session.api.race_hold import RaceHold

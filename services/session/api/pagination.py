@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from bae.errors import bad_request, echo
-from bae.jsontext import dump
+from bae.common.errors import bad_request, echo
+from bae.common.jsontext import dump
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bae.settings import Address
+from bae.common.settings import Address
 
 
 class RaceHold:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from bae.config import Config
-from bae.errors import Problem, not_found
+from bae.common.config import Config
+from bae.common.errors import Problem, not_found
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
 from services.session.api.calls import RestCall
@@ -19,7 +19,7 @@ from services.session.api.bodies import RESERVED_TOOL
 from services.session.engine.spans import session_spans
 from services.session.api.pagination import page_json, page_request
 from services.session.store import events, opening, sessions
-from bae.jsontext import dump
+from bae.common.jsontext import dump
 from services.session.engine.runtime import SessionRuntime
 from services.session.store.opening import Declarations, Opened, Refusal, Refused
 from services.session.store.records import KeyRecord, ProfileRecord, SessionRecord

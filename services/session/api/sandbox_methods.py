@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from bae.rpc_codes import RpcCode
+from bae.common.rpc_codes import RpcCode
 from services.session.api.faults import RpcFault, invalid_params
 from services.session.api.jsonrpc import RpcCall, require_driver
 from services.session.engine.errors import ProfileUnavailable

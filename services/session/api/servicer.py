@@ -8,11 +8,11 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeAlias
 
 import grpc
 
-from bae import telemetry
-from bae.errors import Problem, internal
-from bae.jsontext import dump
-from bae.protos import session_pb2, session_pb2_grpc
-from bae.session_routing import OWNER_KEY, was_redirected
+from bae.common import telemetry
+from bae.common.errors import Problem, internal
+from bae.common.jsontext import dump
+from bae.common.protos import session_pb2, session_pb2_grpc
+from bae.common.session_routing import OWNER_KEY, was_redirected
 from services.session.api.admin import AdminApi
 from services.session.api.auth import Authenticator
 from services.session.api.calls import Credential, RestCall

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import logging
 
-from bae.config import Config, primary_not_configured
-from bae.protos import runner_pb2
+from bae.common.config import Config, primary_not_configured
+from bae.common.protos import runner_pb2
 from services.session.engine.domain import CompactionReason, CompactionTrigger
 from services.session.engine.errors import CompactionFailed
 from services.session.engine.runtime import CompactionBackoff, LiveSession

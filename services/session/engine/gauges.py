@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Callable
 
-from bae import telemetry
+from bae.common import telemetry
 from services.session.engine.runtime import SessionRuntime
 from services.session.store import Store
 from services.session.store.stats import activity_counts

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bae.jsontext import dump, load
+from bae.common.jsontext import dump, load
 from services.session.remote.runner import StepMessages
 
 MESSAGE_EVENTS = ("client.message.send", "server.message.send")

@@ -26,7 +26,7 @@ import socket
 import time
 from typing import Awaitable, Callable
 
-from bae.timefmt import now as timestamp
+from bae.common.timefmt import now as timestamp
 from services.session.engine.tasks import TaskOwner
 from services.session.store import Store
 from services.session.store import leases

@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bae.config import Config
-from bae.internal import InternalPlane
-from bae.protos import session_pb2
-from bae.settings import Settings
+from bae.common.config import Config
+from bae.common.internal import InternalPlane
+from bae.common.protos import session_pb2
+from bae.common.settings import Settings
 from services.session.engine.domain import SessionState
 from services.session.engine.errors import SessionNotOpen
 from services.session.engine.feed import SessionFeed

@@ -19,7 +19,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 
-from bae import telemetry
+from bae.common import telemetry
 from services.session.engine.domain import Dispatch, TurnEnd
 from services.session.engine.subagents import SubagentStatus
 

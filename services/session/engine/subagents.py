@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from bae.protos import sandbox_pb2
+from bae.common.protos import sandbox_pb2
 from services.session.remote.sandbox_pool import SandboxError, SandboxHandle
 
 log = logging.getLogger("bae.session.subagents")

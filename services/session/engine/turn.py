@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bae.jsontext import RawJson, dump, load
-from bae.protos import runner_pb2
+from bae.common.jsontext import RawJson, dump, load
+from bae.common.protos import runner_pb2
 from services.session.engine import tools as toolset
 from services.session.engine.domain import Dispatch, SessionState, TurnEnd, Usage
 from services.session.engine.feed import Watcher

@@ -45,7 +45,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter
 
 from bae import __version__
-from bae.config import Config, McpServer, resolve_env
+from bae.common.config import Config, McpServer, resolve_env
 
 log = logging.getLogger("bae.session.mcp")
 

@@ -7,9 +7,9 @@ import logging
 
 import grpc
 
-from bae.grpcutil import channel
-from bae.internal import InternalPlane
-from bae.protos import session_pb2, session_pb2_grpc
+from bae.common.grpcutil import channel
+from bae.common.internal import InternalPlane
+from bae.common.protos import session_pb2, session_pb2_grpc
 
 log = logging.getLogger("bae.session.peers")
 

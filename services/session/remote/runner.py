@@ -29,10 +29,10 @@ from typing import AsyncGenerator, NamedTuple
 
 import grpc
 
-from bae import callcontext, grpcutil
-from bae.internal import InternalPlane
-from bae.protos import runner_pb2, runner_pb2_grpc
-from bae.stream_writer import StreamWriter
+from bae.common import grpcutil, propagation
+from bae.common.internal import InternalPlane
+from bae.common.protos import runner_pb2, runner_pb2_grpc
+from bae.common.stream_writer import StreamWriter
 
 log = logging.getLogger("bae.session.runner")
 
@@ -87,7 +87,7 @@ class RunnerClient:
         step_id = next(self._step_ids)
         replies = stream.expect(step_id)
         context: list[tuple[str, str | bytes]] = []
-        callcontext.add_outgoing(context)
+        propagation.add_outgoing(context)
         start = runner_pb2.StepStart(request=request, context={k: str(v) for k, v in context})
         messages_json: str | None = None  # the history as one JSON array, made when first needed
         ended = False

@@ -19,10 +19,10 @@ from typing import Callable, Iterable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bae.errors import DETAIL_LIMIT, BaeError, echo
-from bae.grpcutil import channel
-from bae.internal import InternalPlane
-from bae.protos import sandbox_pb2, sandbox_pb2_grpc
+from bae.common.errors import DETAIL_LIMIT, BaeError, echo
+from bae.common.grpcutil import channel
+from bae.common.internal import InternalPlane
+from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
 from services.session.remote.sandbox_idle import IdleWatch
 
 log = logging.getLogger("bae.session.sandboxes")

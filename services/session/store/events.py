@@ -5,10 +5,10 @@ from __future__ import annotations
 from sqlalchemy import Connection, Row, Select, and_, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from bae.errors import Problem
-from bae.ids import new_id
-from bae.timefmt import now
-from bae.jsontext import RawJson, dump, load
+from bae.common.errors import Problem
+from bae.common.ids import new_id
+from bae.common.timefmt import now
+from bae.common.jsontext import RawJson, dump, load
 from services.session.store.locks import hold_session
 from services.session.store.schema import session_events, sessions
 

@@ -6,8 +6,8 @@ from typing import Any, Callable
 
 from sqlalchemy import Connection, Row, and_, bindparam, func, insert, select, text, update
 
-from bae.ids import digests_equal, new_id, new_token, token_digest
-from bae.timefmt import now
+from bae.common.ids import digests_equal, new_id, new_token, token_digest
+from bae.common.timefmt import now
 from services.session.store.records import KeyRecord, Principal
 from services.session.store.schema import keys, profiles
 

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from sqlalchemy import Connection
 
-from bae.errors import Problem
+from bae.common.errors import Problem
 from services.session.store import events, keys, profiles, sessions
 from services.session.store.events import EventView
 from services.session.store.records import KeyRecord, ProfileRecord, SessionRecord

@@ -22,7 +22,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlch
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from bae.errors import UsageError
+from bae.common.errors import UsageError
 from services.session.store.locks import INFO_KEY, Held, SessionLocks
 from services.session.store.sqlite import StoreUnavailable
 

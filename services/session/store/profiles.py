@@ -6,8 +6,8 @@ import dataclasses
 
 from sqlalchemy import Connection, Row, and_, bindparam, exists, insert, select, update
 
-from bae.ids import new_id
-from bae.timefmt import now
+from bae.common.ids import new_id
+from bae.common.timefmt import now
 from services.session.store.records import ProfileRecord
 from services.session.store import keys
 from services.session.store.schema import profiles

@@ -2,7 +2,7 @@
 
 The store runs on SQLite and PostgreSQL, so types are portable: JSON documents
 are TEXT (the JsonText type below), timestamps are the RFC 3339 strings of
-`bae.timefmt` (they sort and compare as text). Every table has an integer
+`bae.common.timefmt` (they sort and compare as text). Every table has an integer
 `seq` primary key: it is the insertion order every list is sorted by and the
 pagination cursor, while `id` is the public identifier. A change here is also a
 new revision in migrations/versions/.
@@ -15,13 +15,13 @@ from typing import Any
 from sqlalchemy import Column, Dialect, Float, Index, Integer, MetaData, String, Table, Text
 from sqlalchemy.types import TypeDecorator
 
-from bae.jsontext import dump, load
+from bae.common.jsontext import dump, load
 
 metadata = MetaData()
 
 
 class JsonText(TypeDecorator[Any]):
-    """A JSON document stored as TEXT: written with `bae.jsontext.dump`, read back parsed.
+    """A JSON document stored as TEXT: written with `bae.common.jsontext.dump`, read back parsed.
 
     The DDL is plain TEXT (what revision 0001 creates), so this changes no schema.
     """

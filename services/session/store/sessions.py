@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, Row, bindparam, insert, select, update
 
-from bae.ids import new_id
-from bae.timefmt import now
+from bae.common.ids import new_id
+from bae.common.timefmt import now
 from services.session.store.locks import hold_session
 from services.session.store.records import SessionRecord
 from services.session.store.schema import sessions

@@ -19,7 +19,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
-from bae.errors import Problem
+from bae.common.errors import Problem
 
 log = logging.getLogger("bae.session.store")
 

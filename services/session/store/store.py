@@ -42,8 +42,8 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from bae.errors import UsageError
-from bae.jsontext import RawJson
+from bae.common.errors import UsageError
+from bae.common.jsontext import RawJson
 from services.session.store import events, profiles, sessions
 from services.session.store.checkpoint import WalCheckpointer
 from services.session.store.migrations import current, migrate

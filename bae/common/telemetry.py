@@ -42,9 +42,9 @@ from opentelemetry.trace import Link, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from bae import __version__
-from bae.config import METRIC_NAMES, EnvResolutionError, resolve_env
-from bae.config import Telemetry as TelemetryConfig
-from bae.errors import UsageError
+from bae.common.config import METRIC_NAMES, EnvResolutionError, resolve_env
+from bae.common.config import Telemetry as TelemetryConfig
+from bae.common.errors import UsageError
 
 log = logging.getLogger("bae.telemetry")
 

@@ -1,61 +1,20 @@
-"""A small typed Python client for the client API (REST + JSON-RPC over NDJSON).
-
-    from bae.client import Client
-
-    with Client("http://127.0.0.1:8080") as bae:
-        session = bae.open(client_key, tools=[ToolDef("get_time", "The current time")])
-        reply = session.send("What time is it?", handlers={"get_time": lambda args: "12:00"})
-        print(reply.text)
-
-`Session.send` is the harness loop of the client API reference: it registers
-the driver once, streams the turn (each live event goes to `on_event`), runs
-the handler of every `dispatch:"client"` tool call, sends the results back and
-repeats until the assistant answers without calling one of your tools.
-"""
+"""One open session: JSON-RPC calls over NDJSON (the harness loop among them) and its REST reads."""
 
 from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import httpx
 
-from bae.rpc_codes import RpcCode
+from bae.client.errors import RpcCode, RpcError, raise_for_problem
 
 Event = dict[str, Any]
 EventHandler = Callable[[Event], None]
 ToolHandler = Callable[[dict[str, Any]], Any]  # input -> result (str, or JSON-serialisable)
 NDJSON = "application/x-ndjson"
-
-
-class ApiError(Exception):
-    """A REST problem document (RFC 7807): `type` is the stable slug, e.g. `session_closed`."""
-
-    def __init__(self, status: int, type: str, detail: str) -> None:
-        super().__init__(f"{status} {type}: {detail}")
-        self.status, self.type, self.detail = status, type, detail
-
-
-class RpcError(Exception):
-    """A JSON-RPC error frame, e.g. -32001 when the driver was not registered."""
-
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code, self.message, self.data = code, message, data
-
-
-@dataclass(frozen=True)
-class ToolDef:
-    """A client tool declaration (sent at open/join; the profile must allow its name)."""
-
-    name: str
-    description: str = ""
-    input_schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "input_schema": self.input_schema}
 
 
 @dataclass(frozen=True)
@@ -80,57 +39,6 @@ class Reply:
                 and block.get("dispatch") == "client"] if isinstance(content, list) else []
 
 
-def _raise_for_problem(response: httpx.Response) -> None:
-    if response.is_success:
-        return
-    try:
-        problem = response.json()
-    except ValueError:
-        problem = {}
-    problem = problem if isinstance(problem, dict) else {}
-    raise ApiError(response.status_code, str(problem.get("type", "unknown")), str(problem.get("detail", response.text)))
-
-
-class Client:
-    """The client port: opens and joins sessions with a client key (`bae_…`)."""
-
-    def __init__(self, base_url: str, timeout: float | None = 300.0) -> None:
-        self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout)
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.http.close()
-
-    def meta(self) -> dict[str, Any]:
-        response = self.http.get("/api/v1/meta")
-        _raise_for_problem(response)
-        return response.json()
-
-    def open(self, client_key: str, *, tools: Sequence[ToolDef] = (), client_version: str | None = None,
-             **body: Any) -> Session:
-        """POST /api/v1/sessions; `body` carries the other open fields (e.g. `compaction`)."""
-        request = {"tools": [tool.to_json() for tool in tools], **body}
-        if client_version is not None:
-            request["client_version"] = client_version
-        return self._session("/api/v1/sessions", client_key, request)
-
-    def join(self, session_id: str, client_key: str, *, tools: Sequence[ToolDef] = (), **body: Any) -> Session:
-        """POST /api/v1/sessions/{id}/join: a new session key for another client key on the same profile."""
-        request = {"tools": [tool.to_json() for tool in tools], **body}
-        return self._session(f"/api/v1/sessions/{session_id}/join", client_key, request)
-
-    def _session(self, path: str, client_key: str, body: dict[str, Any]) -> Session:
-        response = self.http.post(path, json=body, headers={"Authorization": f"Bearer {client_key}"})
-        _raise_for_problem(response)
-        opened = response.json()
-        return Session(self.http, opened["session_id"], opened["session_key"], opened.get("profile", {}))
-
-
 class Session:
     """One session, driven with its session key (`bae_ses_…`)."""
 
@@ -151,7 +59,7 @@ class Session:
                               timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout) as response:
             if not response.is_success:
                 response.read()
-                _raise_for_problem(response)
+                raise_for_problem(response)
             for line in response.iter_lines():
                 if line.strip():
                     yield json.loads(line)
@@ -223,7 +131,7 @@ class Session:
 
     def _get(self, path: str, params: dict[str, str] | None = None) -> Any:
         response = self.http.get(f"/api/v1/sessions/{self.id}{path}", params=params, headers=self._auth)
-        _raise_for_problem(response)
+        raise_for_problem(response)
         return response.json()
 
     def events(self, cursor: str | None = None, limit: int | None = None) -> dict[str, Any]:
@@ -247,5 +155,5 @@ class Session:
     def close(self) -> dict[str, Any]:
         """DELETE the session (closes it for every participant)."""
         response = self.http.delete(f"/api/v1/sessions/{self.id}", headers=self._auth)
-        _raise_for_problem(response)
+        raise_for_problem(response)
         return response.json()

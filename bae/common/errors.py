@@ -1,6 +1,6 @@
 """Errors that cross service boundaries.
 
-`Problem` is an RFC 7807 REST error. A service raises it; `bae.grpcutil`
+`Problem` is an RFC 7807 REST error. A service raises it; `bae.common.grpcutil`
 turns it into a gRPC status with a `bae-problem` trailer, and the gateway
 turns that back into the HTTP response.
 """

@@ -13,7 +13,7 @@ import sys
 from typing import Any, Callable, Coroutine
 
 from bae import API_VERSIONS, __version__
-from bae.errors import UsageError
+from bae.common.errors import UsageError
 
 
 def version_text() -> str:

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from bae import serde
-from bae.errors import UsageError
+from bae.common import serde
+from bae.common.errors import UsageError
 
 REDACTED = "\u2022" * 8
 

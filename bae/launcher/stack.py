@@ -25,11 +25,11 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bae.entry import version_text
-from bae.errors import UsageError
-from bae.settings import Settings, load_settings
+from bae.common.entry import version_text
+from bae.common.errors import UsageError
+from bae.common.settings import Settings, load_settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # The demo provider's registry name and model (services/runner/demo.py).
 DEMO_PROVIDER = "demo"
 DEMO_MODEL = "bae-demo-echo"
@@ -64,7 +64,7 @@ class Stack:
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # The services it starts share a fresh internal token unless one is given (bae.internal).
+        # The services it starts share a fresh internal token unless one is given (bae.common.internal).
         if not self.env.get("BAE_INTERNAL_TOKEN", "").strip():
             self.env["BAE_INTERNAL_TOKEN"] = secrets.token_hex(32)
 

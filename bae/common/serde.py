@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bae.errors import echo
+from bae.common.errors import echo
 
 
 def describe(value: Any) -> str:

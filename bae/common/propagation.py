@@ -10,7 +10,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import Sequence
 
-from bae import telemetry
+from bae.common import telemetry
 
 REQUEST_ID_KEY = "bae-request-id"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from bae.entry import version_text
+from bae.common.entry import version_text
 
 SERVICES = ("gateway", "session", "runner", "sandbox")
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         print(version_text())
         return 0
     if command == "run":
-        from bae.stack import main as run_stack
+        from bae.launcher.stack import main as run_stack
 
         return run_stack(rest)
     if command == "migrate":

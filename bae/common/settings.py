@@ -13,7 +13,7 @@ from typing import Mapping
 
 from sqlalchemy.engine import make_url
 
-from bae.errors import UsageError
+from bae.common.errors import UsageError
 
 
 # Shared with baectl, which finds the admin port the way the server does.
@@ -170,7 +170,7 @@ class Settings:
     sandbox_idle_timeout: int = 0
     # Largest request body the gateway reads (BAE_MAX_BODY_BYTES).
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    # The shared token of the internal gRPC plane (bae.internal); None: not configured.
+    # The shared token of the internal gRPC plane (bae.common.internal); None: not configured.
     internal_token: str | None = None
     # Seconds between keepalive pings on internal connections (BAE_GRPC_KEEPALIVE_INTERVAL).
     grpc_keepalive: float = 30.0

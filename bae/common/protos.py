@@ -2,12 +2,12 @@
 
 Import contracts from here, never from `baeproto` directly:
 
-    from bae.protos import session_pb2, session_pb2_grpc
+    from bae.common.protos import session_pb2, session_pb2_grpc
 """
 
 from __future__ import annotations
 
-from bae.protodigest import PROTO_ROOT, proto_digest
+from bae.common.protodigest import PROTO_ROOT, proto_digest
 
 try:
     import baeproto

@@ -19,8 +19,8 @@ from typing import Any
 
 import grpc
 
-from bae.errors import UsageError
-from bae.settings import MIN_INTERNAL_TOKEN_CHARS, Settings
+from bae.common.errors import UsageError
+from bae.common.settings import MIN_INTERNAL_TOKEN_CHARS, Settings
 
 TOKEN_METADATA = "bae-internal-token"
 HEALTH_METHOD_PREFIX = "/grpc.health.v1.Health/"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-PROTO_ROOT = Path(__file__).resolve().parent.parent / "protos"
+PROTO_ROOT = Path(__file__).resolve().parents[2] / "protos"
 
 
 def proto_digest() -> str:

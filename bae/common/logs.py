@@ -1,7 +1,7 @@
 """stderr log lines of every service: text (default) or one JSON object per line (BAE_LOG_FORMAT=json).
 
 Each line carries the request id of the HTTP request it serves, when there is one
-(bae.callcontext). Fields passed as `extra={"fields": {...}}` (the gateway's access log)
+(bae.common.propagation). Fields passed as `extra={"fields": {...}}` (the gateway's access log)
 are appended as `key=value` in text and become top-level keys in JSON.
 """
 
@@ -12,7 +12,7 @@ import logging
 import sys
 from datetime import datetime, timezone
 
-from bae.callcontext import request_id
+from bae.common.propagation import request_id
 
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import grpc
 
-from bae.channel_wrapper import ChannelWrapper
+from bae.common.channel_wrapper import ChannelWrapper
 
 Metadata = Sequence[tuple[str, str | bytes]]
 AddMetadata = Callable[[Metadata | None], Metadata]

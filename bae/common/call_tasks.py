@@ -4,7 +4,7 @@ A call of its own costs more CPU on both ends than much of the work it asks for,
 so services take their callers' calls on one long-lived stream each: the runner's
 steps (`RunSteps`), the session service's unary calls (`Exchange`). On such a
 stream each call runs in a task of its own; replies go out through one writer
-(bae.stream_writer). This module holds what both share: the tasks, and when the
+(bae.common.stream_writer). This module holds what both share: the tasks, and when the
 stream's handler may return.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable, Coroutine
 
 from google.protobuf.message import Message
 
-from bae.stream_writer import StreamWriter
+from bae.common.stream_writer import StreamWriter
 
 log = logging.getLogger("bae")
 

@@ -10,13 +10,13 @@ from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Iter
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from bae import telemetry
-from bae.call_metadata import Metadata, MetadataChannel
-from bae.callcontext import add_outgoing, bind_incoming
-from bae.entry import freeze_startup_heap
-from bae.errors import PROBLEM_TRAILER, Problem
-from bae.internal import HEALTH_METHOD_PREFIX, InternalPlane
-from bae.logs import install_handler
+from bae.common import telemetry
+from bae.common.metadata_channel import Metadata, MetadataChannel
+from bae.common.propagation import add_outgoing, bind_incoming
+from bae.common.entry import freeze_startup_heap
+from bae.common.errors import PROBLEM_TRAILER, Problem
+from bae.common.internal import HEALTH_METHOD_PREFIX, InternalPlane
+from bae.common.logs import install_handler
 
 log = logging.getLogger("bae")
 
@@ -30,7 +30,7 @@ HealthReporter = Callable[[health.aio.HealthServicer], Awaitable[None]]
 class ProblemInterceptor(grpc.aio.ServerInterceptor):
     """Turns a `Problem` raised by a handler into a gRPC status + `bae-problem` trailer.
 
-    Also binds the caller's request id and trace context for the handler (bae.callcontext).
+    Also binds the caller's request id and trace context for the handler (bae.common.propagation).
     """
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -184,7 +184,7 @@ async def serve(
 def channel(target: str, plane: InternalPlane, *, balanced: bool = False) -> grpc.aio.Channel:
     """An internal channel; callers always pass a deadline (`timeout=`).
 
-    Its calls carry the internal token, the request id and trace context (bae.callcontext).
+    Its calls carry the internal token, the request id and trace context (bae.common.propagation).
     `balanced` spreads calls over every address a host name resolves to (round robin).
     """
     token = plane.token_metadata
