@@ -1,4 +1,4 @@
-"""Sandbox benchmark: a private stack on loopback against the local Docker engine.
+"""Sandbox benchmark: a private stack on loopback against the local Docker daemon.
 
     .venv/bin/python bench/sandbox.py
 
@@ -10,7 +10,7 @@ Prints, each as p50/p99 over sequential runs:
   each start once the pool has refilled);
 - `docker run --rm bae-busybox:test echo hi` with the docker CLI, the floor to compare with;
 - one session.execRemoteSandbox round trip in a running sandbox (which the
-  host hands to the sandbox's resident runner, unless the stack runs with
+  host hands to the sandbox's resident shell, unless the stack runs with
   BAE_SANDBOX_RESIDENT_RUNNER=0), next to the same exec (create, start,
   inspect) in the same container straight through the docker SDK (the floor),
   the same Exec sent straight to the sandbox host over gRPC, and
@@ -67,8 +67,8 @@ FLOOD_BYTES = 300 * 1024 * 1024
 CONCURRENT_COMMANDS = 20
 CONCURRENT_ROUNDS = 5
 # BAE_SANDBOX_RESIDENT_RUNNER=0 in this environment measures every command as an exec of its own.
-RUNNER_ENV = {key: os.environ[key] for key in ("BAE_SANDBOX_RESIDENT_RUNNER",) if key in os.environ}
-RUNNER_ON = RUNNER_ENV.get("BAE_SANDBOX_RESIDENT_RUNNER", "1").strip().lower() in ("1", "true")
+RESIDENT_ENV = {key: os.environ[key] for key in ("BAE_SANDBOX_RESIDENT_RUNNER",) if key in os.environ}
+RESIDENT_ON = RESIDENT_ENV.get("BAE_SANDBOX_RESIDENT_RUNNER", "1").strip().lower() in ("1", "true")
 
 
 async def seconds(make_call) -> float:
@@ -140,7 +140,7 @@ async def exec_round_trips(stack, sid: str, skey: str, sandbox_id: str, idle: tu
         report(name, taken, sum(taken))
     record("exec round trip in a running sandbox", f"p50 {ms(samples['exec round trip in a running sandbox'])}",
            f"the same exec through the docker SDK, {ms(samples['  the same exec through the docker SDK directly'])}",
-           "≤ SDK + 2 ms; ≤ 10 ms with the resident runner")
+           "≤ SDK + 2 ms; ≤ 10 ms with the resident shell")
     # Each round's difference, then its median: steadier than a difference of p50s on a busy machine.
     floor = samples["  the same exec through the docker SDK directly"]
     for name, label in (("exec round trip in a running sandbox", "gateway"),
@@ -203,31 +203,31 @@ async def sandbox_starts(client, sid: str, skey: str, ready=None) -> list[float]
 async def bench_warm_starts(tmp: Path, mock) -> list[float]:
     """startRemoteSandbox on a stack whose sandbox host keeps one warm container (BAE_SANDBOX_WARM=1)."""
     running = launch_stack(tmp, mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN, BAE_LOG="warning",
-                           BAE_SANDBOX_WARM="1", **RUNNER_ENV)
+                           BAE_SANDBOX_WARM="1", **RESIDENT_ENV)
     host_id = running.stack.env["BAE_SANDBOX_HOST_ID"]
     docker = docker_client()
 
     async def spare_ready() -> None:
         """Until the host offers a spare again: held ones are stopped after each start, so any is free.
 
-        A spare is offered once its resident runner is ready (its shell shows in the container's
+        A spare is offered once its resident shell is ready (it shows in the container's
         processes, and a moment after, its first line has been read)."""
         def ready() -> bool:
             # One listing call: the spare stopped just before may vanish while it runs.
             spares = docker.api.containers(filters={"label": ["bae.spare=1", f"bae.host={host_id}"]})
-            if not RUNNER_ON or not spares:
+            if not RESIDENT_ON or not spares:
                 return bool(spares)
             try:
                 listed = docker.api.top(spares[0]["Id"], ps_args="-o pid,args")["Processes"] or []
             except Exception:  # gone meanwhile
                 return False
-            return any("bae resident command runner" in " ".join(row) for row in listed)
+            return any("bae resident shell" in " ".join(row) for row in listed)
         deadline = time.monotonic() + 30
         while not await asyncio.to_thread(ready):
             if time.monotonic() > deadline:
                 raise RuntimeError("the warm pool did not refill within 30 s")
             await asyncio.sleep(0.02)
-        if RUNNER_ON:
+        if RESIDENT_ON:
             await asyncio.sleep(0.05)
 
     try:
@@ -450,14 +450,14 @@ async def bench_concurrent_subagents(running, mock) -> None:
 
 async def bench_all(only_subagents: bool = False) -> bool:
     """Every sandbox figure (or the subagent ones alone); False (with the reason printed) when
-    there is no Docker engine to use."""
+    there is no Docker daemon to use."""
     reason = docker_skip_reason()
     if reason is not None:
         print(f"\n== Sandboxes ==\n  skipped: {reason}")
         return False
     mock = MockLLM().start()
     with tempfile.TemporaryDirectory() as tmp:
-        running = start_stack(Path(tmp), mock, BAE_MAX_SUBAGENTS_PER_SESSION=str(CONCURRENT_SUBAGENTS), **RUNNER_ENV)
+        running = start_stack(Path(tmp), mock, BAE_MAX_SUBAGENTS_PER_SESSION=str(CONCURRENT_SUBAGENTS), **RESIDENT_ENV)
         try:
             if not only_subagents:
                 print("\n== Sandboxes ==")

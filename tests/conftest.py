@@ -71,7 +71,7 @@ def stack_env(tmp: Path, **overrides: str) -> dict[str, str]:
         "BAE_RUNNER_GRPC_ADDR": f"127.0.0.1:{free_port()}",
         "BAE_SANDBOX_GRPC_ADDRS": f"127.0.0.1:{free_port()}",
         # Unique per stack: a sandbox host removes its id's containers at start-up,
-        # and other test runs may share this Docker engine.
+        # and other test runs may share this Docker daemon.
         "BAE_SANDBOX_HOST_ID": f"test-{uuid.uuid4().hex[:12]}",
         "BAE_DB_PATH": str(tmp / "bae.db"),
         "BAE_ADMIN_KEY_FILE": str(tmp / "admin-key.pem"),

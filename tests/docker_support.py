@@ -1,4 +1,4 @@
-"""Docker for tests: is the engine usable here, which image to use, and cleanup by label.
+"""Docker for tests: is the Docker daemon usable here, which image to use, and cleanup by label.
 
 CI runs .ci/docker-setup.sh first (it installs docker.io, starts dockerd and builds
 TEST_IMAGE from busybox-static); elsewhere the Docker tests skip with a reason.
@@ -32,22 +32,22 @@ def docker_skip_reason() -> str | None:
         import docker.errors
 
         client = docker.from_env(timeout=10)
-    except Exception as exc:  # the engine is missing or unreachable
-        return f"Docker engine not reachable ({exc}); {SETUP_HINT}"
+    except Exception as exc:  # the Docker daemon is missing or unreachable
+        return f"Docker daemon not reachable ({exc}); {SETUP_HINT}"
     try:
         client.ping()
         client.images.get(TEST_IMAGE)
     except docker.errors.ImageNotFound:
         return f"test image {TEST_IMAGE} is missing; {SETUP_HINT}"
     except Exception as exc:
-        return f"Docker engine not usable ({exc}); {SETUP_HINT}"
+        return f"Docker daemon not usable ({exc}); {SETUP_HINT}"
     finally:
         client.close()
     return None
 
 
 def require_docker() -> None:
-    """Skip without Docker, except in CI (BAE_REQUIRE_DOCKER=1), where a missing engine is a failure."""
+    """Skip without Docker, except in CI (BAE_REQUIRE_DOCKER=1), where a missing Docker daemon is a failure."""
     reason = docker_skip_reason()
     if reason is not None:
         if os.environ.get("BAE_REQUIRE_DOCKER") == "1":

@@ -282,9 +282,10 @@ def in_container(setup: Setup, directory: Path, apple: bool, *args: str) -> dict
 
 
 def launch(directory: Path, setup: Setup, apple: bool, fresh: bool) -> None:
-    engine = "container" if apple else "docker"
-    if not on_path(engine):
-        raise CtlError(f"{engine} not found on PATH — install it (or generate here and deploy elsewhere) "
+    # The container CLI (BAECTL.md calls it the engine; its messages below are the spec's).
+    cli = "container" if apple else "docker"
+    if not on_path(cli):
+        raise CtlError(f"{cli} not found on PATH — install it (or generate here and deploy elsewhere) "
                        "then re-run `baectl setup` and choose Launch.")
     command = [str(directory / SCRIPT)] if apple else ["docker", "compose", "up", "-d"]
     try:

@@ -26,7 +26,7 @@ commands:
   gateway    serve the client and admin HTTP ports
   session    serve the session service (store, sessions, turns)
   runner     serve provider calls
-  sandbox    serve sandboxes on this host's Docker engine
+  sandbox    serve sandboxes on this host's Docker daemon
   migrate    apply database migrations and exit
   version    print the version (also --version, -V)
   help       print this help (also --help, -h)

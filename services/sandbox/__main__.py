@@ -24,7 +24,7 @@ from services.sandbox.server import serve_sandbox
 
 def main(argv: list[str]) -> int:
     service_parser(
-        "bae sandbox", "Run sandbox containers (gRPC on BAE_SANDBOX_LISTEN_ADDR) on this host's Docker engine."
+        "bae sandbox", "Run sandbox containers (gRPC on BAE_SANDBOX_LISTEN_ADDR) on this host's Docker daemon."
     ).parse_args(argv)
 
     async def start() -> None:

@@ -43,12 +43,12 @@ class CommandState(enum.Enum):
 
 
 class Command:
-    """One background command. The engine's reader thread appends its output and reports its end."""
+    """One background command. A thread reading the Docker daemon's stream appends its output and reports its end."""
 
     def __init__(self, command_id: str, sandbox_id: str, output_limit: int) -> None:
         self.command_id = command_id
         self.sandbox_id = sandbox_id
-        # Unique per start, whatever the caller's id: the engine tags the command's processes with it.
+        # Unique per start, whatever the caller's id: the command's processes are tagged with it.
         self.token = uuid.uuid4().hex
         self.stdout = CappedOutput(output_limit)
         self.stderr = CappedOutput(output_limit)

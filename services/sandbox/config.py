@@ -37,8 +37,8 @@ class SandboxConfig:
     health_interval: float
     # Started, unassigned containers kept per allowed image (services/sandbox/warm.py); 0: none.
     warm: int = 0
-    # Commands go to a shell kept running in each sandbox (services/sandbox/resident.py), not a new exec each.
-    resident_runner: bool = True
+    # Commands go to a shell kept running in each sandbox (services/sandbox/resident_shell.py), not a new exec each.
+    resident_shell: bool = True
 
 
 def _positive(env: Mapping[str, str], var: str, default: str, kind: Callable[[str], N]) -> N:
@@ -105,5 +105,5 @@ def load_sandbox_config(settings: Settings, env: Mapping[str, str] | None = None
         output_limit=_output_limit(env),
         health_interval=_positive(env, "BAE_SANDBOX_HEALTH_INTERVAL", "2", float),
         warm=_warm(env),
-        resident_runner=_switch(env, "BAE_SANDBOX_RESIDENT_RUNNER", "1"),
+        resident_shell=_switch(env, "BAE_SANDBOX_RESIDENT_RUNNER", "1"),
     )

@@ -1,8 +1,8 @@
-"""The docker driver: sandboxes are containers of the local engine, through the docker SDK.
+"""The docker driver: sandboxes are containers of the local Docker daemon, through the docker SDK.
 
 The SDK is synchronous, so every call runs on a dedicated thread pool and the
-event loop never blocks; an Exec, the hot path, goes straight over the engine's
-unix socket from the event loop instead (engine_socket.py) when it has one. Two clients: `_control` has a bounded read timeout
+event loop never blocks; an Exec, the hot path, goes straight over the Docker daemon's
+unix socket from the event loop instead (docker_socket.py) when it has one. Two clients: `_control` has a bounded read timeout
 for quick calls; `_long` has none, for exec output that may be silent for
 minutes (our own deadline bounds it instead). A command's output is read from
 the exec's attached socket as it comes and kept up to the output limit, so a
@@ -39,9 +39,9 @@ from services.sandbox.driver import (
     SandboxFailure,
     SandboxInfo,
 )
-from services.sandbox.engine_socket import EngineError, EngineSocket, unix_socket_path
+from services.sandbox.docker_socket import DockerError, DockerSocket, unix_socket_path
 from services.sandbox.output import CappedOutput
-from services.sandbox.resident import Runner, RunnerLost, RunnerPool, encode
+from services.sandbox.resident_shell import ResidentShell, ResidentShells, ShellLost, encode
 
 log = logging.getLogger("bae.sandbox")
 
@@ -86,7 +86,7 @@ done
 exit 0
 """
 KILL_TIMEOUT = 10.0
-# The engine answers an exec's start before the process runs, and may close its streams
+# The Docker daemon answers an exec's start before the process runs, and may close its streams
 # a moment before it records the exit code: both are awaited by asking again, this often.
 INSPECT_TRIES = 500
 INSPECT_PAUSE = 0.01
@@ -126,7 +126,7 @@ def _inspect_until(api, exec_id: str, ready: Callable[[dict], bool]) -> dict:
 
 
 def _exit_code(api, exec_id: str) -> int:
-    """The exec's exit code; -1 when the engine has none to give."""
+    """The exec's exit code; -1 when the Docker daemon has none to give."""
     code = _inspect_until(api, exec_id, lambda info: not info.get("Running")).get("ExitCode")
     return -1 if code is None else int(code)
 
@@ -142,10 +142,10 @@ class DockerDriver:
         self._threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="docker")
         self._control: docker.DockerClient | None = None
         self._long: docker.DockerClient | None = None
-        # The exec hot path when the engine is on a unix socket (engine_socket.py); else the SDK's.
-        self._socket: EngineSocket | None = None
-        # Shells kept running in each sandbox (resident.py); only over the socket, when the config allows.
-        self._runners: RunnerPool | None = None
+        # The exec hot path when the Docker daemon is on a unix socket (docker_socket.py); else the SDK's.
+        self._socket: DockerSocket | None = None
+        # Shells kept running in each sandbox (resident_shell.py); only over the socket, when the config allows.
+        self._shells: ResidentShells | None = None
         # Execs whose output is still being read after their caller stopped waiting (a timeout).
         self._draining: set[asyncio.Future] = set()
         self._clients_lock = threading.Lock()
@@ -161,21 +161,21 @@ class DockerDriver:
         return await loop.run_in_executor(self._threads, functools.partial(call, *args, **kwargs))
 
     def _connect(self) -> None:
-        """Runs in a worker thread: creating a client asks the engine for its API version."""
+        """Runs in a worker thread: creating a client asks the Docker daemon for its API version."""
         with self._clients_lock:
             if self._control is None:
                 try:
                     control = docker.from_env(timeout=CONTROL_TIMEOUT)
                     self._long = docker.from_env(timeout=None, version=control.api.api_version)
                     path = unix_socket_path()
-                    self._socket = None if path is None else EngineSocket(path, control.api.api_version)
-                    if self._socket is not None and self._config.resident_runner:
-                        self._runners = RunnerPool(self._socket)
+                    self._socket = None if path is None else DockerSocket(path, control.api.api_version)
+                    if self._socket is not None and self._config.resident_shell:
+                        self._shells = ResidentShells(self._socket)
                     self._control = control  # last: once it is set, both clients are
                 except docker.errors.DockerException as exc:
                     raise _unreachable(exc) from None
 
-    async def _engine(self, call: Callable[..., T], *args, **kwargs) -> T:
+    async def _docker(self, call: Callable[..., T], *args, **kwargs) -> T:
         """Run an SDK call in a thread; connection failures become UNAVAILABLE."""
         try:
             return await self._run(call, *args, **kwargs)
@@ -193,14 +193,14 @@ class DockerDriver:
         return self._long.api
 
     async def _own_containers(self, api) -> list[dict]:
-        return await self._engine(api.containers, all=True, filters=self._own_filters)
+        return await self._docker(api.containers, all=True, filters=self._own_filters)
 
     # -- health and start-up ----------------------------------------------------------------
 
     async def ping(self) -> bool:
         try:
             api = await self._api()
-            return bool(await asyncio.wait_for(self._engine(api.ping), PING_TIMEOUT))
+            return bool(await asyncio.wait_for(self._docker(api.ping), PING_TIMEOUT))
         except (SandboxFailure, docker.errors.DockerException, TimeoutError, OSError):
             return False
 
@@ -235,14 +235,14 @@ class DockerDriver:
     async def ensure_image(self, image: str) -> bool:
         api = await self._ready_api()
         try:
-            await self._engine(api.inspect_image, image)
+            await self._docker(api.inspect_image, image)
             return False
         except docker.errors.ImageNotFound:
             pass
         except docker.errors.APIError as exc:
             raise SandboxFailure(grpc.StatusCode.FAILED_PRECONDITION, f'invalid image "{image}": {_explain(exc)}') from None
         try:
-            error = await self._engine(self._pull, await self._long_api(), image)
+            error = await self._docker(self._pull, await self._long_api(), image)
         except docker.errors.APIError as exc:
             error = _explain(exc)
         if error is not None:
@@ -251,7 +251,7 @@ class DockerDriver:
 
     @staticmethod
     def _pull(api, image: str) -> str | None:
-        """Pull; the engine reports some failures inside an HTTP 200 progress stream."""
+        """Pull; the Docker daemon reports some failures inside an HTTP 200 progress stream."""
         error = None
         for progress in api.pull(image, stream=True, decode=True):
             if isinstance(progress, dict) and progress.get("error"):
@@ -270,15 +270,15 @@ class DockerDriver:
 
     async def start_spare(self, image: str) -> str:
         sandbox_id = await self._create_started(image, {LABEL_SPARE: "1"})
-        if self._runners is not None:  # ready before a session takes it, without holding up the pool
-            self._runners.grow(sandbox_id)
+        if self._shells is not None:  # ready before a session takes it, without holding up the pool
+            self._shells.grow(sandbox_id)
         log.debug("started warm spare %s (image %s)", sandbox_id[:12], image)
         return sandbox_id
 
     async def running(self, sandbox_id: str) -> bool:
         api = await self._ready_api()
         try:
-            info = await self._engine(api.inspect_container, sandbox_id)
+            info = await self._docker(api.inspect_container, sandbox_id)
         except docker.errors.NotFound:
             return False
         except docker.errors.APIError as exc:
@@ -305,7 +305,7 @@ class DockerDriver:
             tmpfs=writable if config.read_only else None,
         )
         try:
-            created = await self._engine(
+            created = await self._docker(
                 api.create_container, image, KEEPALIVE_COMMAND,
                 labels={LABEL_SANDBOX: "1", **labels, LABEL_HOST: config.host_id}, host_config=host_config,
                 working_dir=WORKSPACE if config.read_only else None,
@@ -318,7 +318,7 @@ class DockerDriver:
             raise SandboxFailure(grpc.StatusCode.INTERNAL, f"cannot create sandbox: {_explain(exc)}") from None
         sandbox_id = created["Id"]
         try:
-            await self._engine(api.start, sandbox_id)
+            await self._docker(api.start, sandbox_id)
         except docker.errors.APIError as exc:
             await self._remove(api, sandbox_id)
             raise SandboxFailure(grpc.StatusCode.INTERNAL, f"cannot start sandbox: {_explain(exc)}") from None
@@ -326,7 +326,7 @@ class DockerDriver:
 
     async def _create_exec(self, api, sandbox_id: str, command: str, token: str, stdin: bool) -> str:
         try:
-            created = await self._engine(
+            created = await self._docker(
                 api.exec_create, sandbox_id, ["sh", "-c", command], environment=[_marker(token)], stdin=stdin
             )
         except docker.errors.NotFound:
@@ -348,7 +348,7 @@ class DockerDriver:
             return attached
 
         try:
-            return await self._engine(attach)
+            return await self._docker(attach)
         except docker.errors.APIError as exc:
             raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {_explain(exc)}") from None
 
@@ -384,54 +384,54 @@ class DockerDriver:
         self, api, sandbox_id: str, command: str, token: str, stdout: CappedOutput, stderr: CappedOutput
     ) -> Coroutine[None, None, int]:
         """Whatever must happen before the deadline starts (creating the exec), and what runs under it: it returns the exit code."""
-        engine, runners = self._socket, self._runners
-        line = None if runners is None else encode(command)
-        if runners is not None and line is not None and (runner := await runners.take(sandbox_id)) is not None:
-            return self._run_resident(runners, runner, line, token, stdout, stderr)
-        if engine is None:
+        docker_socket, shells = self._socket, self._shells
+        line = None if shells is None else encode(command)
+        if shells is not None and line is not None and (shell := await shells.take(sandbox_id)) is not None:
+            return self._run_resident(shells, shell, line, token, stdout, stderr)
+        if docker_socket is None:
             exec_id = await self._create_exec(api, sandbox_id, command, token, stdin=False)
 
             async def through_the_sdk() -> int:
-                await self._engine(_drain, await self._attach(exec_id, None), stdout, stderr)
+                await self._docker(_drain, await self._attach(exec_id, None), stdout, stderr)
                 try:
-                    return await self._engine(_exit_code, api, exec_id)
+                    return await self._docker(_exit_code, api, exec_id)
                 except docker.errors.APIError as exc:
                     raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {_explain(exc)}") from None
 
             return through_the_sdk()
-        exec_id = await self._socket_create(engine, sandbox_id, command, token)
+        exec_id = await self._socket_create(docker_socket, sandbox_id, command, token)
 
         async def through_the_socket() -> int:
             try:
-                await engine.run_exec(exec_id, stdout, stderr)
-            except EngineError as exc:
+                await docker_socket.run_exec(exec_id, stdout, stderr)
+            except DockerError as exc:
                 raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {exc.explanation}") from None
-            return await self._socket_exit_code(engine, exec_id)
+            return await self._socket_exit_code(docker_socket, exec_id)
 
         return through_the_socket()
 
     async def _run_resident(
-        self, runners: RunnerPool, runner: Runner, line: bytes, token: str, stdout: CappedOutput, stderr: CappedOutput
+        self, shells: ResidentShells, shell: ResidentShell, line: bytes, token: str, stdout: CappedOutput, stderr: CappedOutput
     ) -> int:
         try:
-            exit_code = await runner.run(line, token, stdout, stderr)
-        except RunnerLost as exc:
-            runners.drop(runner)
-            if not await self.running(runner.sandbox_id):
-                raise SandboxFailure(grpc.StatusCode.NOT_FOUND, f"no such sandbox: {runner.sandbox_id}") from None
-            # The command ended its runner's shell (or the shell died under it): no exit status was reported.
-            log.info("a command in sandbox %s ended its runner: %s", runner.sandbox_id[:12], exc)
+            exit_code = await shell.run(line, token, stdout, stderr)
+        except ShellLost as exc:
+            shells.drop(shell)
+            if not await self.running(shell.sandbox_id):
+                raise SandboxFailure(grpc.StatusCode.NOT_FOUND, f"no such sandbox: {shell.sandbox_id}") from None
+            # The command ended its resident shell (or the shell died under it): no exit status was reported.
+            log.info("a command in sandbox %s ended its shell: %s", shell.sandbox_id[:12], exc)
             return -1
-        runners.give_back(runner)
+        shells.give_back(shell)
         return exit_code
 
     @staticmethod
-    async def _socket_create(engine: EngineSocket, sandbox_id: str, command: str, token: str) -> str:
+    async def _socket_create(docker_socket: DockerSocket, sandbox_id: str, command: str, token: str) -> str:
         try:
             return await asyncio.wait_for(
-                engine.create_exec(sandbox_id, ["sh", "-c", command], [_marker(token)]), CONTROL_TIMEOUT
+                docker_socket.create_exec(sandbox_id, ["sh", "-c", command], [_marker(token)]), CONTROL_TIMEOUT
             )
-        except EngineError as exc:
+        except DockerError as exc:
             if exc.status == 404:
                 raise SandboxFailure(grpc.StatusCode.NOT_FOUND, f"no such sandbox: {sandbox_id}") from None
             raise SandboxFailure(
@@ -443,15 +443,15 @@ class DockerDriver:
             raise _unreachable(exc) from None
 
     @staticmethod
-    async def _socket_exit_code(engine: EngineSocket, exec_id: str) -> int:
-        """As _exit_code: the engine may close the streams a moment before it records the exit code."""
+    async def _socket_exit_code(docker_socket: DockerSocket, exec_id: str) -> int:
+        """As _exit_code: the Docker daemon may close the streams a moment before it records the exit code."""
         try:
             for _ in range(INSPECT_TRIES):
-                info = await asyncio.wait_for(engine.inspect_exec(exec_id), CONTROL_TIMEOUT)
+                info = await asyncio.wait_for(docker_socket.inspect_exec(exec_id), CONTROL_TIMEOUT)
                 if not info.get("Running"):
                     break
                 await asyncio.sleep(INSPECT_PAUSE)
-        except EngineError as exc:
+        except DockerError as exc:
             raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {exc.explanation}") from None
         except TimeoutError:
             raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: no answer within {CONTROL_TIMEOUT}s") from None
@@ -468,7 +468,7 @@ class DockerDriver:
             target=self._follow, args=(api, command, exec_id, attached), name="docker-command", daemon=True
         ).start()
         try:
-            await self._engine(_started, api, exec_id)
+            await self._docker(_started, api, exec_id)
         except (SandboxFailure, docker.errors.APIError) as exc:  # the follower records what became of it
             log.warning("could not see background command %s start: %s", command.command_id, exc)
 
@@ -481,7 +481,7 @@ class DockerDriver:
             exit_code = _exit_code(api, exec_id)
         except docker.errors.NotFound:
             failure = "the sandbox is gone"
-        except Exception as exc:  # any socket or engine error: the command can no longer be followed
+        except Exception as exc:  # any socket or Docker error: the command can no longer be followed
             log.warning("lost background command %s in sandbox %s: %s", command.command_id, command.sandbox_id[:12], exc)
             failure = f"lost the command: {exc}"
         command.ended(exit_code, failure)
@@ -492,16 +492,16 @@ class DockerDriver:
     async def _kill_marked(self, api, sandbox_id: str, token: str) -> None:
         """Kill a command and its children (timed out, or killed) so they stop using the sandbox."""
         try:
-            killer = await self._engine(api.exec_create, sandbox_id, ["sh", "-c", KILL_MARKED, "sh", _marker(token)])
-            await asyncio.wait_for(self._engine(api.exec_start, killer["Id"]), KILL_TIMEOUT)
+            killer = await self._docker(api.exec_create, sandbox_id, ["sh", "-c", KILL_MARKED, "sh", _marker(token)])
+            await asyncio.wait_for(self._docker(api.exec_start, killer["Id"]), KILL_TIMEOUT)
         except (SandboxFailure, docker.errors.APIError, TimeoutError) as exc:
             log.warning("could not kill a command in sandbox %s (%s); it runs until the sandbox stops",
                         sandbox_id[:12], exc)
 
     async def stop(self, sandbox_id: str) -> bool:
         api = await self._ready_api()
-        if self._runners is not None:
-            self._runners.forget(sandbox_id)
+        if self._shells is not None:
+            self._shells.forget(sandbox_id)
         was_running = await self._remove(api, sandbox_id)
         log.info("stopped sandbox %s%s", sandbox_id[:12], "" if was_running else " (already gone)")
         return was_running
@@ -509,7 +509,7 @@ class DockerDriver:
     async def _remove(self, api, sandbox_id: str) -> bool:
         """Kill and remove; "no such container" and a removal already under way count as done."""
         try:
-            await self._engine(api.remove_container, sandbox_id, force=True)
+            await self._docker(api.remove_container, sandbox_id, force=True)
             return True
         except docker.errors.NotFound:
             return False
@@ -533,8 +533,8 @@ class DockerDriver:
         ]
 
     async def close(self) -> None:
-        if self._runners is not None:
-            self._runners.close()
+        if self._shells is not None:
+            self._shells.close()
         if self._socket is not None:
             self._socket.close()
         for client in (self._control, self._long):

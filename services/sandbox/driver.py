@@ -1,4 +1,4 @@
-"""What a container engine driver offers the sandbox service, and how it fails."""
+"""What a container driver (docker_driver.py: the Docker daemon) offers the sandbox service, and how it fails."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class SandboxInfo:
 
 class Driver(Protocol):
     async def ping(self) -> bool:
-        """Whether the engine answers (health reporting)."""
+        """Whether the Docker daemon answers (health reporting)."""
 
     async def prepare(self) -> None:
         """Once per process, before any other call succeeds: remove this host's orphans."""

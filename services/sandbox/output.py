@@ -2,7 +2,7 @@
 
 A command may print far more than anyone will read; only the first `limit`
 bytes are kept, so the host's memory stays flat whatever the volume.
-Appends come from the thread that reads the engine's stream, reads from the
+Appends come from the thread that reads the Docker daemon's stream, reads from the
 event loop, hence the lock.
 """
 

@@ -1,4 +1,4 @@
-"""The Sandbox gRPC service and its engine health reporting."""
+"""The Sandbox gRPC service and its health reporting, which follows the Docker daemon."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
             return await operation
         except SandboxFailure as failure:
             await context.abort(failure.code, failure.detail)
-        except Exception:  # an engine error no driver path expected: a clear status, the detail in the log
+        except Exception:  # a Docker error no driver path expected: a clear status, the detail in the log
             log.exception("sandbox call failed")
             await context.abort(grpc.StatusCode.INTERNAL, "sandbox host error")
 
@@ -157,8 +157,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
         return sandbox_pb2.ListResponse(sandboxes=listed)
 
 
-class EngineMonitor:
-    """Reports SERVING only while the engine answers and this host's orphans are gone."""
+class DockerMonitor:
+    """Reports SERVING only while the Docker daemon answers and this host's orphans are gone."""
 
     def __init__(self, driver: Driver, interval: float) -> None:
         self._driver = driver
@@ -187,7 +187,7 @@ class EngineMonitor:
         if serving != self._serving:
             log.log(
                 logging.INFO if serving else logging.WARNING,
-                "container engine %s", "reachable: serving" if serving else "unreachable: NOT_SERVING",
+                "Docker daemon %s", "reachable: serving" if serving else "unreachable: NOT_SERVING",
             )
             self._serving = serving
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -201,8 +201,8 @@ class EngineMonitor:
 
 
 async def serve_sandbox(config: SandboxConfig, driver: Driver, shutdown_timeout: float, plane: InternalPlane) -> None:
-    """Serve until SIGTERM/SIGINT, with health following the container engine."""
-    monitor = EngineMonitor(driver, config.health_interval)
+    """Serve until SIGTERM/SIGINT, with health following the Docker daemon."""
+    monitor = DockerMonitor(driver, config.health_interval)
     # Fills once the session service sends the allowed images; its spares go with the host's others below.
     warm = WarmPool(driver, config.warm)
 
@@ -216,7 +216,7 @@ async def serve_sandbox(config: SandboxConfig, driver: Driver, shutdown_timeout:
         # In-flight calls have drained; a later start would remove these as orphans anyway.
         try:
             removed = await driver.remove_all()
-        except Exception as exc:  # the engine went away: the next start removes them
+        except Exception as exc:  # the Docker daemon went away: the next start removes them
             log.warning("could not remove this host's sandboxes at shutdown: %s", exc)
         else:
             if removed:

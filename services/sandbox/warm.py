@@ -3,7 +3,7 @@
 Starting a container costs a few hundred milliseconds; a session's Start takes a
 spare of its image instead when one is ready, and the pool makes a new one in
 the background. A spare is made by the driver exactly as any sandbox (limits,
-capabilities, network, init, read-only root, and a resident runner waiting for
+capabilities, network, init, read-only root, and a resident shell waiting for
 its first command) and never runs a command before a session takes it, so a
 taken spare is as fresh as a container started for that session.
 
@@ -28,7 +28,7 @@ from services.sandbox.driver import Driver, SandboxFailure
 
 log = logging.getLogger("bae.sandbox")
 
-# After an engine failure, how long before the pool tries that image again.
+# After a Docker failure, how long before the pool tries that image again.
 RETRY_PAUSE = 2.0
 # How long a shutdown waits for spares being started to exist, so that the removal that follows sees them.
 SETTLE_TIMEOUT = 10.0
@@ -84,7 +84,7 @@ class WarmPool:
             self._refill()
             try:
                 running = await self._driver.running(sandbox_id)
-            except BaseException:  # the engine failed, or the caller left: nobody will hold it
+            except BaseException:  # the Docker daemon failed, or the caller left: nobody will hold it
                 self._spawn(self._discard(sandbox_id))
                 raise
             if running:
@@ -134,7 +134,7 @@ class WarmPool:
                 log.warning("could not start a warm spare of %s: %s", image, failure.detail)
                 await asyncio.sleep(RETRY_PAUSE)  # still counted as in the making: no retry before then
                 return
-            except Exception:  # an engine error no driver path expected: retried after the pause
+            except Exception:  # a Docker error no driver path expected: retried after the pause
                 log.exception("could not start a warm spare of %s", image)
                 await asyncio.sleep(RETRY_PAUSE)
                 return

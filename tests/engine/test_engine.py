@@ -54,7 +54,7 @@ class EngineHarness:
                 compaction=compaction or {"mode": "client", "prompt": None},
             )
 
-        session_id = await self.store.call(create)
+        session_id = await self.store.write(create)
         live = await self.runtime.attach(session_id)
         live.drivers.add(ACTOR)
         return session_id

@@ -1,8 +1,8 @@
-"""The container engine restarts under a live sandbox.
+"""The Docker daemon restarts under a live sandbox.
 
-The test runs a Docker engine of its own (its own socket, data and state
+The test runs a Docker daemon of its own (its own socket, data and state
 directories) in a network namespace of its own, so restarting it disturbs
-nothing else on the machine (a `--bridge=none` engine in the machine's
+nothing else on the machine (a `--bridge=none` daemon in the machine's
 namespace would delete the machine's `docker0`). A restart kills the sandbox's container: the session records
 the failed command as `session.sandbox.error`, an explicit stop still ends
 with `session.sandbox.stopped` (a gone container counts as stopped), a new
@@ -32,7 +32,7 @@ from live import new_session, register, result, rpc, session_state, terminal
 SANDBOX_SERVICE = "baeproto.v1.Sandbox"
 
 
-class PrivateEngine:
+class PrivateDockerd:
     """`dockerd` on a socket of its own, in a new network namespace (its sandboxes use network "none").
 
     Short paths: containerd's socket lives under them."""
@@ -82,7 +82,7 @@ class PrivateEngine:
         self.start()
 
     def load(self, image: str) -> None:
-        """Copy an image from the machine's engine (nothing can be pulled here)."""
+        """Copy an image from the machine's Docker daemon (nothing can be pulled here)."""
         saved = subprocess.run(["docker", "save", image], capture_output=True, check=True).stdout
         subprocess.run(["docker", "-H", self.url, "load"], input=saved, capture_output=True, check=True)
 
@@ -95,11 +95,11 @@ class PrivateEngine:
 
 
 @pytest.fixture
-def engine():
+def dockerd():
     require_docker()
     if os.geteuid() != 0 or shutil.which("dockerd") is None or shutil.which("unshare") is None:
-        pytest.skip("a private Docker engine needs root, dockerd and unshare")
-    private = PrivateEngine()
+        pytest.skip("a private Docker daemon needs root, dockerd and unshare")
+    private = PrivateDockerd()
     try:
         private.start()
         private.load(TEST_IMAGE)
@@ -120,10 +120,10 @@ def wait_until(condition, timeout: float = 30.0) -> None:
         time.sleep(0.2)
 
 
-def test_dockerd_restarts_under_a_live_sandbox(start_stack, mock, engine):
+def test_dockerd_restarts_under_a_live_sandbox(start_stack, mock, dockerd):
     mock.reset()
     stack = start_stack(
-        config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN="t0ken", DOCKER_HOST=engine.url,
+        config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN="t0ken", DOCKER_HOST=dockerd.url,
         BAE_SANDBOX_NETWORK="none", BAE_SANDBOX_HOST_ID=f"test-dockerd-{uuid.uuid4().hex[:8]}",
     )
     sid, skey, _ = new_session(stack, available_sandboxes=[TEST_IMAGE])
@@ -136,17 +136,17 @@ def test_dockerd_restarts_under_a_live_sandbox(start_stack, mock, engine):
     assert result([call("session.execRemoteSandbox", {"command": "echo before"})])["stdout"] == "before\n"
     before = len(event_log(stack, sid, skey))
 
-    engine.restart()
+    dockerd.restart()
     host = stack.stack.settings.sandbox_grpc_addrs[0]
     wait_until(lambda: grpc_serving(host, SANDBOX_SERVICE))
     time.sleep(3)  # the session service's next health poll sees the host again
 
-    # The container died with the engine: the command fails cleanly and is recorded.
+    # The container died with the daemon: the command fails cleanly and is recorded.
     failed = call("session.execRemoteSandbox", {"command": "echo lost"})["error"]
     assert failed["code"] == -32000 and failed["message"].startswith("sandbox exec failed: "), failed
     (error,) = [p for kind, p in sandbox_events(event_log(stack, sid, skey)[before:]) if kind == "session.sandbox.error"]
     assert (error["phase"], error["sandbox_id"], error["image"]) == ("exec", first, TEST_IMAGE)
-    assert engine.containers() == []
+    assert dockerd.containers() == []
     assert session_state(stack, sid) == "open"  # a failed command is the sandbox's error, not the session's
 
     # The handle is still the session's: an explicit stop ends it the usual way.
@@ -162,7 +162,7 @@ def test_dockerd_restarts_under_a_live_sandbox(start_stack, mock, engine):
 
     closed = stack.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"})
     assert closed.status_code == 200, closed.text
-    assert engine.containers() == []
+    assert dockerd.containers() == []
     assert session_state(stack, sid) == "closed"
     events = event_log(stack, sid, skey)
     assert_each_event_once(events)

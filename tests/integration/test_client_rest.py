@@ -242,7 +242,7 @@ async def test_profile_deleted_after_key_creation(tmp_path):
     # Simulate the race with direct SQL while the service is down.
     store = await Store.open(database_url_of(svc.env))
     try:
-        await store.call(lambda conn: conn.execute(update(profiles).values(deleted_at="2026-01-01T00:00:00.000Z")))
+        await store.write(lambda conn: conn.execute(update(profiles).values(deleted_at="2026-01-01T00:00:00.000Z")))
     finally:
         await store.close()
     svc = Service(tmp_path)

@@ -479,7 +479,7 @@ def test_setup_interactive_max_with_mcp_servers(tmp_path: Path) -> None:
     assert "  bae-max:\n    image: ghcr.io/prettysmartdev/better-agent-engine:max\n" in compose
     assert '"${BAE_ADDR_PORT:-9090}:9090"' in compose and '"3100:3000"' in compose
 
-    # Editing keeps the saved answers as defaults; launching needs the engine on PATH.
+    # Editing keeps the saved answers as defaults; launching needs the container CLI on PATH.
     edit = "\n".join(["n", "n", "y"] + [""] * 40)
     code, output = run_on_terminal(["setup", "--dir", str(tmp_path)], edit, {**env, "PATH": str(tmp_path)})
     assert (tmp_path / "bae-config.toml.bak").read_text() == config

@@ -1,4 +1,4 @@
-"""Remote and local sandboxes through the whole stack, against a real Docker engine."""
+"""Remote and local sandboxes through the whole stack, against a real Docker daemon."""
 
 from __future__ import annotations
 
@@ -492,7 +492,7 @@ def test_the_hosts_output_limit_and_exec_timeout_reach_clients(start_stack, mock
     driver.close()
 
 
-RUNNER_PARENT = "grep -c 'bae resident command runner' /proc/$PPID/cmdline 2>/dev/null || true"
+SHELL_PARENT = "grep -c 'bae resident shell' /proc/$PPID/cmdline 2>/dev/null || true"
 SAME_EITHER_WAY = {
     "printf 'a\\\\b %s\\n' \"$0\"; echo é >&2; exit 7": {"stdout": "a\\b sh\n", "stderr": "é\n", "exit_code": 7},
     "echo before; kill 0; echo after": {"stdout": "before\n", "stderr": "", "exit_code": 143},
@@ -500,17 +500,17 @@ SAME_EITHER_WAY = {
 }
 
 
-@pytest.mark.parametrize("runner", ["1", "0"])
-def test_commands_go_to_the_resident_runner_unless_it_is_off_and_answer_alike(start_stack, mock, runner):
+@pytest.mark.parametrize("resident", ["1", "0"])
+def test_commands_go_to_the_resident_shell_unless_it_is_off_and_answer_alike(start_stack, mock, resident):
     """BAE_SANDBOX_RESIDENT_RUNNER as a client sees it: where a command's shell was started from,
     and the same answers either way."""
     require_docker()
-    stack = sandbox_stack(start_stack, mock, BAE_SANDBOX_RESIDENT_RUNNER=runner)
-    driver = Driver(stack, stack.create_profile("runner", available_sandboxes=[TEST_IMAGE])).register()
+    stack = sandbox_stack(start_stack, mock, BAE_SANDBOX_RESIDENT_RUNNER=resident)
+    driver = Driver(stack, stack.create_profile("resident", available_sandboxes=[TEST_IMAGE])).register()
     driver.ok("session.startRemoteSandbox", {"image": TEST_IMAGE})
-    # An exec's shell has no parent inside the container ($PPID is 0); the runner's has.
-    expected_parent = "1\n" if runner == "1" else ""
-    assert driver.ok("session.execRemoteSandbox", {"command": RUNNER_PARENT})["stdout"] == expected_parent
+    # An exec's shell has no parent inside the container ($PPID is 0); one the resident shell started has.
+    expected_parent = "1\n" if resident == "1" else ""
+    assert driver.ok("session.execRemoteSandbox", {"command": SHELL_PARENT})["stdout"] == expected_parent
     for command, answer in SAME_EITHER_WAY.items():
         assert driver.ok("session.execRemoteSandbox", {"command": command}) == answer, command
     driver.close()

@@ -1,4 +1,4 @@
-"""Background commands and capped output of the sandbox host, over real gRPC against the real Docker engine."""
+"""Background commands and capped output of the sandbox host, over real gRPC against the real Docker daemon."""
 
 from __future__ import annotations
 
@@ -57,14 +57,14 @@ class Host:
 
     async def processes(self) -> list[str]:
         """The command lines running in the sandbox, but for its own keepalive, this `ps` and the
-        resident runner that runs it: its shells, and the two `cat`s that carry the output (shown
+        resident shell that runs it: the shells it starts, and the two `cat`s that carry the output (shown
         as `{exe} cat` while busybox starts the applet)."""
         lines = (await self.exec("ps -o args")).stdout.splitlines()[1:]
         return [line for line in lines
                 if not any(own in line for own in OWN_PROCESSES) and line.split()[-1:] != ["cat"]]
 
 
-OWN_PROCESSES = ("sleep infinity", "ps -o args", "bae resident command runner")
+OWN_PROCESSES = ("sleep infinity", "ps -o args", "bae resident shell")
 
 
 @pytest.fixture
@@ -218,7 +218,7 @@ async def test_a_sandbox_removed_under_a_command_ends_it(host):
     finally:
         client.close()
     status = await host.wait("cmd_orphan")
-    # Killed with its container: the engine reports SIGKILL's 137, or no longer knows the exec at all.
+    # Killed with its container: the Docker daemon reports SIGKILL's 137, or no longer knows the exec at all.
     assert (status.state, status.exit_code, status.detail) in (
         (State.EXITED, 137, ""), (State.FAILED, -1, "the sandbox is gone")
     )

@@ -1,7 +1,7 @@
-"""The docker driver's three exec paths against the real engine: a command handed to the
-sandbox's resident runner (resident.py, what a host on the default engine uses), an exec
-straight over the unix socket (engine_socket.py: no runner idle, or runners off), and an
-exec through the SDK (any other engine address). All must answer alike: output, exit code,
+"""The docker driver's three exec paths against the real Docker daemon: a command handed to the
+sandbox's resident shell (resident_shell.py, what a host on the default Docker socket uses), an exec
+straight over the unix socket (docker_socket.py: no shell idle, or shells off), and an
+exec through the SDK (any other Docker daemon address). All must answer alike: output, exit code,
 caps, timeout kill, a missing sandbox.
 """
 
@@ -17,47 +17,47 @@ from docker_support import TEST_IMAGE, containers_with, docker_client, require_d
 from services.sandbox.config import SandboxConfig
 from services.sandbox.docker_driver import DockerDriver
 from services.sandbox.driver import SandboxFailure
-from services.sandbox.engine_socket import unix_socket_path
-from services.sandbox.resident import Runner, RunnerPool
+from services.sandbox.docker_socket import unix_socket_path
+from services.sandbox.resident_shell import ResidentShell, ResidentShells
 
 LIMIT = 64
-KILL_RUNNERS = "ps -o pid,args | grep '[b]ae resident command runner' | while read pid rest; do kill -9 $pid; done"
+KILL_SHELLS = "ps -o pid,args | grep '[b]ae resident shell' | while read pid rest; do kill -9 $pid; done"
 
 
-async def runner_ready(driver: DockerDriver, sandbox_id: str) -> None:
-    """Until the sandbox has an idle resident runner (one starts with its first command)."""
+async def shell_ready(driver: DockerDriver, sandbox_id: str) -> None:
+    """Until the sandbox has an idle resident shell (one starts with its first command)."""
     for _ in range(500):
-        if driver._runners is not None and driver._runners._idle.get(sandbox_id):
+        if driver._shells is not None and driver._shells._idle.get(sandbox_id):
             return
         await asyncio.sleep(0.01)
-    raise AssertionError("no resident runner became ready")
+    raise AssertionError("no resident shell became ready")
 
 
-def idle_runner(driver: DockerDriver, sandbox_id: str) -> tuple[RunnerPool, Runner]:
-    """The driver's runner pool and the sandbox's idle runner (the fixture made it ready)."""
-    runners = driver._runners
-    assert runners is not None
-    return runners, runners._idle[sandbox_id][-1]
+def idle_shell(driver: DockerDriver, sandbox_id: str) -> tuple[ResidentShells, ResidentShell]:
+    """The driver's shell pool and the sandbox's idle shell (the fixture made it ready)."""
+    shells = driver._shells
+    assert shells is not None
+    return shells, shells._idle[sandbox_id][-1]
 
 
-@pytest.fixture(params=["runner", "socket", "sdk"])
+@pytest.fixture(params=["shell", "socket", "sdk"])
 async def sandbox(request):
     require_docker()
     host_id = f"test-exec-{uuid.uuid4().hex[:12]}"
     config = SandboxConfig(
         driver="docker", listen_addr="unused", host_id=host_id, memory="256m", cpus=1, pids_limit=64,
         network="none", read_only=False, exec_timeout=30, output_limit=LIMIT, health_interval=2,
-        resident_runner=request.param == "runner",
+        resident_shell=request.param == "shell",
     )
     driver = DockerDriver(config)
     sandbox_id = await driver.start("ses_paths", TEST_IMAGE)
     if request.param == "sdk":
-        driver._socket = None  # what a host does when the engine is not on a unix socket
+        driver._socket = None  # what a host does when the Docker daemon is not on a unix socket
     else:
-        assert driver._socket is not None, "the test engine is on a unix socket"
-    if request.param == "runner":
+        assert driver._socket is not None, "the test Docker daemon is on a unix socket"
+    if request.param == "shell":
         assert (await driver.exec(sandbox_id, "echo first", 10)).stdout == "first\n"
-        await runner_ready(driver, sandbox_id)
+        await shell_ready(driver, sandbox_id)
     try:
         yield driver, sandbox_id
     finally:
@@ -105,21 +105,21 @@ def test_the_socket_path_follows_docker_host():
 
 
 @pytest.mark.parametrize("sandbox", ["socket"], indirect=True)  # the SDK path keeps its own connections
-async def test_connections_are_reused_and_one_the_engine_closed_is_replaced(sandbox, tmp_path):
+async def test_connections_are_reused_and_one_the_daemon_closed_is_replaced(sandbox, tmp_path):
     driver, sandbox_id = sandbox
-    engine = driver._socket
-    assert engine is not None
+    docker_socket = driver._socket
+    assert docker_socket is not None
     await driver.exec(sandbox_id, "true", 10)
-    assert engine._idle, "the create and inspect connection is kept for the next exec"
+    assert docker_socket._idle, "the create and inspect connection is kept for the next exec"
 
     async def hang_up(reader, writer) -> None:
         writer.close()
 
-    # Stands in for an idle connection the engine closed: it answers nothing.
+    # Stands in for an idle connection the Docker daemon closed: it answers nothing.
     server = await asyncio.start_unix_server(hang_up, path=str(tmp_path / "closed.sock"))
     try:
-        engine.close()
-        engine._idle.append(await asyncio.open_unix_connection(str(tmp_path / "closed.sock")))
+        docker_socket.close()
+        docker_socket._idle.append(await asyncio.open_unix_connection(str(tmp_path / "closed.sock")))
         await asyncio.sleep(0.05)  # the hang-up has arrived
         assert (await driver.exec(sandbox_id, "echo again", 10)).stdout == "again\n"
     finally:
@@ -149,35 +149,35 @@ async def test_commands_at_once_each_get_their_own_output(sandbox):
     ]
 
 
-@pytest.mark.parametrize("sandbox", ["runner"], indirect=True)
-async def test_the_runner_takes_every_command_in_turn(sandbox):
+@pytest.mark.parametrize("sandbox", ["shell"], indirect=True)
+async def test_the_shell_takes_every_command_in_turn(sandbox):
     driver, sandbox_id = sandbox
-    runners, runner = idle_runner(driver, sandbox_id)
+    shells, shell = idle_shell(driver, sandbox_id)
     for n in range(3):
         assert (await driver.exec(sandbox_id, f"echo {n}", 10)).stdout == f"{n}\n"
-        assert runners._idle[sandbox_id] == [runner], "the same runner ran it and is idle again"
-    # The runner's environment stays its own: the command's marker and the nonce are not in it.
+        assert shells._idle[sandbox_id] == [shell], "the same shell ran it and is idle again"
+    # The shell's environment stays its own: the command's marker and the nonce are not in it.
     shown = await driver.exec(sandbox_id, "env | grep -c BAE_EXEC_ID; echo $nonce", 10)
     assert shown.stdout == "1\n\n"
 
 
-@pytest.mark.parametrize("sandbox", ["runner"], indirect=True)
-async def test_a_command_that_kills_its_runner_ends_without_a_status_and_the_next_gets_a_new_one(sandbox):
+@pytest.mark.parametrize("sandbox", ["shell"], indirect=True)
+async def test_a_command_that_kills_its_shell_ends_without_a_status_and_the_next_gets_a_new_one(sandbox):
     driver, sandbox_id = sandbox
-    output = await driver.exec(sandbox_id, f"echo before; {KILL_RUNNERS}; sleep 0.2", 10)
+    output = await driver.exec(sandbox_id, f"echo before; {KILL_SHELLS}; sleep 0.2", 10)
     assert (output.stdout, output.exit_code) == ("before\n", -1)
     assert (await driver.exec(sandbox_id, "echo after", 10)).stdout == "after\n"
-    await runner_ready(driver, sandbox_id)
-    assert (await driver.exec(sandbox_id, "echo on a new runner", 10)).stdout == "on a new runner\n"
+    await shell_ready(driver, sandbox_id)
+    assert (await driver.exec(sandbox_id, "echo on a new shell", 10)).stdout == "on a new shell\n"
 
 
-@pytest.mark.parametrize("sandbox", ["runner"], indirect=True)
-async def test_a_runner_killed_while_idle_is_not_used(sandbox):
+@pytest.mark.parametrize("sandbox", ["shell"], indirect=True)
+async def test_a_shell_killed_while_idle_is_not_used(sandbox):
     driver, sandbox_id = sandbox
-    _, idle = idle_runner(driver, sandbox_id)
+    _, idle = idle_shell(driver, sandbox_id)
     client = docker_client()
     try:
-        await asyncio.to_thread(client.containers.get(sandbox_id).exec_run, ["sh", "-c", KILL_RUNNERS])
+        await asyncio.to_thread(client.containers.get(sandbox_id).exec_run, ["sh", "-c", KILL_SHELLS])
     finally:
         client.close()
     for _ in range(100):
@@ -185,7 +185,7 @@ async def test_a_runner_killed_while_idle_is_not_used(sandbox):
             break
         await asyncio.sleep(0.01)
     assert not idle.alive
-    assert (await driver.exec(sandbox_id, "echo through the engine", 10)).stdout == "through the engine\n"
+    assert (await driver.exec(sandbox_id, "echo through the daemon", 10)).stdout == "through the daemon\n"
 
 
 async def test_a_command_runs_in_a_session_of_its_own(sandbox):
@@ -198,15 +198,15 @@ async def test_a_command_runs_in_a_session_of_its_own(sandbox):
     assert (await driver.exec(sandbox_id, "echo next", 10)).stdout == "next\n"
 
 
-@pytest.mark.parametrize("sandbox", ["runner"], indirect=True)
+@pytest.mark.parametrize("sandbox", ["shell"], indirect=True)
 async def test_a_command_sees_the_environment_an_exec_would(sandbox):
     driver, sandbox_id = sandbox
     # A digest: the whole text is longer than the fixture's output cap.
     shown = "{ env | grep -v '^BAE_EXEC_ID=' | sort; umask; ulimit -a; pwd; trap; } | cksum"
-    through_the_runner = await driver.exec(sandbox_id, shown, 10)
-    runners, driver._runners = driver._runners, None
+    through_the_shell = await driver.exec(sandbox_id, shown, 10)
+    shells, driver._shells = driver._shells, None
     try:
         as_an_exec = await driver.exec(sandbox_id, shown, 10)
     finally:
-        driver._runners = runners
-    assert through_the_runner.stdout == as_an_exec.stdout
+        driver._shells = shells
+    assert through_the_shell.stdout == as_an_exec.stdout

@@ -1,4 +1,4 @@
-"""The sandbox host over real gRPC, against the real Docker engine."""
+"""The sandbox host over real gRPC, against the real Docker daemon."""
 
 from __future__ import annotations
 
@@ -235,7 +235,7 @@ async def test_only_allowed_images_are_pulled_or_started(start_host, host):  # n
             (grpc.StatusCode.ABORTED, "this sandbox host has not been told which images are allowed yet")
         }
         await stub.AllowImages(sandbox_pb2.AllowImagesRequest(images=[TEST_IMAGE]), timeout=10)
-        # Any other name is refused before the engine is asked: nothing is pulled or run.
+        # Any other name is refused before the Docker daemon is asked: nothing is pulled or run.
         other = f"bae-not-allowed-{uuid.uuid4().hex[:8]}:1"
         assert {(error.code(), error.details()) for error in await image_refusals(stub, other)} == {
             (grpc.StatusCode.PERMISSION_DENIED, f'image "{other}" is not allowed on this sandbox host: no profile declares it')
@@ -341,10 +341,10 @@ async def test_apple_container_driver_fails_every_call_as_unsupported(tmp_path):
         host.terminate()
 
 
-async def test_unreachable_engine_reports_not_serving_and_fails_calls(tmp_path):
+async def test_unreachable_docker_reports_not_serving_and_fails_calls(tmp_path):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    host = SandboxHostProcess("test-no-engine", DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock")
+    host = SandboxHostProcess("test-no-docker", DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock")
     try:
         channel = internal_channel(host.address, TEST_PLANE)
         stub = sandbox_pb2_grpc.SandboxStub(channel)

@@ -1,4 +1,4 @@
-"""Warm sandboxes (BAE_SANDBOX_WARM): started spares a session's start takes, against the real Docker engine.
+"""Warm sandboxes (BAE_SANDBOX_WARM): started spares a session's start takes, against the real Docker daemon.
 
 Straight to a sandbox host over gRPC for what only the host shows (List, its limits, its reaping),
 and through the gateway for what a client sees.

@@ -19,7 +19,7 @@ async def store(store_url):  # noqa: F811 - the fixture
 
 
 async def open_session(store: Store) -> str:
-    return await store.call(
+    return await store.write(
         lambda conn: sessions.create(
             conn, client_key_id="key_a", profile_id="pro_a", state="open", client_version=None,
             client_tools=[], sandbox_tools=[], subagent_tools=[], compaction=None,

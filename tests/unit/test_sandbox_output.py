@@ -70,12 +70,12 @@ def test_the_host_warm_setting() -> None:
         assert str(caught.value) == f'BAE_SANDBOX_WARM: "{value}" is not a whole number from 0 to 32'
 
 
-def test_the_host_resident_runner_setting() -> None:
+def test_the_host_resident_shell_setting() -> None:
     settings = load_settings({})
     env = {"BAE_SANDBOX_LISTEN_ADDR": "127.0.0.1:50053"}
-    assert load_sandbox_config(settings, env).resident_runner is True
+    assert load_sandbox_config(settings, env).resident_shell is True
     for value, on in (("0", False), (" false ", False), ("TRUE", True), ("1", True)):
-        assert load_sandbox_config(settings, {**env, "BAE_SANDBOX_RESIDENT_RUNNER": value}).resident_runner is on
+        assert load_sandbox_config(settings, {**env, "BAE_SANDBOX_RESIDENT_RUNNER": value}).resident_shell is on
     with pytest.raises(UsageError) as caught:
         load_sandbox_config(settings, {**env, "BAE_SANDBOX_RESIDENT_RUNNER": "yes"})
     assert str(caught.value) == 'BAE_SANDBOX_RESIDENT_RUNNER: "yes" is not one of 1, true, 0, false'

@@ -30,7 +30,7 @@ async def store(store_url):  # noqa: F811 - the fixture
 
 
 async def new_session(store: Store) -> str:
-    return await store.call(
+    return await store.write(
         lambda conn: sessions.create(
             conn, client_key_id="key_a", profile_id="pro_a", state="open", client_version=None,
             client_tools=[], sandbox_tools=[], subagent_tools=[], compaction={"mode": "client", "prompt": None},
@@ -72,7 +72,7 @@ async def test_client_tools_replace_only_the_caller(store):
 async def test_event_json_equals_serialized_view(store):
     sid = await new_session(store)
     await store.append_events(sid, [("key_a", "x", {"a": [1, {"b": "ü\n"}], "c": None})])
-    [row] = await store.call(events.page, sid, 0, 10)
+    [row] = await store.write(events.page, sid, 0, 10)
     assert events.event_json(row) == dump(events.event_view(row))
     page = page_json(await store.read(events.page_items, sid, 0, 51), PageRequest(0, 50))
     assert json.loads(page)["items"][0] == events.event_view(row)
@@ -88,7 +88,7 @@ async def test_migrations_are_idempotent_and_data_survives(store_url):  # noqa: 
         assert store.migrations_applied == [] and await store.revision() == HEAD
         assert (await store.get_session(sid)).id == sid
         if store.dialect == "sqlite":
-            mode = await store.call(lambda conn: conn.exec_driver_sql("PRAGMA journal_mode").scalar())
+            mode = await store.write(lambda conn: conn.exec_driver_sql("PRAGMA journal_mode").scalar())
             assert mode == "wal"
     finally:
         await store.close()
@@ -127,7 +127,7 @@ async def test_a_stale_append_of_a_taken_number_fails(store_url):  # noqa: F811 
         row = {"id": "evt_stale", "session_id": sid, "session_seq": stale + 1, "client_key_id": None,
                "event_type": "c", "payload": "{}", "created_at": "2026-01-01T00:00:00.000Z"}
         with pytest.raises(IntegrityError):
-            await other.call(lambda conn: conn.execute(insert(session_events), row))
+            await other.write(lambda conn: conn.execute(insert(session_events), row))
         assert [view["event_type"] for _, view in await writer.list_events(sid, 0, 10)] == ["a", "b"]
     finally:
         await writer.close()
@@ -146,7 +146,7 @@ async def test_a_concurrent_append_from_another_writer_raises(store_url):  # noq
 
         def commit_theirs() -> None:
             if writer.dialect == "postgresql":  # this runs inside the loop's greenlet bridge
-                await_only(other.call(lambda conn: conn.execute(insert(session_events), theirs)))
+                await_only(other.write(lambda conn: conn.execute(insert(session_events), theirs)))
             else:  # this runs on the writer thread: the other writer is a connection of its own
                 engine = create_engine(store_url)
                 with engine.begin() as conn:
@@ -165,7 +165,7 @@ async def test_a_concurrent_append_from_another_writer_raises(store_url):  # noq
                 event.remove(conn, "before_cursor_execute", before_insert)
 
         with pytest.raises(Problem) as caught:  # OrderConflict, or on SQLite a stale snapshot: both a 503
-            await writer.call(append_racing)
+            await writer.write(append_racing)
         assert caught.value.status == 503 and caught.value.retry_after == 1
         assert [view["event_type"] for _, view in await other.list_events(sid, 0, 10)] == ["a", "theirs"]
     finally:
@@ -174,29 +174,29 @@ async def test_a_concurrent_append_from_another_writer_raises(store_url):  # noq
 
 
 async def test_key_lookup_by_digest_and_revocation(store):
-    client = await store.call(lambda c: keys.insert_key(c, name="k", key_hash="a" * 64, prefix="bae_aaaa",
+    client = await store.write(lambda c: keys.insert_key(c, name="k", key_hash="a" * 64, prefix="bae_aaaa",
                                                         role="client", profile_id="pro_a"))
-    await store.call(lambda c: keys.insert_key(c, name="ses_1", key_hash="b" * 64, prefix="bae_ses_",
+    await store.write(lambda c: keys.insert_key(c, name="ses_1", key_hash="b" * 64, prefix="bae_ses_",
                                                role="session", profile_id="pro_a", client_id=client.id))
-    assert (await store.call(keys.by_digest, "a" * 64)).id == client.id
-    assert await store.call(keys.revoke_client, client.id) == ["ses_1"]
-    assert await store.call(keys.revoke_client, client.id) is None
-    assert (await store.call(keys.by_digest, "b" * 64)).deleted_at is not None
-    assert await store.call(keys.sessions_with_active_keys, ["ses_1"]) == set()
+    assert (await store.write(keys.by_digest, "a" * 64)).id == client.id
+    assert await store.write(keys.revoke_client, client.id) == ["ses_1"]
+    assert await store.write(keys.revoke_client, client.id) is None
+    assert (await store.write(keys.by_digest, "b" * 64)).deleted_at is not None
+    assert await store.write(keys.sessions_with_active_keys, ["ses_1"]) == set()
 
 
 async def test_a_session_key_and_its_records_are_read_as_the_separate_reads_give_them(store):
     """The one joined read every JSON-RPC call starts with agrees with the three reads it replaces,
     and refuses what they refuse: another session's key, a client key, a revoked key."""
-    profile = await store.call(profiles.create, {
+    profile = await store.write(profiles.create, {
         "name": "p", "primary_provider": "claude", **{name: [] for name in profiles.LIST_FIELDS}})
-    sid = await store.call(lambda conn: sessions.create(
+    sid = await store.write(lambda conn: sessions.create(
         conn, client_key_id="key_a", profile_id=profile.id, state="open", client_version="1.2",
         client_tools=[{"name": "t"}], sandbox_tools=[], subagent_tools=[], compaction={"mode": "client", "prompt": None},
     ))
-    client = await store.call(lambda c: keys.insert_key(c, name="k", key_hash="a" * 64, prefix="bae_aaaa",
+    client = await store.write(lambda c: keys.insert_key(c, name="k", key_hash="a" * 64, prefix="bae_aaaa",
                                                         role="client", profile_id=profile.id))
-    session_key = await store.call(lambda c: keys.insert_key(c, name=sid, key_hash="b" * 64, prefix="bae_ses_",
+    session_key = await store.write(lambda c: keys.insert_key(c, name=sid, key_hash="b" * 64, prefix="bae_ses_",
                                                              role="session", profile_id=profile.id, client_id=client.id))
 
     principal, session, live_profile = await store.read(access.session_key_and_records, "b" * 64, sid)
@@ -205,11 +205,11 @@ async def test_a_session_key_and_its_records_are_read_as_the_separate_reads_give
     assert (session, live_profile) == await store.session_and_profile(sid)
     assert session.compaction == {"mode": "client", "prompt": None} and live_profile.id == profile.id  # JSON read back
 
-    await store.call(profiles.soft_delete, profile.id)
+    await store.write(profiles.soft_delete, profile.id)
     assert await store.read(access.session_key_and_records, "b" * 64, sid) == (principal, session, None)
     for digest, session_id in (("b" * 64, "ses_other"), ("a" * 64, sid), ("c" * 64, sid)):
         assert await store.read(access.session_key_and_records, digest, session_id) == (None, None, None)
-    await store.call(keys.revoke_client, client.id)
+    await store.write(keys.revoke_client, client.id)
     assert await store.read(access.session_key_and_records, "b" * 64, sid) == (None, None, None)
 
 

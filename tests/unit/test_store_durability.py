@@ -25,11 +25,11 @@ def mode(path) -> int:
 
 
 async def synchronous_of(store: Store) -> int:
-    return await store.call(lambda conn: conn.exec_driver_sql("PRAGMA synchronous").scalar())
+    return await store.write(lambda conn: conn.exec_driver_sql("PRAGMA synchronous").scalar())
 
 
 async def new_session(store: Store) -> str:
-    return await store.call(
+    return await store.write(
         lambda conn: sessions.create(
             conn, client_key_id="key_a", profile_id="pro_a", state="open", client_version=None,
             client_tools=[], sandbox_tools=[], subagent_tools=[], compaction={"mode": "client", "prompt": None},
@@ -197,7 +197,7 @@ async def test_the_wal_is_checkpointed_by_the_stores_own_thread(tmp_path):
     path = tmp_path / "bae.db"
     store = await Store.open(f"sqlite:///{path}")
     try:
-        backstop = await store.call(lambda conn: conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar())
+        backstop = await store.write(lambda conn: conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar())
         assert backstop == WAL_AUTOCHECKPOINT_PAGES > 1000  # SQLite's default would checkpoint inside commits
         written = [await new_session(store) for _ in range(3)]
         deadline = asyncio.get_running_loop().time() + 10

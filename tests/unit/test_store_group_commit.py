@@ -31,7 +31,7 @@ def create_session(conn: Connection) -> str:
 async def trace_writer(store: Store) -> list[str]:
     """Every statement the writer's connection runs from now on."""
     statements: list[str] = []
-    await store.call(lambda conn: conn.connection.driver_connection.set_trace_callback(statements.append))
+    await store.write(lambda conn: conn.connection.driver_connection.set_trace_callback(statements.append))
     return statements
 
 
@@ -39,7 +39,7 @@ async def in_one_group(store: Store, *calls) -> list:
     """Each of `calls` (a coroutine function) started while a call keeps the writer thread busy, so
     they queue and run as one group once it is released; their outcomes, exceptions included."""
     release = threading.Event()
-    holding = asyncio.create_task(store.call(lambda conn: release.wait(10)))
+    holding = asyncio.create_task(store.write(lambda conn: release.wait(10)))
     await asyncio.sleep(0.05)
     tasks = [asyncio.create_task(call()) for call in calls]
     await asyncio.sleep(0.05)
@@ -58,7 +58,7 @@ async def event_types(store: Store, sid: str) -> list[str]:
 
 
 async def test_calls_queued_behind_a_busy_writer_commit_together(store):
-    sid = await store.call(create_session)
+    sid = await store.write(create_session)
     statements = await trace_writer(store)
     views = await in_one_group(store, *(appending(store, sid, f"e{index}") for index in range(5)))
     assert [view[0]["event_type"] for view in views] == [f"e{index}" for index in range(5)]  # in call order
@@ -69,14 +69,14 @@ async def test_calls_queued_behind_a_busy_writer_commit_together(store):
 
 
 async def test_a_call_that_raises_in_a_group_leaves_no_trace_and_the_others_commit(store):
-    sid = await store.call(create_session)
+    sid = await store.write(create_session)
 
     def append_then_fail(conn: Connection) -> None:
         events.append(conn, sid, [(None, "half-written", {})])
         raise ValueError("refused after writing")
 
     before, failing, after = await in_one_group(
-        store, appending(store, sid, "before"), lambda: store.call(append_then_fail), appending(store, sid, "after"))
+        store, appending(store, sid, "before"), lambda: store.write(append_then_fail), appending(store, sid, "after"))
     assert isinstance(failing, ValueError) and str(failing) == "refused after writing"
     assert not isinstance(before, BaseException) and not isinstance(after, BaseException)
     assert await event_types(store, sid) == ["before", "after"]
@@ -86,17 +86,17 @@ async def test_a_call_that_raises_in_a_group_leaves_no_trace_and_the_others_comm
 
 async def test_a_call_with_a_broken_statement_fails_alone(store):
     """A database error of the call's own (not the database's state) fails that call only."""
-    sid = await store.call(create_session)
+    sid = await store.write(create_session)
     _, broken, _ = await in_one_group(
         store, appending(store, sid, "good"),
-        lambda: store.call(lambda conn: conn.exec_driver_sql("INSERT INTO no_such_table VALUES (1)")),
+        lambda: store.write(lambda conn: conn.exec_driver_sql("INSERT INTO no_such_table VALUES (1)")),
         appending(store, sid, "also good"))
     assert "no such table" in str(broken)
     assert await event_types(store, sid) == ["good", "also good"]
 
 
 async def test_a_group_on_a_locked_database_fails_whole_and_writes_nothing(tmp_path, store):
-    sid = await store.call(create_session)
+    sid = await store.write(create_session)
     other = sqlite3.connect(tmp_path / "bae.db", isolation_level=None)
 
     async def lock_then_append(event_type: str) -> object:
@@ -116,7 +116,7 @@ async def test_a_group_on_a_locked_database_fails_whole_and_writes_nothing(tmp_p
 
 
 async def test_a_lone_call_runs_in_a_transaction_of_its_own(store):
-    sid = await store.call(create_session)
+    sid = await store.write(create_session)
     statements = await trace_writer(store)
     await store.append_events(sid, [(None, "alone", {})])
     assert not any(s.startswith("SAVEPOINT") for s in statements)

@@ -56,7 +56,7 @@ class AdminApi:
         await self._admin(call)
         fields = bodies.parse_profile_body(call.body, call.content_type)
         try:
-            profile = await self.store.call(profiles.create, fields)
+            profile = await self.store.write(profiles.create, fields)
         except profiles.DuplicateName:
             raise duplicate_name() from None
         self.runtime.provision(profile)
@@ -79,7 +79,7 @@ class AdminApi:
         await self._admin(call)
         fields = bodies.parse_profile_body(call.body, call.content_type)
         try:
-            profile = await self.store.call(profiles.replace, call.path_id, fields)
+            profile = await self.store.write(profiles.replace, call.path_id, fields)
         except profiles.DuplicateName:
             raise duplicate_name() from None
         if profile is None:
@@ -91,7 +91,7 @@ class AdminApi:
         await self._admin(call)
         profile_id = call.path_id
 
-        in_use = await self.store.call(profiles.delete_unused, profile_id)
+        in_use = await self.store.write(profiles.delete_unused, profile_id)
         if in_use is None:
             raise not_found(f"no profile {profile_id}")
         if in_use:
@@ -108,7 +108,7 @@ class AdminApi:
         await self._admin(call)
         name, profile_id = bodies.parse_key_body(call.body, call.content_type)
 
-        minted = await self.store.call(keys.mint_client, name, profile_id)
+        minted = await self.store.write(keys.mint_client, name, profile_id)
         if minted is None:
             raise Problem(422, "profile_unavailable", f"no active profile {profile_id}")
         token, key = minted
@@ -129,14 +129,14 @@ class AdminApi:
 
         # Written first, so the page shows the latest coalesced last_used_at.
         stamps = self.auth.stamps.take()
-        rows = await self.store.call(keys.stamped_client_page, stamps, page.after_seq, page.fetch)
+        rows = await self.store.write(keys.stamped_client_page, stamps, page.after_seq, page.fetch)
         return page_json([(seq, dump(key_view(key))) for seq, key in rows], page)
 
     async def revoke_key(self, call: RestCall) -> str:
         await self._admin(call)
         key_id = call.path_id
 
-        revoked = await self.store.call(revocation.revoke_client, key_id)
+        revoked = await self.store.write(revocation.revoke_client, key_id)
         if revoked is None:
             raise not_found(f"no active client key {key_id}")
         held, closed = revoked

@@ -129,7 +129,7 @@ async def bootstrap_admin_key(store: Store, options: AdminKeyOptions) -> None:
             "admin auth is DISABLED: anyone who can reach the admin port has full control"
         )
         return
-    done = await store.call(
+    done = await store.write(
         keys.bootstrap_admin,
         options.rotate,
         lambda: _remove_key_file(options.key_file),

@@ -61,7 +61,7 @@ class Authenticator:
         writes: bool,
     ) -> tuple[Principal, T | None]:
         digest = token_digest(credential.token())
-        run = self.store.call if writes else self.store.read
+        run = self.store.write if writes else self.store.read
         principal, result = await run(access.as_session_key, digest, session_id, fn, args)
         return self._accepted(principal), result
 
@@ -118,7 +118,7 @@ class Authenticator:
 
     async def flush(self) -> None:
         if self.stamps.pending:
-            await self.store.call(keys.stamp_last_used, self.stamps.take())
+            await self.store.write(keys.stamp_last_used, self.stamps.take())
 
     def start(self) -> None:
         self._flusher = asyncio.create_task(self._flush_forever())

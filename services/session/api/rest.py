@@ -44,7 +44,7 @@ class ClientRestApi:
     async def open_session(self, call: RestCall) -> str:
         key = await self.auth.client_key(call.credential)
         body = bodies.parse_session_body(call.body, call.content_type, joining=False)
-        outcome = await self.store.call(opening.open_session, key, body, self)
+        outcome = await self.store.write(opening.open_session, key, body, self)
         if isinstance(outcome, Refused):
             raise outcome.problem
         await self.runtime.publish(outcome.session_id, outcome.views)
@@ -57,7 +57,7 @@ class ClientRestApi:
     async def join_session(self, call: RestCall) -> str:
         key = await self.auth.client_key(call.credential)
         body = bodies.parse_session_body(call.body, call.content_type, joining=True)
-        outcome = await self.store.call(opening.join_session, key, call.path_id, body, self)
+        outcome = await self.store.write(opening.join_session, key, call.path_id, body, self)
         if isinstance(outcome, Refused):
             raise outcome.problem
         await self.runtime.publish(outcome.session_id, outcome.views)

@@ -36,7 +36,7 @@ class ActivityCounts:
 
     def _refresh(self) -> None:
         try:
-            future = asyncio.run_coroutine_threadsafe(self._store.call(activity_counts), self._loop)
+            future = asyncio.run_coroutine_threadsafe(self._store.write(activity_counts), self._loop)
             self._values = future.result(COUNT_QUERY_TIMEOUT)
         except Exception as exc:  # no data point this collection, never a false zero
             self._values = None

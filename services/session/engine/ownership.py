@@ -91,7 +91,7 @@ class Ownership:
         """Give every session up at once (the next call elsewhere takes them over)."""
         await self._tasks.cancel()
         try:
-            await self.store.call(leases.retire, self.replica_id)
+            await self.store.write(leases.retire, self.replica_id)
         except Exception:
             log.exception("releasing this replica's sessions failed; they move after the lease expires")
         self.held.clear()
@@ -100,7 +100,7 @@ class Ownership:
         """Own `session_id` (taking it over if its owner died) or raise NotOwner."""
         if session_id in self.held:
             return
-        lease = await self.store.call(leases.claim, session_id, self.replica_id, self.address, time.time())
+        lease = await self.store.write(leases.claim, session_id, self.replica_id, self.address, time.time())
         if lease is None:
             return  # not open: nothing live to own; the caller reports the session's state
         if lease.replica_id != self.replica_id:
@@ -112,7 +112,7 @@ class Ownership:
         if session_id in self.held:
             self.held.discard(session_id)
             try:
-                await self.store.call(leases.release, session_id, self.replica_id)
+                await self.store.write(leases.release, session_id, self.replica_id)
             except Exception as exc:
                 log.warning("releasing the lease of closed session %s failed: %s", session_id, exc)
 
@@ -131,7 +131,7 @@ class Ownership:
         return min(live, key=lambda replica: (replica.sessions, replica.id != self.replica_id, replica.id))
 
     async def _beat(self) -> None:
-        await self.store.call(
+        await self.store.write(
             leases.heartbeat, self.replica_id, self.address, self._started_at, time.time() + self.lease_seconds
         )
         self._renewed = time.monotonic()

@@ -29,10 +29,10 @@ CLOSE_WAIT = 5.0
 
 
 class WalCheckpointer:
-    """Checkpoints the database of `engine` (a file, in WAL mode) CHECKPOINT_PACE after a write."""
+    """Checkpoints the database `db` (a file, in WAL mode) CHECKPOINT_PACE after a write."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(self, db: Engine) -> None:
+        self._db = db
         self._wrote = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bae-store-checkpoint", daemon=True)
@@ -65,7 +65,7 @@ class WalCheckpointer:
         """One PASSIVE checkpoint; the connection to use next time (None after it failed)."""
         try:
             if connection is None:
-                connection = self._engine.raw_connection()
+                connection = self._db.raw_connection()
             connection.cursor().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             return connection
         except Exception as exc:  # sqlite3's, or SQLAlchemy's when the connection could not open

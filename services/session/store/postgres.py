@@ -1,7 +1,7 @@
-"""PostgreSQL specifics of the store: the asyncpg engine and pool, and the errors that mean "try again".
+"""PostgreSQL specifics of the store: the asyncpg connection pool, and the errors that mean "try again".
 
 Users write `postgresql://user:password@host:port/db`; the store runs it on
-asyncpg through SQLAlchemy's asyncio engine, with a pool. A transaction is
+asyncpg through SQLAlchemy's asyncio Engine, with a pool. A transaction is
 `fn(conn, *args)` run by `AsyncConnection.run_sync`, so the store's functions
 are the same synchronous functions SQLite runs on its threads.
 
@@ -52,7 +52,7 @@ def asyncpg_url(url: URL) -> URL:
     return url.set(drivername=DRIVER)
 
 
-def make_postgres_engine(url: URL) -> AsyncEngine:
+def make_postgres_db(url: URL) -> AsyncEngine:
     return create_async_engine(
         asyncpg_url(url),
         pool_size=POOL_SIZE,
@@ -102,14 +102,15 @@ def _holding(conn: Connection, held: Held, fn: Callable[..., T], args: tuple[Any
 class PostgresBackend:
     """Transactions on pooled connections; a process's writes to one session take turns (locks.py)."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
+    def __init__(self, db: AsyncEngine) -> None:
+        self.db = db
         self._locks = SessionLocks()
 
-    async def call(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    async def transaction(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        """`fn(conn, *args)` in one transaction on a pooled connection."""
         held = Held(self._locks)
         try:
-            async with self.engine.connect() as conn, conn.begin():
+            async with self.db.connect() as conn, conn.begin():
                 return await conn.run_sync(_holding, held, fn, args)
         except (SQLAlchemyError, OSError, TimeoutError) as exc:
             problem = unavailable(exc)
@@ -121,8 +122,8 @@ class PostgresBackend:
 
     async def run_on_connection(self, fn: Callable[[Connection], T]) -> T:
         """`fn(conn)` on a connection of its own, which manages its transactions itself."""
-        async with self.engine.connect() as conn:
+        async with self.db.connect() as conn:
             return await conn.run_sync(fn)
 
     async def close(self) -> None:
-        await self.engine.dispose()
+        await self.db.dispose()

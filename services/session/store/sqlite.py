@@ -68,12 +68,12 @@ def prepare_files(database: str) -> None:
             log.warning("cannot restrict %s to mode 0600: %s", name, exc)
 
 
-def make_sqlite_engine(url: URL, synchronous: str) -> Engine:
+def make_sqlite_db(url: URL, synchronous: str) -> Engine:
     if url.database and is_file_database(url):
         prepare_files(url.database)
-    engine = create_engine(url, connect_args={"check_same_thread": False})
+    db = create_engine(url, connect_args={"check_same_thread": False})
 
-    @event.listens_for(engine, "connect")
+    @event.listens_for(db, "connect")
     def _pragmas(dbapi_connection, _record) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
@@ -82,7 +82,7 @@ def make_sqlite_engine(url: URL, synchronous: str) -> Engine:
         cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
         cursor.close()
 
-    return engine
+    return db
 
 
 def set_busy_timeout(driver_connection: sqlite3.Connection | None, milliseconds: int) -> None:

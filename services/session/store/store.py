@@ -1,6 +1,6 @@
 """The store, on SQLite or PostgreSQL. Only this package touches database connections.
 
-A call is one transaction: `await store.call(fn, *args)` (writes) or
+A call is one transaction: `await store.write(fn, *args)` or
 `await store.read(fn, *args)` runs `fn(conn, *args)` inside `BEGIN … COMMIT`
 (rolled back if it raises), where `fn` is one of this package's synchronous
 functions. A database that cannot serve now (locked, full, unreachable) raises
@@ -24,7 +24,7 @@ read behind a blocked write.
 The WAL is checkpointed by a thread of its own (checkpoint.py), not inside a
 commit.
 
-PostgreSQL (postgres.py): an asyncio engine with a pool of asyncpg connections;
+PostgreSQL (postgres.py): SQLAlchemy's asyncio Engine, a pool of asyncpg connections;
 `fn` runs through `AsyncConnection.run_sync`.
 """
 
@@ -47,14 +47,14 @@ from bae.common.jsontext import RawJson
 from services.session.store import events, profiles, sessions
 from services.session.store.checkpoint import WalCheckpointer
 from services.session.store.migrations import current, migrate
-from services.session.store.postgres import PostgresBackend, is_postgres, make_postgres_engine
+from services.session.store.postgres import PostgresBackend, is_postgres, make_postgres_db
 from services.session.store.records import ProfileRecord, SessionRecord
 from services.session.store.sqlite import (
     BUSY_TIMEOUT_MS,
     LOCKED_BUSY_TIMEOUT_MS,
     StoreUnavailable,
     is_file_database,
-    make_sqlite_engine,
+    make_sqlite_db,
     set_busy_timeout,
     unavailable,
 )
@@ -71,16 +71,17 @@ def session_and_profile(conn: Connection, session_id: str) -> tuple[SessionRecor
 class _Connection:
     """One SQLite connection, opened on first use and again after it broke."""
 
-    def __init__(self, engine: Engine, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
-        self._engine = engine
+    def __init__(self, db: Engine, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+        self._db = db
         self._default_timeout_ms = busy_timeout_ms
         self._timeout_ms = busy_timeout_ms
         self._conn: Connection | None = None
 
-    def connection(self) -> Connection:
+    def open(self) -> Connection:
+        """The connection, opened now if it is not open."""
         if self._conn is None or self._conn.closed or self._conn.invalidated:
-            self._conn = self._engine.connect()
-            self._timeout_ms = BUSY_TIMEOUT_MS  # what the engine's connect hook sets
+            self._conn = self._db.connect()
+            self._timeout_ms = BUSY_TIMEOUT_MS  # what the connect hook (sqlite.py) sets
             self.wait_for_locks(self._default_timeout_ms)
         return self._conn
 
@@ -93,7 +94,7 @@ class _Connection:
     def transaction(self, fn: Callable[..., T], args: tuple) -> T:
         """`fn(conn, *args)` inside BEGIN … COMMIT; a locked database or a failing disk raises
         StoreUnavailable (after a storage failure the connection is opened afresh next time)."""
-        conn = self.connection()
+        conn = self.open()
         try:
             with conn.begin():
                 return fn(conn, *args)
@@ -115,28 +116,29 @@ class _Worker:
     """One thread and its SQLite connection. After a call found the database locked, the next
     ones wait LOCKED_BUSY_TIMEOUT_MS only, so a database another process holds answers quickly."""
 
-    def __init__(self, engine: Engine, name: str) -> None:
+    def __init__(self, db: Engine, name: str) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-        self.db = _Connection(engine)
+        self.connection = _Connection(db)
 
     def _in_transaction(self, fn: Callable[..., T], args: tuple) -> T:
         try:
-            result = self.db.transaction(fn, args)
+            result = self.connection.transaction(fn, args)
         except StoreUnavailable as problem:
             if problem.busy:
-                self.db.wait_for_locks(LOCKED_BUSY_TIMEOUT_MS)
+                self.connection.wait_for_locks(LOCKED_BUSY_TIMEOUT_MS)
             raise
-        self.db.wait_for_locks(BUSY_TIMEOUT_MS)
+        self.connection.wait_for_locks(BUSY_TIMEOUT_MS)
         return result
 
     async def run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
-    async def call(self, fn: Callable[..., T], args: tuple) -> T:
+    async def transaction(self, fn: Callable[..., T], args: tuple) -> T:
+        """`fn(conn, *args)` in one transaction on this worker's thread."""
         return await self.run(functools.partial(self._in_transaction, fn, args))
 
     async def close(self) -> None:
-        await self.run(self.db.close)
+        await self.run(self.connection.close)
         self._executor.shutdown(wait=True)
 
 
@@ -173,14 +175,15 @@ class _GroupWriter(_Worker):
     eighth of the session service's CPU under load).
     """
 
-    def __init__(self, engine: Engine, name: str, *, on_commit: Callable[[], None] | None = None) -> None:
-        super().__init__(engine, name)
+    def __init__(self, db: Engine, name: str, *, on_commit: Callable[[], None] | None = None) -> None:
+        super().__init__(db, name)
         self._on_commit = on_commit  # called on the thread after each group
         self._queue: deque[_Queued[Any]] = deque()
         self._lock = threading.Lock()  # the queue's hand-over between the loop and the thread
         self._draining = False
 
-    async def call(self, fn: Callable[..., T], args: tuple) -> T:
+    async def transaction(self, fn: Callable[..., T], args: tuple) -> T:
+        """`fn(conn, *args)` queued for the next group."""
         queued = _Queued(fn, args, asyncio.get_running_loop().create_future())
         with self._lock:
             self._queue.append(queued)
@@ -234,16 +237,16 @@ class _SqliteBackend:
     """The writer thread; for a file database, the loop's reader, a reader thread to fall back
     on, and the WAL's checkpointer (an in-memory database is one connection: the writer's)."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        separate = is_file_database(engine.url)
-        self.checkpointer = WalCheckpointer(engine) if separate else None
+    def __init__(self, db: Engine) -> None:
+        self.db = db
+        separate = is_file_database(db.url)
+        self.checkpointer = WalCheckpointer(db) if separate else None
         self.writer = _GroupWriter(
-            engine, "bae-store", on_commit=self.checkpointer.wrote if self.checkpointer is not None else None
+            db, "bae-store", on_commit=self.checkpointer.wrote if self.checkpointer is not None else None
         )
-        self.reader = _Worker(engine, "bae-store-read") if separate else self.writer
+        self.reader = _Worker(db, "bae-store-read") if separate else self.writer
         # Used only from the event loop's thread; it never waits for a lock.
-        self.loop_reader = _Connection(engine, busy_timeout_ms=0) if separate else None
+        self.loop_reader = _Connection(db, busy_timeout_ms=0) if separate else None
 
     async def read(self, fn: Callable[..., T], args: tuple) -> T:
         if self.loop_reader is not None:
@@ -252,7 +255,7 @@ class _SqliteBackend:
             except StoreUnavailable as problem:
                 if not problem.busy:
                     raise
-        return await self.reader.call(fn, args)
+        return await self.reader.transaction(fn, args)
 
     async def close(self) -> None:
         if self.loop_reader is not None:
@@ -262,7 +265,7 @@ class _SqliteBackend:
         await self.writer.close()
         if self.checkpointer is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.checkpointer.close)
-        self.engine.dispose()
+        self.db.dispose()
 
 
 class Store:
@@ -279,9 +282,9 @@ class Store:
         parsed = make_url(url)
         backend: _SqliteBackend | PostgresBackend
         if is_postgres(parsed):
-            backend = PostgresBackend(make_postgres_engine(parsed))
+            backend = PostgresBackend(make_postgres_db(parsed))
         elif parsed.get_backend_name() == "sqlite":
-            backend = _SqliteBackend(make_sqlite_engine(parsed, synchronous))
+            backend = _SqliteBackend(make_sqlite_db(parsed, synchronous))
         else:
             raise UsageError(f"unsupported database {parsed.get_backend_name()!r}: use sqlite:// or postgresql://")
         store = cls(backend)
@@ -296,27 +299,27 @@ class Store:
         backend = self._backend
         if isinstance(backend, PostgresBackend):
             return await backend.run_on_connection(migrate)
-        return await backend.writer.run(lambda: migrate(backend.writer.db.connection()))
+        return await backend.writer.run(lambda: migrate(backend.writer.connection.open()))
 
     @property
     def dialect(self) -> str:
         """"sqlite" or "postgresql"."""
-        return self._backend.engine.dialect.name
+        return self._backend.db.dialect.name
 
     async def revision(self) -> str | None:
         """The schema revision the database is at."""
         return await self.read(current)
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(conn, *args)` in one writing transaction."""
         if isinstance(self._backend, PostgresBackend):
-            return await self._backend.call(fn, args)
-        return await self._backend.writer.call(fn, args)
+            return await self._backend.transaction(fn, args)
+        return await self._backend.writer.transaction(fn, args)
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(conn, *args)`, which only reads, in one transaction."""
         if isinstance(self._backend, PostgresBackend):
-            return await self._backend.call(fn, args)
+            return await self._backend.transaction(fn, args)
         return await self._backend.read(fn, args)
 
     async def close(self) -> None:
@@ -343,7 +346,7 @@ class Store:
         while the session is still open; the events are written regardless.
         Returns their EventViews; publish them after this returns.
         """
-        return await self.call(events.append, session_id, items, new_state)
+        return await self.write(events.append, session_id, items, new_state)
 
     async def append_compaction(
         self,
@@ -355,7 +358,7 @@ class Store:
         completed: dict,
     ) -> list[events.EventView]:
         """A compaction's records in one transaction, after `leading` (carried) events."""
-        return await self.call(
+        return await self.write(
             events.append_compaction, session_id, client_key_id, leading, preamble, summary, completed
         )
 
@@ -389,7 +392,7 @@ class Store:
             if session is not None:
                 sessions.set_declarations(conn, session, client_key_id, client_tools=tools)
 
-        await self.call(_set)
+        await self.write(_set)
 
     async def live_profiles(self) -> list[ProfileRecord]:
         return await self.read(profiles.all_active)

@@ -1,16 +1,16 @@
-"""The exec hot path straight over the engine's unix socket, on the event loop.
+"""The exec hot path straight over the Docker daemon's unix socket, on the event loop.
 
-An exec is three engine requests whatever the client: create it, start it and
+An exec is three requests to the Docker daemon whatever the client: create it, start it and
 read its output until it closes, then inspect it for the exit code. Through the
 docker SDK each is a thread hop plus requests/urllib3 (about a millisecond of
 Python per request on a loaded host); here each is one HTTP/1.1 exchange on a
 unix-socket connection, written and parsed in the event loop. Connections are
-kept alive and reused (the start of an exec consumes one: the engine closes it
-when the output ends); a reused one the engine closed while it sat idle is
-replaced and the request sent again, as it never reached the engine.
+kept alive and reused (the start of an exec consumes one: the Docker daemon closes it
+when the output ends); a reused one the daemon closed while it sat idle is
+replaced and the request sent again, as it never reached the daemon.
 
-Only for an engine on a unix socket (the default, and `DOCKER_HOST=unix://...`);
-any other engine address uses the SDK path.
+Only for a Docker daemon on a unix socket (the default, and `DOCKER_HOST=unix://...`);
+any other daemon address uses the SDK path.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from docker.utils import parse_host
 from services.sandbox.output import CappedOutput
 
 UNIX_SCHEME = "http+unix://"
-# Bounds on what the engine sends back outside an output stream: a JSON document, a header line.
+# Bounds on what the Docker daemon sends back outside an output stream: a JSON document, a header line.
 MAX_BODY = 4 * 1024 * 1024
 MAX_HEADER_LINE = 64 * 1024
 # Idle keep-alive connections kept for reuse; more concurrent requests open more, closed after use.
@@ -35,8 +35,8 @@ MAX_IDLE = 8
 STDERR = 2
 
 
-class EngineError(Exception):
-    """The engine answered with an HTTP error; `explanation` is its message."""
+class DockerError(Exception):
+    """The Docker daemon answered with an HTTP error; `explanation` is its message."""
 
     def __init__(self, status: int, explanation: str) -> None:
         super().__init__(f"{status} {explanation}")
@@ -45,14 +45,14 @@ class EngineError(Exception):
 
 
 def unix_socket_path(environ: Mapping[str, str] | None = None) -> str | None:
-    """The engine's socket path as the SDK's from_env resolves it; None when it is not a unix socket."""
+    """The Docker daemon's socket path as the SDK's from_env resolves it; None when it is not a unix socket."""
     env: Mapping[str, str] = os.environ if environ is None else environ
     tls = env.get("DOCKER_TLS_VERIFY", "") != ""
     host = parse_host(env.get("DOCKER_HOST") or None, IS_WINDOWS_PLATFORM, tls=tls)
     return host[len(UNIX_SCHEME):] if host.startswith(UNIX_SCHEME) else None
 
 
-class EngineSocket:
+class DockerSocket:
     def __init__(self, path: str, api_version: str) -> None:
         self._path = path
         self._prefix = f"/v{api_version}"
@@ -83,7 +83,7 @@ class EngineSocket:
                     if not reused:
                         raise
                     status_line = b""
-                if not status_line and reused:  # closed by the engine while idle: send it again
+                if not status_line and reused:  # closed by the daemon while idle: send it again
                     writer.close()
                     continue
                 parts = status_line.split(None, 2)
@@ -141,7 +141,7 @@ class EngineSocket:
         document = json.loads(data) if data.strip() else {}
         if status >= 400:
             message = document.get("message") if isinstance(document, dict) else None
-            raise EngineError(status, str(message or data[:200].decode("utf-8", "replace")))
+            raise DockerError(status, str(message or data[:200].decode("utf-8", "replace")))
         return document
 
     async def create_exec(self, container_id: str, argv: list[str], environment: list[str], stdin: bool = False) -> str:
@@ -165,11 +165,11 @@ class EngineSocket:
                 message = json.loads(data).get("message")
             except (ValueError, AttributeError):
                 message = None
-            raise EngineError(status, str(message or data[:200].decode("utf-8", "replace")))
+            raise DockerError(status, str(message or data[:200].decode("utf-8", "replace")))
         return reader, writer
 
     async def run_exec(self, exec_id: str, stdout: CappedOutput, stderr: CappedOutput) -> None:
-        """Start the exec and read its multiplexed output until the engine closes it."""
+        """Start the exec and read its multiplexed output until the Docker daemon closes it."""
         reader, writer = await self._start(exec_id, upgrade=False)
         try:
             frames = Frames(reader)
@@ -201,7 +201,7 @@ class Frames:
         self._left = 0
 
     async def next(self) -> tuple[int, bytes] | None:
-        """The next piece as (stream, bytes); None once the engine closed the output between frames."""
+        """The next piece as (stream, bytes); None once the Docker daemon closed the output between frames."""
         while not self._left:
             try:
                 header = await self._reader.readexactly(8)

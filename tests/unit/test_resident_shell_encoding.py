@@ -1,4 +1,4 @@
-"""The resident runner's command line: what `printf %b` in a real shell turns back into the command."""
+"""The resident shell's command line: what `printf %b` in a real shell turns back into the command."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from services.sandbox.resident import MAX_LINE, encode
+from services.sandbox.resident_shell import MAX_LINE, encode
 
 COMMANDS = [
     "echo hi",
@@ -22,7 +22,7 @@ COMMANDS = [
 def test_the_shell_gets_the_command_back_byte_for_byte(command: str) -> None:
     line = encode(command)
     assert line is not None and b"\n" not in line
-    # The runner's own decoding step, in the system's sh.
+    # The shell's own decoding step, in the system's sh.
     decoded = subprocess.run(
         ["sh", "-c", 'command=$(printf "%bx" "$1"); printf %s "${command%x}"', "sh", line.decode()],
         capture_output=True, check=True,
@@ -30,7 +30,7 @@ def test_the_shell_gets_the_command_back_byte_for_byte(command: str) -> None:
     assert decoded == command.encode()
 
 
-def test_what_a_runner_cannot_take() -> None:
+def test_what_a_resident_shell_cannot_take() -> None:
     assert encode("echo \0") is None  # no shell variable (nor exec argv) holds a NUL
     assert encode("x" * MAX_LINE) is not None
     assert encode("x" * (MAX_LINE + 1)) is None
