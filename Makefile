@@ -31,7 +31,7 @@ demo: venv protos
 	$(PY) -m bae run --demo $(ARGS)
 
 # The store, REST and turn tests again on PostgreSQL, on a server the tests start themselves
-# (tests/postgres_support.py: the Debian postgresql package; skipped without it unless BAE_REQUIRE_POSTGRES=1).
+# (testkit/postgres_support.py: the Debian postgresql package; skipped without it unless BAE_REQUIRE_POSTGRES=1).
 PG_TESTS := tests/unit/test_store.py tests/unit/test_store_durability.py \
 	tests/integration/test_client_rest.py tests/integration/test_admin_api.py \
 	tests/integration/test_live_turns.py tests/integration/test_live_stack.py tests/engine
@@ -46,11 +46,11 @@ test-postgres: venv protos
 
 # Ruff and mypy over the project's code (configured in pyproject.toml).
 lint: venv protos
-	$(VENV)/bin/ruff check bae services tests bench
+	$(VENV)/bin/ruff check bae services tests testkit bench deploy examples
 	$(VENV)/bin/mypy
 
 bench: venv protos
-	$(PY) bench/run.py $(ARGS)
+	$(PY) -m bench.run $(ARGS)
 
 # The docker-compose deployment, built from local packages and tested end to end (deploy/compose-test/).
 compose-test: venv

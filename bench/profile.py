@@ -1,7 +1,7 @@
 """Where the time goes: py-spy samples every service of a private stack under load.
 
-    make profile                 # both workloads
-    make profile ARGS="rest"     # authenticated GET events, 1 client ("turns": simple text turns, 8 sessions)
+    .venv/bin/python -m bench.profile          # both workloads
+    .venv/bin/python -m bench.profile rest     # authenticated GET events, 1 client ("turns": simple text turns, 8 sessions)
 
 For each process it prints the functions that were on CPU most often (own
 time: the innermost frame of each sample, idle waits left out) and the
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from run import MockProcess, client_key, open_session, rpc, start_stack
+from bench.run import MockProcess, client_key, open_session, rpc, start_stack
 
 SECONDS = 8
 TOP = int(__import__("os").environ.get("XTOP", "12"))

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import httpx
 
-from conftest import consecutive_ports, launch_stack, mock_provider_toml
-from postgres_support import server as postgres_server
+from testkit.ports import consecutive_ports
+from testkit.postgres_support import server as postgres_server
+from testkit.stack import launch_stack, mock_provider_toml
 
 SESSIONS = 64
 TURNS_PER_SESSION = 8

@@ -3,6 +3,7 @@
     make bench                 # everything
     make bench ARGS="rest"     # only the REST figures; also "turns", "observers", "compaction",
                                # "replicas", "sandbox" (bench/sandbox.py), "cpu" or "telemetry"
+    .venv/bin/python -m bench.run rest     # the same, from the repository root
 
 The load generator shares the stack's cores, so the client side is kept lean: REST GETs,
 turns and observers go through bench/http1.py (a bare HTTP/1.1 connection); one GET line
@@ -51,16 +52,13 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import RunningStack, free_port, launch_stack, mock_provider_toml  # noqa: E402
-
-from bae.launcher.stack import Stack  # noqa: E402
-from services.runner.clients import ANTHROPIC, ProviderClients  # noqa: E402
-from http1 import Connection, StampedStream, rpc as lean_rpc, timed_rpc  # noqa: E402
-from table import print_table, record  # noqa: E402
+from bae.launcher.stack import Stack
+from bench.http1 import Connection, StampedStream, rpc as lean_rpc, timed_rpc
+from bench.table import print_table, record
+from services.runner.clients import ANTHROPIC, ProviderClients
+from testkit import ROOT
+from testkit.ports import free_port
+from testkit.stack import RunningStack, launch_stack, mock_provider_toml
 
 TOKEN = "bench-token"
 
@@ -72,7 +70,7 @@ class MockProcess:
         port = free_port()
         self.base_url = f"http://127.0.0.1:{port}"
         self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "mockllm.py"), "--port", str(port)], stdout=subprocess.DEVNULL
+            [sys.executable, "-m", "testkit.mockllm", "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL
         )
         deadline = time.monotonic() + 30
         while True:
@@ -557,7 +555,7 @@ async def bench_telemetry(mock: MockProcess) -> None:
     print("\n== Telemetry off vs on (sample ratio 1.0, traces and metrics to an OTLP receiver) ==")
     port = free_port()
     # The receiver in a process of its own: decoding spans must not slow the load generator.
-    receiver = subprocess.Popen([sys.executable, str(ROOT / "tests" / "otlp_receiver.py"), "--port", str(port)])
+    receiver = subprocess.Popen([sys.executable, "-m", "testkit.otlp_receiver", "--port", str(port)], cwd=ROOT)
     figures: dict[str, tuple[list[float], list[float]]] = {"off": ([], []), "on": ([], [])}
     with tempfile.TemporaryDirectory() as tmp:
         on_toml = f'[telemetry]\nenabled = true\notlp_endpoint = "http://127.0.0.1:{port}"\nsample_ratio = 1.0\n'
@@ -617,14 +615,14 @@ async def main(which: list[str]) -> None:
             running.close()
     try:
         if not which or "replicas" in which:
-            from replicas import bench_replicas
+            from bench.replicas import bench_replicas
 
             await bench_replicas(mock, TOKEN, client_key=client_key, open_session=open_session, rpc=rpc,
                                  load=load, percentile=percentile)
     finally:
         mock.stop()
     if not which or "sandbox" in which:
-        from sandbox import bench_all
+        from bench.sandbox import bench_all
 
         await bench_all()
     print_table()

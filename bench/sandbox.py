@@ -1,6 +1,6 @@
 """Sandbox benchmark: a private stack on loopback against the local Docker daemon.
 
-    .venv/bin/python bench/sandbox.py
+    .venv/bin/python -m bench.sandbox
 
 Prints, each as p50/p99 over sequential runs:
 - start a sandbox and run `echo` in it through the gateway
@@ -31,7 +31,7 @@ And straight to a sandbox host over gRPC (no gateway, no session service):
 - 20 background commands started at once in one sandbox: StartCommand latency
   (until the command runs) and the wall time until all 20 have ended.
 
-`python bench/sandbox.py subagents` runs the subagent figures alone.
+`python -m bench.sandbox subagents` runs the subagent figures alone.
 """
 
 from __future__ import annotations
@@ -49,17 +49,15 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from http1 import Connection, rpc as lean_rpc  # noqa: E402
-from bench.run import TOKEN, client_key, ms, open_session, report, rpc, start_stack  # noqa: E402
-from table import print_table, record  # noqa: E402
-from bae.common.grpcutil import channel as internal_channel  # noqa: E402
-from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc  # noqa: E402
-from conftest import launch_stack, mock_provider_toml  # noqa: E402
-from docker_support import TEST_IMAGE, SandboxHostProcess, docker_client, docker_skip_reason  # noqa: E402
-from mockllm import MockLLM, Reply  # noqa: E402
-from processes import TEST_PLANE, PeakRss  # noqa: E402
+from bae.common.grpcutil import channel as internal_channel
+from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
+from bench.http1 import Connection, rpc as lean_rpc
+from bench.run import TOKEN, client_key, ms, open_session, report, rpc, start_stack
+from bench.table import print_table, record
+from testkit.docker_support import TEST_IMAGE, SandboxHostProcess, docker_client, docker_skip_reason
+from testkit.mockllm import MockLLM, Reply
+from testkit.processes import TEST_PLANE, PeakRss
+from testkit.stack import launch_stack, mock_provider_toml
 
 STARTS = 30
 EXECS = 200
@@ -373,7 +371,7 @@ async def subagent_session(client, key: str, image: str) -> tuple[str, str]:
 
 async def bench_subagent_launch(running, mock) -> None:
     """`tool.call` to `tool.result` (status started) of a launch, from the events' own timestamps."""
-    from docker_support import ensure_harness_image
+    from testkit.docker_support import ensure_harness_image
 
     image = ensure_harness_image()
     key = client_key(running, available_sandboxes=[image])
@@ -414,7 +412,7 @@ async def completed_events(client, sid: str, skey: str, count: int) -> list[dict
 async def bench_concurrent_subagents(running, mock) -> None:
     """CONCURRENT_SUBAGENTS subagents launched by one model turn in one sandbox, once per round, each
     round in a session (and sandbox) of its own; every figure from the events' own timestamps."""
-    from docker_support import ensure_harness_image
+    from testkit.docker_support import ensure_harness_image
 
     image = ensure_harness_image()
     key = client_key(running, available_sandboxes=[image])

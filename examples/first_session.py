@@ -14,14 +14,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import sys
 from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bae.client import Client, ToolDef  # noqa: E402
+from bae.client import Client, ToolDef
 
 TOOL = ToolDef("get_current_time", "The current UTC time", {"type": "object", "properties": {}})
 

@@ -1,159 +1,14 @@
-"""Shared fixtures: free ports, the real stack as child processes, the mock LLM."""
+"""Shared fixtures: stacks of real service processes, and the mock LLM."""
 
 from __future__ import annotations
 
-import socket
-import sys
-import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
-import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from bae.launcher.stack import Stack  # noqa: E402
-from mockllm import MockLLM  # noqa: E402
-from processes import service_env  # noqa: E402
-import postgres_support  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def store_url(tmp: Path) -> str:
-    """The store a stack or a test with files in `tmp` uses: SQLite in `tmp`, or with BAE_TEST_STORE=postgresql
-    a PostgreSQL database of its own (the same one for the same `tmp`, so a restarted stack finds its data)."""
-    if postgres_support.on_postgres():
-        return postgres_support.server().database_url(str(tmp))
-    return f"sqlite:///{tmp / 'bae.db'}"
-
-
-def database_url_of(env: dict[str, str]) -> str:
-    """The store URL a service started with `env` uses."""
-    return env.get("BAE_DATABASE_URL") or f"sqlite:///{env['BAE_DB_PATH']}"
-
-
-def consecutive_ports(count: int) -> int:
-    """The first of `count` consecutive free loopback ports."""
-    for _ in range(100):
-        first = free_port()
-        sockets = []
-        try:
-            for port in range(first, first + count):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-        return first
-    raise RuntimeError("no consecutive free ports")
-
-
-def stack_env(tmp: Path, **overrides: str) -> dict[str, str]:
-    """An environment for one isolated stack: its own ports, store and key files.
-
-    BAE_TEST_STORE=postgresql gives it a PostgreSQL database unless the test names its SQLite file.
-    """
-    defaults = {
-        "BAE_ADDR": f"127.0.0.1:{free_port()}",
-        "BAE_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
-        "BAE_SESSION_GRPC_ADDR": f"127.0.0.1:{free_port()}",
-        "BAE_RUNNER_GRPC_ADDR": f"127.0.0.1:{free_port()}",
-        "BAE_SANDBOX_GRPC_ADDRS": f"127.0.0.1:{free_port()}",
-        # Unique per stack: a sandbox host removes its id's containers at start-up,
-        # and other test runs may share this Docker daemon.
-        "BAE_SANDBOX_HOST_ID": f"test-{uuid.uuid4().hex[:12]}",
-        "BAE_DB_PATH": str(tmp / "bae.db"),
-        "BAE_ADMIN_KEY_FILE": str(tmp / "admin-key.pem"),
-        "BAE_ADMIN_KEY_HASH_FILE": str(tmp / "admin-key-hash.pem"),
-        "BAE_SHUTDOWN_TIMEOUT": "5",
-        "BAE_LOG": "info",
-    }
-    if postgres_support.on_postgres() and not {"BAE_DB_PATH", "BAE_DATABASE_URL"} & overrides.keys():
-        defaults["BAE_DATABASE_URL"] = store_url(tmp)
-    return service_env(**{**defaults, **overrides})
-
-
-class RunningStack:
-    """A started stack plus authenticated HTTP clients for its two ports."""
-
-    def __init__(self, stack: Stack, tmp: Path) -> None:
-        self.stack = stack
-        self.tmp = tmp
-        self.admin_key = Path(stack.settings.admin_key_file).read_text().strip()
-        self.client = httpx.Client(base_url=stack.client_url, timeout=30)
-        self.admin = httpx.Client(
-            base_url=stack.admin_url,
-            timeout=30,
-            headers={"Authorization": f"Bearer {self.admin_key}"},
-        )
-
-    def create_profile(self, name: str, primary: str = "mock", **fields) -> dict:
-        body = {"name": name, "primary_provider": primary, **fields}
-        response = self.admin.post("/admin/v1/profiles", json=body)
-        assert response.status_code == 201, response.text
-        return response.json()
-
-    def create_key(self, profile_id: str, name: str = "k") -> dict:
-        response = self.admin.post("/admin/v1/keys", json={"name": name, "profile_id": profile_id})
-        assert response.status_code == 201, response.text
-        return response.json()
-
-    def open_session(self, client_key: str, **body) -> dict:
-        response = self.client.post(
-            "/api/v1/sessions", json=body, headers={"Authorization": f"Bearer {client_key}"}
-        )
-        assert response.status_code == 201, response.text
-        return response.json()
-
-    def close(self) -> dict[str, int]:
-        self.client.close()
-        self.admin.close()
-        return self.stack.stop()
-
-
-# free_port's ports come from the ephemeral range, so a connection made meanwhile may take one
-# before the service binds it (every service says "cannot bind"): rare, but it once failed a
-# module's shared stack and all its tests.
-BIND_ATTEMPTS = 3
-
-
-def launch_stack(tmp: Path, config_toml: str | None = None, session_args: list[str] | None = None,
-                 **env: str) -> RunningStack:
-    """Start a stack whose files live in `tmp`; its logs are printed if it fails to start."""
-    overrides = dict(env)
-    if config_toml is not None:
-        config = tmp / "bae-config.toml"
-        config.write_text(config_toml)
-        overrides["BAE_CONFIG"] = str(config)
-    attempts = BIND_ATTEMPTS
-    while True:
-        stack = Stack(env=stack_env(tmp, **overrides), session_args=session_args or [], log_dir=tmp / "logs")
-        try:
-            stack.start()
-            return RunningStack(stack, tmp)
-        except Exception:
-            stack.stop()
-            attempts -= 1
-            logs = {log.name: log.read_text() for log in sorted((tmp / "logs").glob("*.log"))}
-            if attempts and any("cannot bind" in text for text in logs.values()):
-                continue  # a port free_port found was taken before the service bound it: new ports
-            for name, text in logs.items():
-                print(f"--- {name}\n{text[-4000:]}")
-            raise
-
-
-StackFactory = Callable[..., RunningStack]
+from testkit.mockllm import MockLLM
+from testkit.stack import RunningStack, StackFactory, launch_stack
 
 
 @pytest.fixture
@@ -179,12 +34,3 @@ def mock() -> Iterator[MockLLM]:
     llm = MockLLM().start()
     yield llm
     llm.stop()
-
-
-def mock_provider_toml(base_url: str, *, name: str = "mock", kind: str = "anthropic",
-                       token_var: str = "MOCK_LLM_TOKEN") -> str:
-    return (
-        "[[providers.entries]]\n"
-        f'name = "{name}"\nprovider = "{kind}"\nmodel = "mock-model"\n'
-        f'base_url = "{base_url}"\nauth_token = "${{{token_var}}}"\n'
-    )

@@ -1,4 +1,4 @@
-"""The scripted mock LLM (tests/mockllm.py) as a compose service, scripted over HTTP.
+"""The scripted mock LLM (testkit/mockllm.py) as a compose service, scripted over HTTP.
 
 Besides the provider paths it answers, for the test driver on the host:
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from mockllm import MockLLM, Reply, read_body, respond, serve_from_command_line
+from testkit.mockllm import MockLLM, Reply, read_body, respond, serve_from_command_line
 
 CONTROL_PREFIX = "/_mock/"
 

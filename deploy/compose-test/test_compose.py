@@ -1,7 +1,7 @@
 """End to end through docker-compose: the real images, talked to only through the published port.
 
 Run by deploy/compose-test/run.sh (`make compose-test`), which builds the images
-and sets the environment (harness.py). The tests run in file order and share one
+and sets the environment (testkit/compose.py). The tests run in file order and share one
 deployment of docker-compose.yml (one session replica, SQLite); the last one tears
 it down and checks nothing is left behind. test_replicas.py does the same for
 docker-compose.replicas.yml.
@@ -21,8 +21,8 @@ import pytest
 if "BAE_E2E_PROJECT" not in os.environ:
     pytest.skip("run through `make compose-test`", allow_module_level=True)
 
-from harness import IMAGE, STOP_SECONDS, Deployment, Project, progress, wait_until  # noqa: E402
-from live import notifications, result, rpc, types  # noqa: E402
+from testkit.compose import IMAGE, STOP_SECONDS, Deployment, Project, progress, wait_until  # noqa: E402
+from testkit.live import notifications, result, rpc, types  # noqa: E402
 
 PROJECT = Project(os.environ["BAE_E2E_PROJECT"], ["docker-compose.yml", "deploy/compose-test/docker-compose.test.yml"])
 GATEWAY_URL = f"http://{os.environ['BAE_PUBLISH_ADDR']}"

@@ -24,8 +24,8 @@ import pytest
 if "BAE_E2E_PROJECT" not in os.environ:
     pytest.skip("run through `make compose-test`", allow_module_level=True)
 
-from harness import STOP_SECONDS, Deployment, Project, progress, wait_until  # noqa: E402
-from live import result, rpc, types  # noqa: E402
+from testkit.compose import STOP_SECONDS, Deployment, Project, progress, wait_until  # noqa: E402
+from testkit.live import result, rpc, types  # noqa: E402
 
 LEASE_SECONDS = 3
 # The other replica takes the session over within the lease and a heartbeat or two.

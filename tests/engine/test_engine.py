@@ -17,9 +17,6 @@ import pytest
 from bae.common.config import load_config
 from bae.common.internal import InternalPlane
 from bae.common.settings import load_settings
-from conftest import free_port, mock_provider_toml, store_url
-from mockllm import MockLLM, Reply
-from processes import ServiceProcess, service_env
 from services.session.engine.domain import CompactRequest, Message, TurnEnd, TurnRequest
 from services.session.engine.engine import TurnEngine
 from services.session.engine.errors import OrphanToolResult, SessionNotOpen, ShuttingDown, TurnInProgress
@@ -28,6 +25,10 @@ from services.session.engine.runtime import SessionRuntime
 from services.session.remote.runner import RunnerClient
 from services.session.store import Store, profiles, sessions
 from services.session.store.sqlite import StoreUnavailable
+from testkit.mockllm import MockLLM, Reply
+from testkit.ports import free_port
+from testkit.processes import ServiceProcess, service_env
+from testkit.stack import mock_provider_toml, store_url
 
 TOKEN = "mock-token-for-engine-tests"
 ACTOR = "key_driver"

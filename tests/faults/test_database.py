@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from checks import assert_history_kept, assert_no_container_left, event_log
-from conftest import mock_provider_toml
-from live import new_session, notifications, register, result, rpc, send, session_state, terminal, types
-from mockllm import Reply
-from postgres_support import sqlite_only
+from testkit.checks import assert_history_kept, assert_no_container_left, event_log
+from testkit.live import new_session, notifications, register, result, rpc, send, session_state, terminal, types
+from testkit.mockllm import Reply
+from testkit.postgres_support import sqlite_only
+from testkit.stack import mock_provider_toml
 
 TOKEN = "sk-test-secret-token-123456"
 # Holds the write lock of the database named by argv[1] until its stdin closes.

@@ -24,10 +24,10 @@ import docker
 import pytest
 
 from bae.launcher.stack import grpc_serving
-from checks import assert_each_event_once, event_log
-from conftest import mock_provider_toml
-from docker_support import TEST_IMAGE, require_docker
-from live import new_session, register, result, rpc, session_state, terminal
+from testkit.checks import assert_each_event_once, event_log
+from testkit.docker_support import TEST_IMAGE, require_docker
+from testkit.live import new_session, register, result, rpc, session_state, terminal
+from testkit.stack import mock_provider_toml
 
 SANDBOX_SERVICE = "baeproto.v1.Sandbox"
 

@@ -21,10 +21,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bae.common.grpcutil import channel
 from bae.common.internal import InternalPlane
-from checks import assert_each_event_once, assert_no_container_left, event_log
-from conftest import launch_stack, mock_provider_toml
-from docker_support import TEST_IMAGE, require_docker
-from live import join, new_session, register, result, rpc, session_state, types
+from testkit.checks import assert_each_event_once, assert_no_container_left, event_log
+from testkit.docker_support import TEST_IMAGE, require_docker
+from testkit.live import join, new_session, register, result, rpc, session_state, types
+from testkit.stack import launch_stack, mock_provider_toml
 
 INTERVAL = 1  # seconds between pings
 IDLE = 10 * INTERVAL  # far past the third ping

@@ -20,11 +20,10 @@ import pytest
 
 from bae.common.internal import InternalPlane
 from bae.common.protos import session_pb2, session_pb2_grpc
-
-from checks import assert_each_event_once, event_log, wait_until
-from conftest import mock_provider_toml
-from live import join, new_session, notifications, register, result, rpc, send
-from mockllm import Reply
+from testkit.checks import assert_each_event_once, event_log, wait_until
+from testkit.live import join, new_session, notifications, register, result, rpc, send
+from testkit.mockllm import Reply
+from testkit.stack import mock_provider_toml
 
 TOKEN = "sk-test-secret-token-123456"
 NOTICES = ("revoked_key", "subscriptions_ended")

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from checks import assert_history_kept, assert_no_container_left, event_log
-from conftest import mock_provider_toml
-from live import declared, register, result, send, session_state, types
-from mockllm import Reply
+from testkit.checks import assert_history_kept, assert_no_container_left, event_log
+from testkit.live import declared, register, result, send, session_state, types
+from testkit.mockllm import Reply
+from testkit.stack import mock_provider_toml
 
 TOKEN = "sk-test-secret-token-123456"
 # The events of a turn that resumes the two-call pause: its message, one result per call, one provider call.

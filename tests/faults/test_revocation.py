@@ -17,13 +17,12 @@ from typing import Iterator
 
 import pytest
 
-from checks import (
+from testkit.checks import (
     assert_each_event_once, assert_history_kept, assert_no_container_left, event_log, wait_for_log, wait_until,
 )
-from conftest import mock_provider_toml
-from live import declared, notifications, register, result, send, session_state, types
-from mockllm import Reply
-from test_sigterm import turn_in_background
+from testkit.live import declared, notifications, register, result, send, session_state, turn_in_background, types
+from testkit.mockllm import Reply
+from testkit.stack import mock_provider_toml
 
 TOKEN = "sk-test-secret-token-123456"
 TURN = ["client.message.send", "provider.request", "provider.response", "server.message.send"]

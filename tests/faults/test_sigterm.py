@@ -10,13 +10,12 @@ step stream without waiting out its budget.
 
 from __future__ import annotations
 
-import threading
 import time
 
-from checks import assert_history_kept, assert_no_container_left, event_log
-from conftest import mock_provider_toml
-from live import new_session, register, result, send, session_state, types
-from mockllm import Reply
+from testkit.checks import assert_history_kept, assert_no_container_left, event_log
+from testkit.live import new_session, register, result, send, session_state, turn_in_background, types
+from testkit.mockllm import Reply
+from testkit.stack import mock_provider_toml
 
 TOKEN = "sk-test-secret-token-123456"
 
@@ -30,20 +29,6 @@ def wait_for_event(stack, sid, skey, event_type, timeout=10.0):
             return
         time.sleep(0.05)
     raise AssertionError(f"{event_type} was not recorded within {timeout}s")
-
-
-def turn_in_background(stack, sid, skey, text):
-    outcome: dict = {}
-
-    def run():
-        try:
-            outcome["frames"] = send(stack, sid, skey, text)
-        except Exception as exc:  # the stream may be cut when the service stops
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, outcome
 
 
 def turn_in_flight(start_stack, mock, *, shutdown_timeout: str, hang: float):

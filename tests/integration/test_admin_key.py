@@ -14,8 +14,8 @@ from argon2 import PasswordHasher
 
 from bae.common.ids import new_token, token_digest
 from bae.launcher.stack import ROOT
-from conftest import stack_env
-from test_admin_api import Service, problem_of
+from testkit.session_service import Service, problem_of
+from testkit.stack import stack_env
 
 
 def run_session(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:

@@ -10,10 +10,10 @@ from sqlalchemy import update
 
 from bae.common.errors import Problem
 from bae.common.protos import session_pb2
-from conftest import database_url_of
 from services.session.store import Store
 from services.session.store.schema import profiles
-from test_admin_api import Service, problem_of, profile_body
+from testkit.session_service import Service, problem_of, profile_body
+from testkit.stack import database_url_of
 
 
 class Env:

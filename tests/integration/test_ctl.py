@@ -16,8 +16,9 @@ from typing import Iterator
 import pytest
 
 from bae.launcher.stack import Stack
-from conftest import ROOT, RunningStack, launch_stack, mock_provider_toml, stack_env
-from processes import service_env
+from testkit import ROOT
+from testkit.processes import service_env
+from testkit.stack import RunningStack, launch_stack, mock_provider_toml, stack_env
 
 CONFIG = mock_provider_toml("http://127.0.0.1:9") + mock_provider_toml(
     "http://127.0.0.1:9", name="another", kind="openai") + """

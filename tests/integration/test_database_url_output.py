@@ -11,9 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, free_port, stack_env
-from postgres_support import SUPERUSER, PostgresServer, postgres, postgres_url  # noqa: F401 - fixtures
-from processes import service_env
+from testkit import ROOT
+from testkit.ports import free_port
+from testkit.postgres_support import SUPERUSER, PostgresServer, postgres, postgres_url  # noqa: F401 - fixtures
+from testkit.processes import service_env
+from testkit.stack import stack_env
 
 PASSWORD = "pw-0f9c1e7d2b"
 

@@ -14,7 +14,9 @@ import pytest
 
 from bae.client import ApiError, Client, RpcError, ToolDef
 from bae.launcher.stack import demo_config
-from conftest import ROOT, RunningStack, free_port, launch_stack, stack_env
+from testkit import ROOT
+from testkit.ports import free_port
+from testkit.stack import RunningStack, launch_stack, stack_env
 
 TIME = ToolDef("get_current_time", "The current time")
 

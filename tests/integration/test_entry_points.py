@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from conftest import ROOT
-from processes import service_env
+from testkit import ROOT
+from testkit.processes import service_env
 
 VERSION = "bae 0.1.0 (api v1)\n"
 

@@ -24,12 +24,12 @@ from bae.common.grpcutil import MAX_CARRIED_BYTES
 from bae.common.grpcutil import channel as internal_channel
 from bae.common.protos import session_pb2, session_pb2_grpc
 from bae.launcher.stack import grpc_serving
-from conftest import mock_provider_toml
-from live import new_session, register, rpc, send
-from mockllm import Reply
-from processes import TEST_PLANE
-from race_holds import RaceHolds
 from services.gateway.exchange import ExchangeChannel
+from testkit.live import new_session, register, rpc, send
+from testkit.mockllm import Reply
+from testkit.processes import TEST_PLANE
+from testkit.race_holds import RaceHolds
+from testkit.stack import mock_provider_toml
 
 TOKEN = "sk-test-secret-token-123456"
 

@@ -25,8 +25,9 @@ from google.protobuf.message_factory import GetMessageClass
 
 from bae.common.errors import PROBLEM_TRAILER, Problem, unauthorized
 from bae.common.protos import session_pb2, session_pb2_grpc
-from conftest import ROOT, free_port
-from processes import ServiceProcess, service_env
+from testkit import ROOT
+from testkit.ports import free_port
+from testkit.processes import ServiceProcess, service_env
 
 GOOD = "Bearer good"
 RpcError = session_pb2.RpcError

@@ -13,12 +13,12 @@ import httpx
 import pytest
 
 from bae.common.settings import DEFAULT_MAX_BODY_BYTES, load_settings
-from conftest import launch_stack, mock_provider_toml
-from docker_support import TEST_IMAGE, SandboxHostProcess, require_docker
-from live import new_session, register, result, rpc, send, session_state, terminal
-from mockllm import Reply
-from processes import TEST_PLANE
 from services.session.remote.sandbox_pool import SandboxError, SandboxHandle, SandboxPool
+from testkit.docker_support import TEST_IMAGE, SandboxHostProcess, require_docker
+from testkit.live import new_session, register, result, rpc, send, session_state, terminal
+from testkit.mockllm import Reply
+from testkit.processes import TEST_PLANE
+from testkit.stack import launch_stack, mock_provider_toml
 
 LIMIT = 1024 * 1024  # the stack's BAE_MAX_BODY_BYTES
 

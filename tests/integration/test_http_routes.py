@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import mock_provider_toml
+from testkit.stack import mock_provider_toml
 
 
 def test_every_route_answers_through_the_gateway(start_stack):

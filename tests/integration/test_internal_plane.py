@@ -17,7 +17,9 @@ from bae.common.errors import Problem
 from bae.common.internal import TOKEN_METADATA, InternalPlane
 from bae.common.protos import runner_pb2, runner_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc, session_pb2, session_pb2_grpc
 from bae.launcher.stack import Stack
-from conftest import ROOT, free_port, launch_stack, stack_env
+from testkit import ROOT
+from testkit.ports import free_port
+from testkit.stack import launch_stack, stack_env
 
 WRONG = secrets.token_hex(32)
 

@@ -14,10 +14,10 @@ import threading
 import httpx
 import pytest
 
-from conftest import launch_stack, mock_provider_toml
-from live import new_session, notifications, register, rpc
-from mockllm import Reply
-from race_holds import RaceHolds
+from testkit.live import new_session, notifications, register, rpc
+from testkit.mockllm import Reply
+from testkit.race_holds import RaceHolds
+from testkit.stack import launch_stack, mock_provider_toml
 
 TOKEN = "sk-test-secret-token-123456"
 CLOSED = {"code": -32000, "message": "session is closed, not open"}

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from conftest import mock_provider_toml
-from live import declared, notifications, register, result, rpc, send, session_state, terminal, types
-from mockllm import Reply
+from testkit.live import declared, notifications, register, result, rpc, send, session_state, terminal, types
+from testkit.mockllm import Reply
+from testkit.stack import mock_provider_toml
 
 TOKEN = "sk-test-secret-token-123456"
 PREAMBLE = "The earlier part of this conversation was compacted. A summary follows."
@@ -17,7 +17,7 @@ PREAMBLE = "The earlier part of this conversation was compacted. A summary follo
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory, mock):
-    from conftest import launch_stack
+    from testkit.stack import launch_stack
 
     toml = mock_provider_toml(mock.base_url) + mock_provider_toml(mock.base_url, name="gpt", kind="openai")
     stack = launch_stack(tmp_path_factory.mktemp("compaction"), toml, MOCK_LLM_TOKEN=TOKEN, BAE_TURN_TIMEOUT="1")

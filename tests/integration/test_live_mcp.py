@@ -17,11 +17,11 @@ from typing import Iterator
 import httpx
 import pytest
 
-from conftest import RunningStack, launch_stack, mock_provider_toml
-import live
-from live import at, notifications, payloads, result, types
-from mcp_support import TOOLS_SERVER, http_tools_server, live_children, pid_alive
-from mockllm import MockLLM, Reply
+from testkit import live
+from testkit.live import at, notifications, payloads, result, types
+from testkit.mcp_support import TOOLS_SERVER, http_tools_server, live_children, pid_alive
+from testkit.mockllm import MockLLM, Reply
+from testkit.stack import RunningStack, launch_stack, mock_provider_toml
 
 PYTHON = sys.executable
 TOOL_NAMES = ["echo", "fail", "sleep", "request_header", "argv", "handshake", "environment"]

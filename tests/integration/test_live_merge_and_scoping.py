@@ -18,9 +18,9 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from conftest import RunningStack, launch_stack, mock_provider_toml
-from live import at, declared, notifications, payloads, result, rpc, session_state, terminal, types
-from mockllm import Reply
+from testkit.live import at, declared, notifications, payloads, result, rpc, session_state, terminal, types
+from testkit.mockllm import Reply
+from testkit.stack import RunningStack, launch_stack, mock_provider_toml
 
 TOKEN = "sk-test-secret-token-merge"
 ABANDONED = "Client tool call was abandoned before returning a result."

@@ -11,19 +11,20 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from conftest import free_port, mock_provider_toml
-from docker_support import (
+from testkit.docker_support import (
     TEST_IMAGE,
     SandboxHostProcess,
-    containers_with,
     docker_client,
     docker_skip_reason,
     require_docker,
     sandboxes_of_hosts,
     stack_with_sandbox_hosts,
 )
-from live import result, rpc, terminal, types
-from mockllm import Reply
+from testkit.live import types
+from testkit.mockllm import Reply
+from testkit.ports import free_port
+from testkit.sandboxes import Driver, typed_payloads, wait_provisioned
+from testkit.stack import mock_provider_toml
 
 # Every sandbox host started here has an id with this prefix, so this module's containers are findable.
 RUN = f"test-live-sandbox-{uuid.uuid4().hex[:8]}"
@@ -87,64 +88,6 @@ def shared(mock, tmp_path_factory):
 def stack(shared, mock):
     mock.reset()
     return shared
-
-
-class Driver:
-    """One client key's session, registered or not, with shorthand for its calls."""
-
-    def __init__(self, stack, profile: dict, **session) -> None:
-        self.stack = stack
-        self.profile = profile
-        key = stack.create_key(profile["id"])["key"]
-        opened = stack.open_session(key, **session)
-        self.sid, self.skey = opened["session_id"], opened["session_key"]
-
-    def call(self, method: str, params: dict | None = None) -> list[dict]:
-        return rpc(self.stack.client, self.sid, self.skey, method, params)
-
-    def ok(self, method: str, params: dict | None = None) -> dict:
-        return result(self.call(method, params))
-
-    def error(self, method: str, params: dict | None = None) -> dict:
-        return terminal(self.call(method, params))["error"]
-
-    def register(self) -> "Driver":
-        assert self.ok("session.registerDriver") == {"registered": True}
-        return self
-
-    def events(self) -> list[dict]:
-        reply = self.stack.client.get(
-            f"/api/v1/sessions/{self.sid}/events", params={"limit": 500}, headers={"Authorization": f"Bearer {self.skey}"}
-        )
-        assert reply.status_code == 200, reply.text
-        return reply.json()["items"]
-
-    def events_after(self, count: int) -> list[dict]:
-        return self.events()[count:]
-
-    def containers(self) -> list:
-        return containers_with(f"bae.session_id={self.sid}")
-
-    def close(self) -> None:
-        closed = self.stack.client.delete(f"/api/v1/sessions/{self.sid}", headers={"Authorization": f"Bearer {self.skey}"})
-        assert closed.status_code == 200, closed.text
-
-
-def payloads(events: list[dict]) -> list[tuple[str, dict]]:
-    return [(e["event_type"], e["payload"]) for e in events]
-
-
-def wait_provisioned(stack, timeout: float = 30.0) -> list[dict]:
-    """GET /admin/v1/sandbox-status until no image is pending; returns its items."""
-    deadline = time.monotonic() + timeout
-    while True:
-        reply = stack.admin.get("/admin/v1/sandbox-status")
-        assert reply.status_code == 200, reply.text
-        items = reply.json()["items"]
-        if all(image["status"] != "pending" for item in items for image in item["images"]):
-            return items
-        assert time.monotonic() < deadline, items
-        time.sleep(0.1)
 
 
 def test_every_sandbox_method_requires_a_registered_driver(stack):
@@ -225,7 +168,7 @@ def test_remote_lifecycle_events_results_and_refusals(stack):
     started = driver.ok("session.startRemoteSandbox", {"image": TEST_IMAGE})
     sandbox_id = started["sandbox_id"]
     events = driver.events_after(before)
-    assert payloads(events) == [
+    assert typed_payloads(events) == [
         ("session.sandbox.start", {"image": TEST_IMAGE, "dispatch": "remote"}),
         ("session.sandbox.running",
          {"image": TEST_IMAGE, "sandbox_id": sandbox_id, "dispatch": "remote", "unsandboxed": False}),
@@ -250,7 +193,7 @@ def test_remote_lifecycle_events_results_and_refusals(stack):
     stopped = driver.ok("session.stopRemoteSandbox")
     assert stopped == {"stopped": True, "image": TEST_IMAGE, "sandbox_id": sandbox_id}
     stop = {"image": TEST_IMAGE, "sandbox_id": sandbox_id, "reason": "explicit", "dispatch": "remote"}
-    assert payloads(driver.events_after(before + 2)) == [
+    assert typed_payloads(driver.events_after(before + 2)) == [
         ("session.sandbox.stop", stop),
         ("session.sandbox.stopped", {**stop, "unsandboxed": False}),
     ]
@@ -277,7 +220,7 @@ def test_auto_dispatch_renders_output_and_close_stops_the_sandbox(stack, mock):
         "sandbox.request", "sandbox.response", "tool.result",
         "provider.request", "provider.response", "server.message.send",
     ]
-    dispatched = payloads(outcome["events"][5:11])
+    dispatched = typed_payloads(outcome["events"][5:11])
     rendered = "hi\n[stderr]\noops\n[exit_code: 2]"
     missing = "sandbox tool 'sh' input is missing the required string \"command\""
     assert dispatched == [
@@ -302,7 +245,7 @@ def test_auto_dispatch_renders_output_and_close_stops_the_sandbox(stack, mock):
     stop = {"image": TEST_IMAGE, "sandbox_id": sandbox_id, "reason": "session_close", "dispatch": "remote"}
     closing = driver.events()[-3:]
     assert types(closing) == ["session.close", "session.sandbox.stop", "session.sandbox.stopped"]
-    assert payloads(closing[1:]) == [("session.sandbox.stop", stop), ("session.sandbox.stopped", {**stop, "unsandboxed": False})]
+    assert typed_payloads(closing[1:]) == [("session.sandbox.stop", stop), ("session.sandbox.stopped", {**stop, "unsandboxed": False})]
 
 
 def test_a_subscriber_sees_the_close_and_the_sandbox_stop_before_its_stream_ends(stack):
@@ -336,7 +279,7 @@ def test_a_subscriber_sees_the_close_and_the_sandbox_stop_before_its_stream_ends
         watching.result(timeout=30)  # the stream ends after the close
     closing = [event for event in seen if event["event_type"].startswith(("session.close", "session.sandbox"))]
     stop = {"image": TEST_IMAGE, "sandbox_id": sandbox_id, "reason": "session_close", "dispatch": "remote"}
-    assert payloads(closing) == [
+    assert typed_payloads(closing) == [
         ("session.close", {"reason": "client_close"}),
         ("session.sandbox.stop", stop),
         ("session.sandbox.stopped", {**stop, "unsandboxed": False}),
@@ -353,7 +296,7 @@ def test_auto_dispatch_without_a_sandbox_is_an_error_result(stack, mock):
         "client.message.send", "provider.request", "provider.response", "tool.call", "sandbox.request",
         "sandbox.response", "tool.result", "provider.request", "provider.response", "server.message.send",
     ]
-    assert payloads(outcome["events"][4:7]) == [
+    assert typed_payloads(outcome["events"][4:7]) == [
         ("sandbox.request", {"tool": "sh", "input": {"command": "echo hi"}, "command": "echo hi"}),
         ("sandbox.response", {"sandbox_id": None, "ok": False, "error": NO_SANDBOX_FOR_SH}),
         ("tool.result", {"tool_use_id": "tu_1", "dispatch": "sandbox", "server_name": None, "is_error": True,
@@ -421,7 +364,7 @@ def test_report_local_sandbox_maps_states_without_an_allowlist(stack):
     events = driver.events_after(before)
     assert {e["client_key_id"] for e in events} == {actor}
     local = {"dispatch": "local", "unsandboxed": False, "container_id": None, "detail": None}
-    assert payloads(events) == [
+    assert typed_payloads(events) == [
         ("session.sandbox.running", {**local, "image": "never-declared:7", "container_id": "c0ffee"}),
         ("session.sandbox.error", {**local, "image": "never-declared:7", "container_id": "c0ffee", "detail": "oom"}),
         ("session.sandbox.stopped", {**local, "image": "never-declared:7"}),
@@ -457,7 +400,7 @@ def test_the_hosts_output_limit_and_exec_timeout_reach_clients(start_stack, mock
     mock.enqueue(Reply.tool_use([("tu_1", "sh", {"command": flood})]), Reply.text("seen"))
     outcome = driver.ok("session.sendMessage", {"message": {"content": "flood"}})
     rendered = capped["stdout"] + "[stderr]\n" + capped["stderr"]
-    assert payloads(outcome["events"][4:7]) == [
+    assert typed_payloads(outcome["events"][4:7]) == [
         ("sandbox.request", {"tool": "sh", "input": {"command": flood}, "command": flood}),
         ("sandbox.response", {"sandbox_id": sandbox_id, "ok": True, "result": capped}),
         ("tool.result", {"tool_use_id": "tu_1", "dispatch": "sandbox", "server_name": None, "is_error": False,
@@ -475,12 +418,12 @@ def test_the_hosts_output_limit_and_exec_timeout_reach_clients(start_stack, mock
     assert driver.error("session.execRemoteSandbox", {"command": "sleep 30"}) == {
         "code": -32000, "message": f"sandbox exec failed: {timed_out}"}
     assert 2 <= time.monotonic() - began < 20
-    assert payloads(driver.events_after(before)) == [error_event]
+    assert typed_payloads(driver.events_after(before)) == [error_event]
     assert_no_process(driver, "sleep 30")  # killed at the timeout, not left running
 
     mock.enqueue(Reply.tool_use([("tu_2", "sh", {"command": "sleep 31"})]), Reply.text("too slow"))
     outcome = driver.ok("session.sendMessage", {"message": {"content": "wait"}})
-    assert payloads(outcome["events"][4:8]) == [
+    assert typed_payloads(outcome["events"][4:8]) == [
         ("sandbox.request", {"tool": "sh", "input": {"command": "sleep 31"}, "command": "sleep 31"}),
         error_event,
         ("sandbox.response", {"sandbox_id": sandbox_id, "ok": False, "error": timed_out}),

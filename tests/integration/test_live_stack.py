@@ -15,10 +15,9 @@ import pytest
 
 from bae.common.internal import InternalPlane
 from bae.common.protos import session_pb2, session_pb2_grpc
-
-from conftest import launch_stack, mock_provider_toml
-from live import join, new_session, notifications, register, result, rpc, send, session_state, types
-from mockllm import MockLLM, Reply
+from testkit.live import join, new_session, notifications, register, result, rpc, send, session_state, types
+from testkit.mockllm import MockLLM, Reply
+from testkit.stack import launch_stack, mock_provider_toml
 
 TOKEN = "sk-test-secret-token-123456"
 LAGGED = {"jsonrpc": "2.0", "error": {"code": -32000, "message": "lagged; reconnect with since_event_id"}}

@@ -10,9 +10,9 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from conftest import mock_provider_toml
-from live import at, join, new_session, notifications, register, result, rpc, send, terminal, types
-from mockllm import Reply
+from testkit.live import at, join, new_session, notifications, register, result, rpc, send, terminal, types
+from testkit.mockllm import Reply
+from testkit.stack import mock_provider_toml
 
 TOKEN = "sk-test-secret-token-123456"
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import mock_provider_toml
-from live import new_session, register, result, rpc, terminal
+from testkit.live import new_session, register, result, rpc, terminal
+from testkit.stack import mock_provider_toml
 
 TOKEN = "sk-test-secret-token-123456"
 
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory, mock):
-    from conftest import launch_stack
+    from testkit.stack import launch_stack
 
     stack = launch_stack(tmp_path_factory.mktemp("local-subagents"), mock_provider_toml(mock.base_url),
                          MOCK_LLM_TOKEN=TOKEN)

@@ -15,9 +15,9 @@ from typing import Iterator
 import pytest
 
 from bae.common.config import Config, McpServer
-from conftest import free_port
-from mcp_support import TOOLS_SERVER, http_tools_server, live_children, pid_alive
 from services.session.remote.mcp import McpSessionConnections
+from testkit.mcp_support import TOOLS_SERVER, http_tools_server, live_children, pid_alive
+from testkit.ports import free_port
 
 PYTHON = sys.executable
 NOT_FOUND = "configured MCP server not found in bae-config.toml; skipping"

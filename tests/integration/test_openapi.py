@@ -9,9 +9,9 @@ import httpx
 import pytest
 from jsonschema import Draft202012Validator
 
-from conftest import RunningStack, launch_stack, mock_provider_toml
-from routes import served_routes
 from services.gateway import app, openapi
+from testkit.routes import served_routes
+from testkit.stack import RunningStack, launch_stack, mock_provider_toml
 
 DOCUMENTS = {"client": json.loads(openapi.CLIENT_DOCUMENT), "admin": json.loads(openapi.ADMIN_DOCUMENT)}
 HTTP_METHODS = {"get", "put", "post", "delete", "patch"}

@@ -23,11 +23,13 @@ import asyncpg
 import httpx
 import pytest
 
-from conftest import ROOT, consecutive_ports, free_port, mock_provider_toml
-from docker_support import TEST_IMAGE, require_docker, sandboxes_of_hosts, stack_with_sandbox_hosts
-from live import declared, join, new_session, register, result, rpc, send, types
-from mockllm import Reply
-from postgres_support import postgres, postgres_url  # noqa: F401 - fixtures
+from testkit import ROOT
+from testkit.docker_support import TEST_IMAGE, require_docker, sandboxes_of_hosts, stack_with_sandbox_hosts
+from testkit.live import declared, join, new_session, register, result, rpc, send, turn_in_background, types
+from testkit.mockllm import Reply
+from testkit.ports import consecutive_ports, free_port
+from testkit.postgres_support import postgres, postgres_url  # noqa: F401 - fixtures
+from testkit.stack import mock_provider_toml
 
 TOKEN = "sk-test-secret-token-123456"
 LEASE_SECONDS = 2
@@ -38,20 +40,6 @@ def event_log(stack, sid: str, skey: str) -> list[dict]:
                             headers={"Authorization": f"Bearer {skey}"})
     assert page.status_code == 200, page.text
     return page.json()["items"]
-
-
-def turn_in_background(stack, sid: str, skey: str, text: str) -> tuple[threading.Thread, dict]:
-    outcome: dict = {}
-
-    def run() -> None:
-        try:
-            outcome["frames"] = send(stack, sid, skey, text)
-        except Exception as exc:  # the stream is cut when its replica dies
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, outcome
 
 
 @pytest.fixture
@@ -332,7 +320,7 @@ def children(pid: int) -> dict[int, str]:
 
 
 def test_bae_run_restarts_a_replica_that_dies(tmp_path, mock, postgres_url):  # noqa: F811 - the fixture
-    from conftest import stack_env
+    from testkit.stack import stack_env
 
     port = consecutive_ports(2)
     config = tmp_path / "bae-config.toml"

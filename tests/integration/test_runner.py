@@ -17,10 +17,11 @@ import pytest
 
 from bae.common.grpcutil import channel as internal_channel
 from bae.common.protos import runner_pb2, runner_pb2_grpc
-from conftest import free_port, mock_provider_toml
-from mockllm import MockLLM, Reply
-from processes import TEST_PLANE, ServiceProcess, service_env
 from services.session.remote.runner import MAX_STEP_REQUEST_BYTES, RunnerClient, RunnerUnreachable, StepMessages
+from testkit.mockllm import MockLLM, Reply
+from testkit.ports import free_port
+from testkit.processes import TEST_PLANE, ServiceProcess, service_env
+from testkit.stack import mock_provider_toml
 
 TOKEN = "sk-test-" + secrets.token_hex(12)
 REDACTED = "\u2022" * 8

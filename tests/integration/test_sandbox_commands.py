@@ -11,8 +11,8 @@ import pytest
 
 from bae.common.grpcutil import channel as internal_channel
 from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
-from docker_support import TEST_IMAGE, SandboxHostProcess, containers_with, docker_client, require_docker
-from processes import TEST_PLANE, PeakRss
+from testkit.docker_support import TEST_IMAGE, SandboxHostProcess, containers_with, docker_client, require_docker
+from testkit.processes import TEST_PLANE, PeakRss
 
 State = sandbox_pb2.CommandStatus.State
 MIB = 1024 * 1024

@@ -13,12 +13,12 @@ import uuid
 import grpc
 import pytest
 
-from docker_support import TEST_IMAGE, containers_with, docker_client, require_docker
 from services.sandbox.config import SandboxConfig
 from services.sandbox.docker_driver import DockerDriver
-from services.sandbox.driver import SandboxFailure
 from services.sandbox.docker_socket import unix_socket_path
+from services.sandbox.driver import SandboxFailure
 from services.sandbox.resident_shell import ResidentShell, ResidentShells
+from testkit.docker_support import TEST_IMAGE, containers_with, docker_client, require_docker
 
 LIMIT = 64
 KILL_SHELLS = "ps -o pid,args | grep '[b]ae resident shell' | while read pid rest; do kill -9 $pid; done"

@@ -10,12 +10,11 @@ import pytest
 
 from bae.common.grpcutil import channel as internal_channel
 from bae.common.protos import sandbox_pb2_grpc
-from conftest import mock_provider_toml
-from docker_support import TEST_IMAGE, containers_with, docker_client, require_docker
-from processes import TEST_PLANE
 from services.sandbox.docker_driver import SHELL_CAPABILITIES
-from test_live_sandbox import Driver, payloads, wait_provisioned
-from test_sandbox_service import image_refusals
+from testkit.docker_support import TEST_IMAGE, containers_with, docker_client, require_docker
+from testkit.processes import TEST_PLANE
+from testkit.sandboxes import Driver, image_refusals, typed_payloads, wait_provisioned
+from testkit.stack import mock_provider_toml
 
 
 def isolation_stack(start_stack, mock, **env: str):
@@ -69,9 +68,9 @@ def test_an_unused_sandbox_is_stopped_after_the_idle_lifetime(idle_stack):
     sandbox_id = started["sandbox_id"]
     # A command that runs past the lifetime keeps the sandbox in use: it is not stopped under it.
     assert driver.ok("session.execRemoteSandbox", {"command": "sleep 3; echo done"})["stdout"] == "done\n"
-    assert "session.sandbox.stop" not in [kind for kind, _ in payloads(driver.events())]
+    assert "session.sandbox.stop" not in [kind for kind, _ in typed_payloads(driver.events())]
 
-    stopped = wait_for(lambda: [p for kind, p in payloads(driver.events()) if kind == "session.sandbox.stopped"])
+    stopped = wait_for(lambda: [p for kind, p in typed_payloads(driver.events()) if kind == "session.sandbox.stopped"])
     stop = {"image": TEST_IMAGE, "sandbox_id": sandbox_id, "reason": "idle_timeout", "dispatch": "remote"}
     tail = [(e["event_type"], e["payload"], e["client_key_id"]) for e in driver.events()[-2:]]
     assert tail == [

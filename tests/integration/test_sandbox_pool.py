@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
-from docker_support import TEST_IMAGE, SandboxHostProcess, containers_with, require_docker
-from processes import TEST_PLANE
 from services.session.remote.sandbox_pool import ExecResult, SandboxError, SandboxPool
+from testkit.docker_support import TEST_IMAGE, SandboxHostProcess, containers_with, require_docker
+from testkit.processes import TEST_PLANE
 
 TEST_PROFILE = "pro_tests"
 

@@ -13,18 +13,19 @@ import pytest
 
 from bae.common.grpcutil import channel as internal_channel
 from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
-from conftest import ROOT
-from processes import TEST_PLANE
 from services.sandbox.docker_driver import SHELL_CAPABILITIES
-from docker_support import start_host  # noqa: F401 - the fixture
-from docker_support import (
+from testkit import ROOT
+from testkit.docker_support import (
     TEST_IMAGE,
     SandboxHostProcess,
     containers_with,
     docker_client,
     remove_containers,
     require_docker,
+    start_host,  # noqa: F401 - the fixture
 )
+from testkit.processes import TEST_PLANE
+from testkit.sandboxes import image_refusals
 
 
 @pytest.fixture
@@ -213,17 +214,6 @@ async def test_a_named_network(start_host):  # noqa: F811 - the fixture
     finally:
         network.remove()
         client.close()
-
-
-async def image_refusals(stub, image: str) -> list[grpc.aio.AioRpcError]:
-    """How the host refuses both EnsureImage and Start of `image` (each must fail)."""
-    errors = []
-    for call in (stub.EnsureImage(sandbox_pb2.EnsureImageRequest(image=image), timeout=10),
-                 stub.Start(sandbox_pb2.StartRequest(session_id="ses_refused", image=image), timeout=10)):
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await call
-        errors.append(caught.value)
-    return errors
 
 
 async def test_only_allowed_images_are_pulled_or_started(start_host, host):  # noqa: F811 - the fixture

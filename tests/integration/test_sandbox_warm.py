@@ -15,17 +15,17 @@ import pytest
 
 from bae.common.grpcutil import channel as internal_channel
 from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
-from docker_support import start_host  # noqa: F401 - the fixture
-from docker_support import (
+from testkit.docker_support import (
     TEST_IMAGE,
     SandboxHostProcess,
     containers_with,
     docker_client,
     require_docker,
     stack_with_sandbox_hosts,
+    start_host,  # noqa: F401 - the fixture
 )
-from live import result, rpc
-from processes import TEST_PLANE
+from testkit.live import result, rpc
+from testkit.processes import TEST_PLANE
 
 MISSING_IMAGE = "bae-no-such-image:1"
 # What makes two containers the same sandbox: everything the host sets but the session label.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from conftest import launch_stack
+from testkit.stack import launch_stack
 from fixtures.make_store_0e5055c import ADMIN, SESSION
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "store-0e5055c.db"

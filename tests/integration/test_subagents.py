@@ -17,16 +17,16 @@ import grpc
 import pytest
 
 from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
-from conftest import mock_provider_toml
-from docker_support import (
+from testkit.docker_support import (
     containers_with,
     docker_client,
     ensure_harness_image,
     require_docker,
     stack_with_sandbox_hosts,
 )
-from live import at, result, rpc, terminal, types
-from mockllm import Reply
+from testkit.live import at, result, rpc, terminal, types
+from testkit.mockllm import Reply
+from testkit.stack import mock_provider_toml
 
 RUN = f"test-subagents-{uuid.uuid4().hex[:8]}"
 _stacks = itertools.count()

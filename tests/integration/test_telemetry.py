@@ -18,15 +18,15 @@ from typing import Callable, Iterator
 
 import httpx
 import pytest
-
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
-from conftest import RunningStack, free_port, launch_stack, mock_provider_toml
-from docker_support import TEST_IMAGE, ensure_harness_image, require_docker
-from live import declared, join, new_session, register, result, rpc, send
-from mcp_support import TOOLS_SERVER, http_tools_server
-from mockllm import MockLLM, Reply
-from otlp_receiver import OtlpReceiver, Point, ReceivedSpan
+from testkit.docker_support import TEST_IMAGE, ensure_harness_image, require_docker
+from testkit.live import declared, join, new_session, register, result, rpc, send
+from testkit.mcp_support import TOOLS_SERVER, http_tools_server
+from testkit.mockllm import MockLLM, Reply
+from testkit.otlp_receiver import OtlpReceiver, Point, ReceivedSpan
+from testkit.ports import free_port
+from testkit.stack import RunningStack, launch_stack, mock_provider_toml
 
 # Short export intervals: the SDK's own variables, which the server honours.
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_METRIC_EXPORT_INTERVAL": "300"}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from testkit import ROOT
 
 VERSION = "bae 0.1.0 (api v1)\n"
 SERVICES = ("gateway", "session", "runner", "sandbox")

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from routes import served_routes
 from services.gateway import app
 from services.gateway.envelope import STREAMING_METHODS, UNARY_METHODS
+from testkit.routes import served_routes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DOCS = ROOT / "docs"

@@ -8,7 +8,7 @@ import pytest
 
 from services.session.engine.ownership import NotOwner, Ownership
 from services.session.store import Store, sessions
-from postgres_support import store_url  # noqa: F401 - the fixture
+from testkit.postgres_support import store_url  # noqa: F401 - the fixture
 
 
 @pytest.fixture

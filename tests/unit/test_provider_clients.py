@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from mockllm import MockLLM, Reply
 from services.runner.clients import ANTHROPIC, CLIENTS_PER_PROVIDER, REQUESTS_PER_CLIENT, ProviderClients
+from testkit.mockllm import MockLLM, Reply
 
 BODY = {"model": "mock-model", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 

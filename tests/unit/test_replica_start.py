@@ -8,7 +8,7 @@ from bae.common.ids import token_digest
 from services.session.api.admin_key import AdminKeyOptions, bootstrap_admin_key
 from services.session.store import Store
 from services.session.store import keys
-import postgres_support
+from testkit import postgres_support
 
 REPLICAS = 6
 # Each round starts from no active admin key again; without the lock most rounds make several.

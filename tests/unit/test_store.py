@@ -8,7 +8,6 @@ import json
 import pytest
 from sqlalchemy import create_engine, event, insert
 from sqlalchemy.exc import IntegrityError
-
 from sqlalchemy.util import await_only
 
 from bae.common.errors import Problem
@@ -17,7 +16,7 @@ from services.session.api import bodies
 from services.session.api.pagination import PageRequest, page_json, page_request
 from services.session.store import Store, access, events, keys, profiles, sessions
 from services.session.store.schema import session_events
-from postgres_support import store_url  # noqa: F401 - the fixture
+from testkit.postgres_support import store_url  # noqa: F401 - the fixture
 
 HEAD = "0003"
 

@@ -17,7 +17,7 @@ from bae.common.errors import UsageError
 from bae.common.settings import load_settings
 from services.session.store import Store, sessions
 from services.session.store.sqlite import WAL_AUTOCHECKPOINT_PAGES, StoreUnavailable
-import postgres_support
+from testkit import postgres_support
 
 
 def mode(path) -> int:

@@ -1,12 +1,13 @@
 """Helpers for driving the JSON-RPC/NDJSON endpoint in tests.
 
-`stack` arguments are conftest.RunningStack objects (anything with .client,
+`stack` arguments are testkit.stack.RunningStack objects (anything with .client,
 .admin, .create_profile, .create_key and .open_session).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import datetime
 from typing import Any
@@ -92,3 +93,18 @@ def send(stack, sid: str, skey: str, content) -> list[dict]:
 def session_state(stack, sid: str) -> str:
     listed = stack.admin.get("/admin/v1/sessions", params={"limit": 200}).json()["items"]
     return next(row["state"] for row in listed if row["id"] == sid)
+
+
+def turn_in_background(stack, sid: str, skey: str, text: str) -> tuple[threading.Thread, dict]:
+    """`send` on a thread of its own; its outcome gets "frames", or "error" when the call failed."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["frames"] = send(stack, sid, skey, text)
+        except Exception as exc:  # the stream is cut when the service (or the session's replica) stops
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome

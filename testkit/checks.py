@@ -6,7 +6,7 @@ import time
 from collections import Counter
 from typing import Callable
 
-from docker_support import docker_skip_reason, sandboxes_of_hosts
+from testkit.docker_support import docker_skip_reason, sandboxes_of_hosts
 
 
 def event_log(stack, sid: str, skey: str) -> list[dict]:

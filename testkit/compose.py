@@ -1,6 +1,7 @@
-"""What the compose tests share: a compose project driven from the host, and a client of its published port.
+"""What the compose tests (deploy/compose-test/) share: a compose project driven from the host, and a client
+of its published port.
 
-The tests run through `make compose-test` (run.sh), which builds the images and
+The tests run through `make compose-test` (deploy/compose-test/run.sh), which builds the images and
 sets the environment: the compose command (COMPOSE), the project name, the
 published ports of the gateway and of the mock LLM.
 """
@@ -12,15 +13,12 @@ import shlex
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import docker
 import httpx
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from live import result, rpc  # noqa: E402
+from testkit import ROOT
+from testkit.live import result, rpc
 
 MOCK_URL = f"http://127.0.0.1:{os.environ.get('BAE_E2E_MOCK_PORT', '9100')}"
 IMAGE = os.environ.get("BAE_TEST_IMAGE", "bae-busybox:test")

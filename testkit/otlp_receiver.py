@@ -6,7 +6,7 @@ OpenTelemetry proto definitions, recording every export request it is sent.
         spans = receiver.wait_spans(lambda spans: any(s.name == "bae.turn" for s in spans))
 
 Standalone (benchmarks, so decoding shares no interpreter with the load generator):
-`python tests/otlp_receiver.py --port 4317`.
+`python -m testkit.otlp_receiver --port 4317`.
 """
 
 from __future__ import annotations

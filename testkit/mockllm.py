@@ -11,7 +11,7 @@ fallback chain that mixes them):
         assert llm.requests[0]["headers"]["x-api-key"] == "sk-test"
 
 With an empty queue it answers the text "ok", so load tests need no scripting.
-Standalone (benchmarks): `python tests/mockllm.py --port 9100`.
+Standalone (benchmarks): `python -m testkit.mockllm --port 9100`.
 
 It is a raw ASGI app under uvicorn in a background thread: asyncio serves
 concurrent requests without a thread per request.

@@ -7,18 +7,20 @@ TEST_IMAGE from busybox-static); elsewhere the Docker tests skip with a reason.
 from __future__ import annotations
 
 import functools
-from contextlib import contextmanager
 import os
 import subprocess
 import tempfile
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from conftest import RunningStack, free_port, launch_stack, mock_provider_toml
-from processes import ServiceProcess, service_env
+from testkit import ROOT
+from testkit.ports import free_port
+from testkit.processes import ServiceProcess, service_env
+from testkit.stack import RunningStack, launch_stack, mock_provider_toml
 
 TEST_IMAGE = "bae-busybox:test"
 SETUP_HINT = "run `bash .ci/docker-setup.sh` as root to set Docker up"
@@ -133,7 +135,7 @@ class SandboxHostProcess(ServiceProcess):
 
 
 HARNESS_IMAGE = "bae-harness:test"
-HARNESS_SCRIPT = Path(__file__).parent / "harness" / "fake-harness"
+HARNESS_SCRIPT = ROOT / "tests" / "harness" / "fake-harness"
 
 
 def ensure_harness_image() -> str:

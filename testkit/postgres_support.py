@@ -7,7 +7,7 @@ gets a database of its own (`database_url`).
 
 No binaries: tests skip, unless BAE_REQUIRE_POSTGRES=1 makes that a failure.
 BAE_TEST_STORE=postgresql makes every stack the tests launch use PostgreSQL
-(conftest.stack_env).
+(testkit.stack.stack_env).
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from conftest import free_port
+from testkit import ROOT
+from testkit.ports import free_port
 
-TOOLS_SERVER = str(Path(__file__).resolve().parent / "mcp_servers" / "tools.py")
+TOOLS_SERVER = str(ROOT / "tests" / "mcp_servers" / "tools.py")
 
 
 def wait_for_port(port: int, process: subprocess.Popen, seconds: float = 15.0) -> None:

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from bae.common.internal import InternalPlane
-from bae.launcher.stack import ROOT, grpc_serving
-
+from bae.launcher.stack import grpc_serving
+from testkit import ROOT
 
 # The internal token of every service the tests start (unless a test sets its own),
 # and the plane a test's own gRPC channels use to reach them.

@@ -1,0 +1,12 @@
+"""What the tests and the benchmarks share: the scripted mock LLM, stacks of real service processes,
+PostgreSQL and Docker for tests, the MCP test server, an OTLP receiver and JSON-RPC helpers.
+
+Not shipped with the package: it runs from the repository root (pytest's `pythonpath`, or
+`python -m` from there). Importing the package itself loads nothing but this constant: the
+compose test mounts it into an image that has only the server's dependencies.
+"""
+
+from pathlib import Path
+
+# The repository.
+ROOT = Path(__file__).resolve().parent.parent
