@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 
-.PHONY: run demo test test-postgres lint protos venv bench clean compose-test
+.PHONY: run demo test test-fast test-postgres lint protos venv bench clean compose-test
 
 venv: $(STAMP)
 
@@ -32,13 +32,18 @@ demo: venv protos
 
 # The store, REST and turn tests again on PostgreSQL, on a server the tests start themselves
 # (testkit/postgres_support.py: the Debian postgresql package; skipped without it unless BAE_REQUIRE_POSTGRES=1).
-PG_TESTS := tests/unit/test_store.py tests/unit/test_store_durability.py \
+PG_TESTS := tests/unit/test_store.py tests/unit/test_session_bodies.py tests/unit/test_store_durability.py \
+	tests/unit/test_postgres_outage.py \
 	tests/integration/test_client_rest.py tests/integration/test_admin_api.py \
 	tests/integration/test_live_turns.py tests/integration/test_live_stack.py tests/engine
 
 test: venv protos
 	$(PY) -m pytest $(PYTEST_ARGS)
 	BAE_TEST_STORE=postgresql $(PY) -m pytest $(PYTEST_ARGS) $(PG_TESTS)
+
+# The unit tier alone (pytest -m unit): in-process tests, no child process, Docker or PostgreSQL server.
+test-fast: venv protos
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
 # The whole suite on PostgreSQL (every stack the tests launch gets a database of its own).
 test-postgres: venv protos

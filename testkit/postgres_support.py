@@ -174,9 +174,15 @@ def postgres_url(postgres: PostgresServer, request: pytest.FixtureRequest) -> st
     return postgres.database_url(request.node.nodeid)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+# The stores a store test runs on: a SQLite file, in this process (unit), and a database on the tests'
+# PostgreSQL server (postgres). A module runs each of its tests on both with
+#     pytestmark = pytest.mark.parametrize("store_url", STORES, indirect=True)
+STORES = [pytest.param("sqlite", marks=pytest.mark.unit), pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh database of each kind: a SQLite file, then a PostgreSQL database."""
+    """A fresh database of the kind the test is parametrized with (STORES)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/nested/bae.db"
     return server().database_url(request.node.nodeid)

@@ -1,7 +1,9 @@
-"""Shared fixtures: stacks of real service processes, and the mock LLM."""
+"""Shared fixtures: stacks of real service processes, the mock LLM, and the unit tier's guard."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 from pathlib import Path
 from typing import Iterator
 
@@ -34,3 +36,22 @@ def mock() -> Iterator[MockLLM]:
     llm = MockLLM().start()
     yield llm
     llm.stop()
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked unit runs in this process alone: starting a child process fails it.
+
+    pytest.fail raises an exception `except Exception` does not catch, so the code under test cannot
+    swallow it.
+    """
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        pytest.fail("a test marked unit started a child process: mark it with the tier it needs "
+                    "(stack, docker or postgres; see pyproject.toml)", pytrace=True)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", refuse)
+    monkeypatch.setattr(asyncio, "create_subprocess_shell", refuse)

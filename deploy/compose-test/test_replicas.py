@@ -21,6 +21,8 @@ import docker
 import httpx
 import pytest
 
+pytestmark = pytest.mark.compose
+
 if "BAE_E2E_PROJECT" not in os.environ:
     pytest.skip("run through `make compose-test`", allow_module_level=True)
 

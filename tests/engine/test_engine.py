@@ -30,6 +30,8 @@ from testkit.ports import free_port
 from testkit.processes import ServiceProcess, service_env
 from testkit.stack import mock_provider_toml, store_url
 
+pytestmark = [pytest.mark.engine, pytest.mark.stack]
+
 TOKEN = "mock-token-for-engine-tests"
 ACTOR = "key_driver"
 

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from testkit.checks import assert_history_kept, assert_no_container_left, count, event_log, wait_for_log, wait_until
 from testkit.live import new_session, register, result, send, session_state, turn_in_background, types
 from testkit.mockllm import Reply
 from testkit.stack import mock_provider_toml
+
+pytestmark = pytest.mark.stack
 
 TOKEN = "sk-test-secret-token-123456"
 

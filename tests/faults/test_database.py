@@ -22,6 +22,8 @@ from testkit.mockllm import Reply
 from testkit.postgres_support import sqlite_only
 from testkit.stack import mock_provider_toml
 
+pytestmark = pytest.mark.stack
+
 TOKEN = "sk-test-secret-token-123456"
 # Holds the write lock of the database named by argv[1] until its stdin closes.
 LOCKER = """

@@ -29,6 +29,8 @@ from testkit.docker_support import TEST_IMAGE, require_docker
 from testkit.live import new_session, register, result, rpc, session_state, terminal
 from testkit.stack import mock_provider_toml
 
+pytestmark = [pytest.mark.stack, pytest.mark.docker]
+
 SANDBOX_SERVICE = "baeproto.v1.Sandbox"
 
 

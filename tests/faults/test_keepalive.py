@@ -26,6 +26,8 @@ from testkit.docker_support import TEST_IMAGE, require_docker
 from testkit.live import join, new_session, register, result, rpc, session_state, types
 from testkit.stack import launch_stack, mock_provider_toml
 
+pytestmark = [pytest.mark.stack, pytest.mark.docker]
+
 INTERVAL = 1  # seconds between pings
 IDLE = 10 * INTERVAL  # far past the third ping
 

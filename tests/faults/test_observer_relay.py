@@ -25,6 +25,8 @@ from testkit.live import join, new_session, notifications, register, result, rpc
 from testkit.mockllm import Reply
 from testkit.stack import mock_provider_toml
 
+pytestmark = pytest.mark.stack
+
 TOKEN = "sk-test-secret-token-123456"
 NOTICES = ("revoked_key", "subscriptions_ended")
 

@@ -19,6 +19,8 @@ from testkit.live import declared, register, result, send, session_state, types
 from testkit.mockllm import Reply
 from testkit.stack import mock_provider_toml
 
+pytestmark = pytest.mark.stack
+
 TOKEN = "sk-test-secret-token-123456"
 # The events of a turn that resumes the two-call pause: its message, one result per call, one provider call.
 RESUMED_TURN = ["client.message.send", "tool.result", "tool.result", "provider.request", "provider.response",

@@ -24,6 +24,8 @@ from testkit.live import declared, notifications, register, result, send, sessio
 from testkit.mockllm import Reply
 from testkit.stack import mock_provider_toml
 
+pytestmark = pytest.mark.stack
+
 TOKEN = "sk-test-secret-token-123456"
 TURN = ["client.message.send", "provider.request", "provider.response", "server.message.send"]
 

@@ -11,6 +11,8 @@ from bae.common.errors import Problem
 from bae.common.protos import session_pb2
 from testkit.session_service import Service, problem_of, profile_body
 
+pytestmark = pytest.mark.stack
+
 
 @pytest.fixture
 async def service(tmp_path):

@@ -17,6 +17,8 @@ from bae.launcher.stack import ROOT
 from testkit.session_service import Service, problem_of
 from testkit.stack import stack_env
 
+pytestmark = pytest.mark.stack
+
 
 def run_session(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(

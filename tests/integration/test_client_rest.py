@@ -15,6 +15,8 @@ from services.session.store.schema import profiles
 from testkit.session_service import Service, problem_of, profile_body
 from testkit.stack import database_url_of
 
+pytestmark = pytest.mark.stack
+
 
 class Env:
     def __init__(self, service: Service) -> None:

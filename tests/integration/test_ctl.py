@@ -20,6 +20,8 @@ from testkit import ROOT
 from testkit.processes import service_env
 from testkit.stack import RunningStack, launch_stack, mock_provider_toml, stack_env
 
+pytestmark = pytest.mark.stack
+
 CONFIG = mock_provider_toml("http://127.0.0.1:9") + mock_provider_toml(
     "http://127.0.0.1:9", name="another", kind="openai") + """
 [[mcp.servers]]

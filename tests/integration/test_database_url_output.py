@@ -11,11 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from testkit import ROOT
 from testkit.ports import free_port
 from testkit.postgres_support import SUPERUSER, PostgresServer, postgres, postgres_url  # noqa: F401 - fixtures
 from testkit.processes import service_env
 from testkit.stack import stack_env
+
+pytestmark = [pytest.mark.stack, pytest.mark.postgres]
 
 PASSWORD = "pw-0f9c1e7d2b"
 

@@ -18,6 +18,8 @@ from testkit import ROOT
 from testkit.ports import free_port
 from testkit.stack import RunningStack, launch_stack, stack_env
 
+pytestmark = pytest.mark.stack
+
 TIME = ToolDef("get_current_time", "The current time")
 
 

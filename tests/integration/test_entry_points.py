@@ -10,6 +10,8 @@ import pytest
 from testkit import ROOT
 from testkit.processes import service_env
 
+pytestmark = pytest.mark.stack
+
 VERSION = "bae 0.1.0 (api v1)\n"
 
 

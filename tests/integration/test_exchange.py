@@ -31,6 +31,8 @@ from testkit.processes import TEST_PLANE
 from testkit.race_holds import RaceHolds
 from testkit.stack import mock_provider_toml
 
+pytestmark = pytest.mark.stack
+
 TOKEN = "sk-test-secret-token-123456"
 
 

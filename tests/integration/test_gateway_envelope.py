@@ -29,6 +29,8 @@ from testkit import ROOT
 from testkit.ports import free_port
 from testkit.processes import ServiceProcess, service_env
 
+pytestmark = pytest.mark.stack
+
 GOOD = "Bearer good"
 RpcError = session_pb2.RpcError
 

@@ -20,6 +20,8 @@ from testkit.mockllm import Reply
 from testkit.processes import TEST_PLANE
 from testkit.stack import launch_stack, mock_provider_toml
 
+pytestmark = [pytest.mark.stack, pytest.mark.docker]
+
 LIMIT = 1024 * 1024  # the stack's BAE_MAX_BODY_BYTES
 
 

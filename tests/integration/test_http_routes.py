@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from testkit.stack import mock_provider_toml
+
+pytestmark = pytest.mark.stack
 
 
 def test_every_route_answers_through_the_gateway(start_stack):

@@ -21,6 +21,8 @@ from testkit import ROOT
 from testkit.ports import free_port
 from testkit.stack import launch_stack, stack_env
 
+pytestmark = pytest.mark.stack
+
 WRONG = secrets.token_hex(32)
 
 

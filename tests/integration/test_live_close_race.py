@@ -19,6 +19,8 @@ from testkit.mockllm import Reply
 from testkit.race_holds import RaceHolds
 from testkit.stack import launch_stack, mock_provider_toml
 
+pytestmark = pytest.mark.stack
+
 TOKEN = "sk-test-secret-token-123456"
 CLOSED = {"code": -32000, "message": "session is closed, not open"}
 

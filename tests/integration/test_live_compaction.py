@@ -11,6 +11,8 @@ from testkit.live import declared, notifications, register, result, rpc, send, s
 from testkit.mockllm import Reply
 from testkit.stack import mock_provider_toml
 
+pytestmark = pytest.mark.stack
+
 TOKEN = "sk-test-secret-token-123456"
 PREAMBLE = "The earlier part of this conversation was compacted. A summary follows."
 

@@ -23,6 +23,8 @@ from testkit.mcp_support import TOOLS_SERVER, http_tools_server, live_children, 
 from testkit.mockllm import MockLLM, Reply
 from testkit.stack import RunningStack, launch_stack, mock_provider_toml
 
+pytestmark = pytest.mark.stack
+
 PYTHON = sys.executable
 TOOL_NAMES = ["echo", "fail", "sleep", "request_header", "argv", "handshake", "environment"]
 WEB_TOOL_NAMES = [f"web_{name}" for name in TOOL_NAMES]

@@ -22,6 +22,8 @@ from testkit.live import at, declared, notifications, payloads, result, rpc, ses
 from testkit.mockllm import Reply
 from testkit.stack import RunningStack, launch_stack, mock_provider_toml
 
+pytestmark = pytest.mark.stack
+
 TOKEN = "sk-test-secret-token-merge"
 ABANDONED = "Client tool call was abandoned before returning a result."
 TURN_TIMEOUT = 1.0  # seconds; BAE_TURN_TIMEOUT of the shared stack

@@ -26,6 +26,8 @@ from testkit.ports import free_port
 from testkit.sandboxes import Driver, typed_payloads, wait_provisioned
 from testkit.stack import mock_provider_toml
 
+pytestmark = [pytest.mark.stack, pytest.mark.docker]
+
 # Every sandbox host started here has an id with this prefix, so this module's containers are findable.
 RUN = f"test-live-sandbox-{uuid.uuid4().hex[:8]}"
 _stacks = itertools.count()

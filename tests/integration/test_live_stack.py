@@ -19,6 +19,8 @@ from testkit.live import join, new_session, notifications, register, result, rpc
 from testkit.mockllm import MockLLM, Reply
 from testkit.stack import launch_stack, mock_provider_toml
 
+pytestmark = pytest.mark.stack
+
 TOKEN = "sk-test-secret-token-123456"
 LAGGED = {"jsonrpc": "2.0", "error": {"code": -32000, "message": "lagged; reconnect with since_event_id"}}
 

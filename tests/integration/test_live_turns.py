@@ -14,6 +14,8 @@ from testkit.live import at, join, new_session, notifications, register, result,
 from testkit.mockllm import Reply
 from testkit.stack import mock_provider_toml
 
+pytestmark = pytest.mark.stack
+
 TOKEN = "sk-test-secret-token-123456"
 
 

@@ -7,6 +7,8 @@ import pytest
 from testkit.live import new_session, register, result, rpc, terminal
 from testkit.stack import mock_provider_toml
 
+pytestmark = pytest.mark.stack
+
 TOKEN = "sk-test-secret-token-123456"
 
 

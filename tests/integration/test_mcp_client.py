@@ -19,6 +19,8 @@ from services.session.remote.mcp import McpSessionConnections
 from testkit.mcp_support import TOOLS_SERVER, http_tools_server, live_children, pid_alive
 from testkit.ports import free_port
 
+pytestmark = pytest.mark.stack
+
 PYTHON = sys.executable
 NOT_FOUND = "configured MCP server not found in bae-config.toml; skipping"
 FAILED = "configured MCP server failed to connect; skipping"

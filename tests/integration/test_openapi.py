@@ -13,6 +13,8 @@ from services.gateway import app, openapi
 from testkit.routes import served_routes
 from testkit.stack import RunningStack, launch_stack, mock_provider_toml
 
+pytestmark = pytest.mark.stack
+
 DOCUMENTS = {"client": json.loads(openapi.CLIENT_DOCUMENT), "admin": json.loads(openapi.ADMIN_DOCUMENT)}
 HTTP_METHODS = {"get", "put", "post", "delete", "patch"}
 

@@ -31,6 +31,8 @@ from testkit.ports import consecutive_ports, free_port
 from testkit.postgres_support import postgres, postgres_url  # noqa: F401 - fixtures
 from testkit.stack import mock_provider_toml
 
+pytestmark = [pytest.mark.stack, pytest.mark.docker, pytest.mark.postgres]
+
 TOKEN = "sk-test-secret-token-123456"
 LEASE_SECONDS = 2
 

@@ -23,6 +23,8 @@ from testkit.ports import free_port
 from testkit.processes import TEST_PLANE, ServiceProcess, service_env
 from testkit.stack import mock_provider_toml
 
+pytestmark = pytest.mark.stack
+
 TOKEN = "sk-test-" + secrets.token_hex(12)
 REDACTED = "\u2022" * 8
 PREAMBLE = "The earlier part of this conversation was compacted. A summary follows."

@@ -14,6 +14,8 @@ from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
 from testkit.docker_support import TEST_IMAGE, SandboxHostProcess, containers_with, docker_client, require_docker
 from testkit.processes import TEST_PLANE, PeakRss
 
+pytestmark = [pytest.mark.stack, pytest.mark.docker]
+
 State = sandbox_pb2.CommandStatus.State
 MIB = 1024 * 1024
 PRINTED = 300 * MIB  # what the memory tests print: far more than any limit

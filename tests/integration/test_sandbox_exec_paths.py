@@ -20,6 +20,8 @@ from services.sandbox.driver import SandboxFailure
 from services.sandbox.resident_shell import ResidentShell, ResidentShells
 from testkit.docker_support import TEST_IMAGE, containers_with, docker_client, require_docker
 
+pytestmark = pytest.mark.docker
+
 LIMIT = 64
 KILL_SHELLS = "ps -o pid,args | grep '[b]ae resident shell' | while read pid rest; do kill -9 $pid; done"
 

@@ -16,6 +16,8 @@ from testkit.processes import TEST_PLANE
 from testkit.sandboxes import Driver, image_refusals, typed_payloads, wait_provisioned
 from testkit.stack import mock_provider_toml
 
+pytestmark = [pytest.mark.stack, pytest.mark.docker]
+
 
 def isolation_stack(start_stack, mock, **env: str):
     require_docker()

@@ -12,6 +12,8 @@ from services.session.remote.sandbox_pool import ExecResult, SandboxError, Sandb
 from testkit.docker_support import TEST_IMAGE, SandboxHostProcess, containers_with, require_docker
 from testkit.processes import TEST_PLANE
 
+pytestmark = [pytest.mark.stack, pytest.mark.docker]
+
 TEST_PROFILE = "pro_tests"
 
 

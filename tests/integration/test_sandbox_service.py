@@ -27,6 +27,8 @@ from testkit.docker_support import (
 from testkit.processes import TEST_PLANE
 from testkit.sandboxes import image_refusals
 
+pytestmark = [pytest.mark.stack, pytest.mark.docker]
+
 
 @pytest.fixture
 def host(start_host):  # noqa: F811 - the fixture

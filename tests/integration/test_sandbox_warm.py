@@ -27,6 +27,8 @@ from testkit.docker_support import (
 from testkit.live import result, rpc
 from testkit.processes import TEST_PLANE
 
+pytestmark = [pytest.mark.stack, pytest.mark.docker]
+
 MISSING_IMAGE = "bae-no-such-image:1"
 # What makes two containers the same sandbox: everything the host sets but the session label.
 HOST_CONFIG_KEYS = (

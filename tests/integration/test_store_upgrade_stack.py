@@ -1,15 +1,21 @@
-"""The stack, started on a database file written by the code before Alembic, serves all of it (tests/fixtures)."""
+"""The `migrate` command and the stack, on a database file written by the code before Alembic (tests/fixtures)."""
 
 from __future__ import annotations
 
 import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
+from testkit import ROOT
 from testkit.stack import launch_stack
 from fixtures.make_store_0e5055c import ADMIN, SESSION
+
+pytestmark = pytest.mark.stack
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "store-0e5055c.db"
 
@@ -49,3 +55,17 @@ def test_an_old_database_is_served_whole_after_the_upgrade(tmp_path):
         stack.close()
     revision = sqlite3.connect(tmp_path / "bae.db").execute("SELECT version_num FROM alembic_version").fetchall()
     assert revision == [("0003",)]
+
+
+def test_migrate_command_upgrades_alone_and_says_what_it_applied(tmp_path):
+    path = tmp_path / "bae.db"
+    shutil.copy(FIXTURE, path)
+    env = {"PATH": "/usr/bin:/bin", "BAE_DATABASE_URL": f"sqlite:///{path}", "HOME": str(tmp_path)}
+    ran = subprocess.run([sys.executable, "-m", "services.session", "migrate"], env=env, capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert ran.returncode == 0, ran.stderr
+    assert "applied 0002 0003" in ran.stdout
+    again = subprocess.run([sys.executable, "-m", "services.session", "migrate"], env=env, capture_output=True,
+                           text=True, timeout=60, cwd=ROOT)
+    assert again.returncode == 0 and "already at 0003" in again.stdout, again.stdout
+    assert sqlite3.connect(path).execute("SELECT version_num FROM alembic_version").fetchall() == [("0003",)]

@@ -28,6 +28,8 @@ from testkit.live import at, result, rpc, terminal, types
 from testkit.mockllm import Reply
 from testkit.stack import mock_provider_toml
 
+pytestmark = [pytest.mark.stack, pytest.mark.docker]
+
 RUN = f"test-subagents-{uuid.uuid4().hex[:8]}"
 _stacks = itertools.count()
 TOOL = "launch_subagent"

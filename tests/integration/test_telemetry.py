@@ -28,6 +28,8 @@ from testkit.otlp_receiver import OtlpReceiver, Point, ReceivedSpan
 from testkit.ports import free_port
 from testkit.stack import RunningStack, launch_stack, mock_provider_toml
 
+pytestmark = [pytest.mark.stack, pytest.mark.docker]
+
 # Short export intervals: the SDK's own variables, which the server honours.
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_METRIC_EXPORT_INTERVAL": "300"}
 TOKEN = "sk-telemetry-" + secrets.token_hex(12)

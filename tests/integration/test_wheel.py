@@ -25,6 +25,8 @@ import pytest
 
 from testkit import ROOT
 
+pytestmark = pytest.mark.stack
+
 VERSION = "bae 0.1.0 (api v1)\n"
 SERVICES = ("gateway", "session", "runner", "sandbox")
 WHEELHOUSE = ROOT / "deploy" / "wheels"

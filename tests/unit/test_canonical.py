@@ -10,6 +10,8 @@ from services.runner import anthropic_wire, openai_wire
 from bae.common.jsontext import RawJson
 from services.runner.canonical import History, Usage, WireFormatError, strip_routing_fields
 
+pytestmark = pytest.mark.unit
+
 PREAMBLE = "The earlier part of this conversation was compacted. A summary follows."
 
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import bae.client
 from bae.client import RpcCode
 from bae.common.rpc_codes import RpcCode as ServerRpcCode
+
+pytestmark = pytest.mark.unit
 
 CLIENT_PACKAGE = Path(bae.client.__file__).parent
 

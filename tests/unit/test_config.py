@@ -22,6 +22,8 @@ from bae.common.config import (
 )
 from bae.common.errors import UsageError
 
+pytestmark = pytest.mark.unit
+
 PROVIDER = """
 [[providers.entries]]
 name = "main"

@@ -12,6 +12,8 @@ from services.gateway import app
 from services.gateway.envelope import STREAMING_METHODS, UNARY_METHODS
 from testkit.routes import served_routes
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 DOCS = ROOT / "docs"
 SOURCES = [*ROOT.joinpath("bae").rglob("*.py"), *ROOT.joinpath("services").rglob("*.py")]

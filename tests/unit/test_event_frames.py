@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from services.session.api import live
 from services.session.store.events import EventView
+
+pytestmark = pytest.mark.unit
 
 
 def event(index: int, payload_chars: int) -> EventView:

@@ -12,6 +12,8 @@ import pytest
 from bae.common.protos import session_pb2
 from services.gateway.fanout import LAG_LIMIT, Ending, Fanout, Observer
 
+pytestmark = pytest.mark.unit
+
 
 class ScriptedCall:
     """A Relay call whose frames the test puts in; an exception put in is raised by `read`."""

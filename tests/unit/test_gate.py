@@ -7,6 +7,8 @@ import pytest
 
 from services.session.engine.gate import KeyRevoked, ParkedTurn, TurnGate, TurnInProgress
 
+pytestmark = pytest.mark.unit
+
 
 def parked(owner="a", seconds=60.0):
     return ParkedTurn(owner=owner, deadline=time.monotonic() + seconds, tool_uses=[], server_results={})

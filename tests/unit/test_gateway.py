@@ -13,6 +13,8 @@ from services.gateway.envelope import STREAMING_METHODS, UNARY_METHODS, Call, Re
 from services.gateway.frames import error_frame, event_frame, internal_error_frame, result_frame, rpc_error_frame
 from services.gateway.router import build_router
 
+pytestmark = pytest.mark.unit
+
 RpcError = session_pb2.RpcError
 
 

@@ -8,6 +8,8 @@ from bae.common.protos import runner_pb2
 from services.session.remote import runner
 from services.session.remote.runner import HELD_MESSAGE_OVERHEAD, HeldHistories, RunnerUnreachable, StepMessages
 
+pytestmark = pytest.mark.unit
+
 TEXTS = [f'{{"role":"user","content":"message {i}"}}' for i in range(6)]
 
 

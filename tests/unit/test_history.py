@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from services.session.engine.history import History
+
+pytestmark = pytest.mark.unit
 
 
 def event(event_id: str, event_type: str, payload: dict) -> dict:

@@ -10,6 +10,8 @@ from services.session.engine.merge import (
     merge_continuation,
 )
 
+pytestmark = pytest.mark.unit
+
 USES = [
     {"type": "tool_use", "id": "tu_1", "name": "clock", "input": {}, "dispatch": "client"},
     {"type": "tool_use", "id": "tu_2", "name": "ls", "input": {}, "dispatch": "mcp"},

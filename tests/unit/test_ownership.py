@@ -8,7 +8,10 @@ import pytest
 
 from services.session.engine.ownership import NotOwner, Ownership
 from services.session.store import Store, sessions
-from testkit.postgres_support import store_url  # noqa: F401 - the fixture
+from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
+
+# Each test on a SQLite file (unit) and on PostgreSQL (postgres).
+pytestmark = pytest.mark.parametrize("store_url", STORES, indirect=True)
 
 
 @pytest.fixture

@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import pytest
+
 from services.runner.clients import ANTHROPIC, CLIENTS_PER_PROVIDER, REQUESTS_PER_CLIENT, ProviderClients
 from testkit.mockllm import MockLLM, Reply
+
+pytestmark = pytest.mark.unit
 
 BODY = {"model": "mock-model", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from bae.common.ids import token_digest
 from services.session.api.admin_key import AdminKeyOptions, bootstrap_admin_key
 from services.session.store import Store
 from services.session.store import keys
 from testkit import postgres_support
+
+pytestmark = pytest.mark.postgres
 
 REPLICAS = 6
 # Each round starts from no active admin key again; without the lock most rounds make several.

@@ -11,6 +11,8 @@ from bae.common.internal import InternalPlane
 from services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery, resolve_all
 from services.session.remote.sandbox_pool import SandboxPool
 
+pytestmark = pytest.mark.unit
+
 
 class ScriptedDns:
     """Answers per name; a missing name fails like a real NXDOMAIN."""

@@ -9,6 +9,8 @@ from bae.common.settings import load_settings
 from services.sandbox.config import load_sandbox_config
 from services.sandbox.output import CappedOutput, utf8_prefix
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("data", "kept"),

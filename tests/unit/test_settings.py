@@ -7,6 +7,8 @@ import pytest
 from bae.common.errors import UsageError
 from bae.common.settings import Address, load_settings
 
+pytestmark = pytest.mark.unit
+
 
 def test_defaults() -> None:
     settings = load_settings({})

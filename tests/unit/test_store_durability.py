@@ -1,5 +1,5 @@
-"""Durability and availability: SQLite's synchronous mode, private files, a database locked by another
-process and the WAL's checkpoints; PostgreSQL's outages."""
+"""Durability and availability on SQLite: the synchronous mode, private files, a database locked by another
+connection, and the WAL's checkpoints (PostgreSQL's outages: test_postgres_outage.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from bae.common.errors import UsageError
 from bae.common.settings import load_settings
 from services.session.store import Store, sessions
 from services.session.store.sqlite import WAL_AUTOCHECKPOINT_PAGES, StoreUnavailable
-from testkit import postgres_support
+
+pytestmark = pytest.mark.unit
 
 
 def mode(path) -> int:
@@ -147,33 +148,6 @@ async def test_a_read_that_would_wait_moves_from_the_loop_to_the_reader_thread(t
         assert timeout == 0  # the loop's own connection never waits
     finally:
         await store.close()
-
-
-async def test_a_postgresql_outage_is_a_503_and_the_password_never_logged(caplog):
-    """A server of its own, stopped under an open store: calls are 503s, then work again once it is back."""
-    server = postgres_support.PostgresServer(postgres_support.bin_dir_or_skip())
-    try:
-        server.start()
-        url = server.database_url("outage").replace("postgres@", "postgres:s3cret-pw@")
-        caplog.set_level("DEBUG")
-        store = await Store.open(url)
-        try:
-            sid = await new_session(store)
-            server.halt()
-            for call in (lambda: store.append_events(sid, [(None, "x", {})]), lambda: store.get_session(sid)):
-                with pytest.raises(StoreUnavailable) as caught:
-                    await call()
-                problem = caught.value
-                assert (problem.status, problem.retry_after, problem.busy) == (503, 5, False)
-                assert problem.detail == "the database is unavailable; retry later"
-            server.start()
-            await store.append_events(sid, [(None, "y", {})])
-            assert [view["event_type"] for _, view in await store.list_events(sid, 0, 10)] == ["y"]
-        finally:
-            await store.close()
-    finally:
-        server.stop()
-    assert "s3cret-pw" not in caplog.text
 
 
 def rows_in_the_database_file_alone(path, table: str) -> int:

@@ -13,6 +13,8 @@ from sqlalchemy import Connection
 from services.session.store import Store, events, sessions
 from services.session.store.sqlite import StoreUnavailable
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 async def store(tmp_path):

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
+
+import pytest
 
 from bae.common.ids import token_digest
 from services.session.store import Store, events, keys
 from fixtures.make_store_0e5055c import ADMIN, CLIENT, SESSION
+
+pytestmark = pytest.mark.unit
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "store-0e5055c.db"
 TABLES = ("keys", "profiles", "sessions", "session_events")
@@ -72,17 +74,3 @@ class _Row:
 
     def __init__(self, fields: dict) -> None:
         self.__dict__.update(fields)
-
-
-def test_migrate_command_upgrades_alone_and_says_what_it_applied(tmp_path):
-    path = tmp_path / "bae.db"
-    shutil.copy(FIXTURE, path)
-    env = {"PATH": "/usr/bin:/bin", "BAE_DATABASE_URL": f"sqlite:///{path}", "HOME": str(tmp_path)}
-    ran = subprocess.run([sys.executable, "-m", "services.session", "migrate"], env=env, capture_output=True,
-                         text=True, timeout=60, cwd=Path(__file__).parents[2])
-    assert ran.returncode == 0, ran.stderr
-    assert "applied 0002 0003" in ran.stdout
-    again = subprocess.run([sys.executable, "-m", "services.session", "migrate"], env=env, capture_output=True,
-                           text=True, timeout=60, cwd=Path(__file__).parents[2])
-    assert again.returncode == 0 and "already at 0003" in again.stdout, again.stdout
-    assert sqlite3.connect(path).execute("SELECT version_num FROM alembic_version").fetchall() == [("0003",)]

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from bae.common.protos import session_pb2
 from bae.common.stream_writer import PACK_BYTES, StreamWriter
+
+pytestmark = pytest.mark.unit
 
 
 class HeldStream:

@@ -17,6 +17,8 @@ from bae.common.errors import UsageError
 from bae.common.logs import JsonFormatter, TextFormatter
 from services.gateway.prometheus import exposition
 
+pytestmark = pytest.mark.unit
+
 ENDPOINT = "http://127.0.0.1:9"  # nothing listens: exports fail quietly in the background
 
 

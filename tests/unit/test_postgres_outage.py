@@ -1,0 +1,47 @@
+"""A PostgreSQL server stopped under an open store: calls are 503s, and the password is never logged."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.session.store import Store, sessions
+from services.session.store.sqlite import StoreUnavailable
+from testkit import postgres_support
+
+pytestmark = pytest.mark.postgres
+
+
+async def new_session(store: Store) -> str:
+    return await store.write(
+        lambda conn: sessions.create(
+            conn, client_key_id="key_a", profile_id="pro_a", state="open", client_version=None,
+            client_tools=[], sandbox_tools=[], subagent_tools=[], compaction={"mode": "client", "prompt": None},
+        )
+    )
+
+
+async def test_a_postgresql_outage_is_a_503_and_the_password_never_logged(caplog):
+    """A server of its own, stopped under an open store: calls are 503s, then work again once it is back."""
+    server = postgres_support.PostgresServer(postgres_support.bin_dir_or_skip())
+    try:
+        server.start()
+        url = server.database_url("outage").replace("postgres@", "postgres:s3cret-pw@")
+        caplog.set_level("DEBUG")
+        store = await Store.open(url)
+        try:
+            sid = await new_session(store)
+            server.halt()
+            for call in (lambda: store.append_events(sid, [(None, "x", {})]), lambda: store.get_session(sid)):
+                with pytest.raises(StoreUnavailable) as caught:
+                    await call()
+                problem = caught.value
+                assert (problem.status, problem.retry_after, problem.busy) == (503, 5, False)
+                assert problem.detail == "the database is unavailable; retry later"
+            server.start()
+            await store.append_events(sid, [(None, "y", {})])
+            assert [view["event_type"] for _, view in await store.list_events(sid, 0, 10)] == ["y"]
+        finally:
+            await store.close()
+    finally:
+        server.stop()
+    assert "s3cret-pw" not in caplog.text
