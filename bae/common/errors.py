@@ -1,8 +1,15 @@
-"""Errors that cross service boundaries.
+"""The errors this project raises on purpose, by kind, the same in every service.
 
-`Problem` is an RFC 7807 REST error. A service raises it; `bae.common.grpcutil`
-turns it into a gRPC status with a `bae-problem` trailer, and the gateway
-turns that back into the HTTP response.
+A layer that refuses or fails raises one of the kinds below with a `reason` (the problem
+type slug a client sees, e.g. ``profile_in_use``) and a `detail` sentence. It never raises
+a transport's error (an HTTP problem, a gRPC status, a JSON-RPC code): each edge maps the
+kinds once, in one table of its own:
+
+- the internal plane: ``bae.common.error_codes`` (kind <-> gRPC status code, the rest in
+  the ``bae-error-bin`` trailer), so a kind raised in one service is raised again, the same,
+  by the caller in another;
+- HTTP: the gateway's problem table (kind -> status, RFC 7807 body);
+- JSON-RPC: the session service's ``api/faults.py`` (kind -> error code).
 """
 
 from __future__ import annotations
@@ -10,6 +17,98 @@ from __future__ import annotations
 import json
 
 import grpc
+
+# Longest client-supplied text an error message repeats back.
+ECHO_LIMIT = 200
+# Longest `detail` any error carries across a service boundary (it travels in metadata).
+DETAIL_LIMIT = 2000
+
+
+def echo(value: str, limit: int = ECHO_LIMIT) -> str:
+    """`value` as an error message repeats it: cut to `limit` characters, marked with "…"."""
+    return value if len(value) <= limit else value[:limit] + "…"
+
+
+class BaeError(Exception):
+    """Base class of every error this project raises on purpose.
+
+    `reason` names the failure for machines (a problem type slug); `detail` says it for
+    people, and what to do next when there is something to do.
+    """
+
+    default_reason = "internal"
+
+    def __init__(self, detail: str, *, reason: str | None = None, retry_after: int | None = None) -> None:
+        detail = echo(detail, DETAIL_LIMIT)
+        super().__init__(detail)
+        self.detail = detail
+        self.reason = reason or self.default_reason
+        # Seconds after which trying again may succeed (HTTP Retry-After), when known.
+        self.retry_after = retry_after
+
+
+class InvalidInput(BaeError):
+    """The request is malformed: a body, a parameter or a query value."""
+
+    default_reason = "bad_request"
+
+
+class Unauthenticated(BaeError):
+    """No credential, or not a valid one for what is asked."""
+
+    default_reason = "unauthorized"
+
+
+class Forbidden(BaeError):
+    """A valid credential that may not do this (a tool outside the allowlist, another profile)."""
+
+    default_reason = "forbidden"
+
+
+class NotFound(BaeError):
+    default_reason = "not_found"
+
+
+class Conflict(BaeError):
+    """The target's state forbids it now: a closed session, a name taken, a profile in use."""
+
+    default_reason = "conflict"
+
+
+class Unprocessable(BaeError):
+    """Well-formed, but it cannot be done with what it names (a profile gone, a provider not configured)."""
+
+    default_reason = "unprocessable"
+
+
+class TooLarge(BaeError):
+    """An input over its size bound."""
+
+    default_reason = "payload_too_large"
+
+
+class TooManyRequests(BaeError):
+    default_reason = "too_many_requests"
+
+
+class Unavailable(BaeError):
+    """A dependency is down or busy; trying again later may succeed (see `retry_after`)."""
+
+    default_reason = "service_unavailable"
+
+
+class DeadlineExceeded(BaeError):
+    default_reason = "gateway_timeout"
+
+
+class Internal(BaeError):
+    """A bug or an unexpected failure; the detail a client sees says nothing of the internals."""
+
+    default_reason = "internal"
+
+
+
+# HTTP problems as the services raised them before the kinds above; being replaced by the kinds.
 
 PROBLEM_TRAILER = "bae-problem"
 
@@ -39,10 +138,6 @@ _GRPC_CODES = {
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     503: grpc.StatusCode.UNAVAILABLE,
 }
-
-
-class BaeError(Exception):
-    """Base class of every error this project raises on purpose."""
 
 
 class Problem(BaeError):
@@ -109,18 +204,6 @@ def internal(detail: str = "internal server error") -> Problem:
 
 def payload_too_large(limit: int) -> Problem:
     return Problem(413, "payload_too_large", f"request body exceeds the limit of {limit} bytes (BAE_MAX_BODY_BYTES)")
-
-
-# Longest client-supplied text an error message repeats back: problems travel
-# in gRPC metadata, which has a size limit of its own.
-ECHO_LIMIT = 200
-# Longest `detail` any problem carries across a service boundary.
-DETAIL_LIMIT = 2000
-
-
-def echo(value: str, limit: int = ECHO_LIMIT) -> str:
-    """`value` as an error message repeats it: cut to `limit` characters, marked with "…"."""
-    return value if len(value) <= limit else value[:limit] + "…"
 
 
 class UsageError(BaeError):

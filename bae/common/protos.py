@@ -19,6 +19,7 @@ if PROTO_ROOT.is_dir() and baeproto.SOURCE_DIGEST != proto_digest():
     raise ImportError("generated protobuf code is stale (protos/ changed): run `make protos`")
 
 from baeproto.v1 import (  # noqa: E402
+    errors_pb2,
     runner_pb2,
     runner_pb2_grpc,
     sandbox_pb2,
@@ -28,6 +29,7 @@ from baeproto.v1 import (  # noqa: E402
 )
 
 __all__ = [
+    "errors_pb2",
     "runner_pb2",
     "runner_pb2_grpc",
     "sandbox_pb2",
