@@ -1,4 +1,4 @@
-"""Running a gRPC service: health checking, Problem translation, clean shutdown."""
+"""Running a gRPC service: health checking, error translation, clean shutdown."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from bae.common import telemetry
 from bae.common.metadata_channel import Metadata, MetadataChannel
 from bae.common.propagation import add_outgoing, bind_incoming
 from bae.common.entry import freeze_startup_heap
-from bae.common.errors import PROBLEM_TRAILER, Problem
+from bae.common import error_codes
+from bae.common.errors import PROBLEM_TRAILER, BaeError, Problem
 from bae.common.internal import HEALTH_METHOD_PREFIX, InternalPlane
 from bae.common.logs import install_handler
 
@@ -27,8 +28,8 @@ Registrar = Callable[[grpc.aio.Server], Iterable[str]]
 HealthReporter = Callable[[health.aio.HealthServicer], Awaitable[None]]
 
 
-class ProblemInterceptor(grpc.aio.ServerInterceptor):
-    """Turns a `Problem` raised by a handler into a gRPC status + `bae-problem` trailer.
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Ends a call whose handler raised one of our errors with its status (bae.common.error_codes).
 
     Also binds the caller's request id and trace context for the handler (bae.common.propagation).
     """
@@ -36,7 +37,7 @@ class ProblemInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(HEALTH_METHOD_PREFIX):
-            # Health's Watch writes with context.write(), not as a generator; it raises no Problem.
+            # Health's Watch writes with context.write(), not as a generator; it raises none of our errors.
             return handler
         metadata = handler_call_details.invocation_metadata
         if handler.unary_unary:
@@ -64,13 +65,13 @@ class ProblemInterceptor(grpc.aio.ServerInterceptor):
 async def serve_unary(
     inner: Callable[[Any, Any], Awaitable[Any]], request: Any, context: Any, metadata: Metadata | None
 ) -> Any:
-    """A unary handler's call, as ProblemInterceptor serves it: with the caller's request id and
-    trace context bound, and a raised `Problem` ending it as a status and `bae-problem` trailer."""
+    """A unary handler's call, as ErrorInterceptor serves it: with the caller's request id and
+    trace context bound, and a raised error of ours ending it with its status and trailer."""
     bind_incoming(metadata)
     try:
         return await inner(request, context)
-    except Problem as problem:
-        await _abort(context, problem)
+    except BaeError as error:
+        await _abort(context, error)
 
 
 async def serve_stream(
@@ -81,13 +82,15 @@ async def serve_stream(
     try:
         async for item in inner(request, context):
             yield item
-    except Problem as problem:
-        await _abort(context, problem)
+    except BaeError as error:
+        await _abort(context, error)
 
 
-async def _abort(context: grpc.aio.ServicerContext, problem: Problem) -> None:
-    context.set_trailing_metadata(((PROBLEM_TRAILER, problem.trailer()),))
-    await context.abort(problem.grpc_code, problem.detail)
+async def _abort(context: grpc.aio.ServicerContext, error: BaeError) -> None:
+    if isinstance(error, Problem):  # an HTTP problem as the session service still raises some
+        context.set_trailing_metadata(((PROBLEM_TRAILER, error.trailer()),))
+        await context.abort(error.grpc_code, error.detail)
+    await error_codes.abort(context, error)
 
 
 # Client libraries whose debug output carries request headers (provider tokens)
@@ -135,7 +138,7 @@ async def serve(
     Every call but a health check must carry the internal plane's token.
     """
     server = grpc.aio.server(
-        interceptors=[*plane.server_interceptors(), ProblemInterceptor()],
+        interceptors=[*plane.server_interceptors(), ErrorInterceptor()],
         # gRPC shares a port with another process that binds it too (SO_REUSEPORT) and splits the
         # connections between them; a port already in use must fail the start instead.
         options=[*MESSAGE_SIZE_OPTIONS, *plane.server_options(), ("grpc.so_reuseport", 0)],
