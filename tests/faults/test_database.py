@@ -133,10 +133,22 @@ def test_a_full_disk_under_the_database(start_stack, mock, small_disk):
     sid, skey, client_key, before = open_with_a_turn(stack, mock)
     filler = fill(small_disk)
     try:
+        use_up_the_wal(stack, client_key)
         assert_writes_refused_and_reads_served(stack, mock, sid, skey, client_key, before, retry_after="5")
     finally:
         filler.unlink()
     assert_recovered(stack, mock, sid, skey, client_key, before)
+
+
+def use_up_the_wal(stack, client_key: str) -> None:
+    """Writes go on while SQLite's write-ahead log has room of its own: a checkpoint that copied
+    the whole log starts it again from its beginning, over pages the file already holds. Open
+    sessions until the store refuses one, which shows that room is used up."""
+    for _ in range(500):
+        response = stack.client.post("/api/v1/sessions", json={}, headers=bearer(client_key))
+        if response.status_code != 201:
+            return
+    raise AssertionError("500 sessions opened on a full disk: the store never refused a write")
 
 
 @sqlite_only("the SQLite file's disk fills up")
