@@ -12,7 +12,7 @@ from typing import Any
 
 from bae import __version__
 from bae.common.jsontext import dump
-from services.gateway.envelope import STREAMING_METHODS, UNARY_METHODS
+from services.gateway.declaration import RPC_METHODS
 
 Schema = dict[str, Any]
 
@@ -51,7 +51,6 @@ EVENT_EXAMPLE = {"id": EVT, "session_id": SES, "client_key_id": KEY, "event_type
 OPENED_EXAMPLE = {"session_id": SES, "session_key": "bae_ses_" + "a" * 48,
                   "profile": {"id": PRO, "name": "main", "allowed_tools": ["get_current_time"],
                               "mcp_servers": [], "provider": {"provider": "anthropic", "model": "claude-sonnet-4-6"}}}
-RPC_METHODS = [*STREAMING_METHODS, *UNARY_METHODS]
 
 SCHEMAS: dict[str, Schema] = {
     "Problem": obj(["type", "title", "status", "detail"], {"type": STR, "title": STR, "status": INT, "detail": STR}),
@@ -120,7 +119,7 @@ SCHEMAS: dict[str, Schema] = {
     "Participants": obj(["drivers"], {"drivers": NAMES}),
     "SessionClosed": obj(["session_id", "state"], {"session_id": STR, "state": {"const": "closed"}}),
     "RpcRequest": obj(["jsonrpc", "method"], {
-        "jsonrpc": {"const": "2.0"}, "id": {}, "method": {"enum": RPC_METHODS}, "params": {"type": "object"}}),
+        "jsonrpc": {"const": "2.0"}, "id": {}, "method": {"enum": list(RPC_METHODS)}, "params": {"type": "object"}}),
     "RpcFrame": {"oneOf": [
         obj(["jsonrpc", "method", "params"], {"jsonrpc": {"const": "2.0"}, "method": {"const": "session.event"},
                                               "params": ref("Event")}),

@@ -612,5 +612,8 @@ def test_the_wire_is_as_recorded(stack: RunningStack, mock_llm: MockLLM) -> None
         RECORDING.write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
     recorded = json.loads(RECORDING.read_text())
     assert [entry["name"] for entry in entries] == [entry["name"] for entry in recorded]
-    differences = [(new["name"], old, new) for old, new in zip(recorded, entries) if old != new]
-    assert not differences, differences[:5]
+    differences = [
+        f"{new['name']}:\n  recorded {json.dumps(old, ensure_ascii=False)}\n  answered {json.dumps(new, ensure_ascii=False)}"
+        for old, new in zip(recorded, entries) if old != new
+    ]
+    assert not differences, "\n".join(differences)
