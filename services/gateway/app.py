@@ -1,7 +1,7 @@
 """The two ports' route tables (SERVER-SPEC §1): no route is shared between them.
 
-The API routes come from the declaration (services/gateway/declaration.py); the routes the
-gateway answers itself are listed here, in `own_routes`.
+The API routes come from the declaration (services/gateway/declaration.py), the routes the
+gateway answers itself from own_routes.py.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from bae import API_VERSIONS, __version__
 from bae.common.jsontext import dump
 from services.gateway.declaration import Port, routes_of
 from services.gateway.openapi import ADMIN_DOCUMENT, CLIENT_DOCUMENT
+from services.gateway.own_routes import OWN_ROUTES
 from services.gateway.problems import JSON
 from services.gateway.prometheus import MetricsEndpoint
 from services.gateway.readiness import Readiness
@@ -41,20 +42,18 @@ def openapi(document: str) -> Endpoint:
 
 
 def own_routes(port: Port, readyz: Readiness, metrics: MetricsEndpoint | None) -> dict[str, dict[str, Endpoint]]:
-    """What the gateway answers itself, on each port."""
-    if port is Port.CLIENT:
-        return {
-            "/healthz": {"GET": healthz},
-            "/readyz": {"GET": readyz},
-            "/api/v1/meta": {"GET": meta},
-            "/openapi.json": {"GET": openapi(CLIENT_DOCUMENT)},
-        }
-    assert metrics is not None
-    return {
-        "/readyz": {"GET": readyz},
-        "/metrics": {"GET": metrics},
-        "/openapi.json": {"GET": openapi(ADMIN_DOCUMENT)},
+    """The endpoints of what the gateway answers itself on `port` (own_routes.py lists them)."""
+    document = CLIENT_DOCUMENT if port is Port.CLIENT else ADMIN_DOCUMENT
+    endpoints: dict[str, Endpoint | None] = {
+        "healthz": healthz, "readyz": readyz, "getMeta": meta, "getOpenApiDocument": openapi(document),
+        "getMetrics": metrics,
     }
+    table: dict[str, dict[str, Endpoint]] = {}
+    for route in OWN_ROUTES:
+        endpoint = endpoints[route.operation_id]
+        if port in route.ports and endpoint is not None:
+            table.setdefault(route.path, {})[route.method] = endpoint
+    return table
 
 
 def _api_routes(port: Port, rest: RestEndpoint) -> dict[str, dict[str, Endpoint]]:
