@@ -173,6 +173,11 @@ async def test_sessions_and_events(service):
     assert admin_events == await service.call("ListEvents", key=opened["session_key"], path_id=opened["session_id"])
     missing = await problem_of(service.admin("ListSessionEvents", path_id="ses_x"))
     assert (missing.status, missing.detail) == (404, "no session ses_x")
+    # One session's summary: the list's item.
+    assert await service.admin("GetSession", path_id=opened["session_id"]) == listed["items"][0]
+    unknown = await problem_of(service.admin("GetSession", path_id="ses_x"))
+    assert (unknown.status, unknown.type, unknown.detail) == (404, "not_found", "no session ses_x")
+    assert (await problem_of(service.call("GetSession", key="nope", path_id=opened["session_id"]))).status == 401
 
 
 async def test_registries_and_config(service):

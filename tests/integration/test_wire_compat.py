@@ -443,6 +443,9 @@ def run_client_script(s: Script, admin: dict[str, Any]) -> None:
     s.admin_call("an unknown session's events with a bad limit", "GET", "/admin/v1/sessions/ses_nope/events",
                  params={"limit": "x"})
     s.admin_call("list keys after use", "GET", "/admin/v1/keys")
+    s.admin_call("a session's summary", "GET", f"/admin/v1/sessions/{sid}")
+    s.admin_call("an unknown session's summary", "GET", "/admin/v1/sessions/ses_nope")
+    s.admin_call("a session's summary with a bad key", "GET", f"/admin/v1/sessions/{sid}", auth="Bearer nope")
 
 
 def run_rpc_script(s: Script, sid: str, skey: str, second_skey: str) -> None:

@@ -165,6 +165,20 @@ class AdminApi:
         items, next_cursor = page.page([(row.seq, row) for row in rows])
         return admin_api_pb2.SessionPage(items=[session_summary(row) for row in items], next_cursor=next_cursor)
 
+    async def get_session(self, request: admin_api_pb2.GetSessionRequest) -> admin_api_pb2.SessionSummary:
+        await self._admin(request.credential)
+        session = await self.store.read(sessions.get, request.session_id)
+        if session is None:
+            raise NotFound(f"no session {request.session_id}")
+        return admin_api_pb2.SessionSummary(
+            id=session.id,
+            profile_id=session.profile_id,
+            state=session.state,
+            client_version=session.client_version,
+            created_at=session.created_at,
+            closed_at=session.closed_at,
+        )
+
     async def list_session_events(self, request: admin_api_pb2.ListSessionEventsRequest) -> client_api_pb2.EventPage:
         await self._admin(request.credential)
         page = page_request(request.cursor, request.limit)

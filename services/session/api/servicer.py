@@ -149,6 +149,9 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
     async def ListSessions(self, request: admin_api_pb2.ListSessionsRequest, context: Context) -> admin_api_pb2.SessionPage:
         return await _answer(self.admin.list_sessions(request))
 
+    async def GetSession(self, request: admin_api_pb2.GetSessionRequest, context: Context) -> admin_api_pb2.SessionSummary:
+        return await _answer(self.admin.get_session(request))
+
     async def ListSessionEvents(
         self, request: admin_api_pb2.ListSessionEventsRequest, context: Context
     ) -> client_api_pb2.EventPage:
