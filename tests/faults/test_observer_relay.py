@@ -125,7 +125,7 @@ def test_the_relay_carries_every_event_and_the_word_that_streams_end_in_order(st
     logged = [event["id"] for event in event_log(stack, sid, a)]
     assert relay.event_ids() == logged[len(before):]  # every event after the relay opened, each once
     # Each notice stands where it happened: after the turn's four events, before the close's.
-    notices = [(len([i for frame in relay.frames[:index] for i in frame.events.ids]),
+    notices = [(len([event for frame in relay.frames[:index] for event in frame.events.events]),
                 frame.revoked_key or frame.WhichOneof("kind"))
                for index, frame in enumerate(relay.frames) if frame.WhichOneof("kind") in NOTICES]
     assert notices == [(4, b_client["id"]), (4, "subscriptions_ended")]
