@@ -40,11 +40,11 @@ command = "true"
 
 
 class Refused(Exception):
-    """What a refused call answers over HTTP: its status, problem type and detail."""
+    """What a refused call answers over HTTP: its status, problem type, detail and Retry-After."""
 
-    def __init__(self, status: int, type: str, detail: str) -> None:
+    def __init__(self, status: int, type: str, detail: str, retry_after: int | None = None) -> None:
         super().__init__(f"{status} {type}: {detail}")
-        self.status, self.type, self.detail = status, type, detail
+        self.status, self.type, self.detail, self.retry_after = status, type, detail, retry_after
 
 
 ROUTES_BY_RPC = {route.rpc: route for route in ROUTES}
@@ -100,7 +100,7 @@ class Service:
             raised = error_codes.raised_by(error)
             if raised is None:
                 raise
-            raise Refused(status_of(raised), raised.reason, raised.detail) from None
+            raise Refused(status_of(raised), raised.reason, raised.detail, raised.retry_after) from None
 
     async def admin(self, method: str, **kwargs):
         return await self.call(method, key=self.admin_key, **kwargs)
