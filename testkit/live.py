@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 
+from testkit.openapi_check import frame_errors
+
 _ids = iter(range(1, 1_000_000))
 
 
@@ -27,7 +29,10 @@ def rpc(client: httpx.Client, session_id: str, key: str, method: str, params: An
     )
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("application/x-ndjson")
-    return [json.loads(line) for line in response.text.splitlines()]
+    frames = [json.loads(line) for line in response.text.splitlines()]
+    for frame in frames:  # each as the OpenAPI document describes it
+        assert not frame_errors(frame), (frame, frame_errors(frame))
+    return frames
 
 
 def terminal(frames: list[dict]) -> dict:

@@ -1,4 +1,5 @@
-"""One session service process on its own, and its REST handlers called over real gRPC as the gateway calls them."""
+"""One session service process on its own, and its REST handlers called over real gRPC as the gateway calls them:
+each request built from JSON by the gateway's own translation, each reply written back as the gateway writes it."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bae.common.errors import Problem
+from bae.common import error_codes
 from bae.common.grpcutil import channel
-from bae.common.protos import session_pb2, session_pb2_grpc
+from bae.common.protos import edge_pb2, session_pb2, session_pb2_grpc
+from services.gateway.declaration import ROUTES
+from services.gateway.json_to_proto import Unreadable, read_body
+from services.gateway.problems import status_of
+from services.gateway.proto_to_json import to_json
 from testkit.processes import TEST_PLANE, ServiceProcess
 from testkit.stack import stack_env
 
@@ -34,6 +39,17 @@ command = "true"
 """
 
 
+class Refused(Exception):
+    """What a refused call answers over HTTP: its status, problem type, detail and Retry-After."""
+
+    def __init__(self, status: int, type: str, detail: str, retry_after: int | None = None) -> None:
+        super().__init__(f"{status} {type}: {detail}")
+        self.status, self.type, self.detail, self.retry_after = status, type, detail, retry_after
+
+
+ROUTES_BY_RPC = {route.rpc: route for route in ROUTES}
+
+
 class Service:
     """One session service process and a channel to it."""
 
@@ -50,25 +66,41 @@ class Service:
         self.admin_key = key_file.read_text().strip() if key_file.exists() else ""
 
     async def call(self, method: str, *, key: str | None = None, path_id: str = "", body=None,
-                   query: dict | None = None, content_type: str = "application/json") -> dict | str:
-        """The reply's JSON (parsed; "" for 204), or raises the Problem it failed with."""
-        raw = body if isinstance(body, bytes) else (b"" if body is None else json.dumps(body).encode())
-        request = session_pb2.RestRequest(
-            authorization=f"Bearer {key}" if key is not None else "",
-            has_authorization=key is not None,
-            path_id=path_id,
-            body=raw,
-            content_type=content_type,
-            query=query or {},
-        )
+                   query: dict | None = None, content_type: str = "application/json",
+                   authorization: str | None = None) -> dict | str:
+        """The reply's JSON (parsed; "" for 204), or raises Refused with what the call failed with.
+        `authorization` is a whole Authorization header, in place of `key`'s."""
+        route = ROUTES_BY_RPC[method]
+        request = route.request()
+        if authorization is None and key is not None:
+            authorization = f"Bearer {key}"
+        credential = edge_pb2.Credential(authorization=authorization or "", present=authorization is not None)
+        getattr(request, route.credential_field).CopyFrom(credential)
+        if route.id_field:
+            setattr(request, route.id_field, path_id)
+        for name, value in (query or {}).items():
+            setattr(request, name, value)
+        if route.body_field:
+            raw = body if isinstance(body, bytes) else (b"" if body is None else json.dumps(body).encode())
+            try:
+                read_body(getattr(request, route.body_field), raw, content_type)
+            except Unreadable as failure:
+                # As the gateway does: the credential first.
+                check = session_pb2.CredentialCheck(kind=route.credential, credential=credential, session_id=path_id)
+                await self._answer(self.stub.CheckCredential(check, timeout=10))
+                raise Refused(400, "bad_request", failure.text) from None
+        reply = await self._answer(getattr(self.stub, method)(request, timeout=10))
+        return "" if route.status == 204 else json.loads(to_json(reply))
+
+    @staticmethod
+    async def _answer(call):
         try:
-            reply = await getattr(self.stub, method)(request, timeout=10)
+            return await call
         except grpc.aio.AioRpcError as error:
-            problem = Problem.from_rpc_error(error)
-            if problem is None:
+            raised = error_codes.raised_by(error)
+            if raised is None:
                 raise
-            raise problem from None
-        return json.loads(reply.json) if reply.json else ""
+            raise Refused(status_of(raised), raised.reason, raised.detail, raised.retry_after) from None
 
     async def admin(self, method: str, **kwargs):
         return await self.call(method, key=self.admin_key, **kwargs)
@@ -78,9 +110,9 @@ class Service:
         return self.process.stop(timeout=15)
 
 
-async def problem_of(awaitable) -> Problem:
-    """The Problem `awaitable` fails with (the test fails if it succeeds)."""
-    with pytest.raises(Problem) as caught:
+async def problem_of(awaitable) -> Refused:
+    """What `awaitable` is refused with (the test fails if it succeeds)."""
+    with pytest.raises(Refused) as caught:
         await awaitable
     return caught.value
 

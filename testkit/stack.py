@@ -10,6 +10,7 @@ import httpx
 
 from bae.launcher.stack import Stack
 from testkit import postgres_support
+from testkit.openapi_check import OpenApiCheck
 from testkit.ports import free_port
 from testkit.processes import service_env
 
@@ -59,11 +60,14 @@ class RunningStack:
         self.stack = stack
         self.tmp = tmp
         self.admin_key = Path(stack.settings.admin_key_file).read_text().strip()
-        self.client = httpx.Client(base_url=stack.client_url, timeout=30)
+        # Each answer is checked against its port's OpenAPI document (testkit/openapi_check.py).
+        self.client = httpx.Client(base_url=stack.client_url, timeout=30,
+                                   event_hooks={"response": [OpenApiCheck("client")]})
         self.admin = httpx.Client(
             base_url=stack.admin_url,
             timeout=30,
             headers={"Authorization": f"Bearer {self.admin_key}"},
+            event_hooks={"response": [OpenApiCheck("admin")]},
         )
 
     def create_profile(self, name: str, primary: str = "mock", **fields) -> dict:

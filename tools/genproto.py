@@ -1,4 +1,4 @@
-"""Generate the Python gRPC code for protos/ into ./baeproto (git-ignored).
+"""Generate the Python gRPC code for protos/, and its type stubs, into ./baeproto (git-ignored).
 
 The generated package records a digest of the .proto sources it came from;
 `bae.common.protos` refuses to load it when the sources have changed since, so a
@@ -7,6 +7,7 @@ stale build can never hide a contract change.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -25,13 +26,17 @@ def main() -> int:
     sources = sorted(PROTO_ROOT.rglob("*.proto"))
     shutil.rmtree(OUT, ignore_errors=True)
     include = str(Path(protoc.__file__).parent / "_proto")
+    # protoc finds the mypy-protobuf plugins on PATH: the ones installed beside this interpreter.
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     args = [
         "grpc_tools.protoc",
         f"-I{PROTO_ROOT}",
         f"-I{include}",
         f"--python_out={ROOT}",
         f"--grpc_python_out={ROOT}",
-        f"--pyi_out={ROOT}",
+        # mypy-protobuf's stubs: the messages' fields and the stubs' methods, typed for mypy.
+        f"--mypy_out={ROOT}",
+        f"--mypy_grpc_out={ROOT}",
         *[str(s) for s in sources],
     ]
     if protoc.main(args) != 0:

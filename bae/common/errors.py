@@ -8,15 +8,11 @@ kinds once, in one table of its own:
 - the internal plane: ``bae.common.error_codes`` (kind <-> gRPC status code, the rest in
   the ``bae-error-bin`` trailer), so a kind raised in one service is raised again, the same,
   by the caller in another;
-- HTTP: the gateway's problem table (kind -> status, RFC 7807 body);
+- HTTP: the gateway's problem table (services/gateway/problems.py: kind -> status, RFC 7807 body);
 - JSON-RPC: the session service's ``api/faults.py`` (kind -> error code).
 """
 
 from __future__ import annotations
-
-import json
-
-import grpc
 
 # Longest client-supplied text an error message repeats back.
 ECHO_LIMIT = 200
@@ -108,102 +104,36 @@ class Internal(BaeError):
 
 
 
-# HTTP problems as the services raised them before the kinds above; being replaced by the kinds.
+# HTTP problems as the store and the runner still raise some; each is read as its kind.
 
-PROBLEM_TRAILER = "bae-problem"
-
-TITLES = {
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    409: "Conflict",
-    413: "Payload Too Large",
-    422: "Unprocessable Entity",
-    429: "Too Many Requests",
-    500: "Internal Server Error",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-    504: "Gateway Timeout",
-}
-
-_GRPC_CODES = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    409: grpc.StatusCode.FAILED_PRECONDITION,
-    422: grpc.StatusCode.FAILED_PRECONDITION,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    503: grpc.StatusCode.UNAVAILABLE,
+_KINDS_BY_STATUS: dict[int, type[BaeError]] = {
+    400: InvalidInput,
+    401: Unauthenticated,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    413: TooLarge,
+    422: Unprocessable,
+    429: TooManyRequests,
+    503: Unavailable,
+    504: DeadlineExceeded,
 }
 
 
 class Problem(BaeError):
-    """An RFC 7807 error: {"type", "title", "status", "detail"}.
-
-    `retry_after` (seconds) becomes the HTTP `Retry-After` header.
-    """
+    """An error named by its HTTP status and problem type; `kind()` is the same error by kind."""
 
     def __init__(self, status: int, type: str, detail: str, *, retry_after: int | None = None) -> None:
-        detail = echo(detail, DETAIL_LIMIT)  # it travels in gRPC metadata
-        super().__init__(detail)
+        super().__init__(detail, reason=type, retry_after=retry_after)
         self.status = status
         self.type = type
-        self.detail = detail
-        self.retry_after = retry_after
 
-    def body(self) -> dict:
-        return {
-            "type": self.type,
-            "title": TITLES.get(self.status, "Error"),
-            "status": self.status,
-            "detail": self.detail,
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(self.body())
-
-    def trailer(self) -> str:
-        """The `bae-problem` trailer: the body plus what the gateway turns into headers."""
-        if self.retry_after is None:
-            return self.to_json()
-        return json.dumps({**self.body(), "retry_after": self.retry_after})
-
-    @property
-    def grpc_code(self) -> grpc.StatusCode:
-        return _GRPC_CODES.get(self.status, grpc.StatusCode.INTERNAL)
-
-    @classmethod
-    def from_rpc_error(cls, error: grpc.RpcError) -> "Problem | None":
-        """The Problem carried by a failed gRPC call, if it carries one."""
-        trailers = error.trailing_metadata() or ()
-        for key, value in trailers:
-            if key == PROBLEM_TRAILER:
-                body = json.loads(value)
-                return cls(body["status"], body["type"], body["detail"], retry_after=body.get("retry_after"))
-        return None
+    def kind(self) -> BaeError:
+        return _KINDS_BY_STATUS.get(self.status, Internal)(self.detail, reason=self.type, retry_after=self.retry_after)
 
 
 def bad_request(detail: str) -> Problem:
     return Problem(400, "bad_request", detail)
-
-
-def unauthorized(detail: str) -> Problem:
-    return Problem(401, "unauthorized", detail)
-
-
-def not_found(detail: str) -> Problem:
-    return Problem(404, "not_found", detail)
-
-
-def internal(detail: str = "internal server error") -> Problem:
-    return Problem(500, "internal", detail)
-
-
-def payload_too_large(limit: int) -> Problem:
-    return Problem(413, "payload_too_large", f"request body exceeds the limit of {limit} bytes (BAE_MAX_BODY_BYTES)")
 
 
 class UsageError(BaeError):

@@ -15,7 +15,7 @@ from bae.common.metadata_channel import Metadata, MetadataChannel
 from bae.common.propagation import add_outgoing, bind_incoming
 from bae.common.entry import freeze_startup_heap
 from bae.common import error_codes
-from bae.common.errors import PROBLEM_TRAILER, BaeError, Problem
+from bae.common.errors import BaeError, Problem
 from bae.common.internal import HEALTH_METHOD_PREFIX, InternalPlane
 from bae.common.logs import install_handler
 
@@ -87,9 +87,8 @@ async def serve_stream(
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: BaeError) -> None:
-    if isinstance(error, Problem):  # an HTTP problem as the session service still raises some
-        context.set_trailing_metadata(((PROBLEM_TRAILER, error.trailer()),))
-        await context.abort(error.grpc_code, error.detail)
+    if isinstance(error, Problem):  # as the store and the runner still raise some
+        error = error.kind()
     await error_codes.abort(context, error)
 
 

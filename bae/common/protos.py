@@ -19,6 +19,9 @@ if PROTO_ROOT.is_dir() and baeproto.SOURCE_DIGEST != proto_digest():
     raise ImportError("generated protobuf code is stale (protos/ changed): run `make protos`")
 
 from baeproto.v1 import (  # noqa: E402
+    admin_api_pb2,
+    client_api_pb2,
+    edge_pb2,
     errors_pb2,
     runner_pb2,
     runner_pb2_grpc,
@@ -29,6 +32,9 @@ from baeproto.v1 import (  # noqa: E402
 )
 
 __all__ = [
+    "admin_api_pb2",
+    "client_api_pb2",
+    "edge_pb2",
     "errors_pb2",
     "runner_pb2",
     "runner_pb2_grpc",

@@ -69,9 +69,9 @@ def test_admin_cli_in_the_gateway_creates_a_profile_and_a_key(stack):
 # wrong one, and with the container's own; prints each call's outcome (status and details).
 INTERNAL_PROBE = """
 import asyncio, os, grpc
-from bae.common.protos import runner_pb2, runner_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc, session_pb2, session_pb2_grpc
+from bae.common.protos import admin_api_pb2, runner_pb2, runner_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc, session_pb2_grpc
 calls = {
-    "session:50051": (session_pb2_grpc.SessionServiceStub, "GetConfig", session_pb2.RestRequest()),
+    "session:50051": (session_pb2_grpc.SessionServiceStub, "GetConfig", admin_api_pb2.AdminRequest()),
     "runner:50052": (runner_pb2_grpc.RunnerStub, "RunSteps", [runner_pb2.StepCalls(calls=[runner_pb2.StepCall(
         step_id=1, start=runner_pb2.StepStart(request=runner_pb2.StepRequest(session_id="ses_x")))])]),
     "sandbox:50053": (sandbox_pb2_grpc.SandboxStub, "List", sandbox_pb2.ListRequest()),

@@ -7,17 +7,16 @@ without a key cannot make the gateway hold more than that in memory.
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import grpc
 from starlette.requests import Request
 
-from bae.common.errors import bad_request, payload_too_large
-from bae.common.protos import session_pb2
-from services.gateway.upstream import Upstream, credentials
+from bae.common.errors import InvalidInput, TooLarge
+from bae.common.protos import edge_pb2, session_pb2
+from services.gateway.upstream import Upstream, credential_of
 
-Credential = session_pb2.CredentialCheck.Credential
-CLIENT_KEY = session_pb2.CredentialCheck.CLIENT_KEY
-SESSION_KEY = session_pb2.CredentialCheck.SESSION_KEY
-ADMIN_KEY = session_pb2.CredentialCheck.ADMIN_KEY
+CredentialKind: TypeAlias = edge_pb2.CredentialKind.ValueType
 
 # Bodies up to this size are read at once; the call itself authenticates them.
 PRECHECK_BYTES = 64 * 1024
@@ -28,28 +27,31 @@ class BodyReader:
         self.upstream = upstream
         self.max_bytes = max_bytes
 
-    async def read(self, request: Request, credential: Credential) -> bytes:
-        """The whole body; raises a Problem (413, 400, or the credential's 401) instead."""
+    async def read(self, request: Request, credential: CredentialKind, session_id: str = "") -> bytes:
+        """The whole body; raises TooLarge, InvalidInput, or the credential's refusal instead.
+        `credential` is the route's kind of key; a session key's session is `session_id`."""
         declared = _content_length(request)
         if declared is None and "transfer-encoding" not in request.headers:
             return b""  # HTTP/1.1: neither header, no body
         if declared is not None and declared > self.max_bytes:
-            raise payload_too_large(self.max_bytes)
+            raise self.too_large()
         if declared is None or declared > PRECHECK_BYTES:
-            await self._check(request, credential)
+            await self.check(request, credential, session_id)
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > self.max_bytes:
-                raise payload_too_large(self.max_bytes)
+                raise self.too_large()
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _check(self, request: Request, credential: Credential) -> None:
-        check = session_pb2.CredentialCheck(
-            credential=credential, path_id=request.path_params.get("id", ""), **credentials(request)
-        )
+    def too_large(self) -> TooLarge:
+        return TooLarge(f"request body exceeds the limit of {self.max_bytes} bytes (BAE_MAX_BODY_BYTES)")
+
+    async def check(self, request: Request, credential: CredentialKind, session_id: str = "") -> None:
+        """Authenticate the request's credential, and nothing else; raises its refusal."""
+        check = session_pb2.CredentialCheck(kind=credential, credential=credential_of(request), session_id=session_id)
         timeout = self.upstream.timeout
         try:
             await self.upstream.call(None, lambda stub, metadata: stub.CheckCredential(check, timeout=timeout))
@@ -62,5 +64,5 @@ def _content_length(request: Request) -> int | None:
     if value is None:
         return None
     if not value.strip().isdigit():
-        raise bad_request("invalid Content-Length header")
+        raise InvalidInput("invalid Content-Length header")
     return int(value)

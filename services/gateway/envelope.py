@@ -3,41 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from bae.common.jsontext import JsonSyntaxError, dump, strict_load
 from bae.common.rpc_codes import RpcCode
+from services.gateway.declaration import RPC_METHODS, RpcMethod
 from services.gateway.frames import error_frame
-
-# JSON-RPC method -> SessionService RPC.
-STREAMING_METHODS = {
-    "session.sendMessage": "SendMessage",
-    "session.compact": "Compact",
-    "session.subscribe": "Subscribe",
-}
-UNARY_METHODS = {
-    "session.registerDriver": "RegisterDriver",
-    "session.unsubscribe": "Unsubscribe",
-    "session.updateClientTools": "UpdateClientTools",
-    "session.startRemoteSandbox": "StartRemoteSandbox",
-    "session.stopRemoteSandbox": "StopRemoteSandbox",
-    "session.execRemoteSandbox": "ExecRemoteSandbox",
-    "session.reportLocalSandbox": "ReportLocalSandbox",
-    "session.reportLocalSubagent": "ReportLocalSubagent",
-    "session.cancelSubagent": "CancelSubagent",
-}
-# Unary methods that do container work (an image pull, a long command): the
-# session service bounds them itself, so the gateway sets no deadline of its own.
-UNBOUNDED_METHODS = frozenset(
-    {"session.startRemoteSandbox", "session.stopRemoteSandbox", "session.execRemoteSandbox"}
-)
 
 
 @dataclass(frozen=True)
 class Call:
-    method: str
+    method: RpcMethod
     # The request id as JSON text; None when absent (a notification).
     id_json: str | None
-    params_json: str
+    # The request's `params` as parsed; None when absent.
+    params: Any
 
 
 @dataclass(frozen=True)
@@ -69,7 +49,6 @@ def parse_envelope(body: bytes) -> Call | Rejected:
     method = document.get("method")
     if not isinstance(method, str):
         return reject(RpcCode.INVALID_REQUEST, 'Invalid Request: missing "method"')
-    if method not in STREAMING_METHODS and method not in UNARY_METHODS:
+    if method not in RPC_METHODS:
         return reject(RpcCode.METHOD_NOT_FOUND, f"Method not found: {method}")
-    params_json = dump(document["params"]) if "params" in document else "{}"
-    return Call(method, id_json, params_json)
+    return Call(RPC_METHODS[method], id_json, document.get("params"))

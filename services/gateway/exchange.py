@@ -7,7 +7,7 @@ SessionService call on one stream per replica, told apart by call id, and the
 generated stub built on it is used as on any channel: a unary call is awaited for
 its reply, a streaming one is read to `grpc.aio.EOF`, and a failed one raises
 `grpc.aio.AioRpcError` with the status and trailing metadata the replica answered
-(its `bae-problem`, its `bae-session-owner`). A streaming call's messages are
+(its `bae-error-bin`, its `bae-session-owner`). A streaming call's messages are
 credited back as they are read, so a client that stops reading holds back its own
 call only.
 
@@ -305,7 +305,11 @@ class _Exchange:
 
 
 def _trailing(reply: session_pb2.ExchangeReply) -> grpc.aio.Metadata:
-    return grpc.aio.Metadata(*reply.trailing_metadata.items()) if reply.trailing_metadata else _NO_METADATA
+    if not reply.trailing_metadata:
+        return _NO_METADATA
+    return grpc.aio.Metadata(*(
+        (key, value if key.endswith("-bin") else value.decode()) for key, value in reply.trailing_metadata.items()
+    ))
 
 
 def _raise_failure(reply: session_pb2.ExchangeReply, trailing: grpc.aio.Metadata) -> None:

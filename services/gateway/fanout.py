@@ -21,8 +21,8 @@ from typing import AsyncIterator
 
 import grpc
 
-from bae.common.protos import session_pb2
-from services.gateway.frames import event_frame
+from bae.common.protos import client_api_pb2, session_pb2
+from services.gateway.frames import event_lines
 from services.gateway.upstream import Upstream
 
 log = logging.getLogger("bae.gateway")
@@ -38,13 +38,15 @@ class Ending(enum.Enum):
 
 
 class _Entry:
-    """One relay frame as an observer queues it: its first item's position, its event lines made once."""
+    """One relay frame as an observer queues it: its first item's position, its events' ids and
+    lines made once."""
 
-    __slots__ = ("position", "frame", "lines")
+    __slots__ = ("position", "frame", "ids", "lines")
 
-    def __init__(self, position: int, frame: session_pb2.RpcFrame, lines: list[bytes]) -> None:
+    def __init__(self, position: int, frame: session_pb2.RelayFrame, ids: list[str], lines: list[bytes]) -> None:
         self.position = position
         self.frame = frame
+        self.ids = ids
         self.lines = lines
 
 
@@ -75,7 +77,7 @@ class Observer:
             self.ending = ending
         self._ready.set()
 
-    def admit(self, observer: session_pb2.Observer) -> None:
+    def admit(self, observer: client_api_pb2.Observer) -> None:
         self.key, self.after = observer.key, observer.position
         if not observer.live:  # the replay is all it gets
             self._entries.clear()
@@ -100,7 +102,7 @@ class Observer:
             for entry in entries:
                 frame = entry.frame
                 if entry.lines:
-                    for offset, (event_id, line) in enumerate(zip(frame.events.ids, entry.lines)):
+                    for offset, (event_id, line) in enumerate(zip(entry.ids, entry.lines)):
                         if entry.position + offset > self.after and event_id not in replayed:
                             out.append(line)
                 elif entry.position > self.after and (
@@ -135,11 +137,12 @@ class _Relay:
             self.opened.set_result(True)
             while (frame := await call.read()) is not grpc.aio.EOF:
                 kind = frame.WhichOneof("kind")
-                if kind == "error":  # the relay itself lagged in the session service
+                if kind == "lagged":  # the relay itself lagged in the session service
                     ending = Ending.LAGGED
                     return
-                lines = [event_frame(text) for text in frame.events.json] if kind == "events" else []
-                entry = _Entry(position + 1, frame, lines)
+                events = kind == "events"
+                lines = event_lines(frame.events) if events else []
+                entry = _Entry(position + 1, frame, [event.id for event in frame.events.events] if events else [], lines)
                 position += len(lines) or 1
                 for observer in list(self.observers):
                     observer.push(entry)
@@ -160,7 +163,7 @@ class _Relay:
 
     async def _open(self) -> tuple[grpc.aio.UnaryStreamCall, int] | None:
         """The open Relay call and the position it starts after; None when the session is not open."""
-        request = session_pb2.RpcRequest(session_id=self.session_id)
+        request = session_pb2.RelayRequest(session_id=self.session_id)
         try:
             call, first = await self.fanout.upstream.open_stream(self.session_id, "Relay", request)
         except grpc.aio.AioRpcError as error:
@@ -168,7 +171,7 @@ class _Relay:
                 raise
             self.opened.set_result(False)  # not open: its observers get their replay only
             return None
-        if not isinstance(first, session_pb2.RpcFrame):  # EOF: torn down as it opened
+        if not isinstance(first, session_pb2.RelayFrame):  # EOF: torn down as it opened
             self.opened.set_result(False)
             return None
         return call, first.position

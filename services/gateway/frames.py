@@ -1,23 +1,32 @@
 """NDJSON frames of the /rpc response (SERVER-SPEC §6.1), one complete JSON object per line.
 
-Frames are assembled from JSON text the session service already produced,
-so event and result bodies pass through verbatim without a decode/encode.
+Frames are written from the session service's typed replies (services/gateway/proto_to_json.py);
+an event's payload is spliced in as the stored text.
 """
 
 from __future__ import annotations
 
-from bae.common.jsontext import dump
-from bae.common.protos import session_pb2
-from bae.common.rpc_codes import LAGGED_MESSAGE, RpcCode
+from google.protobuf.message import Message
 
-RpcError = session_pb2.RpcError
+from bae.common.jsontext import dump
+from bae.common.protos import client_api_pb2
+from bae.common.rpc_codes import LAGGED_MESSAGE, RpcCode
+from services.gateway.proto_to_json import to_json, writer_of
+
+RpcError = client_api_pb2.RpcError
 
 NDJSON = "application/x-ndjson"
 INTERNAL_ERROR = RpcCode.INTERNAL_ERROR
 
+_event_json = writer_of(client_api_pb2.Event.DESCRIPTOR)
 
-def event_frame(event_json: str) -> bytes:
-    return f'{{"jsonrpc":"2.0","method":"session.event","params":{event_json}}}\n'.encode()
+
+def event_frame(event: client_api_pb2.Event) -> bytes:
+    return ('{"jsonrpc":"2.0","method":"session.event","params":' + _event_json(event) + "}\n").encode()
+
+
+def event_lines(batch: client_api_pb2.EventBatch) -> list[bytes]:
+    return [event_frame(event) for event in batch.events]
 
 
 def result_frame(id_json: str, result_json: str) -> bytes:
@@ -32,7 +41,7 @@ def error_frame(id_json: str | None, code: int, message: str) -> bytes:
     return f'{{"jsonrpc":"2.0","id":{id_json},{error}'.encode()
 
 
-def rpc_error_frame(request_id_json: str | None, error: RpcError) -> bytes | None:
+def rpc_error_frame(request_id_json: str | None, error: client_api_pb2.RpcError) -> bytes | None:
     """An RpcError per its id mode; None for a request error on a notification (no id)."""
     if error.id_mode == RpcError.NULL_ID:
         return error_frame("null", error.code, error.message)
@@ -51,13 +60,14 @@ def internal_error_frame(request_id_json: str) -> bytes:
     return error_frame(request_id_json, INTERNAL_ERROR, "Internal error")
 
 
-def reply_frame(reply: session_pb2.RpcFrame | session_pb2.RpcReply, request_id_json: str | None) -> bytes | None:
-    """The line for a unary reply or one frame of a stream; None when the client gets none."""
-    kind = reply.WhichOneof("kind")
+def reply_frame(reply: Message, request_id_json: str | None) -> bytes | None:
+    """The lines of a unary reply (`outcome`) or of one frame of a stream (`kind`); None when the
+    client gets none (`accepted`, the observer, a notification's result)."""
+    kind = reply.WhichOneof("kind" if "kind" in reply.DESCRIPTOR.oneofs_by_name else "outcome")
     if kind == "events":
-        return b"".join(event_frame(event_json) for event_json in reply.events.json)
-    if kind == "result_json":
-        return None if request_id_json is None else result_frame(request_id_json, reply.result_json)
+        return b"".join(event_lines(reply.events))  # type: ignore[attr-defined]
+    if kind == "result":
+        return None if request_id_json is None else result_frame(request_id_json, to_json(reply.result))  # type: ignore[attr-defined]
     if kind == "error":
-        return rpc_error_frame(request_id_json, reply.error)
-    return None  # `accepted` carries no output of its own
+        return rpc_error_frame(request_id_json, reply.error)  # type: ignore[attr-defined]
+    return None

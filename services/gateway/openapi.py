@@ -1,317 +1,292 @@
-"""The OpenAPI 3.1 document of both HTTP ports, served at `/openapi.json` on each.
+"""The OpenAPI 3.1 document of each HTTP port, served at `/openapi.json`, generated from the same
+declaration the gateway serves (services/gateway/declaration.py) and the JSON rules of each field
+(edge.proto), plus the routes the gateway answers itself (services/gateway/own_routes.py).
 
-One document describes the client and the admin API (tagged `client` and
-`admin`); each port serves the subset of paths it routes. The JSON-RPC endpoint
-is one POST whose response is NDJSON: one frame per line, described by
-`RpcFrame`; docs/reference/rpc.md describes each method.
+Each port's document holds the paths it serves. Every REST route is one operation (its
+operationId is its SessionService method); `POST /api/v1/sessions/{id}/rpc` is one operation whose
+request is a oneOf over the JSON-RPC methods and whose NDJSON frames are a oneOf over the event
+notification, each method's result frame and the error frame.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from google.protobuf.descriptor import FieldDescriptor
+
 from bae import __version__
-from bae.common.jsontext import dump
-from services.gateway.envelope import STREAMING_METHODS, UNARY_METHODS
+from bae.common.jsontext import dump, load
+from bae.common.protos import client_api_pb2, edge_pb2
+from services.gateway.declaration import RPC_METHODS, Port, Route, routes_of
+from services.gateway.own_routes import OWN_ROUTES, OwnRoute
+from services.gateway.problems import JSON, TITLES
 
 Schema = dict[str, Any]
+# A message's descriptor (the upb and the pure-Python ones are different types to mypy).
+Descriptor = Any
 
-TS = "2026-07-06T18:26:10.123Z"
-PRO, KEY, SES, EVT = "pro_" + "1" * 32, "key_" + "2" * 32, "ses_" + "3" * 32, "evt_" + "4" * 32
+NDJSON = "application/x-ndjson"
+RPC_PATH = "/api/v1/sessions/{id}/rpc"
+JSON_VALUE = edge_pb2.JsonValue.DESCRIPTOR.full_name
+SECURITY = {
+    edge_pb2.CLIENT_KEY: ("clientKey", "a client key, `bae_…` (admin-issued)"),
+    edge_pb2.SESSION_KEY: ("sessionKey", "a session key, `bae_ses_…`, bound to the session in the path"),
+    edge_pb2.ADMIN_KEY: ("adminKey", "an admin key, `bae_admin_…`"),
+}
+PROBLEM_SLUGS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 409: "conflict",
+                 413: "payload_too_large", 422: "unprocessable", 429: "too_many_requests", 500: "internal",
+                 503: "service_unavailable", 504: "gateway_timeout"}
+_SCALARS: dict[int, Schema] = {
+    FieldDescriptor.TYPE_STRING: {"type": "string"},
+    FieldDescriptor.TYPE_BOOL: {"type": "boolean"},
+    FieldDescriptor.TYPE_DOUBLE: {"type": "number"},
+    FieldDescriptor.TYPE_FLOAT: {"type": "number"},
+    FieldDescriptor.TYPE_INT64: {"type": "integer"},
+    FieldDescriptor.TYPE_INT32: {"type": "integer"},
+    FieldDescriptor.TYPE_UINT64: {"type": "integer", "minimum": 0},
+    FieldDescriptor.TYPE_UINT32: {"type": "integer", "minimum": 0},
+}
+_JSON_TYPES = {"string": "string", "array": "array", "object": "object", "number": "number", "boolean": "boolean"}
 
 
 def ref(name: str) -> Schema:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def obj(required: list[str], properties: dict[str, Schema], extra: bool = False) -> Schema:
-    return {"type": "object", "required": required, "properties": properties, "additionalProperties": extra}
+def nullable(schema: Schema) -> Schema:
+    return {"anyOf": [schema, {"type": "null"}]}
 
 
-STR, INT, BOOL = {"type": "string"}, {"type": "integer"}, {"type": "boolean"}
-STR_OR_NULL = {"type": ["string", "null"]}
-TIMESTAMP = {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$"}
-TIMESTAMP_OR_NULL = {"anyOf": [TIMESTAMP, {"type": "null"}]}
-NAMES = {"type": "array", "items": STR}
-REDACTED_MAP = {"type": "object", "additionalProperties": {"const": "••••••••"}}  # names kept, values redacted
+class Schemas:
+    """The components/schemas of one document: each message read (a request's body or params) or
+    written (a reply), by its name."""
+
+    def __init__(self) -> None:
+        self.schemas: dict[str, Schema] = {
+            "Problem": {"type": "object", "required": ["type", "title", "status", "detail"], "properties": {
+                "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
+                "detail": {"type": "string"}}, "additionalProperties": False},
+            "Meta": {"type": "object", "required": ["version", "api_versions"], "properties": {
+                "version": {"type": "string"}, "api_versions": {"type": "array", "items": {"type": "string"}}},
+                "additionalProperties": False},
+            "Ready": {"type": "object", "required": ["status"], "properties": {"status": {"const": "ready"}},
+                      "additionalProperties": False},
+        }
+        self.examples: dict[str, Any] = {}
+
+    def read(self, message: Descriptor) -> Schema:
+        """The schema of a message as a request carries it (edge.proto's reading rules)."""
+        return self._named(message, self._read_schema)
+
+    def written(self, message: Descriptor) -> Schema:
+        """The schema of a message as a reply writes it (edge.proto's writing rules)."""
+        return self._named(message, self._written_schema)
+
+    def _named(self, message: Descriptor, build: Any) -> Schema:
+        if message.name not in self.schemas:
+            self.schemas[message.name] = {}  # taken first: messages may nest
+            self.schemas[message.name] = build(message)
+            example = message.GetOptions().Extensions[edge_pb2.json_message].example
+            if example:
+                self.examples[message.name] = load(example)
+        return ref(message.name)
+
+    def _read_schema(self, message: Descriptor) -> Schema:
+        options = message.GetOptions().Extensions[edge_pb2.json_message]
+        if options.tag:
+            return {"oneOf": [
+                {"allOf": [{"type": "object", "required": [options.tag], "properties": {options.tag: {"const": field.name}}},
+                           self.read(field.message_type)]}
+                for field in message.fields
+            ]}
+        properties: dict[str, Schema] = {}
+        required = []
+        for field in message.fields:
+            json = field.GetOptions().Extensions[edge_pb2.json]
+            if json.forbidden:
+                continue
+            schema = self._value(field, self.read)
+            if json.description:
+                schema = {**schema, "description": json.description}
+            if json.required:
+                required.append(field.name)
+            elif field.has_presence or field.is_repeated:
+                schema = nullable(schema)  # null reads as absent
+            properties[field.name] = schema
+        forbidden = [field.name for field in message.fields
+                     if field.GetOptions().Extensions[edge_pb2.json].forbidden]
+        schema = {"type": "object", "required": required, "properties": properties}
+        if forbidden:
+            schema["not"] = {"anyOf": [{"required": [name]} for name in forbidden]}
+        return schema
+
+    def _written_schema(self, message: Descriptor) -> Schema:
+        properties: dict[str, Schema] = {}
+        required = []
+        for field in message.fields:
+            json = field.GetOptions().Extensions[edge_pb2.json]
+            schema = self._value(field, self.written)
+            if json.description:
+                schema = {**schema, "description": json.description}
+            if not json.omit_unset:
+                required.append(field.name)
+                if field.has_presence:
+                    schema = nullable(schema)
+            properties[field.name] = schema
+        return {"type": "object", "required": required, "properties": properties, "additionalProperties": False}
+
+    def _value(self, field: FieldDescriptor, message_schema: Any) -> Schema:
+        """The schema of the field's value (its items, for a repeated one)."""
+        message = field.message_type
+        if message is not None and message.GetOptions().map_entry:
+            return {"type": "object", "additionalProperties": self._one(message.fields_by_name["value"], message_schema)}
+        one = self._one(field, message_schema)
+        return {"type": "array", "items": one} if field.is_repeated else one
+
+    def _one(self, field: FieldDescriptor, message_schema: Any) -> Schema:
+        json = field.GetOptions().Extensions[edge_pb2.json]
+        message = field.message_type
+        if message is not None and message.full_name == JSON_VALUE:
+            kinds = [_JSON_TYPES[kind] for kind in json.json_types]
+            return {"type": kinds[0] if len(kinds) == 1 else kinds} if kinds else {}
+        if message is not None:
+            return message_schema(message)
+        schema = dict(_SCALARS[field.type])
+        if json.choices:
+            schema["enum"] = list(json.choices)
+        if json.below_minimum:
+            schema["minimum"] = json.minimum
+        return schema
 
 
-def page_of(item: str) -> Schema:
-    return obj(["items", "next_cursor"], {"items": {"type": "array", "items": ref(item)}, "next_cursor": STR_OR_NULL})
+def _problem_responses(statuses: list[int]) -> dict[str, Schema]:
+    return {str(status): {"description": TITLES[status], "content": {JSON: {"schema": ref("Problem"), "example": {
+        "type": PROBLEM_SLUGS[status], "title": TITLES[status], "status": status, "detail": "…"}}}}
+        for status in sorted(set(statuses))}
 
 
-TOOL_DEF = obj(["name"], {"name": STR, "description": STR_OR_NULL, "input_schema": {"type": "object"}}, extra=True)
-PROFILE_EXAMPLE = {
-    "id": PRO, "name": "main", "primary_provider": "anthropic-sonnet", "fallback_providers": [],
-    "mcp_servers": ["filesystem"], "allowed_tools": ["get_current_time"], "available_sandboxes": ["python:3.12"],
-    "created_at": TS, "updated_at": TS,
-}
-EVENT_EXAMPLE = {"id": EVT, "session_id": SES, "client_key_id": KEY, "event_type": "client.message.send",
-                 "payload": {"role": "user", "content": "What time is it?"}, "created_at": TS}
-OPENED_EXAMPLE = {"session_id": SES, "session_key": "bae_ses_" + "a" * 48,
-                  "profile": {"id": PRO, "name": "main", "allowed_tools": ["get_current_time"],
-                              "mcp_servers": [], "provider": {"provider": "anthropic", "model": "claude-sonnet-4-6"}}}
-RPC_METHODS = [*STREAMING_METHODS, *UNARY_METHODS]
-
-SCHEMAS: dict[str, Schema] = {
-    "Problem": obj(["type", "title", "status", "detail"], {"type": STR, "title": STR, "status": INT, "detail": STR}),
-    "Meta": obj(["version", "api_versions"], {"version": STR, "api_versions": NAMES}),
-    "Ready": obj(["status"], {"status": {"const": "ready"}}),
-    "ProfileBody": obj(["name", "primary_provider"], {
-        "name": STR, "primary_provider": STR, "fallback_providers": NAMES, "mcp_servers": NAMES,
-        "allowed_tools": NAMES, "available_sandboxes": NAMES}),
-    "ProfileCreated": obj(["id", "name", "created_at"], {"id": STR, "name": STR, "created_at": TIMESTAMP}),
-    "Profile": obj(list(PROFILE_EXAMPLE), {
-        "id": STR, "name": STR, "primary_provider": STR, "fallback_providers": NAMES, "mcp_servers": NAMES,
-        "allowed_tools": NAMES, "available_sandboxes": NAMES, "created_at": TIMESTAMP, "updated_at": TIMESTAMP}),
-    "ProfilePage": page_of("Profile"),
-    "KeyBody": obj(["name", "profile_id"], {"name": STR, "profile_id": STR}),
-    "KeyCreated": obj(["id", "name", "key", "prefix", "profile_id", "created_at"], {
-        "id": STR, "name": STR, "key": {"type": "string", "pattern": "^bae_[0-9a-f]{48}$"}, "prefix": STR,
-        "profile_id": STR, "created_at": TIMESTAMP}),
-    "Key": obj(["id", "name", "prefix", "profile_id", "created_at", "last_used_at"], {
-        "id": STR, "name": STR, "prefix": STR, "profile_id": STR, "created_at": TIMESTAMP,
-        "last_used_at": TIMESTAMP_OR_NULL}),
-    "KeyPage": page_of("Key"),
-    "SessionSummary": obj(["id", "profile_id", "state", "client_version", "created_at", "closed_at"], {
-        "id": STR, "profile_id": STR, "state": {"enum": ["open", "closed", "error"]},
-        "client_version": STR_OR_NULL, "created_at": TIMESTAMP, "closed_at": TIMESTAMP_OR_NULL}),
-    "SessionPage": page_of("SessionSummary"),
-    "Event": obj(["id", "session_id", "client_key_id", "event_type", "payload", "created_at"], {
-        "id": STR, "session_id": STR, "client_key_id": STR_OR_NULL, "event_type": STR,
-        "payload": {"type": "object"}, "created_at": TIMESTAMP}),
-    "EventPage": page_of("Event"),
-    "McpServers": obj(["items"], {"items": {"type": "array", "items": obj(["name", "transport"], {
-        "name": STR, "transport": {"enum": ["stdio", "http", "sse"]}})}}),
-    "Providers": obj(["items"], {"items": {"type": "array", "items": obj(["name", "provider", "model", "base_url"], {
-        "name": STR, "provider": {"enum": ["anthropic", "openai"]}, "model": STR, "base_url": STR})}}),
-    "Config": obj(["mcp", "providers", "telemetry"], {
-        "mcp": obj(["servers"], {"servers": {"type": "array", "items": obj(
-            ["name", "transport", "command", "args", "url", "headers", "env"], {
-                "name": STR, "transport": STR, "command": STR_OR_NULL, "args": NAMES, "url": STR_OR_NULL,
-                "headers": REDACTED_MAP, "env": REDACTED_MAP})}}),
-        "providers": obj(["entries"], {"entries": {"type": "array", "items": obj(
-            ["name", "provider", "model", "base_url", "auth_token"], {
-                "name": STR, "provider": STR, "model": STR, "base_url": STR_OR_NULL,
-                "auth_token": {"const": "••••••••"}})}}),
-        "telemetry": obj(
-            ["enabled", "otlp_endpoint", "otlp_headers", "sample_ratio", "service_name", "traces", "metrics"], {
-                "enabled": BOOL, "otlp_endpoint": STR_OR_NULL, "otlp_headers": REDACTED_MAP,
-                "sample_ratio": {"type": "number", "minimum": 0, "maximum": 1}, "service_name": STR,
-                "traces": obj(["enabled"], {"enabled": BOOL}),
-                "metrics": obj(["enabled", "disabled"], {"enabled": BOOL, "disabled": NAMES})})}),
-    "SandboxStatus": obj(["items"], {"items": {"type": "array", "items": obj(["profile_id", "images"], {
-        "profile_id": STR, "images": {"type": "array", "items": obj(["name", "status"], {
-            "name": STR, "status": {"enum": ["pending", "available", "error"]}, "detail": STR})}})}}),
-    "OpenSession": obj([], {
-        "client_version": STR_OR_NULL, "tools": {"type": "array", "items": TOOL_DEF},
-        "sandbox_tools": {"type": "array", "items": TOOL_DEF}, "subagent_tools": {"type": "array"},
-        "compaction": {"anyOf": [{"type": "null"}, obj(["mode"], {
-            "mode": {"enum": ["auto", "client"]}, "size": {"type": "integer", "minimum": 1000},
-            "prompt": STR_OR_NULL})]}}),
-    "JoinSession": obj([], {
-        "client_version": STR_OR_NULL, "tools": {"type": "array", "items": TOOL_DEF},
-        "sandbox_tools": {"type": "array", "items": TOOL_DEF}, "subagent_tools": {"type": "array"}}),
-    "SessionOpened": obj(["session_id", "session_key", "profile"], {
-        "session_id": STR, "session_key": {"type": "string", "pattern": "^bae_ses_[0-9a-f]{48}$"},
-        "profile": obj(["id", "name", "allowed_tools", "mcp_servers", "provider"], {
-            "id": STR, "name": STR, "allowed_tools": NAMES, "mcp_servers": NAMES,
-            "provider": obj(["provider", "model"], {"provider": STR, "model": STR})})}),
-    "Participants": obj(["drivers"], {"drivers": NAMES}),
-    "SessionClosed": obj(["session_id", "state"], {"session_id": STR, "state": {"const": "closed"}}),
-    "RpcRequest": obj(["jsonrpc", "method"], {
-        "jsonrpc": {"const": "2.0"}, "id": {}, "method": {"enum": RPC_METHODS}, "params": {"type": "object"}}),
-    "RpcFrame": {"oneOf": [
-        obj(["jsonrpc", "method", "params"], {"jsonrpc": {"const": "2.0"}, "method": {"const": "session.event"},
-                                              "params": ref("Event")}),
-        obj(["jsonrpc", "id", "result"], {"jsonrpc": {"const": "2.0"}, "id": {}, "result": {}}),
-        obj(["jsonrpc", "error"], {"jsonrpc": {"const": "2.0"}, "id": {}, "error": obj(["code", "message"], {
-            "code": INT, "message": STR, "data": {}})}),
-    ]},
-}
+def _error_statuses(port: Port, declared: tuple[int, ...]) -> list[int]:
+    """A route's problems: its own, and what every authenticated route may answer."""
+    return [*declared, 401, 413, 500, 503, 504, *((429,) if port is Port.ADMIN else ())]
 
 
-def json_body(schema: str, example: Any) -> Schema:
-    return {"content": {"application/json": {"schema": ref(schema), "example": example}}}
-
-
-def problems(*statuses: int) -> dict[str, Schema]:
-    titles = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
-              409: "Conflict", 413: "Payload Too Large", 422: "Unprocessable Entity", 429: "Too Many Requests",
-              500: "Internal Server Error", 503: "Service Unavailable", 504: "Gateway Timeout"}
-    slugs = {400: "bad_request", 401: "unauthorized", 403: "tool_not_allowed", 404: "not_found",
-             405: "method_not_allowed", 409: "session_closed", 413: "payload_too_large", 422: "profile_unavailable",
-             429: "too_many_requests", 500: "internal", 503: "service_unavailable", 504: "gateway_timeout"}
-    return {str(status): {"description": titles[status], "content": {"application/problem+json": {
-        "schema": ref("Problem"),
-        "example": {"type": slugs[status], "title": titles[status], "status": status, "detail": "…"}}}}
-        for status in (*statuses, 500)}
-
-
-def ok(status: int, description: str, schema: str | None = None, example: Any = None) -> dict[str, Schema]:
-    response: Schema = {"description": description}
-    if schema is not None:
-        response.update(json_body(schema, example))
-    return {str(status): response}
-
-
-def op(tag: str, summary: str, responses: dict[str, Schema], *, body: tuple[str, Any] | None = None,
-       auth: str | None = None, params: list[Schema] | None = None) -> Schema:
-    operation: Schema = {"tags": [tag], "summary": summary, "responses": responses}
-    if body is not None:
-        operation["requestBody"] = {"required": True, **json_body(*body)}
-    operation["security"] = [{auth: []}] if auth else []
-    if auth:
-        # Every forwarded route: a busy store or an unreachable session service (503), no answer in time (504),
-        # a body over BAE_MAX_BODY_BYTES (413); repeated bad admin keys are throttled (429).
-        extra = problems(413, 503, 504, *((429,) if auth == "adminKey" else ()))
-        operation["responses"] = {**responses, **{k: v for k, v in extra.items() if k not in responses}}
-    if params:
-        operation["parameters"] = params
+def _route_operation(route: Route, schemas: Schemas) -> Schema:
+    request = route.request.DESCRIPTOR
+    parameters: list[Schema] = []
+    if route.id_field:
+        parameters.append({"name": "id", "in": "path", "required": True, "schema": {"type": "string"},
+                           "description": f"the {route.id_field.removesuffix('_id')}'s id"})
+    for name in route.query_fields:
+        json = request.fields_by_name[name].GetOptions().Extensions[edge_pb2.json]
+        parameter: Schema = {"name": name, "in": "query", "required": False, "schema": {"type": "string"}}
+        if json.description:
+            parameter["description"] = json.description
+        parameters.append(parameter)
+    reply = route.reply.DESCRIPTOR
+    ok: Schema = {"description": route.summary}
+    if route.status != 204:
+        ok["content"] = {JSON: _media(schemas.written(reply), schemas, reply.name)}
+    operation: Schema = {
+        "operationId": route.rpc,
+        "tags": [route.port.value],
+        "summary": route.summary,
+        "security": [{SECURITY[route.credential][0]: []}],
+        "responses": {str(route.status): ok, **_problem_responses(_error_statuses(route.port, route.problems))},
+    }
+    if parameters:
+        operation["parameters"] = parameters
+    if route.body_field:
+        body: Descriptor = request.fields_by_name[route.body_field].message_type
+        operation["requestBody"] = {"required": True, "content": {JSON: _media(schemas.read(body), schemas, body.name)}}
     return operation
 
 
-ID = {"name": "id", "in": "path", "required": True, "schema": STR}
-PAGING = [{"name": "cursor", "in": "query", "schema": STR, "description": "next_cursor of the previous page"},
-          {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1},
-           "description": "page size, default 50, clamped to 200"}]
-STATE = {"name": "state", "in": "query", "schema": {"enum": ["", "open", "closed", "error"]}}
-NO_CONTENT = {"204": {"description": "done; no body"}}
-PROFILE_BODY = ("ProfileBody", {"name": "main", "primary_provider": "anthropic-sonnet",
-                                "allowed_tools": ["get_current_time"]})
-HEALTHZ = {"get": op("client", "Liveness: 200, empty body", {"200": {"description": "alive"}})}
-READYZ = {"get": op("operations", "Readiness: the session service and the runner answer", {
-    **ok(200, "ready", "Ready", {"status": "ready"}), **problems(503)})}
-OPENAPI = {"get": op("operations", "This document (the paths this port serves)", {
-    "200": {"description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object"}}}}})}
-
-CLIENT_PATHS: dict[str, Schema] = {
-    "/healthz": HEALTHZ,
-    "/readyz": READYZ,
-    "/openapi.json": OPENAPI,
-    "/api/v1/meta": {"get": op("client", "Server version and API versions", ok(
-        200, "versions", "Meta", {"version": __version__, "api_versions": ["v1"]}))},
-    "/api/v1/sessions": {"post": op(
-        "client", "Open a session (client key)",
-        {**ok(201, "opened", "SessionOpened", OPENED_EXAMPLE), **problems(400, 401, 403, 422)},
-        body=("OpenSession", {"client_version": "1.0.0", "tools": [
-            {"name": "get_current_time", "description": "The time", "input_schema": {"type": "object"}}]}),
-        auth="clientKey")},
-    "/api/v1/sessions/{id}/join": {"post": op(
-        "client", "Join a session with another client key on the same profile",
-        {**ok(201, "joined", "SessionOpened", OPENED_EXAMPLE), **problems(400, 401, 403, 404, 409, 422)},
-        body=("JoinSession", {"tools": []}), auth="clientKey", params=[ID])},
-    "/api/v1/sessions/{id}/participants": {"get": op(
-        "client", "The client key ids registered as drivers", {
-            **ok(200, "drivers", "Participants", {"drivers": [KEY]}), **problems(401, 404)},
-        auth="sessionKey", params=[ID])},
-    "/api/v1/sessions/{id}/events": {"get": op(
-        "client", "The session's full event history, oldest first", {
-            **ok(200, "a page of events", "EventPage", {"items": [EVENT_EXAMPLE], "next_cursor": None}),
-            **problems(400, 401)}, auth="sessionKey", params=[ID, *PAGING])},
-    "/api/v1/sessions/{id}": {"delete": op(
-        "client", "Close the session", {
-            **ok(200, "closed", "SessionClosed", {"session_id": SES, "state": "closed"}), **problems(401, 409)},
-        auth="sessionKey", params=[ID])},
-    "/api/v1/sessions/{id}/rpc": {"post": op(
-        "client", "JSON-RPC 2.0 over NDJSON: one request in, a stream of frames out (docs/reference/rpc.md)",
-        {"200": {
-            "description": "NDJSON: zero or more `session.event` notifications, then the frame with the request id",
-            "content": {"application/x-ndjson": {"schema": ref("RpcFrame"), "example": {
-                "jsonrpc": "2.0", "method": "session.event", "params": EVENT_EXAMPLE}}}}, **problems(401)},
-        body=("RpcRequest", {"jsonrpc": "2.0", "id": 1, "method": "session.sendMessage",
-                             "params": {"message": {"role": "user", "content": "What time is it?"}}}),
-        auth="sessionKey", params=[ID])},
-}
-
-ADMIN_PATHS: dict[str, Schema] = {
-    "/readyz": READYZ,
-    "/openapi.json": OPENAPI,
-    "/metrics": {"get": op("operations", "Prometheus metrics (text exposition format)", {
-        "200": {"description": "metrics", "content": {"text/plain": {"schema": STR}}}})},
-    "/admin/v1/profiles": {
-        "post": op("admin", "Create a profile", {
-            **ok(201, "created", "ProfileCreated", {"id": PRO, "name": "main", "created_at": TS}),
-            **problems(400, 401, 409)}, body=PROFILE_BODY, auth="adminKey"),
-        "get": op("admin", "List profiles", {
-            **ok(200, "a page", "ProfilePage", {"items": [PROFILE_EXAMPLE], "next_cursor": None}),
-            **problems(400, 401)}, auth="adminKey", params=PAGING),
-    },
-    "/admin/v1/profiles/{id}": {
-        "get": op("admin", "Get a profile", {**ok(200, "the profile", "Profile", PROFILE_EXAMPLE),
-                                             **problems(401, 404)}, auth="adminKey", params=[ID]),
-        "put": op("admin", "Replace a profile (omitted lists become [])", {
-            **ok(200, "the profile", "Profile", PROFILE_EXAMPLE), **problems(400, 401, 404, 409)},
-            body=PROFILE_BODY, auth="adminKey", params=[ID]),
-        "delete": op("admin", "Delete a profile (409 profile_in_use while it has active keys)", {
-            **NO_CONTENT, **problems(401, 404, 409)}, auth="adminKey", params=[ID]),
-    },
-    "/admin/v1/keys": {
-        "post": op("admin", "Create a client key (the plaintext `key` is shown once)", {
-            **ok(201, "created", "KeyCreated", {"id": KEY, "name": "laptop", "key": "bae_" + "b" * 48,
-                                                "prefix": "bae_bbbb", "profile_id": PRO, "created_at": TS}),
-            **problems(400, 401, 422)}, body=("KeyBody", {"name": "laptop", "profile_id": PRO}), auth="adminKey"),
-        "get": op("admin", "List active client keys", {
-            **ok(200, "a page", "KeyPage", {"items": [{"id": KEY, "name": "laptop", "prefix": "bae_bbbb",
-                                                       "profile_id": PRO, "created_at": TS, "last_used_at": None}],
-                                            "next_cursor": None}),
-            **problems(400, 401)}, auth="adminKey", params=PAGING),
-    },
-    "/admin/v1/keys/{id}": {"delete": op(
-        "admin", "Revoke a client key, its session keys, and close sessions left without keys",
-        {**NO_CONTENT, **problems(401, 404)}, auth="adminKey", params=[ID])},
-    "/admin/v1/sessions": {"get": op("admin", "List sessions", {
-        **ok(200, "a page", "SessionPage", {"items": [{
-            "id": SES, "profile_id": PRO, "state": "open", "client_version": "1.0.0", "created_at": TS,
-            "closed_at": None}], "next_cursor": "2"}),
-        **problems(400, 401)}, auth="adminKey", params=[*PAGING, STATE])},
-    "/admin/v1/sessions/{id}/events": {"get": op("admin", "A session's events (any state)", {
-        **ok(200, "a page", "EventPage", {"items": [EVENT_EXAMPLE], "next_cursor": None}),
-        **problems(400, 401, 404)}, auth="adminKey", params=[ID, *PAGING])},
-    "/admin/v1/mcp-servers": {"get": op("admin", "The MCP registry, sorted by name", {
-        **ok(200, "servers", "McpServers", {"items": [{"name": "filesystem", "transport": "stdio"}]}),
-        **problems(401)}, auth="adminKey")},
-    "/admin/v1/providers": {"get": op("admin", "The provider registry, sorted by name", {
-        **ok(200, "providers", "Providers", {"items": [{"name": "anthropic-sonnet", "provider": "anthropic",
-                                                       "model": "claude-sonnet-4-6",
-                                                       "base_url": "https://api.anthropic.com"}]}),
-        **problems(401)}, auth="adminKey")},
-    "/admin/v1/config": {"get": op("admin", "The loaded bae-config.toml, every secret redacted", {
-        **ok(200, "config", "Config", {
-            "mcp": {"servers": [{"name": "filesystem", "transport": "stdio", "command": "npx",
-                                 "args": ["-y", "@modelcontextprotocol/server-filesystem", "/data"], "url": None,
-                                 "headers": {}, "env": {"NODE_OPTIONS": "••••••••"}}]},
-            "providers": {"entries": [{"name": "anthropic-sonnet", "provider": "anthropic",
-                                       "model": "claude-sonnet-4-6", "base_url": None, "auth_token": "••••••••"}]},
-            "telemetry": {"enabled": False, "otlp_endpoint": None, "otlp_headers": {}, "sample_ratio": 1.0,
-                          "service_name": "bae", "traces": {"enabled": True},
-                          "metrics": {"enabled": True, "disabled": []}}}),
-        **problems(401)}, auth="adminKey")},
-    "/admin/v1/sandbox-status": {"get": op("admin", "Sandbox image provisioning, per profile", {
-        **ok(200, "status", "SandboxStatus", {"items": [{"profile_id": PRO, "images": [
-            {"name": "python:3.12", "status": "available"},
-            {"name": "nope:1", "status": "error", "detail": "pull failed"}]}]}),
-        **problems(401)}, auth="adminKey")},
-}
-
-SECURITY = {
-    "clientKey": {"type": "http", "scheme": "bearer", "description": "a client key, `bae_…` (admin-issued)"},
-    "sessionKey": {"type": "http", "scheme": "bearer",
-                   "description": "a session key, `bae_ses_…`, bound to the session in the path"},
-    "adminKey": {"type": "http", "scheme": "bearer", "description": "an admin key, `bae_admin_…`"},
-}
+def _media(schema: Schema, schemas: Schemas, name: str) -> Schema:
+    media: Schema = {"schema": schema}
+    if name in schemas.examples:
+        media["example"] = schemas.examples[name]
+    return media
 
 
-def document(paths: dict[str, Schema], port: str) -> dict[str, Any]:
+def _rpc_operation(schemas: Schemas) -> Schema:
+    """POST /api/v1/sessions/{id}/rpc: a oneOf over the methods in, a oneOf over the frames out."""
+    requests, frames = [], [ref("EventFrame"), ref("ErrorFrame")]
+    for name, method in RPC_METHODS.items():
+        params = schemas.read(method.params.DESCRIPTOR)
+        schema_name = method.rpc + "Call"
+        schemas.schemas[schema_name] = {"type": "object", "required": ["jsonrpc", "method"], "properties": {
+            "jsonrpc": {"const": "2.0"}, "id": {"description": "any JSON value; absent: a notification"},
+            "method": {"const": name}, "params": nullable(params)}}
+        requests.append(ref(schema_name))
+        result_field = method.reply.DESCRIPTOR.fields_by_name.get("result")
+        if result_field is not None:
+            result_name = method.rpc + "ResultFrame"
+            schemas.schemas[result_name] = {"type": "object", "required": ["jsonrpc", "id", "result"], "properties": {
+                "jsonrpc": {"const": "2.0"}, "id": {}, "result": schemas.written(result_field.message_type)},
+                "additionalProperties": False, "description": f"the result of {name}"}
+            frames.append(ref(result_name))
+    event = schemas.written(client_api_pb2.Event.DESCRIPTOR)
+    schemas.schemas["EventFrame"] = {"type": "object", "required": ["jsonrpc", "method", "params"], "properties": {
+        "jsonrpc": {"const": "2.0"}, "method": {"const": "session.event"}, "params": event},
+        "additionalProperties": False}
+    schemas.schemas["ErrorFrame"] = {"type": "object", "required": ["jsonrpc", "error"], "properties": {
+        "jsonrpc": {"const": "2.0"}, "id": {}, "error": {"type": "object", "required": ["code", "message"],
+                                                         "properties": {"code": {"type": "integer"},
+                                                                        "message": {"type": "string"}}}},
+        "additionalProperties": False}
+    schemas.schemas["RpcCall"] = {"oneOf": requests}
+    schemas.schemas["RpcFrame"] = {"oneOf": frames}
+    send = RPC_METHODS["session.sendMessage"].params.DESCRIPTOR
+    example = {"jsonrpc": "2.0", "id": 1, "method": "session.sendMessage",
+               "params": load(send.GetOptions().Extensions[edge_pb2.json_message].example)}
     return {
-        "openapi": "3.1.0",
-        "info": {"title": f"BAE {port} API", "version": __version__,
-                 "description": "BAE, the Better Agent Engine. Reference: docs/reference/."},
-        "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",
-        "paths": paths,
-        "components": {"schemas": SCHEMAS, "securitySchemes": SECURITY},
+        "operationId": "rpc",
+        "tags": ["client"],
+        "summary": "JSON-RPC 2.0 over NDJSON: one request in, a stream of frames out (docs/reference/rpc.md)",
+        "security": [{SECURITY[edge_pb2.SESSION_KEY][0]: []}],
+        "parameters": [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"},
+                        "description": "the session's id"}],
+        "requestBody": {"required": True, "content": {JSON: {"schema": ref("RpcCall"), "example": example}}},
+        "responses": {"200": {
+            "description": "NDJSON: zero or more `session.event` notifications, then the frame with the request id",
+            "content": {NDJSON: {"schema": ref("RpcFrame")}}}, **_problem_responses([401, 413, 500, 503, 504])},
     }
 
 
-CLIENT_DOCUMENT = dump(document(CLIENT_PATHS, "client"))
-ADMIN_DOCUMENT = dump(document(ADMIN_PATHS, "admin"))
+def _own_operation(route: OwnRoute, schemas: Schemas) -> Schema:
+    ok: Schema = {"description": route.summary}
+    if route.media_type is not None and route.schema is not None:
+        ok["content"] = {route.media_type: {"schema": ref(route.schema) if isinstance(route.schema, str) else route.schema}}
+    return {"operationId": route.operation_id, "tags": ["operations"], "summary": route.summary, "security": [],
+            "responses": {"200": ok, **_problem_responses([*route.problems, 500])}}
+
+
+def document(port: Port) -> dict[str, Any]:
+    schemas = Schemas()
+    paths: dict[str, dict[str, Schema]] = {}
+    for own in OWN_ROUTES:
+        if port in own.ports:
+            paths.setdefault(own.path, {})[own.method.lower()] = _own_operation(own, schemas)
+    if port is Port.CLIENT:
+        paths[RPC_PATH] = {"post": _rpc_operation(schemas)}
+    for route in routes_of(port):
+        paths.setdefault(route.path, {})[route.method.lower()] = _route_operation(route, schemas)
+    used = {SECURITY[route.credential][0] for route in routes_of(port)}
+    if port is Port.CLIENT:
+        used.add(SECURITY[edge_pb2.SESSION_KEY][0])
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": f"BAE {port.value} API", "version": __version__,
+                 "description": "BAE, the Better Agent Engine. Reference: docs/reference/."},
+        "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",
+        "paths": paths,
+        "components": {
+            "schemas": schemas.schemas,
+            "securitySchemes": {name: {"type": "http", "scheme": "bearer", "description": text}
+                                for name, text in SECURITY.values() if name in used},
+        },
+    }
+
+
+CLIENT_DOCUMENT = dump(document(Port.CLIENT))
+ADMIN_DOCUMENT = dump(document(Port.ADMIN))

@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import grpc
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -23,12 +24,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from starlette.requests import Request
 from starlette.responses import Response
 
-from bae.common.errors import Problem
+from bae.common.errors import NotFound
 from bae.common.grpcutil import channel
 from bae.common.internal import InternalPlane
 from bae.common import telemetry
 from bae.common.telemetry import METRICS_METHOD
-from services.gateway.responses import problem_response
+from services.gateway.problems import error_response
 
 log = logging.getLogger("bae.gateway")
 
@@ -45,7 +46,7 @@ class _Family:
     buckets: dict[Labels, tuple[list[float], list[int], float]] = field(default_factory=dict)
 
 
-def _labels(attributes: list[KeyValue]) -> Labels:
+def _labels(attributes: Iterable[KeyValue]) -> Labels:
     return tuple(sorted((item.key, item.value.string_value) for item in attributes))
 
 
@@ -58,7 +59,7 @@ def merge(snapshots: list[ExportMetricsServiceRequest]) -> dict[str, _Family]:
             for scope in resource.scope_metrics:
                 for metric in scope.metrics:
                     kind = metric.WhichOneof("data")
-                    family = families.setdefault(metric.name, _Family(kind, metric.description, metric.unit))
+                    family = families.setdefault(metric.name, _Family(kind or "", metric.description, metric.unit))
                     if kind in ("gauge", "sum"):
                         store_wide = metric.name in telemetry.STORE_GAUGES
                         for point in getattr(metric, kind).data_points:
@@ -149,8 +150,8 @@ class MetricsEndpoint:
 
     async def __call__(self, request: Request) -> Response:
         if not self.enabled:
-            return problem_response(
-                Problem(404, "not_found", "metrics are disabled: set [telemetry] enabled and [telemetry.metrics] enabled")
+            return error_response(
+                NotFound("metrics are disabled: set [telemetry] enabled and [telemetry.metrics] enabled")
             )
         replies = await asyncio.gather(*(self._collect(target, chan) for target, chan in self.channels.items()))
         return Response(exposition([reply for reply in replies if reply is not None]), media_type=CONTENT_TYPE_LATEST)

@@ -17,11 +17,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
-from bae.common.errors import Problem
+from bae.common.errors import Unavailable
 from bae.common.grpcutil import channel
 from bae.common.internal import InternalPlane
 from bae.common.jsontext import dump
-from services.gateway.responses import JSON, problem_response
+from services.gateway.problems import JSON, error_response
 from services.gateway.upstream import Upstream
 
 log = logging.getLogger("bae.gateway")
@@ -69,4 +69,4 @@ class Readiness:
         if detail != self._last:
             log.warning("%s (at %s)", detail, address)
         self._last = detail
-        return problem_response(Problem(503, "service_unavailable", detail))
+        return error_response(Unavailable(detail))

@@ -16,8 +16,8 @@ from starlette.responses import Response
 from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
-from bae.common.errors import Problem, internal, not_found
-from services.gateway.responses import problem_response
+from bae.common.errors import Internal, NotFound
+from services.gateway.problems import error_response, problem_response
 
 log = logging.getLogger("bae.gateway")
 
@@ -40,7 +40,7 @@ class MethodTable:
         endpoint = self.endpoints.get(method)
         if endpoint is None:
             detail = f"method {method} is not allowed on {scope['path']}; allowed: {self.allow}"
-            response = problem_response(Problem(405, "method_not_allowed", detail), {"allow": self.allow})
+            response = problem_response(405, "method_not_allowed", detail, {"allow": self.allow})
         else:
             try:
                 response = await endpoint(Request(scope, receive))
@@ -49,12 +49,12 @@ class MethodTable:
             except Exception:
                 # A bug in the gateway: log it, never show the stack trace to the client.
                 log.exception("unhandled error on %s %s", method, scope["path"])
-                response = problem_response(internal())
+                response = error_response(Internal("internal server error"))
         await response(scope, receive, send)
 
 
 async def no_route(scope: Scope, receive: Receive, send: Send) -> None:
-    response = problem_response(not_found(f"no route for {scope['method']} {scope['path']}"))
+    response = error_response(NotFound(f"no route for {scope['method']} {scope['path']}"))
     await response(scope, receive, send)
 
 

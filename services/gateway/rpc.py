@@ -1,8 +1,10 @@
 """POST /api/v1/sessions/{id}/rpc: JSON-RPC 2.0 in, NDJSON frames out (SERVER-SPEC §6).
 
-Authentication always comes first: an envelope error is only written after
-CheckSessionKey passed, and a method call only opens the 200 stream after
-the session service accepted it (first `accepted` frame, or a unary reply).
+One endpoint serves every method the declaration names (services/gateway/declaration.py): the
+params are read into the method's typed request (or the text of why they did not fit travels
+with it, for the method to answer at its place). Authentication always comes first: an envelope
+error is only written after the session key was checked, and a method call only opens the 200
+stream after the session service accepted it (first `accepted` frame, or a unary reply).
 """
 
 from __future__ import annotations
@@ -16,28 +18,25 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from google.protobuf.message import Message
+
 from bae.common import telemetry
-from bae.common.errors import Problem, internal
-from bae.common.protos import session_pb2, session_pb2_grpc
-from services.gateway.body import SESSION_KEY, BodyReader
-from services.gateway.envelope import (
-    STREAMING_METHODS,
-    UNARY_METHODS,
-    UNBOUNDED_METHODS,
-    Call,
-    Rejected,
-    parse_envelope,
-)
-from services.gateway.observe import link_session_span
+from bae.common.errors import BaeError, Internal
+from bae.common.protos import client_api_pb2, edge_pb2, session_pb2, session_pb2_grpc
+from services.gateway.body import BodyReader
+from services.gateway.envelope import Call, Rejected, parse_envelope
 from services.gateway.fanout import Ending, Fanout, Observer
 from services.gateway.frames import LAGGED_FRAME, NDJSON, internal_error_frame, reply_frame
-from services.gateway.responses import problem_response
-from services.gateway.upstream import Metadata, Upstream, credentials
+from services.gateway.json_to_proto import read_params
+from services.gateway.observe import link_session_span
+from services.gateway.problems import error_response
+from services.gateway.upstream import Metadata, Upstream, credential_of
 
 log = logging.getLogger("bae.gateway")
 
 SUBSCRIBE = "session.subscribe"
 REGISTER_DRIVER = "session.registerDriver"
+SESSION_KEY = edge_pb2.SESSION_KEY
 
 
 class LiveStream(StreamingResponse):
@@ -54,7 +53,7 @@ class LiveStream(StreamingResponse):
         self,
         rpc_name: str,
         grpc_call: grpc.aio.UnaryStreamCall,
-        first: session_pb2.RpcFrame,
+        first: Message,
         request_id_json: str | None,
     ) -> None:
         self.grpc_call = grpc_call
@@ -67,9 +66,7 @@ class LiveStream(StreamingResponse):
             # Only the reading stops: the session service keeps a turn running without its client.
             self.grpc_call.cancel()
 
-    async def _frames(
-        self, rpc_name: str, first: session_pb2.RpcFrame, request_id_json: str | None
-    ) -> AsyncIterator[bytes]:
+    async def _frames(self, rpc_name: str, first: Message, request_id_json: str | None) -> AsyncIterator[bytes]:
         frame = first
         try:
             while frame is not grpc.aio.EOF:
@@ -129,7 +126,7 @@ class ObserverStream(StreamingResponse):
                     if observer is not None:
                         observer.admit(frame.observer)
                     continue
-                replayed.update(frame.events.ids)
+                replayed.update(event.id for event in frame.events.events)
                 if line := reply_frame(frame, request_id_json):
                     yield line
                 if kind == "error":  # the replay failed: the stream ends with it
@@ -169,52 +166,54 @@ class RpcEndpoint:
             stream.end()
 
     async def __call__(self, request: Request) -> Response:
+        session_id = request.path_params["id"]
         try:
-            body = await self.bodies.read(request, SESSION_KEY)
-        except Problem as problem:
-            return problem_response(problem)
+            body = await self.bodies.read(request, SESSION_KEY, session_id)
+        except BaeError as error:
+            return error_response(error)
         envelope = parse_envelope(body)
-        rpc_request = session_pb2.RpcRequest(
-            **credentials(request),
-            session_id=request.path_params["id"],
-            params_json=envelope.params_json if isinstance(envelope, Call) else "{}",
-        )
         if isinstance(envelope, Rejected):
-            return await self._reject(rpc_request, envelope)
-        if envelope.method == SUBSCRIBE:
+            return await self._reject(request, session_id, envelope)
+        method = envelope.method
+        # The method's own request type (client_api.proto): every one has these four fields.
+        rpc_request: Any = method.request()
+        rpc_request.credential.CopyFrom(credential_of(request))
+        rpc_request.session_id = session_id
+        rpc_request.invalid_params = read_params(rpc_request.params, envelope.params)
+        if method.name == SUBSCRIBE:
             return await self._subscribe(rpc_request, envelope)
-        if envelope.method in STREAMING_METHODS:
-            return await self._stream(STREAMING_METHODS[envelope.method], rpc_request, envelope)
+        if method.streaming:
+            return await self._stream(method.rpc, rpc_request, envelope)
         return await self._unary(rpc_request, envelope)
 
-    async def _reject(self, rpc_request: session_pb2.RpcRequest, rejected: Rejected) -> Response:
-        timeout = self.upstream.timeout
+    async def _reject(self, request: Request, session_id: str, rejected: Rejected) -> Response:
         try:
-            await self.upstream.call(None, lambda stub, metadata: stub.CheckSessionKey(rpc_request, timeout=timeout))
-        except grpc.aio.AioRpcError as error:
-            return problem_response(self.upstream.failure(error))
+            await self.bodies.check(request, SESSION_KEY, session_id)
+        except BaeError as error:
+            return error_response(error)
         return Response(rejected.frame, media_type=NDJSON)
 
-    async def _subscribe(self, rpc_request: session_pb2.RpcRequest, call: Call) -> Response:
+    async def _subscribe(self, rpc_request: client_api_pb2.SubscribeRequest, call: Call) -> Response:
         """Authenticate, join the session's relay, then ask for the replay: every event published
         after the observer's position is queued for it by then (§6.4: subscribe first, then replay)."""
         session_id = rpc_request.session_id
+        check = session_pb2.CredentialCheck(kind=SESSION_KEY, credential=rpc_request.credential, session_id=session_id)
         timeout = self.upstream.timeout
         try:
             # A relay is opened for an authenticated observer only.
             await self.upstream.call(
-                session_id, lambda stub, metadata: stub.CheckSessionKey(rpc_request, timeout=timeout, metadata=metadata)
+                session_id, lambda stub, metadata: stub.CheckCredential(check, timeout=timeout, metadata=metadata)
             )
             observer = await self.fanout.join(session_id)
         except grpc.aio.AioRpcError as error:
-            return problem_response(self.upstream.failure(error))
+            return error_response(self.upstream.failure(error))
 
         def leave() -> None:
             if observer is not None:
                 self.fanout.leave(session_id, observer)
 
         try:
-            opened = await self._open("Subscribe", rpc_request)
+            opened = await self._open(call.method.rpc, rpc_request)
         except BaseException:
             leave()
             raise
@@ -224,38 +223,37 @@ class RpcEndpoint:
         replay_call, _accepted = opened
         return ObserverStream(replay_call, observer, leave, call.id_json, self.subscriptions)
 
-    async def _unary(self, rpc_request: session_pb2.RpcRequest, call: Call) -> Response:
-        rpc_name = UNARY_METHODS[call.method]
-        timeout = None if call.method in UNBOUNDED_METHODS else self.upstream.timeout
+    async def _unary(self, rpc_request: Message, call: Call) -> Response:
+        method = call.method
+        timeout = None if method.unbounded else self.upstream.timeout
 
         async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> tuple[Any, Any]:
-            grpc_call = getattr(stub, rpc_name)(rpc_request, timeout=timeout, metadata=metadata)
+            grpc_call = getattr(stub, method.rpc)(rpc_request, timeout=timeout, metadata=metadata)
             return grpc_call, await grpc_call
 
         try:
-            grpc_call, reply = await self.upstream.call(rpc_request.session_id, invoke)
+            grpc_call, reply = await self.upstream.call(rpc_request.session_id, invoke)  # type: ignore[attr-defined]
         except grpc.aio.AioRpcError as error:
-            return problem_response(self.upstream.failure(error))
-        if telemetry.tracer is not None and call.method == REGISTER_DRIVER:
+            return error_response(self.upstream.failure(error))
+        if telemetry.tracer is not None and method.name == REGISTER_DRIVER:
             await link_session_span(grpc_call)
         return Response(reply_frame(reply, call.id_json), media_type=NDJSON)
 
-    async def _stream(self, rpc_name: str, rpc_request: session_pb2.RpcRequest, call: Call) -> Response:
+    async def _stream(self, rpc_name: str, rpc_request: Message, call: Call) -> Response:
         opened = await self._open(rpc_name, rpc_request)
         if isinstance(opened, Response):
             return opened
         return LiveStream(rpc_name, *opened, call.id_json)
 
-    async def _open(
-        self, rpc_name: str, rpc_request: session_pb2.RpcRequest
-    ) -> tuple[grpc.aio.UnaryStreamCall, session_pb2.RpcFrame] | Response:
+    async def _open(self, rpc_name: str, rpc_request: Message) -> tuple[grpc.aio.UnaryStreamCall, Message] | Response:
         """A live call the session service accepted and its first frame, or the problem response
         for its refusal."""
+        session_id = rpc_request.session_id  # type: ignore[attr-defined]
         try:
-            grpc_call, first = await self.upstream.open_stream(rpc_request.session_id, rpc_name, rpc_request)
+            grpc_call, first = await self.upstream.open_stream(session_id, rpc_name, rpc_request)
         except grpc.aio.AioRpcError as error:
-            return problem_response(self.upstream.failure(error))
-        if not isinstance(first, session_pb2.RpcFrame):  # EOF
+            return error_response(self.upstream.failure(error))
+        if not isinstance(first, Message):  # EOF
             log.error("session service ended %s before accepting it", rpc_name)
-            return problem_response(internal())
+            return error_response(Internal("internal server error"))
         return grpc_call, first

@@ -20,7 +20,7 @@ from services.gateway.body import BodyReader
 from services.gateway.observe import Observed
 from services.gateway.prometheus import MetricsEndpoint
 from services.gateway.readiness import Readiness
-from services.gateway.rest import Forwarder
+from services.gateway.rest import RestEndpoint
 from services.gateway.rpc import RpcEndpoint
 from services.gateway.upstream import Upstream
 
@@ -80,7 +80,7 @@ async def serve(settings: Settings, config: Config) -> int:
     upstream = Upstream(settings.session_targets, settings.rpc_timeout, plane)
     upstream.start()
     bodies = BodyReader(upstream, settings.max_body_bytes)
-    forward = Forwarder(upstream, bodies)
+    rest = RestEndpoint(upstream, bodies)
     rpc = RpcEndpoint(upstream, bodies)
     readyz = Readiness(upstream, settings.runner_grpc_addr, plane)
     metrics = MetricsEndpoint(
@@ -90,8 +90,8 @@ async def serve(settings: Settings, config: Config) -> int:
         enabled=config.telemetry.enabled and config.telemetry.metrics_enabled,
         timeout=settings.rpc_timeout,
     )
-    client = _uvicorn(Observed(client_app(forward, rpc, readyz)), settings)
-    admin = _uvicorn(Observed(admin_app(forward, readyz, metrics)), settings)
+    client = _uvicorn(Observed(client_app(rest, rpc, readyz)), settings)
+    admin = _uvicorn(Observed(admin_app(rest, readyz, metrics)), settings)
     await client.startup(sockets=[sockets[0]])
     await admin.startup(sockets=[sockets[1]])
     freeze_startup_heap()

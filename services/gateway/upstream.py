@@ -7,16 +7,20 @@ import ipaddress
 import itertools
 import logging
 from collections import OrderedDict
-from typing import Awaitable, Callable, TypedDict, TypeVar
+from typing import Awaitable, Callable, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from google.protobuf.message import Message
 from starlette.requests import Request
 
-from bae.common.errors import Problem, internal
+from google.protobuf.message import DecodeError
+
+from bae.common import error_codes
+from bae.common.errors import BaeError, DeadlineExceeded, Internal, Unavailable
 from bae.common.grpcutil import channel
 from bae.common.internal import InternalPlane
-from bae.common.protos import session_pb2, session_pb2_grpc
+from bae.common.protos import edge_pb2, session_pb2_grpc
 from bae.common.session_routing import REDIRECTED_KEY, owner_of
 from services.gateway.exchange import ExchangeChannel
 
@@ -26,15 +30,10 @@ T = TypeVar("T")
 Metadata = tuple[tuple[str, str], ...]
 
 
-class Credentials(TypedDict):
-    authorization: str
-    has_authorization: bool
-
-
-def credentials(request: Request) -> Credentials:
-    """The request's credentials as RestRequest/RpcRequest fields: the session service authenticates."""
+def credential_of(request: Request) -> edge_pb2.Credential:
+    """The request's Authorization header as it came: the session service authenticates."""
     authorization = request.headers.get("authorization")
-    return {"authorization": authorization or "", "has_authorization": authorization is not None}
+    return edge_pb2.Credential(authorization=authorization or "", present=authorization is not None)
 
 
 # A call follows at most this many refusals (one is usual: the session moved once).
@@ -194,8 +193,8 @@ class Upstream:
         raise AssertionError("unreachable")
 
     async def open_stream(
-        self, session_id: str, rpc_name: str, request: session_pb2.RpcRequest
-    ) -> tuple[grpc.aio.UnaryStreamCall, session_pb2.RpcFrame | object]:
+        self, session_id: str, rpc_name: str, request: Message
+    ) -> tuple[grpc.aio.UnaryStreamCall, Message | object]:
         """Start a live call on the session's replica and read its first frame (`accepted`, or a
         relay's start), or EOF; a refusal before it raises as any call's does. Live calls carry no
         deadline: a turn or a subscription lasts as long as it lasts."""
@@ -210,22 +209,22 @@ class Upstream:
 
         return await self.call(session_id, invoke)
 
-    def failure(self, error: grpc.aio.AioRpcError) -> Problem:
-        """The HTTP problem for a failed call: the service's own, or a generic one that names the outage.
+    def failure(self, error: grpc.aio.AioRpcError) -> BaeError:
+        """The error a failed call answers: the service's own, or a generic one that names the outage.
 
         Addresses and gRPC's own texts go to the log only, never to the client.
         """
         try:
-            problem = Problem.from_rpc_error(error)
-        except (ValueError, KeyError, TypeError):
-            log.error("session service sent a malformed problem trailer: %s", error.details())
-            return internal()
-        if problem is not None:
-            return problem
+            raised = error_codes.raised_by(error)
+        except DecodeError:
+            log.error("session service sent a malformed error trailer: %s", error.details())
+            return Internal("internal server error")
+        if raised is not None:
+            return raised
         code = error.code()
         log.error("session service at %s: call failed: %s %s", self.address, code.name, error.details())
         if code == grpc.StatusCode.UNAVAILABLE:
-            return Problem(503, "service_unavailable", "the session service is unavailable; try again shortly")
+            return Unavailable("the session service is unavailable; try again shortly")
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return Problem(504, "gateway_timeout", f"the session service did not answer within {self.timeout:g}s")
-        return internal()
+            return DeadlineExceeded(f"the session service did not answer within {self.timeout:g}s")
+        return Internal("internal server error")

@@ -36,7 +36,8 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
         self.clients = clients
         self._draining = asyncio.Event()
 
-    async def RunSteps(
+    # Answers with context.write() (bae.common.call_tasks), not as a generator.
+    async def RunSteps(  # type: ignore[override]
         self, calls: AsyncIterator[runner_pb2.StepCalls], context: grpc.aio.ServicerContext
     ) -> None:
         """Serve one caller's steps until it stops writing and they are done, or, once draining, until they are done."""

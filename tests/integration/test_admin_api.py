@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 
-import grpc
 import pytest
 
-from bae.common.errors import Problem
-from bae.common.protos import session_pb2
 from testkit.session_service import Service, problem_of, profile_body
 
 pytestmark = pytest.mark.stack
@@ -123,12 +120,9 @@ async def test_admin_auth(service):
     ]:
         problem = await problem_of(service.call("ListProfiles", key=key))
         assert (problem.status, problem.type, problem.detail) == (401, "unauthorized", detail)
-    request = session_pb2.RestRequest(authorization=f"Token {service.admin_key}", has_authorization=True)
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await service.stub.ListProfiles(request, timeout=10)
-    assert Problem.from_rpc_error(caught.value).detail == "Authorization header must be a Bearer token"
-    lower = session_pb2.RestRequest(authorization=f"bearer {service.admin_key}", has_authorization=True)
-    assert json.loads((await service.stub.ListProfiles(lower, timeout=10)).json)["items"] == []
+    token = await problem_of(service.call("ListProfiles", authorization=f"Token {service.admin_key}"))
+    assert token.detail == "Authorization header must be a Bearer token"
+    assert (await service.call("ListProfiles", authorization=f"bearer {service.admin_key}"))["items"] == []
     # Auth runs before the body is looked at.
     problem = await problem_of(service.call("CreateProfile", key="nope", body=b"{"))
     assert problem.status == 401
@@ -175,14 +169,15 @@ async def test_sessions_and_events(service):
     assert bad.detail == 'invalid state filter "gone"; expected one of open, closed, error'
     admin_events = await service.admin("ListSessionEvents", path_id=opened["session_id"])
     assert [e["event_type"] for e in admin_events["items"]] == ["session.open"]
-    # Byte-identical to the client endpoint's page.
-    admin_raw = await service.stub.ListSessionEvents(session_pb2.RestRequest(
-        authorization=f"Bearer {service.admin_key}", has_authorization=True, path_id=opened["session_id"]))
-    client_raw = await service.stub.ListEvents(session_pb2.RestRequest(
-        authorization=f"Bearer {opened['session_key']}", has_authorization=True, path_id=opened["session_id"]))
-    assert admin_raw.json == client_raw.json
+    # The same page as the client endpoint's.
+    assert admin_events == await service.call("ListEvents", key=opened["session_key"], path_id=opened["session_id"])
     missing = await problem_of(service.admin("ListSessionEvents", path_id="ses_x"))
     assert (missing.status, missing.detail) == (404, "no session ses_x")
+    # One session's summary: the list's item.
+    assert await service.admin("GetSession", path_id=opened["session_id"]) == listed["items"][0]
+    unknown = await problem_of(service.admin("GetSession", path_id="ses_x"))
+    assert (unknown.status, unknown.type, unknown.detail) == (404, "not_found", "no session ses_x")
+    assert (await problem_of(service.call("GetSession", key="nope", path_id=opened["session_id"]))).status == 401
 
 
 async def test_registries_and_config(service):

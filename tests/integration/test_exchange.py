@@ -11,7 +11,6 @@ that call and is reached on a new stream once it is back.
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import threading
 import time
@@ -19,10 +18,11 @@ import time
 import grpc
 import pytest
 
-from bae.common.errors import PROBLEM_TRAILER
+from bae.common import error_codes
 from bae.common.grpcutil import MAX_CARRIED_BYTES
 from bae.common.grpcutil import channel as internal_channel
-from bae.common.protos import session_pb2, session_pb2_grpc
+from bae.common.errors import Unauthenticated
+from bae.common.protos import admin_api_pb2, client_api_pb2, edge_pb2, errors_pb2, session_pb2, session_pb2_grpc
 from bae.launcher.stack import grpc_serving
 from services.gateway.exchange import ExchangeChannel
 from testkit.live import new_session, register, rpc, send
@@ -58,6 +58,10 @@ def held_registration(stack, holds, sid, skey):
     thread = threading.Thread(target=call)
     thread.start()
     return thread, outcome, holds.wait_held()
+
+
+def bearer(key: str) -> edge_pb2.Credential:
+    return edge_pb2.Credential(authorization=f"Bearer {key}", present=True)
 
 
 def one_call(**fields) -> session_pb2.ExchangeCalls:
@@ -119,26 +123,24 @@ def test_calls_share_one_stream_and_each_ends_as_its_own_call_would(start_stack,
     async def scenario():
         chan = await _exchange(address)
         stub = session_pb2_grpc.SessionServiceStub(chan)
-        good = session_pb2.RestRequest(authorization=f"Bearer {skey}", has_authorization=True, path_id=sid,
-                                       query={"limit": "1"})
-        bad = session_pb2.RestRequest(authorization="Bearer nope", has_authorization=True, path_id=sid)
+        good = client_api_pb2.ListEventsRequest(credential=bearer(skey), session_id=sid, limit="1")
+        bad = client_api_pb2.ListEventsRequest(credential=bearer("nope"), session_id=sid)
         calls = [stub.ListEvents(good if i % 2 else bad, timeout=10) for i in range(40)]
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
         for i, outcome in enumerate(outcomes):
             if i % 2:
-                assert json.loads(outcome.json)["items"][0]["event_type"] == "session.open"
+                assert outcome.items[0].event_type == "session.open"
             else:
                 assert isinstance(outcome, grpc.aio.AioRpcError)
                 assert outcome.code() == grpc.StatusCode.UNAUTHENTICATED
-                trailer = dict(outcome.trailing_metadata())[PROBLEM_TRAILER]
-                assert json.loads(trailer)["status"] == 401
+                assert isinstance(error_codes.raised_by(outcome), Unauthenticated)
 
         # A request too large for one message fails alone; the stream carries on.
-        huge = session_pb2.RestRequest(body=b"x" * (MAX_CARRIED_BYTES + 1))
+        huge = admin_api_pb2.CreateProfileRequest(body=admin_api_pb2.ProfileBody(name="x" * (MAX_CARRIED_BYTES + 1)))
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await stub.CreateProfile(huge, timeout=10)
         assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert (await stub.ListEvents(good, timeout=10)).json
+        assert (await stub.ListEvents(good, timeout=10)).items
         assert chan.opened_streams == 1
         await chan.close()
 
@@ -169,7 +171,8 @@ def test_an_unknown_method_on_the_stream_fails_alone(start_stack, mock):
             await stream.done_writing()
             assert outcomes[1].code == outcomes[2].code == grpc.StatusCode.UNIMPLEMENTED.value[0]
             assert outcomes[3].code == grpc.StatusCode.UNAUTHENTICATED.value[0]
-            assert json.loads(outcomes[3].trailing_metadata[PROBLEM_TRAILER])["status"] == 401
+            info = errors_pb2.ErrorInfo.FromString(outcomes[3].trailing_metadata[error_codes.TRAILER])
+            assert info.reason == "unauthorized"
             assert await stream.read() == grpc.aio.EOF  # half-closed with nothing running: the stream ends
 
     asyncio.run(scenario())
@@ -180,7 +183,7 @@ def test_a_replica_killed_mid_call_fails_the_call_and_is_reached_again_on_a_new_
                         BAE_TEST_HOLD_ADDR=holds.address)
     sid, skey, _ = new_session(stack)
     address = stack.stack.settings.session_grpc_addr
-    request = session_pb2.RpcRequest(authorization=f"Bearer {skey}", has_authorization=True, session_id=sid)
+    request = client_api_pb2.RegisterDriverRequest(credential=bearer(skey), session_id=sid)
     holds.hold("session.registerDriver", sid)
 
     async def scenario():
@@ -194,7 +197,7 @@ def test_a_replica_killed_mid_call_fails_the_call_and_is_reached_again_on_a_new_
         assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
         holds.hold("nothing", "")
         reply = await stub.RegisterDriver(request, timeout=30)
-        assert json.loads(reply.result_json) == {"registered": True}
+        assert reply.result.registered
         assert chan.opened_streams == 2
         await chan.close()
 
@@ -226,7 +229,7 @@ def test_a_streaming_call_sends_no_more_than_its_credit_and_holds_back_no_other_
         async with internal_channel(address, TEST_PLANE) as chan:
             stream = session_pb2_grpc.SessionServiceStub(chan).Exchange()
             relay = session_pb2.ExchangeStart(method="/baeproto.v1.SessionService/Relay",
-                                              request=session_pb2.RpcRequest(session_id=sid).SerializeToString())
+                                              request=session_pb2.RelayRequest(session_id=sid).SerializeToString())
             await stream.write(one_call(call_id=1, start=relay))
             replies: asyncio.Queue = asyncio.Queue()
             reader = asyncio.ensure_future(read_all(stream, replies))
@@ -247,9 +250,9 @@ def test_a_streaming_call_sends_no_more_than_its_credit_and_holds_back_no_other_
             await stream.write(one_call(call_id=1, credit=window))
             more = await replies_until_quiet(replies)
             assert 0 < len(more) <= window
-            frames = [session_pb2.RpcFrame.FromString(reply.message) for reply in held + more]
+            frames = [session_pb2.RelayFrame.FromString(reply.message) for reply in held + more]
             assert frames[0].WhichOneof("kind") == "position"
-            streamed = [event_id for frame in frames[1:] for event_id in frame.events.ids]
+            streamed = [event.id for frame in frames[1:] for event in frame.events.events]
             page = stack.client.get(f"/api/v1/sessions/{sid}/events", params={"limit": 200},
                                     headers={"Authorization": f"Bearer {skey}"}).json()
             assert not page.get("next_cursor")

@@ -16,15 +16,19 @@ import threading
 import time
 from concurrent import futures
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import grpc
 import httpx
 import pytest
+from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
-from bae.common.errors import PROBLEM_TRAILER, Problem, unauthorized
-from bae.common.protos import session_pb2, session_pb2_grpc
+from bae.common import error_codes
+from bae.common.errors import BaeError, Conflict, Unauthenticated
+from bae.common.protos import client_api_pb2, edge_pb2, session_pb2, session_pb2_grpc
+from services.gateway.declaration import ROUTES, RPC_METHODS
+from services.gateway.proto_to_json import to_json
 from testkit import ROOT
 from testkit.ports import free_port
 from testkit.processes import ServiceProcess, service_env
@@ -32,25 +36,18 @@ from testkit.processes import ServiceProcess, service_env
 pytestmark = pytest.mark.stack
 
 GOOD = "Bearer good"
-RpcError = session_pb2.RpcError
-
-REST_RPCS = [
-    "OpenSession", "JoinSession", "ListParticipants", "ListEvents", "CloseSession",
-    "CreateProfile", "ListProfiles", "GetProfile", "ReplaceProfile", "DeleteProfile",
-    "CreateKey", "ListKeys", "RevokeKey", "ListSessions", "ListSessionEvents",
-    "ListMcpServers", "ListProviders", "GetConfig", "GetSandboxStatus",
-]
-UNARY_RPCS = [
-    "RegisterDriver", "Unsubscribe", "UpdateClientTools", "StartRemoteSandbox",
-    "StopRemoteSandbox", "ExecRemoteSandbox", "ReportLocalSandbox", "ReportLocalSubagent",
-    "CancelSubagent",
-]
-STREAM_RPCS = ["SendMessage", "Compact", "Subscribe"]
+RpcError = client_api_pb2.RpcError
 
 
-def abort_with(context: grpc.ServicerContext, problem: Problem) -> None:
-    context.set_trailing_metadata(((PROBLEM_TRAILER, problem.to_json()),))
-    context.abort(problem.grpc_code, problem.detail)
+def abort_with(context: grpc.ServicerContext, error: BaeError) -> None:
+    context.set_trailing_metadata((error_codes.trailer(error),))
+    context.abort(error_codes.code_of(error), error.detail)
+
+
+def event(event_id: str = "evt_1", **payload) -> client_api_pb2.Event:
+    return client_api_pb2.Event(id=event_id, session_id="ses_1", event_type="provider.request",
+                                payload=edge_pb2.JsonValue(json=json.dumps(payload or {"n": 1})),
+                                created_at="2026-01-01T00:00:00.000Z")
 
 
 class ExchangedContext:
@@ -76,26 +73,31 @@ class ExchangedContext:
         raise self.Aborted()
 
 
-class SessionDouble(session_pb2_grpc.SessionServiceServicer):
-    """Records every request; answers by convention or by a per-test `rest_replies` entry.
+def carried(trailing) -> dict[str, bytes]:
+    return {key: value if isinstance(value, bytes) else value.encode() for key, value in trailing}
 
-    REST: "Bearer bad" -> 401 problem; path id "slow" -> answers too late; "crash" ->
-    an unexpected exception; "closed" -> 409 problem; otherwise echoes what it got.
-    RPC: anything but "Bearer good" -> 401; params {"script": [...]} drive streams,
-    params {"result": ...} / {"error": ...} drive unary replies.
+
+class SessionDouble(session_pb2_grpc.SessionServiceServicer):
+    """Records every request; answers by convention, by a per-test `rest_replies` entry, or by the
+    script a test set for the call's session (`scripts`).
+
+    REST: "Bearer bad" -> 401; `{id}` "slow" -> answers too late; "crash" -> an unexpected
+    exception; "closed" -> 409; otherwise the route's reply, empty unless `rest_replies` has one.
+    RPC: anything but "Bearer good" -> 401; `scripts[session_id]` drives streams (steps) and
+    unary replies ({"result": message} or {"error": {...}}).
     """
 
     def __init__(self, slow_seconds: float) -> None:
         self.slow_seconds = slow_seconds
         self.requests: list[tuple[str, object]] = []
-        self.rest_replies: dict[str, Callable[[session_pb2.RestRequest], str]] = {}
+        self.rest_replies: dict[str, object] = {}
+        self.scripts: dict[str, object] = {}
         self.stream_cancelled = threading.Event()
-        for name in REST_RPCS:
-            setattr(self, name, self._rest_handler(name))
-        for name in UNARY_RPCS:
-            setattr(self, name, self._unary_handler(name))
-        for name in STREAM_RPCS:
-            setattr(self, name, self._stream_handler(name))
+        for route in ROUTES:
+            setattr(self, route.rpc, self._rest_handler(route))
+        for method in RPC_METHODS.values():
+            handler = self._stream_handler if method.streaming else self._unary_handler
+            setattr(self, method.rpc, handler(method))
 
     def Exchange(self, packs, context):
         """The gateway's calls on one stream, each in a thread of its own as its call would be."""
@@ -139,13 +141,13 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
                 for message in answer:
                     yield session_pb2.ExchangeReply(call_id=call.call_id, more=True,
                                                     message=message.SerializeToString())
-                yield session_pb2.ExchangeReply(call_id=call.call_id, trailing_metadata=dict(context.trailing))
+                yield session_pb2.ExchangeReply(call_id=call.call_id, trailing_metadata=carried(context.trailing))
             else:
                 yield session_pb2.ExchangeReply(call_id=call.call_id, message=answer.SerializeToString(),
-                                                trailing_metadata=dict(context.trailing))
+                                                trailing_metadata=carried(context.trailing))
         except ExchangedContext.Aborted:
             yield session_pb2.ExchangeReply(call_id=call.call_id, code=context.code.value[0],
-                                            details=context.details, trailing_metadata=dict(context.trailing))
+                                            details=context.details, trailing_metadata=carried(context.trailing))
         except Exception:
             yield session_pb2.ExchangeReply(call_id=call.call_id, code=grpc.StatusCode.UNKNOWN.value[0],
                                             details="Exception calling application")
@@ -153,76 +155,68 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
     def last(self, rpc: str):
         return [request for name, request in self.requests if name == rpc][-1]
 
-    def _rest_handler(self, name: str):
-        def handle(request: session_pb2.RestRequest, context: grpc.ServicerContext):
-            self.requests.append((name, request))
-            if request.authorization == "Bearer bad":
-                abort_with(context, unauthorized("invalid admin key"))
-            if request.path_id == "slow":
+    def _rest_handler(self, route):
+        def handle(request, context: grpc.ServicerContext):
+            self.requests.append((route.rpc, request))
+            credential = getattr(request, route.credential_field)
+            path_id = getattr(request, route.id_field) if route.id_field else ""
+            if credential.authorization == "Bearer bad":
+                abort_with(context, Unauthenticated("invalid admin key"))
+            if path_id == "slow":
                 time.sleep(self.slow_seconds)
-            if request.path_id == "crash":
+            if path_id == "crash":
                 raise RuntimeError("boom: secret stack detail")
-            if request.path_id == "closed":
-                abort_with(context, Problem(409, "session_closed", "session is already closed"))
-            if name in self.rest_replies:
-                return session_pb2.JsonReply(json=self.rest_replies[name](request))
-            if name in ("DeleteProfile", "RevokeKey"):
-                return session_pb2.JsonReply(json="")
-            echo = {
-                "rpc": name,
-                "authorization": request.authorization,
-                "has_authorization": request.has_authorization,
-                "path_id": request.path_id,
-                "body": request.body.decode(),
-                "content_type": request.content_type,
-                "query": dict(request.query),
-            }
-            return session_pb2.JsonReply(json=json.dumps(echo))
+            if path_id == "closed":
+                abort_with(context, Conflict("session is already closed", reason="session_closed"))
+            return self.rest_replies.get(route.rpc) or route.reply()
 
         return handle
 
-    def _authenticate(self, request: session_pb2.RpcRequest, context: grpc.ServicerContext) -> None:
-        if not request.has_authorization:
-            abort_with(context, unauthorized("missing Authorization header"))
-        if request.authorization != GOOD:
-            abort_with(context, unauthorized("invalid session key"))
+    def _authenticate(self, request, context: grpc.ServicerContext) -> None:
+        if not request.credential.present:
+            abort_with(context, Unauthenticated("missing Authorization header"))
+        if request.credential.authorization != GOOD:
+            abort_with(context, Unauthenticated("invalid session key"))
 
-    def CheckSessionKey(self, request, context):
-        self.requests.append(("CheckSessionKey", request))
-        self._authenticate(request, context)
-        return session_pb2.JsonReply(json="{}")
+    def CheckCredential(self, request, context):
+        self.requests.append(("CheckCredential", request))
+        if request.kind == edge_pb2.SESSION_KEY:
+            self._authenticate(request, context)
+        elif request.credential.authorization == "Bearer bad":
+            abort_with(context, Unauthenticated("invalid admin key"))
+        return session_pb2.CredentialChecked()
 
     def Relay(self, request, context):
         # No live events: a Subscribe's script (its "replay") is all its stream sends.
         self.requests.append(("Relay", request))
-        yield session_pb2.RpcFrame(position=0)
+        yield session_pb2.RelayFrame(position=0)
 
-    def _unary_handler(self, name: str):
-        def handle(request: session_pb2.RpcRequest, context: grpc.ServicerContext):
-            self.requests.append((name, request))
+    def _unary_handler(self, method):
+        def handle(request, context: grpc.ServicerContext):
+            self.requests.append((method.rpc, request))
             self._authenticate(request, context)
-            params = json.loads(request.params_json)
-            if isinstance(params, dict) and "error" in params:
-                return session_pb2.RpcReply(error=rpc_error(params["error"]))
-            if isinstance(params, dict) and "result" in params:
-                return session_pb2.RpcReply(result_json=json.dumps(params["result"]))
-            return session_pb2.RpcReply(result_json=json.dumps({"rpc": name}))
+            script = self.scripts.get(request.session_id, {})
+            if "error" in script:
+                return method.reply(error=rpc_error(script["error"]))
+            result = script.get("result") or method.reply.DESCRIPTOR.fields_by_name["result"].message_type
+            if not isinstance(result, Message):
+                result = GetMessageClass(result)()
+            return method.reply(result=result)
 
         return handle
 
-    def _stream_handler(self, name: str):
-        def handle(request: session_pb2.RpcRequest, context: grpc.ServicerContext):
-            self.requests.append((name, request))
+    def _stream_handler(self, method):
+        def handle(request, context: grpc.ServicerContext):
+            self.requests.append((method.rpc, request))
             self._authenticate(request, context)
-            yield session_pb2.RpcFrame(accepted=True)
-            params = json.loads(request.params_json)
-            for step in params.get("script", []) if isinstance(params, dict) else []:
+            yield method.reply(accepted=True)
+            for step in self.scripts.get(request.session_id, []):
                 if "event" in step:
-                    yield session_pb2.RpcFrame(events=session_pb2.EventBatch(json=[json.dumps(step["event"])]))
+                    yield method.reply(events=client_api_pb2.EventBatch(events=[step["event"]]))
                 elif "result" in step:
-                    yield session_pb2.RpcFrame(result_json=json.dumps(step["result"]))
+                    yield method.reply(result=step["result"])
                 elif "error" in step:
-                    yield session_pb2.RpcFrame(error=rpc_error(step["error"]))
+                    yield method.reply(error=rpc_error(step["error"]))
                 elif "sleep" in step:
                     time.sleep(step["sleep"])
                 elif "hang" in step:
@@ -359,8 +353,9 @@ def test_envelope_error_is_one_exact_frame_after_auth(gateway, double, body, fra
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/x-ndjson"
     assert response.content == frame
-    check = double.last("CheckSessionKey")
-    assert (check.authorization, check.has_authorization, check.session_id) == (GOOD, True, "ses_1")
+    check = double.last("CheckCredential")
+    assert (check.kind, check.credential.authorization, check.credential.present, check.session_id) == (
+        edge_pb2.SESSION_KEY, GOOD, True, "ses_1")
 
 
 @pytest.mark.parametrize("body", [b"{not json", b"[]", b'{"jsonrpc":"2.0","id":1,"method":"session.nope"}'])
@@ -377,7 +372,7 @@ def test_missing_authorization_is_forwarded_as_absent(gateway, double):
     response = rpc(gateway, b"{not json", auth=None)
     assert response.status_code == 401
     assert response.json()["detail"] == "missing Authorization header"
-    assert double.last("CheckSessionKey").has_authorization is False
+    assert double.last("CheckCredential").credential.present is False
 
 
 def test_unknown_method_needs_auth_first(gateway, double):
@@ -386,58 +381,73 @@ def test_unknown_method_needs_auth_first(gateway, double):
     assert lines(response) == [
         {"jsonrpc": "2.0", "id": 1, "error": {"code": -32601, "message": "Method not found: session.launchMissiles"}}
     ]
-    assert [name for name, _ in double.requests[before:]] == ["CheckSessionKey"]
+    assert [name for name, _ in double.requests[before:]] == ["CheckCredential"]
 
 
 # --- streaming methods ---------------------------------------------------------------------
 
-EVENT = {"id": "evt_1", "session_id": "ses_1", "event_type": "provider.request", "payload": {"n": 1}}
+EVENT = event("evt_1")
+EVENT_JSON = json.loads(to_json(EVENT))
+TURN_RESULT = client_api_pb2.SendMessageResult(message=client_api_pb2.Message(
+    role="assistant", content=edge_pb2.JsonValue(json='[{"type":"text","text":"hi"}]')))
 
 
-@pytest.mark.parametrize("method,rpc_name", [
-    ("session.sendMessage", "SendMessage"), ("session.compact", "Compact"), ("session.subscribe", "Subscribe"),
+def scripted(double, session: str, script) -> str:
+    double.scripts[session] = script
+    return session
+
+
+@pytest.mark.parametrize("method,rpc_name,result", [
+    ("session.sendMessage", "SendMessage", TURN_RESULT), ("session.compact", "Compact", event("evt_9")),
 ])
-def test_stream_writes_events_then_terminal_result(gateway, double, method, rpc_name):
-    script = [{"event": EVENT}, {"event": {**EVENT, "id": "evt_2"}}, {"result": {"message": {"role": "assistant"}}}]
-    response = rpc(gateway, {"jsonrpc": "2.0", "id": 41, "method": method, "params": {"script": script}})
+def test_stream_writes_events_then_terminal_result(gateway, double, method, rpc_name, result):
+    session = scripted(double, f"ses_{rpc_name}", [{"event": EVENT}, {"event": event("evt_2")}, {"result": result}])
+    params = {"message": {"content": "hi"}} if method == "session.sendMessage" else {"prompt": "p"}
+    response = rpc(gateway, {"jsonrpc": "2.0", "id": 41, "method": method, "params": params}, session=session)
     assert response.content == (
-        b'{"jsonrpc":"2.0","method":"session.event","params":' + json.dumps(EVENT).encode() + b"}\n"
-        b'{"jsonrpc":"2.0","method":"session.event","params":'
-        + json.dumps({**EVENT, "id": "evt_2"}).encode() + b"}\n"
-        b'{"jsonrpc":"2.0","id":41,"result":{"message": {"role": "assistant"}}}\n'
+        b'{"jsonrpc":"2.0","method":"session.event","params":' + to_json(EVENT).encode() + b"}\n"
+        b'{"jsonrpc":"2.0","method":"session.event","params":' + to_json(event("evt_2")).encode() + b"}\n"
+        b'{"jsonrpc":"2.0","id":41,"result":' + to_json(result).encode() + b"}\n"
     )
     forwarded = double.last(rpc_name)
-    assert forwarded.session_id == "ses_1"
-    assert json.loads(forwarded.params_json) == {"script": script}
+    assert (forwarded.session_id, forwarded.invalid_params) == (session, "")
+    assert forwarded.credential == edge_pb2.Credential(authorization=GOOD, present=True)
 
 
-def test_stream_notification_streams_events_but_no_terminal(gateway):
-    script = [{"event": EVENT}, {"result": {"ok": True}}]
-    response = rpc(gateway, {"jsonrpc": "2.0", "method": "session.sendMessage", "params": {"script": script}})
-    assert lines(response) == [{"jsonrpc": "2.0", "method": "session.event", "params": EVENT}]
+def test_params_that_do_not_fit_travel_as_their_text(gateway, double):
+    rpc(gateway, {"jsonrpc": "2.0", "id": 1, "method": "session.sendMessage", "params": {"message": 5}},
+        session=scripted(double, "ses_bad_params", []))
+    forwarded = double.last("SendMessage")
+    assert forwarded.invalid_params == "invalid type: integer `5`, expected struct Message"
+    assert not forwarded.HasField("params") or forwarded.params == client_api_pb2.SendMessageParams()
 
 
-def test_stream_null_id_is_a_request(gateway):
-    response = rpc(gateway, {"jsonrpc": "2.0", "id": None, "method": "session.compact",
-                             "params": {"script": [{"result": {"id": "evt_9"}}]}})
-    assert response.content == b'{"jsonrpc":"2.0","id":null,"result":{"id": "evt_9"}}\n'
+def test_stream_notification_streams_events_but_no_terminal(gateway, double):
+    session = scripted(double, "ses_notify", [{"event": EVENT}, {"result": TURN_RESULT}])
+    response = rpc(gateway, {"jsonrpc": "2.0", "method": "session.sendMessage"}, session=session)
+    assert lines(response) == [{"jsonrpc": "2.0", "method": "session.event", "params": EVENT_JSON}]
 
 
-def test_stream_id_of_any_json_type_is_echoed(gateway):
+def test_stream_null_id_is_a_request(gateway, double):
+    session = scripted(double, "ses_null_id", [{"result": event("evt_9")}])
+    response = rpc(gateway, {"jsonrpc": "2.0", "id": None, "method": "session.compact"}, session=session)
+    assert response.content == b'{"jsonrpc":"2.0","id":null,"result":' + to_json(event("evt_9")).encode() + b"}\n"
+
+
+def test_stream_id_of_any_json_type_is_echoed(gateway, double):
     request_id = {"trace": ["a", 1.5, None, True], "ü": "x"}
-    response = rpc(gateway, {"jsonrpc": "2.0", "id": request_id, "method": "session.sendMessage",
-                             "params": {"script": [{"result": {}}]}})
-    assert lines(response) == [{"jsonrpc": "2.0", "id": request_id, "result": {}}]
+    session = scripted(double, "ses_any_id", [{"result": TURN_RESULT}])
+    response = rpc(gateway, {"jsonrpc": "2.0", "id": request_id, "method": "session.sendMessage"}, session=session)
+    assert lines(response) == [{"jsonrpc": "2.0", "id": request_id, "result": json.loads(to_json(TURN_RESULT))}]
 
 
-def test_stream_error_frames_follow_their_id_mode(gateway):
-    script = [
+def test_stream_error_frames_follow_their_id_mode(gateway, double):
+    session = scripted(double, "ses_errors", [
         {"error": {"code": -32000, "message": "lagged; reconnect with since_event_id", "id_mode": "NO_ID"}},
         {"error": {"code": -32000, "message": "replay failed", "id_mode": "NULL_ID"}},
         {"error": {"code": -32001, "message": "call session.registerDriver before session.sendMessage"}},
-    ]
-    response = rpc(gateway, {"jsonrpc": "2.0", "id": "r-1", "method": "session.sendMessage",
-                             "params": {"script": script}})
+    ])
+    response = rpc(gateway, {"jsonrpc": "2.0", "id": "r-1", "method": "session.sendMessage"}, session=session)
     assert response.content == (
         b'{"jsonrpc":"2.0","error":{"code":-32000,"message":"lagged; reconnect with since_event_id"}}\n'
         b'{"jsonrpc":"2.0","id":null,"error":{"code":-32000,"message":"replay failed"}}\n'
@@ -446,12 +456,12 @@ def test_stream_error_frames_follow_their_id_mode(gateway):
     )
 
 
-def test_stream_notification_drops_only_the_request_error(gateway):
-    script = [
+def test_stream_notification_drops_only_the_request_error(gateway, double):
+    session = scripted(double, "ses_quiet_errors", [
         {"error": {"code": -32000, "message": "lagged; reconnect with since_event_id", "id_mode": "NO_ID"}},
         {"error": {"code": -32001, "message": "call session.registerDriver before session.compact"}},
-    ]
-    response = rpc(gateway, {"jsonrpc": "2.0", "method": "session.compact", "params": {"script": script}})
+    ])
+    response = rpc(gateway, {"jsonrpc": "2.0", "method": "session.compact"}, session=session)
     assert lines(response) == [
         {"jsonrpc": "2.0", "error": {"code": -32000, "message": "lagged; reconnect with since_event_id"}}
     ]
@@ -464,19 +474,20 @@ def test_stream_with_bad_key_is_401_before_any_stream(gateway):
     assert response.json()["type"] == "unauthorized"
 
 
-def test_absent_params_are_sent_as_empty_object(gateway, double):
+def test_absent_and_null_params_are_an_empty_object(gateway, double):
     rpc(gateway, {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe"}, session="ses_params")
     forwarded = double.last("Subscribe")
-    assert (forwarded.params_json, forwarded.session_id) == ("{}", "ses_params")
+    assert (forwarded.params, forwarded.invalid_params, forwarded.session_id) == (
+        client_api_pb2.SubscribeParams(), "", "ses_params")
     rpc(gateway, {"jsonrpc": "2.0", "id": 1, "method": "session.registerDriver", "params": None})
-    assert double.last("RegisterDriver").params_json == "null"
+    assert double.last("RegisterDriver").invalid_params == ""
 
 
-def test_stream_opens_before_the_first_frame(gateway):
-    body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe",
-            "params": {"script": [{"sleep": 0.8}, {"event": EVENT}]}}
+def test_stream_opens_before_the_first_frame(gateway, double):
+    session = scripted(double, "ses_slow_start", [{"sleep": 0.8}, {"event": EVENT}])
+    body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe"}
     started = time.monotonic()
-    with gateway.client.stream("POST", "/api/v1/sessions/ses_1/rpc", json=body,
+    with gateway.client.stream("POST", f"/api/v1/sessions/{session}/rpc", json=body,
                                headers={"Authorization": GOOD}) as response:
         headers_after = time.monotonic() - started
         assert response.status_code == 200
@@ -485,14 +496,14 @@ def test_stream_opens_before_the_first_frame(gateway):
         line_after = time.monotonic() - started
     assert headers_after < 0.6
     assert line_after >= 0.8
-    assert json.loads(first_line)["params"] == EVENT
+    assert json.loads(first_line)["params"] == EVENT_JSON
 
 
-def test_frames_are_flushed_as_they_arrive(gateway):
-    body = {"jsonrpc": "2.0", "id": 1, "method": "session.sendMessage",
-            "params": {"script": [{"event": EVENT}, {"sleep": 0.8}, {"result": {}}]}}
+def test_frames_are_flushed_as_they_arrive(gateway, double):
+    session = scripted(double, "ses_flush", [{"event": EVENT}, {"sleep": 0.8}, {"result": TURN_RESULT}])
+    body = {"jsonrpc": "2.0", "id": 1, "method": "session.sendMessage"}
     started = time.monotonic()
-    with gateway.client.stream("POST", "/api/v1/sessions/ses_1/rpc", json=body,
+    with gateway.client.stream("POST", f"/api/v1/sessions/{session}/rpc", json=body,
                                headers={"Authorization": GOOD}) as response:
         received = [(time.monotonic() - started, line) for line in response.iter_lines()]
     assert len(received) == 2
@@ -501,51 +512,48 @@ def test_frames_are_flushed_as_they_arrive(gateway):
 
 def test_client_disconnect_cancels_the_grpc_stream(gateway, double):
     double.stream_cancelled.clear()
-    body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe",
-            "params": {"script": [{"event": EVENT}, {"hang": True}]}}
+    session = scripted(double, "ses_hang", [{"event": EVENT}, {"hang": True}])
+    body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe"}
     with httpx.Client(base_url=gateway.client_url, timeout=10) as client:
-        with client.stream("POST", "/api/v1/sessions/ses_1/rpc", json=body,
+        with client.stream("POST", f"/api/v1/sessions/{session}/rpc", json=body,
                            headers={"Authorization": GOOD}) as response:
-            assert json.loads(next(response.iter_lines()))["params"] == EVENT
+            assert json.loads(next(response.iter_lines()))["params"] == EVENT_JSON
     assert double.stream_cancelled.wait(5)
 
 
-def test_session_service_failure_mid_stream_ends_with_internal_error(gateway):
-    script = [{"event": EVENT}, {"fail": True}]
-    response = rpc(gateway, {"jsonrpc": "2.0", "id": 5, "method": "session.sendMessage", "params": {"script": script}})
+def test_session_service_failure_mid_stream_ends_with_internal_error(gateway, double):
+    session = scripted(double, "ses_fail", [{"event": EVENT}, {"fail": True}])
+    response = rpc(gateway, {"jsonrpc": "2.0", "id": 5, "method": "session.sendMessage"}, session=session)
     assert response.content == (
-        b'{"jsonrpc":"2.0","method":"session.event","params":' + json.dumps(EVENT).encode() + b"}\n"
+        b'{"jsonrpc":"2.0","method":"session.event","params":' + to_json(EVENT).encode() + b"}\n"
         b'{"jsonrpc":"2.0","id":5,"error":{"code":-32603,"message":"Internal error"}}\n'
     )
-    notification = rpc(gateway, {"jsonrpc": "2.0", "method": "session.sendMessage", "params": {"script": script}})
-    assert lines(notification) == [{"jsonrpc": "2.0", "method": "session.event", "params": EVENT}]
+    notification = rpc(gateway, {"jsonrpc": "2.0", "method": "session.sendMessage"}, session=session)
+    assert lines(notification) == [{"jsonrpc": "2.0", "method": "session.event", "params": EVENT_JSON}]
 
 
 # --- unary methods -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("method,rpc_name", [
-    ("session.registerDriver", "RegisterDriver"), ("session.unsubscribe", "Unsubscribe"),
-    ("session.updateClientTools", "UpdateClientTools"), ("session.startRemoteSandbox", "StartRemoteSandbox"),
-    ("session.stopRemoteSandbox", "StopRemoteSandbox"), ("session.execRemoteSandbox", "ExecRemoteSandbox"),
-    ("session.reportLocalSandbox", "ReportLocalSandbox"), ("session.reportLocalSubagent", "ReportLocalSubagent"),
-    ("session.cancelSubagent", "CancelSubagent"),
-])
-def test_unary_method_answers_one_terminal_frame(gateway, double, method, rpc_name):
-    response = rpc(gateway, {"jsonrpc": "2.0", "id": 9, "method": method, "params": {"k": [1, 2]}})
-    assert response.content == b'{"jsonrpc":"2.0","id":9,"result":{"rpc": "' + rpc_name.encode() + b'"}}\n'
-    assert double.last(rpc_name).params_json == '{"k":[1,2]}'
+@pytest.mark.parametrize("method", [name for name, method in RPC_METHODS.items() if not method.streaming])
+def test_unary_method_answers_one_terminal_frame(gateway, double, method):
+    rpc_method = RPC_METHODS[method]
+    result = GetMessageClass(rpc_method.reply.DESCRIPTOR.fields_by_name["result"].message_type)()
+    response = rpc(gateway, {"jsonrpc": "2.0", "id": 9, "method": method, "params": {"k": [1, 2]}},
+                   session=f"ses_{rpc_method.rpc}")
+    assert response.content == b'{"jsonrpc":"2.0","id":9,"result":' + to_json(result).encode() + b"}\n"
+    assert double.last(rpc_method.rpc).session_id == f"ses_{rpc_method.rpc}"
 
 
-def test_unary_error_and_notification(gateway):
+def test_unary_error_and_notification(gateway, double):
     error = {"code": -32013, "message": "sandbox_not_running: no remote sandbox is running for this session"}
-    response = rpc(gateway, {"jsonrpc": "2.0", "id": 2, "method": "session.stopRemoteSandbox",
-                             "params": {"error": error}})
+    session = scripted(double, "ses_unary_error", {"error": error})
+    response = rpc(gateway, {"jsonrpc": "2.0", "id": 2, "method": "session.stopRemoteSandbox"}, session=session)
     assert lines(response) == [{"jsonrpc": "2.0", "id": 2, "error": error}]
     silent = rpc(gateway, {"jsonrpc": "2.0", "method": "session.unsubscribe"})
     assert (silent.status_code, silent.content) == (200, b"")
-    null_mode = rpc(gateway, {"jsonrpc": "2.0", "id": 3, "method": "session.unsubscribe",
-                              "params": {"error": {**error, "id_mode": "NULL_ID"}}})
-    assert lines(null_mode) == [{"jsonrpc": "2.0", "id": None, "error": error}]
+    null_mode = scripted(double, "ses_null_mode", {"error": {**error, "id_mode": "NULL_ID"}})
+    response = rpc(gateway, {"jsonrpc": "2.0", "id": 3, "method": "session.unsubscribe"}, session=null_mode)
+    assert lines(response) == [{"jsonrpc": "2.0", "id": None, "error": error}]
 
 
 def test_unary_with_bad_key_is_401(gateway):
@@ -556,53 +564,51 @@ def test_unary_with_bad_key_is_401(gateway):
 
 # --- REST routes ---------------------------------------------------------------------------
 
-CLIENT_ROUTES = [
-    ("POST", "/api/v1/sessions", "OpenSession", "", 201),
-    ("POST", "/api/v1/sessions/ses_a/join", "JoinSession", "ses_a", 201),
-    ("GET", "/api/v1/sessions/ses_a/participants", "ListParticipants", "ses_a", 200),
-    ("GET", "/api/v1/sessions/ses_a/events", "ListEvents", "ses_a", 200),
-    ("DELETE", "/api/v1/sessions/ses_a", "CloseSession", "ses_a", 200),
-]
-ADMIN_ROUTES = [
-    ("POST", "/admin/v1/profiles", "CreateProfile", "", 201),
-    ("GET", "/admin/v1/profiles", "ListProfiles", "", 200),
-    ("GET", "/admin/v1/profiles/pro_a", "GetProfile", "pro_a", 200),
-    ("PUT", "/admin/v1/profiles/pro_a", "ReplaceProfile", "pro_a", 200),
-    ("DELETE", "/admin/v1/profiles/pro_a", "DeleteProfile", "pro_a", 204),
-    ("POST", "/admin/v1/keys", "CreateKey", "", 201),
-    ("GET", "/admin/v1/keys", "ListKeys", "", 200),
-    ("DELETE", "/admin/v1/keys/key_a", "RevokeKey", "key_a", 204),
-    ("GET", "/admin/v1/sessions", "ListSessions", "", 200),
-    ("GET", "/admin/v1/sessions/ses_a/events", "ListSessionEvents", "ses_a", 200),
-    ("GET", "/admin/v1/mcp-servers", "ListMcpServers", "", 200),
-    ("GET", "/admin/v1/providers", "ListProviders", "", 200),
-    ("GET", "/admin/v1/config", "GetConfig", "", 200),
-    ("GET", "/admin/v1/sandbox-status", "GetSandboxStatus", "", 200),
-]
+def concrete(path: str) -> str:
+    return path.replace("{id}", "thing_a")
 
 
-@pytest.mark.parametrize("port,method,path,rpc_name,path_id,status",
-                         [("client", *route) for route in CLIENT_ROUTES] + [("admin", *route) for route in ADMIN_ROUTES])
-def test_rest_route_forwards_the_request(gateway, double, port, method, path, rpc_name, path_id, status):
-    http = gateway.client if port == "client" else gateway.admin
-    response = http.request(method, path, params={"limit": "2", "cursor": ""}, content=b'{"a": 1}',
+def example_body(route) -> bytes:
+    """The route's body as its contract's example shows it; "{}" for a route without one."""
+    if not route.body_field:
+        return b"{}"
+    body_type = route.request.DESCRIPTOR.fields_by_name[route.body_field].message_type
+    return body_type.GetOptions().Extensions[edge_pb2.json_message].example.encode()
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=lambda route: route.rpc)
+def test_rest_route_makes_its_call(gateway, double, route):
+    http = gateway.client if route.port.value == "client" else gateway.admin
+    response = http.request(route.method, concrete(route.path), params={"limit": "2", "cursor": "", "x": "y"},
+                            content=example_body(route),
                             headers={"Authorization": "Bearer k", "Content-Type": "application/json"})
-    assert response.status_code == status
-    if status == 204:
+    assert response.status_code == route.status
+    if route.status == 204:
         assert response.content == b""
         assert "content-type" not in response.headers
     else:
         assert response.headers["content-type"] == "application/json"
-        assert response.json() == {
-            "rpc": rpc_name, "authorization": "Bearer k", "has_authorization": True, "path_id": path_id,
-            "body": '{"a": 1}', "content_type": "application/json", "query": {"limit": "2", "cursor": ""},
-        }
-    assert double.last(rpc_name).path_id == path_id
+        assert response.text == to_json(route.reply())
+    request = double.last(route.rpc)
+    assert getattr(request, route.credential_field) == edge_pb2.Credential(authorization="Bearer k", present=True)
+    if route.id_field:
+        assert getattr(request, route.id_field) == "thing_a"
+    if route.body_field:
+        assert to_json(getattr(request, route.body_field))  # read from the example
+    assert {name: getattr(request, name) for name in route.query_fields} == {
+        name: {"limit": "2"}.get(name, "") for name in route.query_fields}
 
 
-def test_rest_without_authorization_is_forwarded_as_absent(gateway):
-    body = gateway.client.get("/api/v1/sessions/ses_a/events").json()
-    assert (body["authorization"], body["has_authorization"], body["content_type"]) == ("", False, "")
+def test_rest_without_authorization_is_forwarded_as_absent(gateway, double):
+    gateway.client.get("/api/v1/sessions/ses_a/events")
+    assert double.last("ListEvents").credential == edge_pb2.Credential(authorization="", present=False)
+
+
+def test_a_body_that_does_not_read_is_a_400_after_the_credential(gateway, double):
+    response = gateway.admin.post("/admin/v1/keys", json={"name": ""}, headers={"Authorization": "Bearer k"})
+    assert response.json() == {"type": "bad_request", "title": "Bad Request", "status": 400,
+                               "detail": "invalid request body: missing field `profile_id`"}
+    assert double.last("CheckCredential").kind == edge_pb2.ADMIN_KEY
 
 
 def test_no_auth_utility_routes(gateway):
@@ -746,12 +752,12 @@ def test_port_taken_exits_1(taken):
 
 def test_sigterm_ends_live_subscriptions_and_exits_0(tmp_path, double):
     gateway = Gateway(gateway_env(double.address), tmp_path / "gateway.log")
-    body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe",
-            "params": {"script": [{"event": EVENT}, {"hang": True}]}}
-    with gateway.client.stream("POST", "/api/v1/sessions/ses_1/rpc", json=body,
+    session = scripted(double, "ses_sigterm", [{"event": EVENT}, {"hang": True}])
+    body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe"}
+    with gateway.client.stream("POST", f"/api/v1/sessions/{session}/rpc", json=body,
                                headers={"Authorization": GOOD}) as response:
         stream = response.iter_lines()
-        assert json.loads(next(stream))["params"] == EVENT
+        assert json.loads(next(stream))["params"] == EVENT_JSON
         started = time.monotonic()
         gateway.process.send_signal(signal.SIGTERM)
         assert list(stream) == []  # the stream ends cleanly, no terminal frame

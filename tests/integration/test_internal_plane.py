@@ -13,9 +13,10 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bae.common.errors import Problem
+from bae.common import error_codes
+from bae.common.errors import Unauthenticated
 from bae.common.internal import TOKEN_METADATA, InternalPlane
-from bae.common.protos import runner_pb2, runner_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc, session_pb2, session_pb2_grpc
+from bae.common.protos import admin_api_pb2, edge_pb2, runner_pb2, runner_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc, session_pb2_grpc
 from bae.launcher.stack import Stack
 from testkit import ROOT
 from testkit.ports import free_port
@@ -38,7 +39,8 @@ def calls(stack) -> dict:
     settings = stack.stack.settings
     return {
         "session": (settings.session_grpc_addr, session_pb2_grpc.SessionServiceStub, "ListProfiles",
-                    session_pb2.RestRequest(authorization=f"Bearer {stack.admin_key}", has_authorization=True)),
+                    admin_api_pb2.ListProfilesRequest(credential=edge_pb2.Credential(
+                        authorization=f"Bearer {stack.admin_key}", present=True))),
         "runner": (settings.runner_grpc_addr, runner_pb2_grpc.RunnerStub, "RunSteps", [runner_pb2.StepCalls(calls=[
                    runner_pb2.StepCall(step_id=1, start=runner_pb2.StepStart(
                        request=runner_pb2.StepRequest(primary_provider="none")))])]),
@@ -91,16 +93,18 @@ async def test_admin_calls_still_need_the_admin_key(stack):
     async with grpc.aio.insecure_channel(address) as channel:
         stub = session_pb2_grpc.SessionServiceStub(channel)
         for authorization in (None, f"Bearer {client_key}", f"Bearer {stack.stack.env['BAE_INTERNAL_TOKEN']}"):
-            request = session_pb2.RestRequest(
-                authorization=authorization or "", has_authorization=authorization is not None,
-                body=b'{"name": "sneaky", "primary_provider": "mock"}', content_type="application/json",
-            )
-            for method in ("CreateProfile", "ListKeys", "GetConfig"):
+            credential = edge_pb2.Credential(authorization=authorization or "", present=authorization is not None)
+            requests = {
+                "CreateProfile": admin_api_pb2.CreateProfileRequest(
+                    credential=credential, body=admin_api_pb2.ProfileBody(name="sneaky", primary_provider="mock")),
+                "ListKeys": admin_api_pb2.ListKeysRequest(credential=credential),
+                "GetConfig": admin_api_pb2.AdminRequest(credential=credential),
+            }
+            for method, request in requests.items():
                 with pytest.raises(grpc.aio.AioRpcError) as caught:
                     await getattr(stub, method)(request, timeout=10, metadata=[plane.token_metadata])
                 assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
-                problem = Problem.from_rpc_error(caught.value)
-                assert problem is not None and problem.status == 401
+                assert isinstance(error_codes.raised_by(caught.value), Unauthenticated)
     names = [item["name"] for item in stack.admin.get("/admin/v1/profiles").json()["items"]]
     assert "sneaky" not in names
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from bae.common.internal import InternalPlane
-from bae.common.protos import session_pb2, session_pb2_grpc
+from bae.common.protos import client_api_pb2, edge_pb2, session_pb2_grpc
 from testkit.live import join, new_session, notifications, register, result, rpc, send, session_state, types
 from testkit.mockllm import MockLLM, Reply
 from testkit.stack import launch_stack, mock_provider_toml
@@ -194,10 +194,12 @@ def test_events_committed_together_reach_the_gateway_in_one_frame(shared, mock):
     sid, skey, _ = new_session(shared)
     register(shared, sid, skey)
     plane = InternalPlane(shared.stack.env["BAE_INTERNAL_TOKEN"], keepalive=30.0)
-    request = session_pb2.RpcRequest(authorization=f"Bearer {skey}", has_authorization=True, session_id=sid,
-                                     params_json=json.dumps({"message": {"content": "hi"}}))
+    request = client_api_pb2.SendMessageRequest(
+        credential=edge_pb2.Credential(authorization=f"Bearer {skey}", present=True), session_id=sid,
+        params=client_api_pb2.SendMessageParams(message=client_api_pb2.MessageParam(
+            content=edge_pb2.JsonValue(json='"hi"'))))
 
-    async def frames() -> list[session_pb2.RpcFrame]:
+    async def frames() -> list[client_api_pb2.TurnFrame]:
         async with grpc.aio.insecure_channel(shared.stack.settings.session_grpc_addr) as channel:
             call = session_pb2_grpc.SessionServiceStub(channel).SendMessage(
                 request, metadata=[plane.token_metadata], timeout=30)
@@ -206,16 +208,16 @@ def test_events_committed_together_reach_the_gateway_in_one_frame(shared, mock):
     def turn(reply: Reply) -> tuple[list[str | None], list[list[str]]]:
         mock.enqueue(reply)
         received = asyncio.run(frames())
-        events = [[json.loads(event)["event_type"] for event in frame.events.json] for frame in received
+        events = [[event.event_type for event in frame.events.events] for frame in received
                   if frame.WhichOneof("kind") == "events"]
         return [frame.WhichOneof("kind") for frame in received], events
 
     shapes, events = turn(Reply.hang(0.2))
-    assert shapes == ["accepted", "events", "events", "result_json"]
+    assert shapes == ["accepted", "events", "events", "result"]
     assert events == [["provider.request"], ["provider.response", "server.message.send"]]
     # Whether the provider answers within 5 ms is up to the machine: one of a few quick turns does.
     quick = [turn(Reply.text("quick")) for _ in range(5)]
-    assert (["accepted", "events", "result_json"], [["provider.request", "provider.response", "server.message.send"]]) in quick, quick
+    assert (["accepted", "events", "result"], [["provider.request", "provider.response", "server.message.send"]]) in quick, quick
 
 
 # --- 2. mixed-kind fallback ------------------------------------------------------------------

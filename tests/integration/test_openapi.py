@@ -1,4 +1,5 @@
-"""/openapi.json on each port: every served route is in it, every example validates, and real answers fit it."""
+"""/openapi.json on each port: a valid OpenAPI 3.1 document, every served route is in it, every example
+validates, and real answers fit it (every stack test's answers are checked too: testkit/openapi_check.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 from jsonschema import Draft202012Validator
+from openapi_spec_validator import validate
 
 from services.gateway import app, openapi
 from testkit.routes import served_routes
@@ -57,6 +59,30 @@ def test_every_example_validates(port: str) -> None:
     assert checked > 10
 
 
+@pytest.mark.parametrize("port", ["client", "admin"])
+def test_each_operation_has_an_id_and_errors_are_json_problems(port: str) -> None:
+    operations = [operation for item in DOCUMENTS[port]["paths"].values() for operation in item.values()]
+    ids = [operation["operationId"] for operation in operations]
+    assert len(ids) == len(set(ids))
+    for operation in operations:
+        for status, response in operation["responses"].items():
+            if int(status) >= 400:
+                assert list(response["content"]) == ["application/json"], (operation["operationId"], status)
+
+
+def test_event_types_are_an_enum_and_each_rpc_method_has_its_schemas() -> None:
+    schemas = DOCUMENTS["client"]["components"]["schemas"]
+    assert "session.compaction.completed" in schemas["Event"]["properties"]["event_type"]["enum"]
+    calls = [option["$ref"].rsplit("/", 1)[1] for option in schemas["RpcCall"]["oneOf"]]
+    assert len(calls) == 12
+    assert {schemas[call]["properties"]["method"]["const"] for call in calls} == {
+        "session.registerDriver", "session.sendMessage", "session.compact", "session.subscribe",
+        "session.unsubscribe", "session.startRemoteSandbox", "session.stopRemoteSandbox",
+        "session.execRemoteSandbox", "session.reportLocalSandbox", "session.reportLocalSubagent",
+        "session.cancelSubagent", "session.updateClientTools"}
+    assert "SendMessageResultFrame" in [frame["$ref"].rsplit("/", 1)[1] for frame in schemas["RpcFrame"]["oneOf"]]
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     config = mock_provider_toml("http://127.0.0.1:9") + (
@@ -86,6 +112,7 @@ def test_served_documents_and_real_answers_fit_them(stack: RunningStack) -> None
         served = client.get("/openapi.json")
         assert served.status_code == 200 and served.headers["content-type"].startswith("application/json")
         assert served.json() == DOCUMENTS[port]
+        validate(served.json())  # raises on an invalid OpenAPI 3.1 document
 
     admin, client = stack.admin, stack.client
     fits("client", "/api/v1/meta", "get", client.get("/api/v1/meta"))

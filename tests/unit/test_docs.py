@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from services.gateway import app
-from services.gateway.envelope import STREAMING_METHODS, UNARY_METHODS
+from services.gateway.declaration import RPC_METHODS
 from testkit.routes import served_routes
 
 pytestmark = pytest.mark.unit
@@ -17,7 +17,6 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parent.parent.parent
 DOCS = ROOT / "docs"
 SOURCES = [*ROOT.joinpath("bae").rglob("*.py"), *ROOT.joinpath("services").rglob("*.py")]
-RPC_METHODS = {*STREAMING_METHODS, *UNARY_METHODS}
 
 
 def source_text() -> str:
@@ -39,7 +38,7 @@ def test_every_event_type_is_in_the_event_reference() -> None:
     text = (DOCS / "reference" / "events.md").read_text()
     literals = set(re.findall(r'"((?:client|server|provider|tool|mcp|sandbox|session)\.[a-z_]+(?:\.[a-z_]+)?)"',
                               source_text()))
-    event_types = literals - RPC_METHODS - {"session.event", "mcp.servers"}
+    event_types = literals - set(RPC_METHODS) - {"session.event", "mcp.servers"}
     assert "tool.result" in event_types and "session.compaction.completed" in event_types
     assert {name for name in event_types if f"`{name}`" not in text} == set()
 

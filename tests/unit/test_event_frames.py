@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from bae.common.protos import client_api_pb2
+from services.gateway.proto_to_json import to_json
 from services.session.api import live
 from services.session.store.events import EventView
 
@@ -17,7 +19,8 @@ def event(index: int, payload_chars: int) -> EventView:
 
 
 def batches(events: list[EventView]) -> list[list[str]]:
-    return [[e for e in frame.events.json] for frame in live.event_frames(events)]
+    """Each frame's events as the gateway writes them."""
+    return [[to_json(e) for e in frame.events.events] for frame in live.event_frames(events, client_api_pb2.TurnFrame)]
 
 
 def test_events_ready_together_are_one_frame():
@@ -32,6 +35,14 @@ def test_frames_are_bounded_and_a_larger_event_travels_alone(monkeypatch):
     sent = batches([small[0], small[1], small[2], large, small[3]])
     assert sent == [[small[0].json, small[1].json], [small[2].json], [large.json], [small[3].json]]
     assert [e for frame in sent for e in frame] == [e.json for e in (*small[:3], large, small[3])]
+
+
+def test_a_frame_carries_each_event_as_stored():
+    view = EventView({"id": "evt_1", "session_id": "ses_a", "client_key_id": "key_1", "event_type": "x",
+                      "payload": None, "created_at": "t"}, '{"created_at":1,"payload":{"b":1.50}}')
+    (frame,) = live.event_frames([view], client_api_pb2.SubscriptionFrame)
+    assert frame.events.events[0].payload.json == '{"created_at":1,"payload":{"b":1.50}}'
+    assert to_json(frame.events.events[0]) == view.json
 
 
 def test_nothing_to_send_is_no_frame():

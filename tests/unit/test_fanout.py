@@ -9,7 +9,7 @@ import json
 import grpc
 import pytest
 
-from bae.common.protos import session_pb2
+from bae.common.protos import client_api_pb2, edge_pb2, session_pb2
 from services.gateway.fanout import LAG_LIMIT, Ending, Fanout, Observer
 
 pytestmark = pytest.mark.unit
@@ -46,20 +46,20 @@ class ScriptedUpstream:
             raise self.refusal
         call = ScriptedCall()
         self.calls.append((session_id, call))
-        return call, session_pb2.RpcFrame(position=self.start)
+        return call, session_pb2.RelayFrame(position=self.start)
 
 
 def status(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), "scripted")
 
 
-def events(*ids: str) -> session_pb2.RpcFrame:
-    texts = [json.dumps({"id": event_id}) for event_id in ids]
-    return session_pb2.RpcFrame(events=session_pb2.EventBatch(json=texts, ids=list(ids)))
+def events(*ids: str) -> session_pb2.RelayFrame:
+    batch = [client_api_pb2.Event(id=event_id, payload=edge_pb2.JsonValue(json="{}")) for event_id in ids]
+    return session_pb2.RelayFrame(events=client_api_pb2.EventBatch(events=batch))
 
 
 def admitted(observer: Observer, key: str, position: int, live: bool = True) -> Observer:
-    observer.admit(session_pb2.Observer(key=key, position=position, live=live))
+    observer.admit(client_api_pb2.Observer(key=key, position=position, live=live))
     return observer
 
 
@@ -112,16 +112,16 @@ async def test_word_that_streams_end_applies_to_those_who_joined_before_it():
     first, revoked, joined_after = [await fanout.join("ses_a") for _ in range(3)]
     assert first is not None and revoked is not None and joined_after is not None
     relay = upstream.calls[0][1]
-    relay.frames.put_nowait(session_pb2.RpcFrame(revoked_key="key_2"))  # position 1
+    relay.frames.put_nowait(session_pb2.RelayFrame(revoked_key="key_2"))  # position 1
     relay.frames.put_nowait(events("e2"))
-    relay.frames.put_nowait(session_pb2.RpcFrame(revoked_key="key_3"))  # position 3: key_3 joined at 3
+    relay.frames.put_nowait(session_pb2.RelayFrame(revoked_key="key_3"))  # position 3: key_3 joined at 3
     relay.frames.put_nowait(events("e4"))
     await settle()
     readers = [Reader(admitted(first, "key_1", 0)), Reader(admitted(revoked, "key_2", 0)),
                Reader(admitted(joined_after, "key_3", 3))]
     await settle()
     assert readers[1].task.done() and await readers[1].ended() == []  # revoked before e2
-    relay.frames.put_nowait(session_pb2.RpcFrame(subscriptions_ended=True))  # session.unsubscribe
+    relay.frames.put_nowait(session_pb2.RelayFrame(subscriptions_ended=True))  # session.unsubscribe
     relay.frames.put_nowait(events("e6"))
     assert await readers[0].ended() == ["e2", "e4"]
     assert await readers[2].ended() == ["e4"]
@@ -148,7 +148,7 @@ async def test_an_observer_that_stops_reading_is_cut_off_alone():
 
 @pytest.mark.parametrize("end,ending", [
     (status(grpc.StatusCode.UNAVAILABLE), Ending.FAILED),
-    (session_pb2.RpcFrame(error=session_pb2.RpcError(code=-32000, message="lagged")), Ending.LAGGED),
+    (session_pb2.RelayFrame(lagged=True), Ending.LAGGED),
     (grpc.aio.EOF, Ending.CLEAN),
 ])
 async def test_how_the_relay_ends_is_how_its_observers_end(end, ending):

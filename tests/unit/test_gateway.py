@@ -8,29 +8,32 @@ import pytest
 from starlette.responses import Response
 from starlette.routing import Match
 
-from bae.common.protos import session_pb2
-from services.gateway.envelope import STREAMING_METHODS, UNARY_METHODS, Call, Rejected, parse_envelope
+from bae.common.protos import client_api_pb2, edge_pb2
+from services.gateway.declaration import RPC_METHODS
+from services.gateway.envelope import Call, Rejected, parse_envelope
 from services.gateway.frames import error_frame, event_frame, internal_error_frame, result_frame, rpc_error_frame
 from services.gateway.router import build_router
 
 pytestmark = pytest.mark.unit
 
-RpcError = session_pb2.RpcError
+RpcError = client_api_pb2.RpcError
 
 
-def test_method_table_has_the_twelve_spec_methods():
-    assert sorted([*STREAMING_METHODS, *UNARY_METHODS]) == sorted([
+def test_the_declaration_names_the_twelve_spec_methods():
+    assert sorted(RPC_METHODS) == sorted([
         "session.registerDriver", "session.sendMessage", "session.compact", "session.subscribe",
         "session.unsubscribe", "session.startRemoteSandbox", "session.stopRemoteSandbox",
         "session.execRemoteSandbox", "session.reportLocalSandbox", "session.reportLocalSubagent",
         "session.cancelSubagent", "session.updateClientTools",
     ])
-    assert set(STREAMING_METHODS.values()) == {"SendMessage", "Compact", "Subscribe"}
+    assert {method.rpc for method in RPC_METHODS.values() if method.streaming} == {"SendMessage", "Compact", "Subscribe"}
+    assert {name for name, method in RPC_METHODS.items() if method.unbounded} == {
+        "session.startRemoteSandbox", "session.stopRemoteSandbox", "session.execRemoteSandbox"}
 
 
-def test_call_keeps_id_and_params_as_json_text():
+def test_call_keeps_id_as_json_text_and_params_as_parsed():
     call = parse_envelope(b'{"jsonrpc":"2.0","id":"x","method":"session.compact","params":{"prompt":"\xc3\xa9"}}')
-    assert call == Call("session.compact", '"x"', '{"prompt":"\u00e9"}')
+    assert call == Call(RPC_METHODS["session.compact"], '"x"', {"prompt": "\u00e9"})
 
 
 @pytest.mark.parametrize("raw_id,id_json", [
@@ -44,9 +47,9 @@ def test_any_json_id_is_kept(raw_id, id_json):
     assert json.loads(call.id_json) == json.loads(raw_id)
 
 
-def test_absent_id_is_a_notification_and_absent_params_are_an_empty_object():
+def test_absent_id_is_a_notification():
     assert parse_envelope(b'{"jsonrpc":"2.0","method":"session.unsubscribe"}') == Call(
-        "session.unsubscribe", None, "{}"
+        RPC_METHODS["session.unsubscribe"], None, None
     )
 
 
@@ -65,7 +68,10 @@ def test_checks_run_in_spec_order():
 
 
 def test_frames_are_exact_lines():
-    assert event_frame('{"id":"evt_1"}') == b'{"jsonrpc":"2.0","method":"session.event","params":{"id":"evt_1"}}\n'
+    event = client_api_pb2.Event(id="evt_1", session_id="s", event_type="x", payload=edge_pb2.JsonValue(json="{}"),
+                                 created_at="t")
+    assert event_frame(event) == (b'{"jsonrpc":"2.0","method":"session.event","params":{"id":"evt_1","session_id":"s",'
+                                  b'"client_key_id":null,"event_type":"x","payload":{},"created_at":"t"}}\n')
     assert result_frame("7", '{"ok":true}') == b'{"jsonrpc":"2.0","id":7,"result":{"ok":true}}\n'
     assert error_frame(None, -32000, "x") == b'{"jsonrpc":"2.0","error":{"code":-32000,"message":"x"}}\n'
     assert error_frame('"a"', -32601, "Method not found: é\n") == (

@@ -1,4 +1,5 @@
-"""Pagination and the parsing of session bodies: what the REST handlers accept and refuse."""
+"""Pagination, and what the session service makes of the open and join bodies the gateway read:
+their normalized form and the semantic rules of subagent tools (§11.1)."""
 
 from __future__ import annotations
 
@@ -6,34 +7,38 @@ import json
 
 import pytest
 
-from bae.common.errors import Problem
+from bae.common.errors import InvalidInput, Unprocessable
+from bae.common.protos import client_api_pb2
+from services.gateway.json_to_proto import read_body
 from services.session.api import bodies
-from services.session.api.pagination import PageRequest, page_json, page_request
+from services.session.api.pagination import PageRequest, page_request
 
 pytestmark = pytest.mark.unit
 
 
 def test_page_request_parsing():
-    assert page_request({}) == PageRequest(0, 50)
-    assert page_request({"limit": "500", "cursor": "12"}) == PageRequest(12, 200)
-    assert page_request({"limit": "", "cursor": ""}) == PageRequest(0, 50)
-    for query, detail in [({"limit": "0"}, "limit must be a positive integer"),
-                          ({"limit": "1.5"}, "limit must be a positive integer"),
-                          ({"cursor": "-1"}, 'invalid cursor: "-1"')]:
-        with pytest.raises(Problem) as caught:
-            page_request(query)
-        assert (caught.value.status, caught.value.detail) == (400, detail)
+    assert page_request("", "") == PageRequest(0, 50)
+    assert page_request("12", "500") == PageRequest(12, 200)
+    assert page_request("", "+7") == PageRequest(0, 7)
+    for cursor, limit, detail in [("", "0", "limit must be a positive integer"),
+                                  ("", "1.5", "limit must be a positive integer"),
+                                  ("-1", "", 'invalid cursor: "-1"')]:
+        with pytest.raises(InvalidInput) as caught:
+            page_request(cursor, limit)
+        assert caught.value.detail == detail
 
 
-def test_page_json_next_cursor():
+def test_a_page_and_its_next_cursor():
     request = PageRequest(0, 2)
-    assert page_json([(1, "1"), (5, "2"), (9, "3")], request) == '{"items":[1,2],"next_cursor":"5"}'
-    assert page_json([(1, "1"), (5, "2")], request) == '{"items":[1,2],"next_cursor":null}'
-    assert page_json([], request) == '{"items":[],"next_cursor":null}'
+    assert request.page([(1, "a"), (5, "b"), (9, "c")]) == (["a", "b"], "5")
+    assert request.page([(1, "a"), (5, "b")]) == (["a", "b"], None)
+    assert request.page([]) == ([], None)
 
 
 def parse(body: dict, joining: bool = False) -> bodies.SessionBody:
-    return bodies.parse_session_body(json.dumps(body).encode(), "application/json", joining=joining)
+    message = client_api_pb2.JoinSessionBody() if joining else client_api_pb2.OpenSessionBody()
+    read_body(message, json.dumps(body).encode(), "application/json")
+    return bodies.session_body(message)
 
 
 def test_session_body_normalization():
@@ -42,30 +47,13 @@ def test_session_body_normalization():
     assert body.compaction == {"mode": "client", "prompt": "p"}
     assert parse({}).compaction == {"mode": "client", "prompt": None}
     assert parse({"compaction": {"mode": "auto", "size": 1000}}).compaction == {"mode": "auto", "size": 1000}
-
-
-@pytest.mark.parametrize(
-    "body, detail",
-    [
-        ({"compaction": {"mode": "auto", "size": -1}}, "invalid compaction config: invalid value: integer `-1`, expected u64"),
-        ({"compaction": {"mode": "auto", "size": True}}, "invalid compaction config: invalid type: boolean `true`, expected u64"),
-        ({"compaction": "auto"}, 'invalid compaction config: invalid type: string "auto", expected internally tagged enum CompactionConfig'),
-        ({"compaction": {"mode": "client", "prompt": 1}}, "invalid compaction config: invalid type: integer `1`, expected a string"),
-        ({"tools": [1]}, "invalid request body: invalid type: integer `1`, expected struct ClientToolDef"),
-        ({"subagent_tools": [{"name": "s", "subagents": [{"timeout_secs": "x"}]}]},
-         'invalid request body: invalid type: string "x", expected i64'),
-    ],
-)
-def test_session_body_errors(body, detail):
-    with pytest.raises(Problem) as caught:
-        parse(body)
-    assert (caught.value.status, caught.value.type, caught.value.detail) == (400, "bad_request", detail)
-
-
-def test_join_rejects_any_compaction_key():
-    with pytest.raises(Problem) as caught:
-        parse({"compaction": None}, joining=True)
-    assert caught.value.detail.startswith("compaction is a session-level setting")
+    assert parse({"tools": [{"name": "t"}]}, joining=True).compaction == {"mode": "client", "prompt": None}
+    schema = {"type": "object", "properties": {"b": {}, "a": {"x": 1.5}}}
+    assert parse({"tools": [{"name": "t", "description": "d", "input_schema": schema}]}).tools == [
+        {"name": "t", "description": "d", "input_schema": schema}]
+    subagent = parse({"subagent_tools": [{"name": "s", "subagents": [{"harness": "h"}]}]}).subagent_tools
+    assert subagent == [{"name": "s", "description": None, "input_schema": {}, "image": "", "subagents": [
+        {"harness": "h", "command_template": "", "prompt_via": None, "timeout_secs": None}]}]
 
 
 @pytest.mark.parametrize(
@@ -91,6 +79,6 @@ def test_join_rejects_any_compaction_key():
     ],
 )
 def test_subagent_validation(subagent, detail):
-    with pytest.raises(Problem) as caught:
+    with pytest.raises(Unprocessable) as caught:
         bodies.validate_subagent_tools(parse({"subagent_tools": [subagent]}).subagent_tools)
-    assert (caught.value.status, caught.value.type, caught.value.detail) == (422, "invalid_subagent_tools", detail)
+    assert (caught.value.reason, caught.value.detail) == ("invalid_subagent_tools", detail)

@@ -1,39 +1,56 @@
 """The admin API (`/admin/v1/*`, SERVER-SPEC §4). Every handler authenticates first.
 
-Handlers take the gateway's RestRequest and return the response body text
-("" for 204); failures raise Problem.
+Handlers take the typed request the gateway read and answer the typed reply; a refusal raises
+one of bae.common.errors' kinds.
 """
 
 from __future__ import annotations
 
+from sqlalchemy import Connection, Row
+
 from bae.common import config as config_views
 from bae.common.config import Config
-from bae.common.errors import Problem, bad_request, not_found
-from bae.common.protos import session_pb2
+from bae.common.errors import Conflict, InvalidInput, NotFound, Unprocessable
+from bae.common.protos import admin_api_pb2, client_api_pb2, edge_pb2, session_pb2
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
-from services.session.api.calls import RestCall
-from services.session.api.pagination import page_json, page_request
+from services.session.api.calls import Credential
+from services.session.api.event_messages import event_of_row
+from services.session.api.pagination import page_request
 from services.session.engine.runtime import SessionRuntime
-from services.session.store.records import KeyRecord
 from services.session.store import events, keys, profiles, revocation, sessions
-from bae.common.jsontext import dump
+from services.session.store.records import KeyRecord, ProfileRecord
 from services.session.store.store import Store
 
 
-def key_view(key: KeyRecord) -> dict:
-    return {
-        "id": key.id,
-        "name": key.name,
-        "prefix": key.key_prefix,
-        "profile_id": key.profile_id,
-        "created_at": key.created_at,
-        "last_used_at": key.last_used_at,
-    }
+def key_message(key: KeyRecord) -> admin_api_pb2.ClientKey:
+    return admin_api_pb2.ClientKey(
+        id=key.id,
+        name=key.name,
+        prefix=key.key_prefix,
+        profile_id=key.profile_id,
+        created_at=key.created_at,
+        last_used_at=key.last_used_at,
+    )
 
 
-def duplicate_name() -> Problem:
-    return Problem(409, "duplicate_name", "a profile with that name already exists")
+def profile_message(profile: ProfileRecord) -> admin_api_pb2.Profile:
+    return admin_api_pb2.Profile(**profiles.view(profile))
+
+
+def session_summary(row: Row) -> admin_api_pb2.SessionSummary:
+    return admin_api_pb2.SessionSummary(**sessions.summary_view(row))
+
+
+def duplicate_name() -> Conflict:
+    return Conflict("a profile with that name already exists", reason="duplicate_name")
+
+
+def _existing_session_events(conn: Connection, session_id: str, after_seq: int, limit: int) -> list[Row] | None:
+    """A page of a session's events, or None when there is no such session (one store call)."""
+    if sessions.get(conn, session_id) is None:
+        return None
+    return events.page(conn, session_id, after_seq, limit)
 
 
 class AdminApi:
@@ -47,138 +64,145 @@ class AdminApi:
         """From another replica (internal plane): a revoked key's sessions that this one owns."""
         await self.runtime.apply_revocation(revocation)
 
-    async def _admin(self, call: RestCall) -> None:
-        await self.auth.require_admin(call.credential)
+    async def _admin(self, credential: edge_pb2.Credential) -> None:
+        await self.auth.require_admin(Credential.of(credential))
 
     # Profiles (§4.2).
 
-    async def create_profile(self, call: RestCall) -> str:
-        await self._admin(call)
-        fields = bodies.parse_profile_body(call.body, call.content_type)
+    async def create_profile(self, request: admin_api_pb2.CreateProfileRequest) -> admin_api_pb2.ProfileCreated:
+        await self._admin(request.credential)
         try:
-            profile = await self.store.write(profiles.create, fields)
+            profile = await self.store.write(profiles.create, bodies.profile_fields(request.body))
         except profiles.DuplicateName:
             raise duplicate_name() from None
         self.runtime.provision(profile)
-        return dump({"id": profile.id, "name": profile.name, "created_at": profile.created_at})
+        return admin_api_pb2.ProfileCreated(id=profile.id, name=profile.name, created_at=profile.created_at)
 
-    async def list_profiles(self, call: RestCall) -> str:
-        await self._admin(call)
-        page = page_request(call.query)
+    async def list_profiles(self, request: admin_api_pb2.ListProfilesRequest) -> admin_api_pb2.ProfilePage:
+        await self._admin(request.credential)
+        page = page_request(request.cursor, request.limit)
         rows = await self.store.read(profiles.page, page.after_seq, page.fetch)
-        return page_json([(seq, dump(profiles.view(p))) for seq, p in rows], page)
+        items, next_cursor = page.page(rows)
+        return admin_api_pb2.ProfilePage(items=[profile_message(p) for p in items], next_cursor=next_cursor)
 
-    async def get_profile(self, call: RestCall) -> str:
-        await self._admin(call)
-        profile = await self.store.read(profiles.active, call.path_id)
+    async def get_profile(self, request: admin_api_pb2.GetProfileRequest) -> admin_api_pb2.Profile:
+        await self._admin(request.credential)
+        profile = await self.store.read(profiles.active, request.profile_id)
         if profile is None:
-            raise not_found(f"no profile {call.path_id}")
-        return dump(profiles.view(profile))
+            raise NotFound(f"no profile {request.profile_id}")
+        return profile_message(profile)
 
-    async def replace_profile(self, call: RestCall) -> str:
-        await self._admin(call)
-        fields = bodies.parse_profile_body(call.body, call.content_type)
+    async def replace_profile(self, request: admin_api_pb2.ReplaceProfileRequest) -> admin_api_pb2.Profile:
+        await self._admin(request.credential)
         try:
-            profile = await self.store.write(profiles.replace, call.path_id, fields)
+            profile = await self.store.write(profiles.replace, request.profile_id, bodies.profile_fields(request.body))
         except profiles.DuplicateName:
             raise duplicate_name() from None
         if profile is None:
-            raise not_found(f"no profile {call.path_id}")
+            raise NotFound(f"no profile {request.profile_id}")
         self.runtime.provision(profile)
-        return dump(profiles.view(profile))
+        return profile_message(profile)
 
-    async def delete_profile(self, call: RestCall) -> str:
-        await self._admin(call)
-        profile_id = call.path_id
-
-        in_use = await self.store.write(profiles.delete_unused, profile_id)
+    async def delete_profile(self, request: admin_api_pb2.DeleteProfileRequest) -> admin_api_pb2.NoContent:
+        await self._admin(request.credential)
+        in_use = await self.store.write(profiles.delete_unused, request.profile_id)
         if in_use is None:
-            raise not_found(f"no profile {profile_id}")
+            raise NotFound(f"no profile {request.profile_id}")
         if in_use:
-            raise Problem(
-                409,
-                "profile_in_use",
-                f"profile has {in_use} active client key(s); revoke them before deleting",
+            raise Conflict(
+                f"profile has {in_use} active client key(s); revoke them before deleting", reason="profile_in_use"
             )
-        return ""
+        return admin_api_pb2.NoContent()
 
     # Client keys (§4.3).
 
-    async def create_key(self, call: RestCall) -> str:
-        await self._admin(call)
-        name, profile_id = bodies.parse_key_body(call.body, call.content_type)
-
-        minted = await self.store.write(keys.mint_client, name, profile_id)
+    async def create_key(self, request: admin_api_pb2.CreateKeyRequest) -> admin_api_pb2.KeyCreated:
+        await self._admin(request.credential)
+        profile_id = request.body.profile_id
+        minted = await self.store.write(keys.mint_client, request.body.name, profile_id)
         if minted is None:
-            raise Problem(422, "profile_unavailable", f"no active profile {profile_id}")
+            raise Unprocessable(f"no active profile {profile_id}", reason="profile_unavailable")
         token, key = minted
-        return dump(
-            {
-                "id": key.id,
-                "name": key.name,
-                "key": token,
-                "prefix": key.key_prefix,
-                "profile_id": key.profile_id,
-                "created_at": key.created_at,
-            }
+        assert key.profile_id is not None  # minted on an active profile
+        return admin_api_pb2.KeyCreated(
+            id=key.id,
+            name=key.name,
+            key=token,
+            prefix=key.key_prefix,
+            profile_id=key.profile_id,
+            created_at=key.created_at,
         )
 
-    async def list_keys(self, call: RestCall) -> str:
-        await self._admin(call)
-        page = page_request(call.query)
-
+    async def list_keys(self, request: admin_api_pb2.ListKeysRequest) -> admin_api_pb2.KeyPage:
+        await self._admin(request.credential)
+        page = page_request(request.cursor, request.limit)
         # Written first, so the page shows the latest coalesced last_used_at.
         stamps = self.auth.stamps.take()
         rows = await self.store.write(keys.stamped_client_page, stamps, page.after_seq, page.fetch)
-        return page_json([(seq, dump(key_view(key))) for seq, key in rows], page)
+        items, next_cursor = page.page(rows)
+        return admin_api_pb2.KeyPage(items=[key_message(key) for key in items], next_cursor=next_cursor)
 
-    async def revoke_key(self, call: RestCall) -> str:
-        await self._admin(call)
-        key_id = call.path_id
-
+    async def revoke_key(self, request: admin_api_pb2.RevokeKeyRequest) -> admin_api_pb2.NoContent:
+        await self._admin(request.credential)
+        key_id = request.key_id
         revoked = await self.store.write(revocation.revoke_client, key_id)
         if revoked is None:
-            raise not_found(f"no active client key {key_id}")
+            raise NotFound(f"no active client key {key_id}")
         held, closed = revoked
         # Sessions other keys still hold stay open; the revoked key loses its live access there.
         await self.runtime.revoke_key(key_id, closed, [session_id for session_id in held if session_id not in closed])
-        return ""
+        return admin_api_pb2.NoContent()
 
     # Sessions (§4.4).
 
-    async def list_sessions(self, call: RestCall) -> str:
-        await self._admin(call)
-        page = page_request(call.query)
-        state = call.query.get("state", "") or None
+    async def list_sessions(self, request: admin_api_pb2.ListSessionsRequest) -> admin_api_pb2.SessionPage:
+        await self._admin(request.credential)
+        page = page_request(request.cursor, request.limit)
+        state = request.state or None
         if state is not None and state not in sessions.STATES:
-            raise bad_request(f'invalid state filter "{state}"; expected one of open, closed, error')
+            raise InvalidInput(f'invalid state filter "{state}"; expected one of open, closed, error')
         rows = await self.store.read(sessions.page, state, page.after_seq, page.fetch)
-        return page_json([(row.seq, dump(sessions.summary_view(row))) for row in rows], page)
+        items, next_cursor = page.page([(row.seq, row) for row in rows])
+        return admin_api_pb2.SessionPage(items=[session_summary(row) for row in items], next_cursor=next_cursor)
 
-    async def list_session_events(self, call: RestCall) -> str:
-        await self._admin(call)
-        page = page_request(call.query)
-        session_id = call.path_id
+    async def get_session(self, request: admin_api_pb2.GetSessionRequest) -> admin_api_pb2.SessionSummary:
+        await self._admin(request.credential)
+        session = await self.store.read(sessions.get, request.session_id)
+        if session is None:
+            raise NotFound(f"no session {request.session_id}")
+        return admin_api_pb2.SessionSummary(
+            id=session.id,
+            profile_id=session.profile_id,
+            state=session.state,
+            client_version=session.client_version,
+            created_at=session.created_at,
+            closed_at=session.closed_at,
+        )
 
-        items = await self.store.read(events.page_items_of_existing, session_id, page.after_seq, page.fetch)
-        if items is None:
-            raise not_found(f"no session {session_id}")
-        return page_json(items, page)
+    async def list_session_events(self, request: admin_api_pb2.ListSessionEventsRequest) -> client_api_pb2.EventPage:
+        await self._admin(request.credential)
+        page = page_request(request.cursor, request.limit)
+        session_id = request.session_id
+        rows = await self.store.read(_existing_session_events, session_id, page.after_seq, page.fetch)
+        if rows is None:
+            raise NotFound(f"no session {session_id}")
+        items, next_cursor = page.page([(row.seq, row) for row in rows])
+        return client_api_pb2.EventPage(items=[event_of_row(row) for row in items], next_cursor=next_cursor)
 
     # Registries and config (§4.5): startup snapshots.
 
-    async def list_mcp_servers(self, call: RestCall) -> str:
-        await self._admin(call)
-        return dump(config_views.mcp_servers_view(self.config))
+    async def list_mcp_servers(self, request: admin_api_pb2.AdminRequest) -> admin_api_pb2.McpServers:
+        await self._admin(request.credential)
+        return admin_api_pb2.McpServers(**config_views.mcp_servers_view(self.config))
 
-    async def list_providers(self, call: RestCall) -> str:
-        await self._admin(call)
-        return dump(config_views.providers_view(self.config))
+    async def list_providers(self, request: admin_api_pb2.AdminRequest) -> admin_api_pb2.Providers:
+        await self._admin(request.credential)
+        return admin_api_pb2.Providers(**config_views.providers_view(self.config))
 
-    async def get_config(self, call: RestCall) -> str:
-        await self._admin(call)
-        return dump(config_views.config_view(self.config))
+    async def get_config(self, request: admin_api_pb2.AdminRequest) -> admin_api_pb2.ConfigSnapshot:
+        await self._admin(request.credential)
+        return admin_api_pb2.ConfigSnapshot(**config_views.config_view(self.config))
 
-    async def sandbox_status(self, call: RestCall) -> str:
-        await self._admin(call)
-        return dump(self.runtime.sandbox_status())
+    async def sandbox_status(self, request: admin_api_pb2.AdminRequest) -> admin_api_pb2.SandboxStatus:
+        await self._admin(request.credential)
+        return admin_api_pb2.SandboxStatus(**self.runtime.sandbox_status())

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
-from bae.common.errors import Problem
+from bae.common.errors import TooManyRequests
 
 FREE_FAILURES = 3
 FIRST_DELAY = 1.0
@@ -44,10 +44,7 @@ class AdminHashVerifier:
         """The id of the (row id, PHC hash) pair `token` matches, or None; 429 while throttled."""
         wait = self._blocked_until - time.monotonic()
         if wait > 0:
-            raise Problem(
-                429, "too_many_requests", "too many failed admin key attempts; retry later",
-                retry_after=math.ceil(wait),
-            )
+            raise TooManyRequests("too many failed admin key attempts; retry later", retry_after=math.ceil(wait))
         matched = await asyncio.get_running_loop().run_in_executor(self._thread, self._match, token, hashes)
         if matched is None:
             self._failures += 1

@@ -16,7 +16,7 @@ import asyncio
 import logging
 from typing import Any, Callable, TypeVar
 
-from bae.common.errors import unauthorized
+from bae.common.errors import Unauthenticated
 from bae.common.ids import token_digest
 from bae.common.timefmt import now
 from services.session.api.admin_hash import AdminHashVerifier
@@ -67,7 +67,7 @@ class Authenticator:
 
     def _accepted(self, principal: Principal | None) -> Principal:
         if principal is None:
-            raise unauthorized("invalid session key")
+            raise Unauthenticated("invalid session key")
         self.stamps.stamp(principal.key_id)
         return principal
 
@@ -95,7 +95,7 @@ class Authenticator:
     async def client_key(self, credential: Credential) -> KeyRecord:
         row = await self.store.read(keys.active_by_digest, token_digest(credential.token()), "client")
         if row is None:
-            raise unauthorized("invalid client key")
+            raise Unauthenticated("invalid client key")
         self.stamps.stamp(row.id)
         return row
 
@@ -111,7 +111,7 @@ class Authenticator:
         if row_id is None and hashes:
             row_id = await self._admin_hashes.verify(token, digest, hashes)
         if row_id is None:
-            raise unauthorized("invalid admin key")
+            raise Unauthenticated("invalid admin key")
         self.stamps.stamp(row_id)
 
     # last_used_at.

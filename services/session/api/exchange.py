@@ -37,14 +37,14 @@ class CallContext:
 
     def __init__(self, metadata: Mapping[str, str]) -> None:
         self._metadata = tuple(metadata.items())
-        self.trailing_metadata: tuple[tuple[str, str], ...] = ()
+        self.trailing_metadata: tuple[tuple[str, str | bytes], ...] = ()
         self.code = grpc.StatusCode.OK
         self.details = ""
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._metadata
 
-    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
         self.trailing_metadata = metadata
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
@@ -148,7 +148,7 @@ class Exchange:
                     else:
                         ending = session_pb2.ExchangeReply(call_id=call_id)
             if ending.code == grpc.StatusCode.OK.value[0]:
-                ending.trailing_metadata.update(context.trailing_metadata)
+                ending.trailing_metadata.update(_carried(context.trailing_metadata))
         except grpc.aio.AbortError:
             ending = _failed(call_id, context.code, context.details, context.trailing_metadata)
         except DecodeError:
@@ -170,9 +170,14 @@ def _reply_or_oversized(call_id: int, method: str, payload: bytes) -> session_pb
     )
 
 
+def _carried(metadata: tuple[tuple[str, str | bytes], ...]) -> dict[str, bytes]:
+    """Trailing metadata as the reply carries it: text as UTF-8, a `-bin` value as it is."""
+    return {key: value if isinstance(value, bytes) else value.encode() for key, value in metadata}
+
+
 def _failed(
-    call_id: int, code: grpc.StatusCode, details: str, trailing: tuple[tuple[str, str], ...] = ()
+    call_id: int, code: grpc.StatusCode, details: str, trailing: tuple[tuple[str, str | bytes], ...] = ()
 ) -> session_pb2.ExchangeReply:
     return session_pb2.ExchangeReply(
-        call_id=call_id, code=code.value[0], details=details, trailing_metadata=dict(trailing)
+        call_id=call_id, code=code.value[0], details=details, trailing_metadata=_carried(trailing)
     )

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import logging
 
-from bae.common.protos import session_pb2
+from bae.common.protos import client_api_pb2
 from bae.common.rpc_codes import RpcCode
 from services.session.engine.errors import EngineError, LoopFailed, TurnInProgress
 
 log = logging.getLogger("bae.session.rpc")
 
-RpcError = session_pb2.RpcError
+RpcError = client_api_pb2.RpcError
 
 
 class RpcFault(Exception):
     """A JSON-RPC error a method answers with: its code and message."""
 
     def __init__(
-        self, code: RpcCode, message: str, *, id_mode: session_pb2.RpcError.IdMode = RpcError.REQUEST_ID
+        self, code: RpcCode, message: str, *, id_mode: client_api_pb2.RpcError.IdMode.ValueType = RpcError.REQUEST_ID
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -38,7 +38,7 @@ def invalid_params(detail: str) -> RpcFault:
 ENGINE_CODES: dict[type[EngineError], RpcCode] = {TurnInProgress: RpcCode.TURN_IN_PROGRESS}
 
 
-def rpc_error(exc: Exception, method: str) -> session_pb2.RpcError:
+def rpc_error(exc: Exception, method: str) -> client_api_pb2.RpcError:
     """The error a method's failure is answered with."""
     if isinstance(exc, RpcFault):
         return RpcError(code=exc.code, message=exc.message, id_mode=exc.id_mode)

@@ -1,18 +1,19 @@
 """The pieces every JSON-RPC method of the session service shares (SERVER-SPEC §6).
 
-The authenticated call a method receives, params parsing with the spec's
--32602 texts, and the gates each method passes first: the -32001 driver
-check and, when asked, the -32000 state check.
+The authenticated call a method receives, its params as the gateway read them (or the -32602
+text of why they did not fit, answered where the method reads them), and the gates each method
+passes first: the -32001 driver check and, when asked, the -32000 state check.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
 
-from bae.common import serde
-from bae.common.jsontext import JsonSyntaxError, strict_load
-from bae.common.protos import session_pb2
+from google.protobuf.message import Message as ProtoMessage
+
+from bae.common.jsontext import load
+from bae.common.protos import client_api_pb2
 from bae.common.rpc_codes import RpcCode
 from services.session.api.faults import RpcFault, invalid_params
 from services.session.engine.domain import Message, SessionState
@@ -20,21 +21,23 @@ from services.session.engine.errors import SessionNotOpen
 from services.session.engine.runtime import LiveSession, SessionRuntime
 from services.session.store.records import Principal, ProfileRecord, SessionRecord
 
-ACCEPTED = session_pb2.RpcFrame(accepted=True)
+P = TypeVar("P", bound=ProtoMessage)
 
 
 @dataclass(frozen=True)
-class RpcCall:
+class RpcCall(Generic[P]):
     """One authenticated JSON-RPC call: who acts, on which session, with what params.
 
     Built once per call from one store read (key, session and profile); methods
-    never see the protobuf request or the Authorization header.
+    never see the Authorization header.
     """
 
     principal: Principal
     session: SessionRecord | None
     profile: ProfileRecord | None
-    params_json: str
+    _params: P
+    # Why the params did not fit ("" when they did), answered when the method reads them.
+    _invalid_params: str = ""
 
     @property
     def session_id(self) -> str:
@@ -45,17 +48,12 @@ class RpcCall:
         """The acting client key."""
         return self.principal.client_key_id
 
-    def params(self) -> dict[str, Any]:
-        """The params object; absent or null is `{}`."""
-        try:
-            params = strict_load(self.params_json or "{}")
-        except JsonSyntaxError as exc:
-            raise invalid_params(str(exc)) from None
-        if params is None:
-            return {}
-        if not isinstance(params, dict):
-            raise invalid_params(serde.invalid_type(params, "a map"))
-        return params
+    def params(self) -> P:
+        """The params; -32602 `Invalid params: …` here, at the method's place in the spec's order
+        of checks, when they did not fit."""
+        if self._invalid_params:
+            raise invalid_params(self._invalid_params)
+        return self._params
 
     def open_session(self) -> SessionRecord:
         """The session record, if open (-32000 `session is <state>, not open` otherwise)."""
@@ -72,20 +70,7 @@ def require_driver(runtime: SessionRuntime, call: RpcCall, method: str) -> LiveS
     return live
 
 
-def parse_message(params: dict[str, Any]) -> Message:
-    if "message" not in params:
-        raise invalid_params('missing "message"')
-    message = params["message"]
-    if not isinstance(message, dict):
-        raise invalid_params(serde.invalid_type(message, "struct Message"))
-    if "content" not in message:
-        raise invalid_params("missing field `content`")
-    role = message.get("role", "user")
-    if role is None:
-        role = "user"
-    if not isinstance(role, str):
-        raise invalid_params(serde.invalid_type(role, "a string"))
-    content = message["content"]
-    if not isinstance(content, (str, list)):
-        raise invalid_params(serde.invalid_type(content, "a string or an array of content blocks"))
-    return Message(role=role, content=content)
+def message_of(params: client_api_pb2.SendMessageParams) -> Message:
+    message = params.message
+    role = message.role if message.HasField("role") else "user"
+    return Message(role=role, content=load(message.content.json))

@@ -4,23 +4,25 @@ methods are in `sandbox_methods`.
 
 Each method receives an authenticated `RpcCall`, runs its checks in the
 spec's order and raises `RpcFault`/`EngineError` to refuse; the servicer turns
-those into the error frame. Streaming methods yield events as frames, then
-their terminal frame. Turns and compactions run in the engine: these methods
-only translate.
+those into the error. Streaming methods yield events as frames, then their
+terminal frame. Turns and compactions run in the engine: these methods only
+translate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator, TypeVar
+from typing import Any, AsyncIterator, Callable, Iterable, Iterator, TypeVar
 
-from bae.common import serde
-from bae.common.jsontext import RawJson, dump
-from bae.common.protos import session_pb2
+from google.protobuf.message import Message as ProtoMessage
+
+from bae.common.jsontext import dump, load
+from bae.common.protos import client_api_pb2, edge_pb2, session_pb2
 from bae.common.rpc_codes import LAGGED_MESSAGE, RpcCode
-from services.session.api.faults import RpcError, RpcFault, invalid_params
-from services.session.api.jsonrpc import RpcCall, parse_message, require_driver
+from services.session.api.event_messages import EventBatch, event_of_view
+from services.session.api.faults import RpcError, RpcFault
+from services.session.api.jsonrpc import RpcCall, message_of, require_driver
 from services.session.api.race_hold import RaceHold
 from services.session.engine.domain import CompactRequest, SessionState, TurnRequest
 from services.session.engine.engine import TurnEngine
@@ -37,13 +39,16 @@ log = logging.getLogger("bae.session.live")
 REPLAY_PAGE = 200
 # Event text per frame, in characters (at most 4 bytes each): far under the internal plane's 64 MiB message.
 FRAME_EVENTS_CHARS = 4 * 1024 * 1024
-LOCAL_SUBAGENT_STATES = ("start", "running", "completed", "failed", "cancelled")
 RESERVED_TOOL = "remote_subagent_status"
 
 T = TypeVar("T")
+F = TypeVar("F", bound=ProtoMessage)
 
-LAGGED = session_pb2.RpcFrame(error=RpcError(code=RpcCode.APPLICATION_ERROR, message=LAGGED_MESSAGE,
-                                               id_mode=RpcError.NO_ID))
+LAGGED_ERROR = RpcError(code=RpcCode.APPLICATION_ERROR, message=LAGGED_MESSAGE, id_mode=RpcError.NO_ID)
+TurnFrame = client_api_pb2.TurnFrame
+CompactionFrame = client_api_pb2.CompactionFrame
+SubscriptionFrame = client_api_pb2.SubscriptionFrame
+RelayFrame = session_pb2.RelayFrame
 
 
 class LiveApi:
@@ -56,41 +61,34 @@ class LiveApi:
 
     # -- registration and tools -------------------------------------------------
 
-    async def register_driver(self, call: RpcCall) -> dict:
+    async def register_driver(self, call: RpcCall) -> client_api_pb2.RegisterDriverResult:
         call.open_session()
         await self.hold.reached("session.registerDriver", call.session_id)
         live = await self.runtime.attach(call.session_id)
         async with live.lock:
             if call.actor in live.drivers:
-                return {"registered": True}
+                return client_api_pb2.RegisterDriverResult(registered=True)
             items: list[tuple[str, dict]] = [("session.driver.register", {})]
             if call.profile is not None and call.profile.available_sandboxes:
                 images = available_images(self.runtime.sandboxes, call.profile)
                 items.append(("session.sandbox.available", {"images": images}))
             await self.runtime.append(call.session_id, call.actor, items)
             live.drivers.add(call.actor)
-        return {"registered": True}
+        return client_api_pb2.RegisterDriverResult(registered=True)
 
-    async def update_client_tools(self, call: RpcCall) -> dict:
+    async def update_client_tools(
+        self, call: RpcCall[client_api_pb2.UpdateClientToolsParams]
+    ) -> client_api_pb2.UpdateClientToolsResult:
         require_driver(self.runtime, call, "session.updateClientTools")
         call.open_session()
-        params = call.params()
-        if "tools" not in params:
-            raise invalid_params('missing "tools"')
-        tools = params["tools"]
-        if not isinstance(tools, list):
-            raise invalid_params(serde.invalid_type(tools, "a sequence"))
-        normalized = []
-        for tool in tools:
-            if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or not tool["name"].strip():
-                raise invalid_params('every tool requires a non-empty "name"')
-            normalized.append(
-                {
-                    "name": tool["name"],
-                    "description": tool.get("description"),
-                    "input_schema": tool.get("input_schema") if tool.get("input_schema") is not None else {},
-                }
-            )
+        normalized = [
+            {
+                "name": tool.name,
+                "description": tool.description if tool.HasField("description") else None,
+                "input_schema": load(tool.input_schema.json) if tool.input_schema.json else {},
+            }
+            for tool in call.params().tools
+        ]
         if call.profile is None:
             raise RpcFault(RpcCode.INTERNAL_ERROR, "Internal error")
         for tool in normalized:
@@ -100,34 +98,34 @@ class LiveApi:
                     f'tool_not_allowed: tool "{tool["name"]}" is not in the profile\'s allowlist',
                 )
         await self.store.set_client_tools(call.session_id, call.actor, normalized)
-        return {"updated": True}
+        return client_api_pb2.UpdateClientToolsResult(updated=True)
 
     # -- subscriptions ----------------------------------------------------------
 
-    async def subscribe(self, call: RpcCall) -> AsyncIterator[session_pb2.RpcFrame]:
+    async def subscribe(self, call: RpcCall[client_api_pb2.SubscribeParams]) -> AsyncIterator[SubscriptionFrame]:
         """`session.subscribe`, whose live events the gateway takes from its relay (`feed_relay`), joined
         before this call: who observes from which feed position (where a watcher would join), then
         the replay (§6.4)."""
         live = await self._attach_observed(call)
         if live is None:
-            observer = session_pb2.Observer(key=call.actor, live=False)
+            observer = client_api_pb2.Observer(key=call.actor, live=False)
         else:
-            observer = session_pb2.Observer(
+            observer = client_api_pb2.Observer(
                 key=call.actor, live=call.actor not in live.feed.revoked, position=live.feed.position
             )
-        yield session_pb2.RpcFrame(observer=observer)
+        yield SubscriptionFrame(observer=observer)
         async for frame in self._replay(call):
             yield frame
 
-    async def feed_relay(self, session_id: str) -> AsyncIterator[session_pb2.RpcFrame]:
+    async def feed_relay(self, session_id: str) -> AsyncIterator[RelayFrame]:
         """The session's feed for one gateway's observers: the position it starts after, then every
         event and notice in order, until the session's live state ends; cut off when lagged like any
         watcher. Raises SessionNotOpen before the first frame."""
         live = await self.runtime.attach(session_id)
         feed_relay = live.feed.relay()
         try:
-            yield session_pb2.RpcFrame(position=live.feed.position)
-            async for frame in relay(feed_relay, relay_frames):
+            yield RelayFrame(position=live.feed.position)
+            async for frame in relay(feed_relay, relay_frames, RelayFrame(lagged=True)):
                 yield frame
         finally:
             live.feed.forget(feed_relay)
@@ -142,17 +140,18 @@ class LiveApi:
         except SessionNotOpen:
             return None  # closed since the key was checked: replay only
 
-    async def _replay(self, call: RpcCall) -> AsyncIterator[session_pb2.RpcFrame]:
-        """With `since_event_id`: the stored events after it, in pages, with their ids (the gateway
-        drops the live events the replay sent)."""
-        since = call.params().get("since_event_id")
-        if not isinstance(since, str):
+    async def _replay(self, call: RpcCall[client_api_pb2.SubscribeParams]) -> AsyncIterator[SubscriptionFrame]:
+        """With `since_event_id`: the stored events after it, in pages (the gateway drops the live
+        events the replay sent, by id)."""
+        params = call.params()
+        if not params.HasField("since_event_id"):
             return
+        since = params.since_event_id
         try:
             seq = await self.store.event_seq(call.session_id, since) or 0
             while True:
                 page = await self.store.list_events(call.session_id, seq, REPLAY_PAGE)
-                for frame in event_frames((event for _, event in page), with_ids=True):
+                for frame in event_frames((event for _, event in page), SubscriptionFrame):
                     yield frame
                 seq = page[-1][0] if page else seq
                 if len(page) < REPLAY_PAGE:
@@ -161,25 +160,25 @@ class LiveApi:
             log.exception("replay for %s failed", call.session_id)
             raise RpcFault(RpcCode.APPLICATION_ERROR, "replay failed", id_mode=RpcError.NULL_ID) from None
 
-    async def unsubscribe(self, call: RpcCall) -> dict:
+    async def unsubscribe(self, call: RpcCall) -> client_api_pb2.UnsubscribeResult:
         live = self.runtime.sessions.get(call.session_id)
         if live is not None:
             live.feed.end_subscriptions()
-        return {"unsubscribed": True}
+        return client_api_pb2.UnsubscribeResult(unsubscribed=True)
 
     # -- turns and compaction ----------------------------------------------------
 
-    async def send_message(self, call: RpcCall) -> AsyncIterator[session_pb2.RpcFrame]:
+    async def send_message(self, call: RpcCall[client_api_pb2.SendMessageParams]) -> AsyncIterator[TurnFrame]:
         require_driver(self.runtime, call, "session.sendMessage")
         call.open_session()
-        message = parse_message(call.params())
+        message = message_of(call.params())
         await self.hold.reached("session.sendMessage", call.session_id)
         request = TurnRequest(call.session_id, call.actor, message)
         watcher = Watcher(key=call.actor)
         work = asyncio.ensure_future(
             self.engine.run_turn(request, watcher=watcher, records=(call.session, call.profile))
         )
-        async for frame in stream_until_done(watcher, work):
+        async for frame in stream_until_done(watcher, work, TurnFrame):
             yield frame
         if watcher.cut_off:
             return  # lagged or revoked: the stream ends here; the turn itself runs on
@@ -187,19 +186,21 @@ class LiveApi:
             result = await work
         except KeyRevoked:
             return  # revoked while it queued: recorded nothing, and ends as the key's other streams do
-        events = RawJson("[" + ",".join(view.json for view in result.events) + "]")
-        yield session_pb2.RpcFrame(result_json=dump({"message": result.message, "events": events}))
+        reply = client_api_pb2.Message(
+            role=result.message["role"], content=edge_pb2.JsonValue(json=dump(result.message["content"]))
+        )
+        events = [event_of_view(view) for view in result.events]
+        yield TurnFrame(result=client_api_pb2.SendMessageResult(message=reply, events=events))
 
-    async def compact(self, call: RpcCall) -> AsyncIterator[session_pb2.RpcFrame]:
+    async def compact(self, call: RpcCall[client_api_pb2.CompactParams]) -> AsyncIterator[CompactionFrame]:
         require_driver(self.runtime, call, "session.compact")
         call.open_session()
-        prompt = call.params().get("prompt")
-        if prompt is not None and not isinstance(prompt, str):
-            raise invalid_params(serde.invalid_type(prompt, "a string or null"))
+        params = call.params()
+        prompt = params.prompt if params.HasField("prompt") else None
         request = CompactRequest(call.session_id, call.actor, prompt)
         watcher = Watcher(key=call.actor)
         work = asyncio.ensure_future(self.engine.compact(request, watcher=watcher))
-        async for frame in stream_until_done(watcher, work):
+        async for frame in stream_until_done(watcher, work, CompactionFrame):
             yield frame
         if watcher.cut_off:
             return
@@ -207,54 +208,46 @@ class LiveApi:
             outcome = await work
         except KeyRevoked:
             return  # as for sendMessage: revoked while it queued, it ran nothing
-        yield session_pb2.RpcFrame(result_json=outcome.completed.json)
+        yield CompactionFrame(result=event_of_view(outcome.completed))
 
     # -- subagents (§11.5, §11.6) --------------------------------------------------
 
-    async def cancel_subagent(self, call: RpcCall) -> dict:
+    async def cancel_subagent(
+        self, call: RpcCall[client_api_pb2.CancelSubagentParams]
+    ) -> client_api_pb2.CancelSubagentResult:
         live = require_driver(self.runtime, call, "session.cancelSubagent")
-        subagent_id = call.params().get("subagent_id")
-        if not isinstance(subagent_id, str) or not subagent_id.strip():
-            raise invalid_params('missing "subagent_id"')
+        subagent_id = call.params().subagent_id
         entry = live.subagents.entries.get(subagent_id)
         if entry is None:
             raise RpcFault(
                 RpcCode.SUBAGENT_NOT_FOUND, f'subagent_not_found: no tracked subagent "{subagent_id}" for this session'
             )
         was_running = await subagent_calls.cancel(self.runtime, live, entry, reason="explicit", actor=call.actor)
-        return {"cancelled": True, "subagent_id": subagent_id, "was_running": was_running}
+        return client_api_pb2.CancelSubagentResult(cancelled=True, subagent_id=subagent_id, was_running=was_running)
 
-    async def report_local_subagent(self, call: RpcCall) -> dict:
+    async def report_local_subagent(
+        self, call: RpcCall[client_api_pb2.ReportLocalSubagentParams]
+    ) -> client_api_pb2.ReportResult:
         require_driver(self.runtime, call, "session.reportLocalSubagent")
         params = call.params()
-        state = params.get("state")
-        if state not in LOCAL_SUBAGENT_STATES:
-            raise invalid_params('"state" must be "start", "running", "completed", "failed", or "cancelled"')
-        identity = [params.get(name) for name in ("subagent_id", "harness", "model")]
-        if not all(isinstance(value, str) and value.strip() for value in identity):
-            raise invalid_params('"subagent_id", "harness", and "model" must be non-empty strings')
-        for name in ("detail", "reason"):
-            if params.get(name) is not None and not isinstance(params.get(name), str):
-                raise invalid_params(f'"{name}" must be a string or null')
-        exit_code = params.get("exit_code")
-        if exit_code is not None and (isinstance(exit_code, bool) or not isinstance(exit_code, int)):
-            raise invalid_params('"exit_code" must be an integer')
-        subagent_id, harness, model = identity
+        state = params.state
+        exit_code = params.exit_code if params.HasField("exit_code") else None
+        reason = params.reason if params.HasField("reason") else None
         payload: dict[str, Any] = {
-            "dispatch": "local", "subagent_id": subagent_id, "harness": harness, "model": model,
-            "detail": params.get("detail"),
+            "dispatch": "local", "subagent_id": params.subagent_id, "harness": params.harness, "model": params.model,
+            "detail": params.detail if params.HasField("detail") else None,
         }
         if state == "completed":
             payload["exit_code"] = exit_code
         elif state == "failed":
-            payload.update(reason=params.get("reason"), exit_code=exit_code)
+            payload.update(reason=reason, exit_code=exit_code)
         elif state == "cancelled":
-            payload.update(reason=params.get("reason"), exit_code=None)
+            payload.update(reason=reason, exit_code=None)
         await self.runtime.append(call.session_id, call.actor, [(f"session.subagent.{state}", payload)])
-        return {"reported": True}
+        return client_api_pb2.ReportResult(reported=True)
 
 
-async def stream_until_done(watcher: Watcher, work: asyncio.Future[T]) -> AsyncIterator[session_pb2.RpcFrame]:
+async def stream_until_done(watcher: Watcher, work: asyncio.Future[T], frame: Callable[..., F]) -> AsyncIterator[F]:
     """Relay `watcher` while `work` runs; ends when both are done, or at once if the watcher lagged.
 
     If the caller goes away, `work` is cancelled: while it still queues for the
@@ -263,8 +256,8 @@ async def stream_until_done(watcher: Watcher, work: asyncio.Future[T]) -> AsyncI
     # The engine ends the watcher when its work ends; this covers work that fails before it does.
     work.add_done_callback(lambda _: watcher.end())
     try:
-        async for frame in relay(watcher, event_frames):
-            yield frame
+        async for batch in relay(watcher, lambda items: event_frames(items, frame), frame(error=LAGGED_ERROR)):
+            yield batch
         if not watcher.cut_off:
             await asyncio.wait({work})
     finally:
@@ -272,15 +265,13 @@ async def stream_until_done(watcher: Watcher, work: asyncio.Future[T]) -> AsyncI
             work.cancel()
 
 
-async def relay(
-    buffer: Buffer[Item], frames: Callable[[list[Item]], Iterable[session_pb2.RpcFrame]]
-) -> AsyncIterator[session_pb2.RpcFrame]:
-    """A watcher's or relay's items as `frames`, until it ends; a lagged one gets the `lagged` error and ends."""
+async def relay(buffer: Buffer[Item], frames: Callable[[list[Item]], Iterable[F]], lagged: F) -> AsyncIterator[F]:
+    """A watcher's or relay's items as `frames`, until it ends; a lagged one gets `lagged` and ends."""
     while True:
         try:
             items = await buffer.take()
         except Lagged:
-            yield LAGGED
+            yield lagged
             return
         if items is None:
             return
@@ -288,40 +279,32 @@ async def relay(
             yield frame
 
 
-def relay_frames(items: list[EventView | Notice]) -> Iterator[session_pb2.RpcFrame]:
+def relay_frames(items: list[EventView | Notice]) -> Iterator[RelayFrame]:
     """A relay's items as frames, in order: runs of events batched, each notice a frame of its own."""
     events: list[EventView] = []
     for item in items:
         if isinstance(item, Notice):
-            yield from event_frames(events, with_ids=True)
+            yield from event_frames(events, RelayFrame)
             events = []
             if item.revoked_key is None:
-                yield session_pb2.RpcFrame(subscriptions_ended=True)
+                yield RelayFrame(subscriptions_ended=True)
             else:
-                yield session_pb2.RpcFrame(revoked_key=item.revoked_key)
+                yield RelayFrame(revoked_key=item.revoked_key)
         else:
             events.append(item)
-    yield from event_frames(events, with_ids=True)
+    yield from event_frames(events, RelayFrame)
 
 
-def event_frames(events: Iterable[EventView], *, with_ids: bool = False) -> Iterator[session_pb2.RpcFrame]:
+def event_frames(events: Iterable[EventView], frame: Callable[..., F]) -> Iterator[F]:
     """`events` in as few frames as fit, in order: up to FRAME_EVENTS_CHARS of event text each,
     an event larger than that alone (gRPC bounds one message, not a stream)."""
     batch: list[EventView] = []
     size = 0
     for event in events:
         if batch and size + len(event.json) > FRAME_EVENTS_CHARS:
-            yield _batch_frame(batch, with_ids)
+            yield frame(events=EventBatch(events=[event_of_view(view) for view in batch]))
             batch, size = [], 0
         batch.append(event)
         size += len(event.json)
     if batch:
-        yield _batch_frame(batch, with_ids)
-
-
-def _batch_frame(batch: list[EventView], with_ids: bool) -> session_pb2.RpcFrame:
-    ids = [event["id"] for event in batch] if with_ids else None
-    return session_pb2.RpcFrame(events=session_pb2.EventBatch(json=[event.json for event in batch], ids=ids))
-
-
-RpcHandler = Callable[[RpcCall], Awaitable[Any]]
+        yield frame(events=EventBatch(events=[event_of_view(view) for view in batch]))

@@ -1,23 +1,25 @@
 """Cursor pagination shared by every list endpoint (SERVER-SPEC §4.1).
 
-The cursor is the `seq` of the last row returned, as a decimal string. A
-page query fetches `limit + 1` rows: the extra one only says more exist.
+`cursor` and `limit` arrive as the query gave them. The cursor is the `seq` of the last row
+returned, as a decimal string. A page query fetches `limit + 1` rows: the extra one only says
+more exist.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Sequence, TypeVar
 
-from bae.common.errors import bad_request, echo
-from bae.common.jsontext import dump
+from bae.common.errors import InvalidInput, echo
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
 # A decimal integer; group 1 holds a positive one's digits without leading zeros.
 _INTEGER = re.compile(r"\+?0*([1-9][0-9]*)|[+-]?0+|-[0-9]+")
 _CURSOR = re.compile(r"[0-9]{1,18}")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -29,31 +31,26 @@ class PageRequest:
     def fetch(self) -> int:
         return self.limit + 1
 
+    def page(self, rows: Sequence[tuple[int, T]]) -> tuple[list[T], str | None]:
+        """The items of up to `limit + 1` (seq, item) rows, and the next page's cursor (None on the last)."""
+        shown = rows[: self.limit]
+        more = len(rows) > self.limit
+        return [item for _, item in shown], str(shown[-1][0]) if more and shown else None
 
-def page_request(query: Mapping[str, str]) -> PageRequest:
-    """Parse `?cursor=&limit=`; bad values raise a 400 Problem."""
-    raw_limit = query.get("limit", "")
-    if raw_limit == "":
-        limit = DEFAULT_LIMIT
+
+def page_request(cursor: str, limit: str) -> PageRequest:
+    """Parse `?cursor=&limit=` ("" when absent); bad values raise InvalidInput."""
+    if limit == "":
+        size = DEFAULT_LIMIT
     else:
-        match = _INTEGER.fullmatch(raw_limit)
+        match = _INTEGER.fullmatch(limit)
         digits = match.group(1) if match else None
         if digits is None:
-            raise bad_request("limit must be a positive integer")
+            raise InvalidInput("limit must be a positive integer")
         # Any larger limit clamps, however many digits it has (no int() of a huge string).
-        limit = MAX_LIMIT if len(digits) > 3 else min(int(digits), MAX_LIMIT)
-    cursor = query.get("cursor", "")
+        size = MAX_LIMIT if len(digits) > 3 else min(int(digits), MAX_LIMIT)
     if cursor == "":
-        return PageRequest(0, limit)
+        return PageRequest(0, size)
     if not _CURSOR.fullmatch(cursor):
-        raise bad_request(f'invalid cursor: "{echo(cursor)}"')
-    return PageRequest(int(cursor), limit)
-
-
-def page_json(rows: list[tuple[int, str]], request: PageRequest) -> str:
-    """`{"items":[…],"next_cursor":…}` from up to `limit + 1` (seq, item JSON text) rows."""
-    shown = rows[: request.limit]
-    more = len(rows) > request.limit
-    next_cursor = str(shown[-1][0]) if more and shown else None
-    return '{"items":[' + ",".join(item for _, item in shown) + '],"next_cursor":' + dump(next_cursor) + "}"
-
+        raise InvalidInput(f'invalid cursor: "{echo(cursor)}"')
+    return PageRequest(int(cursor), size)

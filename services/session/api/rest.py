@@ -1,9 +1,8 @@
 """The client REST API (`/api/v1/sessions*`, SERVER-SPEC §5).
 
-Each handler checks in the spec's order: credentials first, then the body,
-then the state it needs. Work that must be atomic (the profile checks and the
-session insert, O-19) runs as one store call; events are published to the
-live feed only after their transaction committed.
+Each handler checks in the spec's order: credentials first, then the state it needs (the gateway
+read the body). Work that must be atomic (the profile checks and the session insert, O-19) runs
+as one store call; events are published to the live feed only after their transaction committed.
 """
 
 from __future__ import annotations
@@ -11,16 +10,17 @@ from __future__ import annotations
 import logging
 
 from bae.common.config import Config
-from bae.common.errors import Problem, not_found
+from bae.common.errors import Conflict, Forbidden, InvalidInput, NotFound, Unprocessable
+from bae.common.protos import client_api_pb2
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
-from services.session.api.calls import RestCall
 from services.session.api.bodies import RESERVED_TOOL
-from services.session.engine.spans import session_spans
-from services.session.api.pagination import page_json, page_request
-from services.session.store import events, opening, sessions
-from bae.common.jsontext import dump
+from services.session.api.calls import Credential
+from services.session.api.event_messages import event_of_row
+from services.session.api.pagination import page_request
 from services.session.engine.runtime import SessionRuntime
+from services.session.engine.spans import session_spans
+from services.session.store import events, opening, sessions
 from services.session.store.opening import Declarations, Opened, Refusal, Refused
 from services.session.store.records import KeyRecord, ProfileRecord, SessionRecord
 from services.session.store.store import Store
@@ -28,8 +28,8 @@ from services.session.store.store import Store
 log = logging.getLogger("bae.session.rest")
 
 
-def session_closed(state: str) -> Problem:
-    return Problem(409, "session_closed", f"session is already {state}")
+def session_closed(state: str) -> Conflict:
+    return Conflict(f"session is already {state}", reason="session_closed")
 
 
 class ClientRestApi:
@@ -41,9 +41,9 @@ class ClientRestApi:
 
     # POST /api/v1/sessions (§5.1)
 
-    async def open_session(self, call: RestCall) -> str:
-        key = await self.auth.client_key(call.credential)
-        body = bodies.parse_session_body(call.body, call.content_type, joining=False)
+    async def open_session(self, request: client_api_pb2.OpenSessionRequest) -> client_api_pb2.SessionCreated:
+        key = await self.auth.client_key(Credential.of(request.credential))
+        body = bodies.session_body(request.body)
         outcome = await self.store.write(opening.open_session, key, body, self)
         if isinstance(outcome, Refused):
             raise outcome.problem
@@ -54,10 +54,10 @@ class ClientRestApi:
 
     # POST /api/v1/sessions/{id}/join (§5.2)
 
-    async def join_session(self, call: RestCall) -> str:
-        key = await self.auth.client_key(call.credential)
-        body = bodies.parse_session_body(call.body, call.content_type, joining=True)
-        outcome = await self.store.write(opening.join_session, key, call.path_id, body, self)
+    async def join_session(self, request: client_api_pb2.JoinSessionRequest) -> client_api_pb2.SessionCreated:
+        key = await self.auth.client_key(Credential.of(request.credential))
+        body = bodies.session_body(request.body)
+        outcome = await self.store.write(opening.join_session, key, request.session_id, body, self)
         if isinstance(outcome, Refused):
             raise outcome.problem
         await self.runtime.publish(outcome.session_id, outcome.views)
@@ -67,15 +67,11 @@ class ClientRestApi:
 
     def vet_join(self, key: KeyRecord, session_id: str, session: SessionRecord | None) -> None:
         if session is None:
-            raise not_found(f"no session {session_id}")
+            raise NotFound(f"no session {session_id}")
         if session.state != "open":
             raise session_closed(session.state)
         if key.profile_id != session.profile_id:
-            raise Problem(
-                403,
-                "profile_mismatch",
-                "the client key's profile does not match this session's profile",
-            )
+            raise Forbidden("the client key's profile does not match this session's profile", reason="profile_mismatch")
 
     # Shared by open and join: checks 4-8 of §5.1 (5-8 of §5.2). A join has
     # already checked that the key's profile is the session's.
@@ -85,11 +81,7 @@ class ClientRestApi:
             profile_id = key.profile_id or ""
             log.error("client key %s: profile %s is no longer available", key.id, profile_id)
             return Refusal(
-                Problem(
-                    422,
-                    "profile_unavailable",
-                    "the profile bound to this client key is no longer available",
-                ),
+                Unprocessable("the profile bound to this client key is no longer available", reason="profile_unavailable"),
                 profile_id,
                 {"reason": "profile_unavailable", "profile_id": profile_id},
             )
@@ -101,11 +93,9 @@ class ClientRestApi:
                 profile.primary_provider,
             )
             return Refusal(
-                Problem(
-                    422,
-                    "primary_provider_unavailable",
-                    f'the profile\'s primary provider "{profile.primary_provider}" '
-                    "is not configured in bae-config.toml",
+                Unprocessable(
+                    f'the profile\'s primary provider "{profile.primary_provider}" is not configured in bae-config.toml',
+                    reason="primary_provider_unavailable",
                 ),
                 profile.id,
                 {
@@ -120,68 +110,64 @@ class ClientRestApi:
         allowed = set(profile.allowed_tools)
         for tool in body.tools:
             if tool["name"] not in allowed:
-                raise Problem(
-                    403,
-                    "tool_not_allowed",
-                    f'tool "{tool["name"]}" is not in the profile\'s allowlist',
-                )
+                raise Forbidden(f'tool "{tool["name"]}" is not in the profile\'s allowlist', reason="tool_not_allowed")
         bodies.validate_subagent_tools(body.subagent_tools)
         return None
 
-    def _created(self, opened: Opened) -> str:
+    def _created(self, opened: Opened) -> client_api_pb2.SessionCreated:
         profile = opened.profile
         entry = self.config.provider(profile.primary_provider)
-        assert entry is not None  # _usable_profile refuses a profile whose primary is not configured
-        return dump(
-            {
-                "session_id": opened.session_id,
-                "session_key": opened.token,
-                "profile": {
-                    "id": profile.id,
-                    "name": profile.name,
-                    "allowed_tools": profile.allowed_tools,
-                    "mcp_servers": profile.mcp_servers,
-                    "provider": {"provider": entry.provider, "model": entry.model},
-                },
-            }
+        assert entry is not None  # vet_profile refuses a profile whose primary is not configured
+        return client_api_pb2.SessionCreated(
+            session_id=opened.session_id,
+            session_key=opened.token,
+            profile=client_api_pb2.SessionProfile(
+                id=profile.id,
+                name=profile.name,
+                allowed_tools=profile.allowed_tools,
+                mcp_servers=profile.mcp_servers,
+                provider=client_api_pb2.ProviderModel(provider=entry.provider, model=entry.model),
+            ),
         )
-
-    # GET /api/v1/sessions/{id}/participants (§5.3)
 
     # Each handler below authenticates and reads in one store call.
 
-    async def participants(self, call: RestCall) -> str:
-        session_id = call.path_id
-        session = await self.auth.with_session_key(call.credential, session_id, sessions.get, session_id, writes=False)
+    # GET /api/v1/sessions/{id}/participants (§5.3)
+
+    async def participants(self, request: client_api_pb2.ListParticipantsRequest) -> client_api_pb2.Participants:
+        session_id = request.session_id
+        credential = Credential.of(request.credential)
+        session = await self.auth.with_session_key(credential, session_id, sessions.get, session_id, writes=False)
         if session is None:
-            raise not_found(f"no session {session_id}")
-        return dump({"drivers": self.runtime.drivers(session_id)})
+            raise NotFound(f"no session {session_id}")
+        return client_api_pb2.Participants(drivers=self.runtime.drivers(session_id))
 
     # GET /api/v1/sessions/{id}/events (§5.4)
 
-    async def events(self, call: RestCall) -> str:
-        session_id = call.path_id
+    async def events(self, request: client_api_pb2.ListEventsRequest) -> client_api_pb2.EventPage:
+        session_id = request.session_id
+        credential = Credential.of(request.credential)
         try:
-            page = page_request(call.query)
-        except Problem:
+            page = page_request(request.cursor, request.limit)
+        except InvalidInput:
             # Credentials are checked before the query: a bad key beats a bad cursor.
-            await self.auth.session_principal(call.credential, session_id)
+            await self.auth.session_principal(credential, session_id)
             raise
-        items = await self.auth.with_session_key(
-            call.credential, session_id, events.page_items, session_id, page.after_seq, page.fetch, writes=False
+        rows = await self.auth.with_session_key(
+            credential, session_id, events.page, session_id, page.after_seq, page.fetch, writes=False
         )
-        return page_json(items, page)
+        items, next_cursor = page.page([(row.seq, row) for row in rows])
+        return client_api_pb2.EventPage(items=[event_of_row(row) for row in items], next_cursor=next_cursor)
 
     # DELETE /api/v1/sessions/{id} (§5.5)
 
-    async def close_session(self, call: RestCall) -> str:
-        session_id = call.path_id
-
+    async def close_session(self, request: client_api_pb2.CloseSessionRequest) -> client_api_pb2.SessionClosed:
+        session_id = request.session_id
         session, views = await self.auth.with_session_key(
-            call.credential, session_id, opening.close_by_client, session_id
+            Credential.of(request.credential), session_id, opening.close_by_client, session_id
         )
         if session is None:
-            raise not_found(f"no session {session_id}")
+            raise NotFound(f"no session {session_id}")
         if views:
             await self.runtime.publish(session_id, views)
         # Teardown runs whatever the previous state was (idempotent).
@@ -189,4 +175,4 @@ class ClientRestApi:
         session_spans.end(session_id)
         if session.state != "open":
             raise session_closed(session.state)
-        return dump({"session_id": session_id, "state": "closed"})
+        return client_api_pb2.SessionClosed(session_id=session_id, state="closed")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from bae.common.protos import client_api_pb2
 from bae.common.rpc_codes import RpcCode
 from services.session.api.faults import RpcFault, invalid_params
 from services.session.api.jsonrpc import RpcCall, require_driver
@@ -20,19 +21,18 @@ from services.session.remote.sandbox_pool import SandboxError
 log = logging.getLogger("bae.session.sandbox_methods")
 
 SANDBOX_NOT_RUNNING = "sandbox_not_running: no remote sandbox is running for this session"
-LOCAL_STATES = ("running", "stopped", "error")
 
 
 class SandboxMethods:
     def __init__(self, *, runtime: SessionRuntime) -> None:
         self.runtime = runtime
 
-    async def start_remote_sandbox(self, call: RpcCall) -> dict:
+    async def start_remote_sandbox(
+        self, call: RpcCall[client_api_pb2.StartRemoteSandboxParams]
+    ) -> client_api_pb2.StartRemoteSandboxResult:
         live = require_driver(self.runtime, call, "session.startRemoteSandbox")
         call.open_session()
-        image = call.params().get("image")
-        if not isinstance(image, str) or not image.strip():
-            raise invalid_params('missing "image"')
+        image = call.params().image
         if call.profile is None:
             raise ProfileUnavailable
         if image not in call.profile.available_sandboxes:
@@ -50,9 +50,11 @@ class SandboxMethods:
                 handle, running = await start_sandbox(self.runtime, live, call.actor, image)
             except SandboxError as exc:
                 raise RpcFault(RpcCode.SANDBOX_START_FAILED, f"sandbox_start_failed: {exc.detail}") from None
-        return {"sandbox_id": handle.sandbox_id, "image": image, "started_at": running["created_at"]}
+        return client_api_pb2.StartRemoteSandboxResult(
+            sandbox_id=handle.sandbox_id, image=image, started_at=running["created_at"]
+        )
 
-    async def stop_remote_sandbox(self, call: RpcCall) -> dict:
+    async def stop_remote_sandbox(self, call: RpcCall) -> client_api_pb2.StopRemoteSandboxResult:
         live = require_driver(self.runtime, call, "session.stopRemoteSandbox")
         handle = live.sandbox
         if handle is None:
@@ -60,13 +62,13 @@ class SandboxMethods:
         detail = await stop_sandbox(self.runtime, live, call.actor, reason="explicit")
         if detail is not None:
             raise RpcFault(RpcCode.APPLICATION_ERROR, f"sandbox stop failed: {detail}")
-        return {"stopped": True, "image": handle.image, "sandbox_id": handle.sandbox_id}
+        return client_api_pb2.StopRemoteSandboxResult(stopped=True, image=handle.image, sandbox_id=handle.sandbox_id)
 
-    async def exec_remote_sandbox(self, call: RpcCall) -> dict:
+    async def exec_remote_sandbox(
+        self, call: RpcCall[client_api_pb2.ExecRemoteSandboxParams]
+    ) -> client_api_pb2.ExecRemoteSandboxResult:
         live = require_driver(self.runtime, call, "session.execRemoteSandbox")
-        command = call.params().get("command")
-        if not isinstance(command, str):
-            raise invalid_params('missing "command"')
+        command = call.params().command
         handle = live.sandbox
         if handle is None:
             raise RpcFault(RpcCode.SANDBOX_NOT_RUNNING, SANDBOX_NOT_RUNNING)
@@ -74,20 +76,18 @@ class SandboxMethods:
             result = await exec_in_sandbox(self.runtime, live, call.actor, handle, command)
         except SandboxError as exc:
             raise RpcFault(RpcCode.APPLICATION_ERROR, f"sandbox exec failed: {exc.detail}") from None
-        return {"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code}
+        return client_api_pb2.ExecRemoteSandboxResult(
+            stdout=result.stdout, stderr=result.stderr, exit_code=result.exit_code
+        )
 
-    async def report_local_sandbox(self, call: RpcCall) -> dict:
+    async def report_local_sandbox(
+        self, call: RpcCall[client_api_pb2.ReportLocalSandboxParams]
+    ) -> client_api_pb2.ReportResult:
         require_driver(self.runtime, call, "session.reportLocalSandbox")
         params = call.params()
-        state = params.get("state")
-        if state not in LOCAL_STATES:
-            raise invalid_params('"state" must be "running", "stopped", or "error"')
-        unsandboxed = params.get("unsandboxed", False)
-        if not isinstance(unsandboxed, bool):
-            raise invalid_params('"unsandboxed" must be a boolean')
-        image = params.get("image")
-        if image is not None and not isinstance(image, str):
-            raise invalid_params('"image" must be a string or null')
+        unsandboxed = params.unsandboxed
+        image = params.image if params.HasField("image") else None
+        # The one rule across fields: an image exactly when sandboxed.
         if unsandboxed and image is not None:
             raise invalid_params('"image" must be null when "unsandboxed" is true')
         if image is None and not unsandboxed:
@@ -96,8 +96,8 @@ class SandboxMethods:
             "dispatch": "local",
             "image": image,
             "unsandboxed": unsandboxed,
-            "container_id": params.get("container_id"),
-            "detail": params.get("detail"),
+            "container_id": params.container_id if params.HasField("container_id") else None,
+            "detail": params.detail if params.HasField("detail") else None,
         }
-        await self.runtime.append(call.session_id, call.actor, [(f"session.sandbox.{state}", payload)])
-        return {"reported": True}
+        await self.runtime.append(call.session_id, call.actor, [(f"session.sandbox.{params.state}", payload)])
+        return client_api_pb2.ReportResult(reported=True)

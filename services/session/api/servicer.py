@@ -1,47 +1,69 @@
-"""The SessionService gRPC servicer: REST calls go to the REST/admin handlers,
-JSON-RPC calls to the live API. Unexpected failures become a 500 `internal`."""
+"""The SessionService gRPC servicer: each method hands its typed request to its handler.
+
+REST calls go to the client and admin handlers, JSON-RPC calls to the live API. A handler's
+refusal is one of bae.common.errors' kinds, which the server's ErrorInterceptor ends the call
+with; anything unexpected becomes `Internal`, logged here. A JSON-RPC method answers its errors
+as values once authenticated (bae-error-bin only for the 401).
+"""
 
 from __future__ import annotations
 
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeAlias
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeAlias, TypeVar
 
 import grpc
+from google.protobuf.message import Message as ProtoMessage
 
 from bae.common import telemetry
-from bae.common.errors import Problem, internal
-from bae.common.jsontext import dump
-from bae.common.protos import session_pb2, session_pb2_grpc
+from bae.common.errors import BaeError, Internal
+from bae.common.protos import admin_api_pb2, client_api_pb2, edge_pb2, session_pb2, session_pb2_grpc
 from bae.common.session_routing import OWNER_KEY, was_redirected
 from services.session.api.admin import AdminApi
 from services.session.api.auth import Authenticator
-from services.session.api.calls import Credential, RestCall
+from services.session.api.calls import Credential
 from services.session.api.exchange import Exchange, call_handlers
 from services.session.api.faults import rpc_error
-from services.session.api.jsonrpc import ACCEPTED, RpcCall
+from services.session.api.jsonrpc import RpcCall
 from services.session.api.live import LiveApi
+from services.session.api.rest import ClientRestApi
+from services.session.api.sandbox_methods import SandboxMethods
 from services.session.engine.errors import SessionNotOpen
 from services.session.engine.ownership import NotOwner, Ownership
 from services.session.engine.spans import session_spans
-from services.session.api.rest import ClientRestApi
-from services.session.api.sandbox_methods import SandboxMethods
 
-# The servicer methods' context argument (unused: errors travel as values or Problems).
+# The servicer methods' context argument.
 Context: TypeAlias = grpc.aio.ServicerContext
 
 log = logging.getLogger("bae.session.server")
 
 SERVICE_NAME = "baeproto.v1.SessionService"
 
+T = TypeVar("T")
+R = TypeVar("R", bound=ProtoMessage)
+F = TypeVar("F", bound=ProtoMessage)
 
-async def _json(reply: Awaitable[str]) -> session_pb2.JsonReply:
+
+class RpcRequest(Protocol):
+    """What every JSON-RPC method's request carries (client_api.proto)."""
+
+    @property
+    def credential(self) -> edge_pb2.Credential: ...
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def params(self) -> Any: ...
+    @property
+    def invalid_params(self) -> str: ...
+
+
+async def _answer(reply: Awaitable[T]) -> T:
     try:
-        return session_pb2.JsonReply(json=await reply)
-    except Problem:
+        return await reply
+    except BaeError:
         raise
     except Exception:
         log.exception("request failed")
-        raise internal() from None
+        raise Internal("internal server error") from None
 
 
 class SessionServicer(session_pb2_grpc.SessionServiceServicer):
@@ -66,113 +88,105 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
 
     # Client REST.
 
-    async def OpenSession(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
+    async def OpenSession(
+        self, request: client_api_pb2.OpenSessionRequest, context: Context
+    ) -> client_api_pb2.SessionCreated:
         if not was_redirected(context):  # a new session goes to the least-loaded replica
             target = await self.ownership.least_loaded()
             if target is not None and target.id != self.ownership.replica_id:
                 await _redirect(context, target.address)
-        return await _json(self.rest.open_session(RestCall.of(request)))
+        return await _answer(self.rest.open_session(request))
 
-    async def JoinSession(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        await self._owned(request.path_id, context)
-        return await _json(self.rest.join_session(RestCall.of(request)))
+    async def JoinSession(
+        self, request: client_api_pb2.JoinSessionRequest, context: Context
+    ) -> client_api_pb2.SessionCreated:
+        await self._owned(request.session_id, context)
+        return await _answer(self.rest.join_session(request))
 
-    async def ListParticipants(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        await self._owned(request.path_id, context)
-        return await _json(self.rest.participants(RestCall.of(request)))
+    async def ListParticipants(
+        self, request: client_api_pb2.ListParticipantsRequest, context: Context
+    ) -> client_api_pb2.Participants:
+        await self._owned(request.session_id, context)
+        return await _answer(self.rest.participants(request))
 
-    async def ListEvents(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        return await _json(self.rest.events(RestCall.of(request)))
+    async def ListEvents(self, request: client_api_pb2.ListEventsRequest, context: Context) -> client_api_pb2.EventPage:
+        return await _answer(self.rest.events(request))
 
-    async def CloseSession(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        await self._owned(request.path_id, context)
-        return await _json(self.rest.close_session(RestCall.of(request)))
+    async def CloseSession(
+        self, request: client_api_pb2.CloseSessionRequest, context: Context
+    ) -> client_api_pb2.SessionClosed:
+        await self._owned(request.session_id, context)
+        return await _answer(self.rest.close_session(request))
 
     # Admin REST.
 
-    async def CreateProfile(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        return await _json(self.admin.create_profile(RestCall.of(request)))
+    async def CreateProfile(
+        self, request: admin_api_pb2.CreateProfileRequest, context: Context
+    ) -> admin_api_pb2.ProfileCreated:
+        return await _answer(self.admin.create_profile(request))
 
-    async def ListProfiles(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        return await _json(self.admin.list_profiles(RestCall.of(request)))
+    async def ListProfiles(self, request: admin_api_pb2.ListProfilesRequest, context: Context) -> admin_api_pb2.ProfilePage:
+        return await _answer(self.admin.list_profiles(request))
 
-    async def GetProfile(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        return await _json(self.admin.get_profile(RestCall.of(request)))
+    async def GetProfile(self, request: admin_api_pb2.GetProfileRequest, context: Context) -> admin_api_pb2.Profile:
+        return await _answer(self.admin.get_profile(request))
 
-    async def ReplaceProfile(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        return await _json(self.admin.replace_profile(RestCall.of(request)))
+    async def ReplaceProfile(self, request: admin_api_pb2.ReplaceProfileRequest, context: Context) -> admin_api_pb2.Profile:
+        return await _answer(self.admin.replace_profile(request))
 
-    async def DeleteProfile(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        return await _json(self.admin.delete_profile(RestCall.of(request)))
+    async def DeleteProfile(self, request: admin_api_pb2.DeleteProfileRequest, context: Context) -> admin_api_pb2.NoContent:
+        return await _answer(self.admin.delete_profile(request))
 
-    async def CreateKey(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        return await _json(self.admin.create_key(RestCall.of(request)))
+    async def CreateKey(self, request: admin_api_pb2.CreateKeyRequest, context: Context) -> admin_api_pb2.KeyCreated:
+        return await _answer(self.admin.create_key(request))
 
-    async def ListKeys(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        return await _json(self.admin.list_keys(RestCall.of(request)))
+    async def ListKeys(self, request: admin_api_pb2.ListKeysRequest, context: Context) -> admin_api_pb2.KeyPage:
+        return await _answer(self.admin.list_keys(request))
 
-    async def RevokeKey(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        return await _json(self.admin.revoke_key(RestCall.of(request)))
+    async def RevokeKey(self, request: admin_api_pb2.RevokeKeyRequest, context: Context) -> admin_api_pb2.NoContent:
+        return await _answer(self.admin.revoke_key(request))
 
-    async def ListSessions(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        return await _json(self.admin.list_sessions(RestCall.of(request)))
+    async def ListSessions(self, request: admin_api_pb2.ListSessionsRequest, context: Context) -> admin_api_pb2.SessionPage:
+        return await _answer(self.admin.list_sessions(request))
 
-    async def ListSessionEvents(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        return await _json(self.admin.list_session_events(RestCall.of(request)))
+    async def GetSession(self, request: admin_api_pb2.GetSessionRequest, context: Context) -> admin_api_pb2.SessionSummary:
+        return await _answer(self.admin.get_session(request))
 
-    async def ListMcpServers(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        return await _json(self.admin.list_mcp_servers(RestCall.of(request)))
+    async def ListSessionEvents(
+        self, request: admin_api_pb2.ListSessionEventsRequest, context: Context
+    ) -> client_api_pb2.EventPage:
+        return await _answer(self.admin.list_session_events(request))
 
-    async def ListProviders(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        return await _json(self.admin.list_providers(RestCall.of(request)))
+    async def ListMcpServers(self, request: admin_api_pb2.AdminRequest, context: Context) -> admin_api_pb2.McpServers:
+        return await _answer(self.admin.list_mcp_servers(request))
 
-    async def GetConfig(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        return await _json(self.admin.get_config(RestCall.of(request)))
+    async def ListProviders(self, request: admin_api_pb2.AdminRequest, context: Context) -> admin_api_pb2.Providers:
+        return await _answer(self.admin.list_providers(request))
 
-    async def GetSandboxStatus(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
-        return await _json(self.admin.sandbox_status(RestCall.of(request)))
+    async def GetConfig(self, request: admin_api_pb2.AdminRequest, context: Context) -> admin_api_pb2.ConfigSnapshot:
+        return await _answer(self.admin.get_config(request))
 
-    # JSON-RPC.
+    async def GetSandboxStatus(self, request: admin_api_pb2.AdminRequest, context: Context) -> admin_api_pb2.SandboxStatus:
+        return await _answer(self.admin.sandbox_status(request))
 
-    async def CheckSessionKey(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.JsonReply:
-        async def check() -> str:
-            principal = await self.auth.session_principal(_credential(request), request.session_id)
-            return dump({"session_id": principal.session_id, "client_key_id": principal.client_key_id})
+    # The internal plane.
 
-        return await _json(check())
-
-    async def CheckCredential(self, request: session_pb2.CredentialCheck, context: Context) -> session_pb2.JsonReply:
-        async def check() -> str:
-            kind = request.credential
-            if kind == session_pb2.CredentialCheck.SESSION_KEY:
-                await self.auth.session_principal(_credential(request), request.path_id)
-            elif kind == session_pb2.CredentialCheck.ADMIN_KEY:
-                await self.auth.require_admin(_credential(request))
+    async def CheckCredential(
+        self, request: session_pb2.CredentialCheck, context: Context
+    ) -> session_pb2.CredentialChecked:
+        async def check() -> session_pb2.CredentialChecked:
+            credential = Credential.of(request.credential)
+            if request.kind == edge_pb2.SESSION_KEY:
+                await self.auth.session_principal(credential, request.session_id)
+            elif request.kind == edge_pb2.ADMIN_KEY:
+                await self.auth.require_admin(credential)
             else:
-                await self.auth.client_key(_credential(request))
-            return "{}"
+                await self.auth.client_key(credential)
+            return session_pb2.CredentialChecked()
 
-        return await _json(check())
+        return await _answer(check())
 
-    async def RegisterDriver(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        reply = await self._unary(request, self.live.register_driver, context)
-        if (traceparent := session_spans.traceparent(request.session_id)) is not None:
-            context.set_trailing_metadata(((telemetry.SESSION_TRACEPARENT_KEY, traceparent),))
-        return reply
-
-    async def SendMessage(self, request: session_pb2.RpcRequest, context: Context) -> AsyncIterator[session_pb2.RpcFrame]:
-        async for frame in self._stream(request, self.live.send_message, context):
-            yield frame
-
-    async def Compact(self, request: session_pb2.RpcRequest, context: Context) -> AsyncIterator[session_pb2.RpcFrame]:
-        async for frame in self._stream(request, self.live.compact, context):
-            yield frame
-
-    async def Subscribe(self, request: session_pb2.RpcRequest, context: Context) -> AsyncIterator[session_pb2.RpcFrame]:
-        async for frame in self._stream(request, self.live.subscribe, context):
-            yield frame
-
-    async def Relay(self, request: session_pb2.RpcRequest, context: Context) -> AsyncIterator[session_pb2.RpcFrame]:
+    async def Relay(self, request: session_pb2.RelayRequest, context: Context) -> AsyncIterator[session_pb2.RelayFrame]:
         # The internal plane's token admitted the caller (a gateway): no session key here.
         await self._owned(request.session_id, context)
         frames = self.live.feed_relay(request.session_id)
@@ -184,48 +198,91 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         async for frame in frames:
             yield frame
 
-    async def Unsubscribe(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        return await self._unary(request, self.live.unsubscribe, context)
-
-    async def UpdateClientTools(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        return await self._unary(request, self.live.update_client_tools, context)
-
-    async def StartRemoteSandbox(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        return await self._unary(request, self.sandboxes.start_remote_sandbox, context)
-
-    async def StopRemoteSandbox(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        return await self._unary(request, self.sandboxes.stop_remote_sandbox, context)
-
-    async def ExecRemoteSandbox(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        return await self._unary(request, self.sandboxes.exec_remote_sandbox, context)
-
-    async def ReportLocalSandbox(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        return await self._unary(request, self.sandboxes.report_local_sandbox, context)
-
-    async def ReportLocalSubagent(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        return await self._unary(request, self.live.report_local_subagent, context)
-
-    async def CancelSubagent(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
-        return await self._unary(request, self.live.cancel_subagent, context)
-
-    # Between replicas.
-
-    async def ApplyRevocation(self, request: session_pb2.Revocation, context: Context) -> session_pb2.RevocationReply:
+    async def ApplyRevocation(self, request: session_pb2.Revocation, context: Context) -> session_pb2.RevocationApplied:
         await self.admin.apply_revocation(request)
-        return session_pb2.RevocationReply()
+        return session_pb2.RevocationApplied()
 
-    async def Exchange(self, packs: AsyncIterator[session_pb2.ExchangeCalls], context: Context) -> None:
+    # Answers with context.write() (bae.common.call_tasks), not as a generator.
+    async def Exchange(  # type: ignore[override]
+        self, packs: AsyncIterator[session_pb2.ExchangeCalls], context: Context
+    ) -> None:
         await self.exchange.serve(packs, context)
 
-    # JSON-RPC plumbing: authenticate once (a failure is a Problem: HTTP 401 before
+    # JSON-RPC.
+
+    async def RegisterDriver(
+        self, request: client_api_pb2.RegisterDriverRequest, context: Context
+    ) -> client_api_pb2.RegisterDriverReply:
+        reply = await self._unary(request, self.live.register_driver, client_api_pb2.RegisterDriverReply, context)
+        if (traceparent := session_spans.traceparent(request.session_id)) is not None:
+            context.set_trailing_metadata(((telemetry.SESSION_TRACEPARENT_KEY, traceparent),))
+        return reply
+
+    async def SendMessage(self, request: client_api_pb2.SendMessageRequest, context: Context) -> AsyncIterator[client_api_pb2.TurnFrame]:
+        async for frame in self._stream(request, self.live.send_message, client_api_pb2.TurnFrame, context):
+            yield frame
+
+    async def Compact(self, request: client_api_pb2.CompactRequest, context: Context) -> AsyncIterator[client_api_pb2.CompactionFrame]:
+        async for frame in self._stream(request, self.live.compact, client_api_pb2.CompactionFrame, context):
+            yield frame
+
+    async def Subscribe(self, request: client_api_pb2.SubscribeRequest, context: Context) -> AsyncIterator[client_api_pb2.SubscriptionFrame]:
+        async for frame in self._stream(request, self.live.subscribe, client_api_pb2.SubscriptionFrame, context):
+            yield frame
+
+    async def Unsubscribe(
+        self, request: client_api_pb2.UnsubscribeRequest, context: Context
+    ) -> client_api_pb2.UnsubscribeReply:
+        return await self._unary(request, self.live.unsubscribe, client_api_pb2.UnsubscribeReply, context)
+
+    async def UpdateClientTools(
+        self, request: client_api_pb2.UpdateClientToolsRequest, context: Context
+    ) -> client_api_pb2.UpdateClientToolsReply:
+        return await self._unary(request, self.live.update_client_tools, client_api_pb2.UpdateClientToolsReply, context)
+
+    async def StartRemoteSandbox(
+        self, request: client_api_pb2.StartRemoteSandboxRequest, context: Context
+    ) -> client_api_pb2.StartRemoteSandboxReply:
+        return await self._unary(
+            request, self.sandboxes.start_remote_sandbox, client_api_pb2.StartRemoteSandboxReply, context
+        )
+
+    async def StopRemoteSandbox(
+        self, request: client_api_pb2.StopRemoteSandboxRequest, context: Context
+    ) -> client_api_pb2.StopRemoteSandboxReply:
+        return await self._unary(request, self.sandboxes.stop_remote_sandbox, client_api_pb2.StopRemoteSandboxReply, context)
+
+    async def ExecRemoteSandbox(
+        self, request: client_api_pb2.ExecRemoteSandboxRequest, context: Context
+    ) -> client_api_pb2.ExecRemoteSandboxReply:
+        return await self._unary(request, self.sandboxes.exec_remote_sandbox, client_api_pb2.ExecRemoteSandboxReply, context)
+
+    async def ReportLocalSandbox(
+        self, request: client_api_pb2.ReportLocalSandboxRequest, context: Context
+    ) -> client_api_pb2.ReportLocalSandboxReply:
+        return await self._unary(
+            request, self.sandboxes.report_local_sandbox, client_api_pb2.ReportLocalSandboxReply, context
+        )
+
+    async def ReportLocalSubagent(
+        self, request: client_api_pb2.ReportLocalSubagentRequest, context: Context
+    ) -> client_api_pb2.ReportLocalSubagentReply:
+        return await self._unary(request, self.live.report_local_subagent, client_api_pb2.ReportLocalSubagentReply, context)
+
+    async def CancelSubagent(
+        self, request: client_api_pb2.CancelSubagentRequest, context: Context
+    ) -> client_api_pb2.CancelSubagentReply:
+        return await self._unary(request, self.live.cancel_subagent, client_api_pb2.CancelSubagentReply, context)
+
+    # JSON-RPC plumbing: authenticate once (a failure is Unauthenticated: HTTP 401 before
     # any streaming), then map every fault to its error in one place.
 
-    async def _call(self, request: session_pb2.RpcRequest, context: Context) -> RpcCall:
+    async def _call(self, request: RpcRequest, context: Context) -> RpcCall:
         principal, session, profile = await self.auth.session_principal_and_records(
-            _credential(request), request.session_id
+            Credential.of(request.credential), request.session_id
         )
         await self._owned(request.session_id, context)
-        return RpcCall(principal, session, profile, request.params_json)
+        return RpcCall(principal, session, profile, request.params, request.invalid_params)
 
     async def _owned(self, session_id: str, context: Context) -> None:
         """Serve the call here only if this replica owns the session (or takes it over); else
@@ -236,36 +293,29 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
             await _redirect(context, moved.address)
 
     async def _unary(
-        self, request: session_pb2.RpcRequest, method: Callable[[RpcCall], Awaitable[Any]], context: Context
-    ) -> session_pb2.RpcReply:
+        self, request: RpcRequest, method: Callable[[RpcCall], Awaitable[Any]], reply: Callable[..., R], context: Context
+    ) -> R:
         call = await self._call(request, context)
         try:
-            return session_pb2.RpcReply(result_json=dump(await method(call)))
+            return reply(result=await method(call))
         except Exception as exc:
-            return session_pb2.RpcReply(error=rpc_error(exc, _method_name(method)))
+            return reply(error=rpc_error(exc, _method_name(method)))
 
     async def _stream(
-        self,
-        request: session_pb2.RpcRequest,
-        method: Callable[[RpcCall], AsyncIterator[session_pb2.RpcFrame]],
-        context: Context,
-    ) -> AsyncIterator[session_pb2.RpcFrame]:
+        self, request: RpcRequest, method: Callable[[RpcCall], AsyncIterator[F]], frame: Callable[..., F], context: Context
+    ) -> AsyncIterator[F]:
         call = await self._call(request, context)
-        yield ACCEPTED
+        yield frame(accepted=True)
         try:
-            async for frame in method(call):
-                yield frame
+            async for item in method(call):
+                yield item
         except Exception as exc:
-            yield session_pb2.RpcFrame(error=rpc_error(exc, _method_name(method)))
+            yield frame(error=rpc_error(exc, _method_name(method)))
 
 
 async def _redirect(context: Context, address: str) -> None:
     context.set_trailing_metadata(((OWNER_KEY, address),))
     await context.abort(grpc.StatusCode.UNAVAILABLE, f"served by the session replica at {address}")
-
-
-def _credential(request: session_pb2.RpcRequest | session_pb2.CredentialCheck) -> Credential:
-    return Credential.from_header(request.authorization, request.has_authorization)
 
 
 def _method_name(method: Callable[..., Any]) -> str:

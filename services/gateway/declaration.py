@@ -1,0 +1,144 @@
+"""What the gateway serves, read from SessionService's descriptor (protos/baeproto/v1/edge.proto).
+
+Each method with an `http` option is one REST route, each with a `json_rpc` option one method of
+`POST /api/v1/sessions/{id}/rpc`. Nothing else in the gateway lists a route or a method: the
+router, the translation and the OpenAPI document all read them from here.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
+from google.protobuf.message import Message
+from google.protobuf.message_factory import GetMessageClass
+
+from bae.common.protos import edge_pb2, session_pb2
+
+SERVICE = session_pb2.DESCRIPTOR.services_by_name["SessionService"]
+CREDENTIAL_TYPE = edge_pb2.Credential.DESCRIPTOR.full_name
+
+
+class Port(enum.Enum):
+    CLIENT = "client"
+    ADMIN = "admin"
+
+
+_PORTS = {edge_pb2.CLIENT: Port.CLIENT, edge_pb2.ADMIN: Port.ADMIN}
+
+
+@dataclass(frozen=True)
+class Route:
+    """One REST route and the SessionService call it makes."""
+
+    port: Port
+    method: str  # GET, POST, PUT, DELETE
+    path: str  # the template as the spec writes it, e.g. "/api/v1/sessions/{id}/events"
+    rpc: str  # the SessionService method, e.g. "ListEvents"
+    request: type[Message]
+    reply: type[Message]
+    status: int
+    credential: edge_pb2.CredentialKind.ValueType
+    credential_field: str
+    id_field: str  # the request field `{id}` fills; "" without one
+    body_field: str  # the request field the JSON body fills; "" without a body
+    query_fields: tuple[str, ...]
+    summary: str
+    problems: tuple[int, ...]
+
+    @property
+    def session_scoped(self) -> bool:
+        """Whether the call is about one session, so goes to the replica that owns it: a client
+        route that names a session (the admin port's reads serve from any replica)."""
+        return self.port is Port.CLIENT and self.id_field == "session_id"
+
+
+@dataclass(frozen=True)
+class RpcMethod:
+    """One JSON-RPC method and the SessionService call it makes."""
+
+    name: str  # e.g. "session.sendMessage"
+    rpc: str
+    request: type[Message]
+    params: type[Message]
+    reply: type[Message]  # the unary reply, or the stream's frame
+    streaming: bool
+    unbounded: bool  # the session service bounds it itself: the gateway sets no deadline
+    summary: str
+
+
+def _credential_field(request: Descriptor) -> str:
+    for field in request.fields:
+        if field.message_type is not None and field.message_type.full_name == CREDENTIAL_TYPE:
+            return field.name
+    raise ValueError(f"{request.full_name} has no Credential field")
+
+
+def _route(method: MethodDescriptor, option: Any) -> Route:
+    request = method.input_type
+    credential_field = _credential_field(request)
+    taken = {credential_field, option.id_field, option.body}
+    if ("{id}" in option.path) != bool(option.id_field):
+        raise ValueError(f"{method.name}: the path's {{id}} and id_field go together")
+    for name in taken - {""}:
+        if name not in request.fields_by_name:
+            raise ValueError(f"{method.name}: {request.full_name} has no field {name}")
+    query = tuple(f.name for f in request.fields if f.name not in taken)
+    for name in query:
+        if request.fields_by_name[name].type != FieldDescriptor.TYPE_STRING:
+            raise ValueError(f"{method.name}: query parameter {name} is not a string field")
+    return Route(
+        port=_PORTS[option.port],
+        method=option.method,
+        path=option.path,
+        rpc=method.name,
+        request=GetMessageClass(request),
+        reply=GetMessageClass(method.output_type),
+        status=option.status,
+        credential=option.credential,
+        credential_field=credential_field,
+        id_field=option.id_field,
+        body_field=option.body,
+        query_fields=query,
+        summary=option.summary,
+        problems=tuple(option.problems),
+    )
+
+
+def _rpc_method(method: MethodDescriptor, option: Any) -> RpcMethod:
+    request = method.input_type
+    params = request.fields_by_name["params"].message_type
+    if params is None:
+        raise ValueError(f"{method.name}: params is not a message")
+    return RpcMethod(
+        name=option.name,
+        rpc=method.name,
+        request=GetMessageClass(request),
+        params=GetMessageClass(params),
+        reply=GetMessageClass(method.output_type),
+        streaming=method.server_streaming,
+        unbounded=option.unbounded,
+        summary=option.summary,
+    )
+
+
+def _read() -> tuple[tuple[Route, ...], dict[str, RpcMethod]]:
+    routes: list[Route] = []
+    methods: dict[str, RpcMethod] = {}
+    for method in SERVICE.methods:
+        options = method.GetOptions()
+        if options.HasExtension(edge_pb2.http):
+            routes.append(_route(method, options.Extensions[edge_pb2.http]))
+        if options.HasExtension(edge_pb2.json_rpc):
+            rpc = _rpc_method(method, options.Extensions[edge_pb2.json_rpc])
+            methods[rpc.name] = rpc
+    return tuple(routes), methods
+
+
+ROUTES, RPC_METHODS = _read()
+
+
+def routes_of(port: Port) -> list[Route]:
+    return [route for route in ROUTES if route.port is port]
