@@ -145,7 +145,7 @@ async def serve_forever(command: Command, settings: Settings) -> None:
     auth = Authenticator(store, admin_auth_disabled=options.disabled)
     runtime = SessionRuntime(store=store, settings=settings, config=config)
     runner = RunnerClient(settings.runner_grpc_addr, settings.rpc_timeout, plane)
-    engine = TurnEngine(runtime=runtime, runner=runner)
+    engine = TurnEngine(runtime=runtime, steps=runner)
     servicer = SessionServicer(
         rest=ClientRestApi(store=store, auth=auth, runtime=runtime, config=config),
         admin=AdminApi(store=store, auth=auth, runtime=runtime, config=config),

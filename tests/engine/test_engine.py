@@ -91,7 +91,7 @@ async def harness(runner, tmp_path: Path, mock: MockLLM) -> AsyncIterator[Engine
     store = await Store.open(store_url(tmp_path))
     runtime = SessionRuntime(store=store, settings=settings, config=load_config(str(runner["config"])))
     client = RunnerClient(runner["address"], 5.0, InternalPlane.of(settings))
-    engine = TurnEngine(runtime=runtime, runner=client)
+    engine = TurnEngine(runtime=runtime, steps=client)
     yield EngineHarness(store, runtime, engine)
     await engine.drain(5)
     await runtime.stop()

@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from bae.common.settings import DEFAULT_MAX_BODY_BYTES, load_settings
-from services.session.remote.sandbox_pool import SandboxError, SandboxHandle, SandboxPool
+from services.session.engine.ports import SandboxHandle
+from services.session.remote.sandbox_pool import SandboxError, SandboxPool
 from testkit.docker_support import TEST_IMAGE, SandboxHostProcess, require_docker
 from testkit.live import new_session, register, result, rpc, send, session_state, terminal
 from testkit.mockllm import Reply

@@ -8,7 +8,8 @@ import uuid
 
 import pytest
 
-from services.session.remote.sandbox_pool import ExecResult, SandboxError, SandboxPool
+from services.session.engine.ports import ExecResult
+from services.session.remote.sandbox_pool import SandboxError, SandboxPool
 from testkit.docker_support import TEST_IMAGE, SandboxHostProcess, containers_with, require_docker
 from testkit.processes import TEST_PLANE
 

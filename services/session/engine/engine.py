@@ -48,7 +48,7 @@ from services.session.engine.runtime import LiveSession, SessionRuntime
 from services.session.engine.spans import MERGE_INVALID, PROFILE_UNAVAILABLE, session_spans, turn_trace
 from services.session.engine.tasks import TaskOwner
 from services.session.engine.turn import EventItem, Turn
-from services.session.remote.runner import RunnerClient, RunnerUnreachable
+from services.session.engine.ports import ProviderSteps, StepFailed
 from services.session.store.records import ProfileRecord, SessionRecord
 
 log = logging.getLogger("bae.session.engine")
@@ -58,9 +58,9 @@ T = TypeVar("T")
 
 
 class TurnEngine:
-    def __init__(self, *, runtime: SessionRuntime, runner: RunnerClient) -> None:
+    def __init__(self, *, runtime: SessionRuntime, steps: ProviderSteps) -> None:
         self.runtime = runtime
-        self.runner = runner
+        self.steps = steps
         self._work = TaskOwner("turn")
         self._accepting = True
         # One history load per session at a time, which every caller that arrives meanwhile awaits:
@@ -127,14 +127,14 @@ class TurnEngine:
     async def _turn(
         self, live: LiveSession, request: TurnRequest, claim: Claim, watcher: Watcher | None, records: Records | None
     ) -> TurnOutcome:
-        turn = Turn(self.runtime, live, request.actor, self.runner, echo=watcher)
+        turn = Turn(self.runtime, live, request.actor, self.steps, echo=watcher)
         parked: ParkedTurn | None = None
         try:
             if records is None or claim.waited:  # the session may have changed while queued
                 records = await self.runtime.store.session_and_profile(live.session_id)
             outcome, parked = await self._claimed_turn(turn, request, claim, watcher, *records)
             return outcome
-        except RunnerUnreachable as exc:
+        except StepFailed as exc:
             raise LoopFailed(str(exc)) from exc
         finally:
             await self._flush_quietly(turn)
@@ -280,7 +280,7 @@ class TurnEngine:
     async def _compaction(
         self, live: LiveSession, request: CompactRequest, claim: Claim, watcher: Watcher | None
     ) -> CompactionOutcome:
-        turn = Turn(self.runtime, live, request.actor, self.runner)
+        turn = Turn(self.runtime, live, request.actor, self.steps)
         try:
             if watcher is not None:
                 live.feed.join(watcher)
@@ -307,7 +307,7 @@ class TurnEngine:
                 instruction=compaction.client_prompt(session, request.prompt),
             )
             return CompactionOutcome(completed, turn.events)
-        except RunnerUnreachable as exc:
+        except StepFailed as exc:
             raise CompactionFailed(f"the model runner is unreachable ({exc})") from exc
         finally:
             await self._flush_quietly(turn)

@@ -35,7 +35,8 @@ from services.session.remote.peers import Peers
 from services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery
 from services.session.remote.sandbox_idle import Handle as IdleHandle
 from services.session.remote.sandbox_idle import IdleWatch
-from services.session.remote.sandbox_pool import SandboxError, SandboxHandle, SandboxPool
+from services.session.engine.ports import SandboxHandle
+from services.session.remote.sandbox_pool import SandboxError, SandboxPool
 from services.session.store import Store
 from services.session.store.events import EventView
 from services.session.store.records import ProfileRecord
@@ -398,8 +399,9 @@ class SessionRuntime:
         sessions that are closed, failed or unknown. Sessions other replicas own are theirs.
         `uninventoried_only` limits it to hosts no reconciliation has covered yet."""
         assert self.sandboxes is not None
-        for host, sandboxes, commands in await self.sandboxes.inventory(uninventoried_only=uninventoried_only):
-            for info in sandboxes:
+        for inventory in await self.sandboxes.inventory(uninventoried_only=uninventoried_only):
+            host = inventory.host
+            for info in inventory.sandboxes:
                 if only_session is not None and info.session_id != only_session:
                     continue
                 handle = SandboxHandle(host=host, sandbox_id=info.sandbox_id, image=info.image)
@@ -430,7 +432,7 @@ class SessionRuntime:
                 live.sandbox = handle
                 self.sandboxes.adopt(info.session_id, handle)
                 log.info("re-attached sandbox %s of session %s", info.sandbox_id, info.session_id)
-                mine = [command for command in commands if command.sandbox_id == info.sandbox_id]
+                mine = [command for command in inventory.commands if command.sandbox_id == info.sandbox_id]
                 await self._adopt_subagents(live, host, [command.command_id for command in mine])
 
     async def _adopt_subagents(self, live: LiveSession, host: str, command_ids: list[str]) -> None:

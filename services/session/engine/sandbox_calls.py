@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from services.session.remote.sandbox_pool import ExecResult, SandboxError, SandboxHandle, SandboxPool
+from services.session.engine.ports import ExecResult, SandboxHandle
+from services.session.remote.sandbox_pool import SandboxError, SandboxPool
 from services.session.store.records import ProfileRecord
 
 if TYPE_CHECKING:  # runtime and turn import this module; the annotations alone need them

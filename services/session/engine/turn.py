@@ -12,10 +12,10 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from bae.common.jsontext import RawJson, dump, load
-from bae.common.protos import runner_pb2
 from services.session.engine import tools as toolset
 from services.session.engine.domain import Dispatch, SessionState, TurnEnd, Usage
 from services.session.engine.feed import Watcher
@@ -23,7 +23,7 @@ from services.session.engine.gate import ParkedTurn
 from services.session.engine.history import MESSAGE_EVENTS
 from services.session.engine.runtime import LiveSession, SessionRuntime
 from services.session.engine.spans import open_dispatch
-from services.session.remote.runner import RunnerClient, RunnerUnreachable, StepMessages
+from services.session.engine.ports import ProviderSteps, StepFailed, StepMessages, StepOutcome, StepRequest, StepResult
 from services.session.store.events import EventView
 from services.session.store.records import ProfileRecord, SessionRecord
 
@@ -52,7 +52,7 @@ class Turn:
     runtime: SessionRuntime
     live: LiveSession
     actor: str
-    runner: RunnerClient
+    steps: ProviderSteps
     # The caller's own stream, if any: the input it recorded is not echoed back to it (§6.4).
     echo: Watcher | None = None
     events: list[EventView] = field(default_factory=list)
@@ -74,7 +74,7 @@ class Turn:
 
     async def emit(
         self,
-        items: list[EventItem],
+        items: Sequence[EventItem],
         *,
         echo: bool = False,
         new_state: SessionState | None = None,
@@ -146,9 +146,9 @@ class Turn:
             declared = toolset.ActingTools.of(session, self.actor, mcp, status_tool=bool(self.live.subagents.entries))
             messages = self.live.loaded_history.step_messages([*self._unwritten, *extensions])
             result = await self.step(profile, messages, declared.advertised())
-            if result.outcome != runner_pb2.StepResult.OK:
+            if result.outcome != StepOutcome.OK:
                 payload: dict[str, Any]
-                if result.outcome == runner_pb2.StepResult.PROVIDER_CONFIG:
+                if result.outcome == StepOutcome.PROVIDER_CONFIG:
                     payload = {"reason": "provider_config", "detail": result.detail}
                 else:
                     payload = {"reason": "all_providers_failed", "attempts": result.attempts}
@@ -219,35 +219,33 @@ class Turn:
         *,
         purpose: str = "",
         min_max_tokens: int = 0,
-    ) -> runner_pb2.StepResult:
-        """One runner call; records its events as they stream and returns the step's result."""
-        request = runner_pb2.StepRequest(
+    ) -> StepResult:
+        """One provider step; records its events as they stream and returns the step's result."""
+        request = StepRequest(
             session_id=self.session_id,
             primary_provider=profile.primary_provider,
-            fallback_providers=list(profile.fallback_providers),
+            fallback_providers=profile.fallback_providers,
             tools_json=dump(tools),
             purpose=purpose,
             min_max_tokens=min_max_tokens,
         )
         result = None
-        updates = self.runner.run_step(request, messages, timeout=STEP_DEADLINE)
+        updates = self.steps.run_step(request, messages, timeout=STEP_DEADLINE)
         try:
             async for update in updates:
-                # Stored and sent as the runner wrote them: never re-serialized here.
-                events: list[EventItem] = [(event.event_type, RawJson(event.payload_json)) for event in update.events]
-                if update.HasField("result"):
+                if update.result is not None:
                     result = update.result
-                    self.carried += [(self.actor, kind, payload) for kind, payload in events]
-                elif events:
-                    await self.emit(events)
-        except RunnerUnreachable as exc:
+                    self.carried += [(self.actor, kind, payload) for kind, payload in update.events]
+                elif update.events:
+                    await self.emit(update.events)
+        except StepFailed as exc:
             await self.settle()  # a failed write of what came before is the turn's error, not this
             log.error("runner step for session %s failed: %s", self.session_id, exc)
             raise
         finally:
             await updates.aclose()  # stops the step when an emit failed; nothing to do once it ended
         if result is None:
-            raise RunnerUnreachable("the step ended without a result")
-        if result.outcome == runner_pb2.StepResult.OK:
-            self.last_usage = Usage(result.input_tokens, result.output_tokens) if result.has_usage else None
+            raise StepFailed("the step ended without a result")
+        if result.outcome == StepOutcome.OK:
+            self.last_usage = result.usage
         return result

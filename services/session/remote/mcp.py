@@ -46,6 +46,7 @@ from pydantic import TypeAdapter
 
 from bae import __version__
 from bae.common.config import Config, McpServer, resolve_env
+from services.session.engine.ports import McpCallResult, McpTool
 
 log = logging.getLogger("bae.session.mcp")
 
@@ -75,21 +76,6 @@ ENV_WHAT = "MCP server config"
 
 _RAW_RESULT = TypeAdapter(dict[str, Any])
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class McpTool:
-    name: str
-    description: str
-    input_schema: dict
-    server_name: str
-
-
-@dataclass(frozen=True)
-class McpCallResult:
-    ok: bool
-    result: dict | None = None  # the server's CallToolResult JSON, verbatim
-    error: str | None = None  # transport/protocol failure ("<code>: <message>" for JSON-RPC errors)
 
 
 class McpSessionConnections:

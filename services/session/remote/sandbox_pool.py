@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import grpc
@@ -23,6 +22,15 @@ from bae.common.errors import DETAIL_LIMIT, BaeError, echo
 from bae.common.grpcutil import channel
 from bae.common.internal import InternalPlane
 from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
+from services.session.engine.ports import (
+    CommandState,
+    CommandStatus,
+    ExecResult,
+    HostCommand,
+    HostInventory,
+    HostSandbox,
+    SandboxHandle,
+)
 from services.session.remote.sandbox_idle import IdleWatch
 
 log = logging.getLogger("bae.session.sandboxes")
@@ -53,18 +61,25 @@ class SandboxError(BaeError):
         self.detail = detail
 
 
-@dataclass(frozen=True)
-class SandboxHandle:
-    host: str  # the host's gRPC address, as configured
-    sandbox_id: str
-    image: str
+_STATES = {
+    sandbox_pb2.CommandStatus.RUNNING: CommandState.RUNNING,
+    sandbox_pb2.CommandStatus.EXITED: CommandState.EXITED,
+    sandbox_pb2.CommandStatus.TIMED_OUT: CommandState.TIMED_OUT,
+    sandbox_pb2.CommandStatus.KILLED: CommandState.KILLED,
+    sandbox_pb2.CommandStatus.FAILED: CommandState.FAILED,
+}
 
 
-@dataclass(frozen=True)
-class ExecResult:
-    stdout: str
-    stderr: str
-    exit_code: int
+def command_status(status: sandbox_pb2.CommandStatus) -> CommandStatus:
+    return CommandStatus(
+        state=_STATES.get(status.state, CommandState.FAILED),
+        exit_code=status.exit_code,
+        stdout=status.stdout,
+        stderr=status.stderr,
+        stdout_truncated=status.stdout_truncated,
+        stderr_truncated=status.stderr_truncated,
+        detail=status.detail,
+    )
 
 
 class _Host:
@@ -284,7 +299,7 @@ class SandboxPool:
 
     async def start_command(
         self, handle: SandboxHandle, command_id: str, command: str, *, stdin: bytes, timeout: float, output_limit: int
-    ) -> sandbox_pb2.CommandStatus:
+    ) -> None:
         request = sandbox_pb2.StartCommandRequest(
             sandbox_id=handle.sandbox_id,
             command_id=command_id,
@@ -293,20 +308,18 @@ class SandboxPool:
             timeout_seconds=timeout,
             output_limit_bytes=output_limit,
         )
-        return await self._call(self._host_of(handle), "StartCommand", request, self._rpc_timeout)
+        await self._call(self._host_of(handle), "StartCommand", request, self._rpc_timeout)
 
-    async def wait_command(self, host: str, command_id: str, wait: float) -> sandbox_pb2.CommandStatus:
+    async def wait_command(self, host: str, command_id: str, wait: float) -> CommandStatus:
         """The command's state once it ended, or after `wait` seconds; its whole kept output."""
         request = sandbox_pb2.WaitCommandRequest(command_id=command_id, wait_seconds=wait)
-        return await self._call(self._address(host), "WaitCommand", request, wait + self._rpc_timeout)
+        return command_status(await self._call(self._address(host), "WaitCommand", request, wait + self._rpc_timeout))
 
-    async def kill_command(self, host: str, command_id: str) -> sandbox_pb2.CommandStatus:
+    async def kill_command(self, host: str, command_id: str) -> None:
         request = sandbox_pb2.KillCommandRequest(command_id=command_id)
-        return await self._call(self._address(host), "KillCommand", request, self._rpc_timeout)
+        await self._call(self._address(host), "KillCommand", request, self._rpc_timeout)
 
-    async def inventory(
-        self, *, uninventoried_only: bool = False
-    ) -> list[tuple[str, list[sandbox_pb2.SandboxInfo], list[sandbox_pb2.CommandStatus]]]:
+    async def inventory(self, *, uninventoried_only: bool = False) -> list[HostInventory]:
         """Each reachable host's sandboxes and background commands (reconciliation); with
         `uninventoried_only`, only the hosts no inventory has covered yet."""
         found = []
@@ -320,7 +333,13 @@ class SandboxPool:
                 log.warning("sandbox host %s: inventory failed: %s", host.address, exc.detail)
                 continue
             host.inventoried = True
-            found.append((host.address, list(sandboxes.sandboxes), list(commands.commands)))
+            found.append(
+                HostInventory(
+                    host.address,
+                    [HostSandbox(i.sandbox_id, i.session_id, i.image, i.state) for i in sandboxes.sandboxes],
+                    [HostCommand(c.command_id, c.sandbox_id) for c in commands.commands],
+                )
+            )
         return found
 
     def adopt(self, session_id: str, handle: SandboxHandle) -> None:
