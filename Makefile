@@ -49,10 +49,11 @@ test-fast: venv protos
 test-postgres: venv protos
 	BAE_TEST_STORE=postgresql $(PY) -m pytest $(PYTEST_ARGS)
 
-# Ruff and mypy over the project's code (configured in pyproject.toml).
+# Ruff and mypy over the project's code (configured in pyproject.toml), and no import cycle in the session service.
 lint: venv protos
 	$(VENV)/bin/ruff check bae services tests testkit bench deploy examples
 	$(VENV)/bin/mypy
+	$(PY) tools/import_cycles.py services/session
 
 bench: venv protos
 	$(PY) -m bench.run $(ARGS)

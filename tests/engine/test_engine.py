@@ -15,15 +15,13 @@ from typing import AsyncIterator
 import pytest
 
 from bae.common.config import load_config
-from bae.common.internal import InternalPlane
 from bae.common.settings import load_settings
 from services.session.engine.domain import CompactRequest, Message, TurnEnd, TurnRequest
-from services.session.engine.engine import TurnEngine
 from services.session.engine.errors import OrphanToolResult, SessionNotOpen, ShuttingDown, TurnInProgress
 from services.session.engine.feed import Watcher
-from services.session.engine.runtime import SessionRuntime
-from services.session.remote.runner import RunnerClient
+from services.session.engine.service import SessionEngine
 from services.session.store import Store, profiles, sessions
+from services.session.wiring import session_engine
 from services.session.store.sqlite import StoreUnavailable
 from testkit.mockllm import MockLLM, Reply
 from testkit.ports import free_port
@@ -37,10 +35,11 @@ ACTOR = "key_driver"
 
 
 class EngineHarness:
-    def __init__(self, store: Store, runtime: SessionRuntime, engine: TurnEngine) -> None:
+    def __init__(self, store: Store, service: SessionEngine) -> None:
         self.store = store
-        self.runtime = runtime
-        self.engine = engine
+        self.service = service
+        self.runtime = service.registry
+        self.engine = service.turns
 
     async def open_session(self, *, compaction: dict | None = None, client_tools: list[str] = ()) -> str:
         def create(conn) -> str:
@@ -86,16 +85,14 @@ def runner(tmp_path_factory, mock: MockLLM):
 async def harness(runner, tmp_path: Path, mock: MockLLM) -> AsyncIterator[EngineHarness]:
     mock.reset()
     settings = load_settings(
-        {"BAE_RUNNER_GRPC_ADDR": runner["address"], "BAE_INTERNAL_TOKEN": runner["token"], "BAE_TURN_TIMEOUT": "1"}
+        {"BAE_RUNNER_GRPC_ADDR": runner["address"], "BAE_INTERNAL_TOKEN": runner["token"], "BAE_TURN_TIMEOUT": "1",
+         "BAE_SANDBOX_GRPC_ADDRS": ""}
     )
     store = await Store.open(store_url(tmp_path))
-    runtime = SessionRuntime(store=store, settings=settings, config=load_config(str(runner["config"])))
-    client = RunnerClient(runner["address"], 5.0, InternalPlane.of(settings))
-    engine = TurnEngine(runtime=runtime, steps=client)
-    yield EngineHarness(store, runtime, engine)
-    await engine.drain(5)
-    await runtime.stop()
-    await client.channel.close()
+    service = session_engine(settings, load_config(str(runner["config"])), store)
+    yield EngineHarness(store, service)
+    await service.drain(5)
+    await service.stop()
     await store.close()
 
 
@@ -277,10 +274,10 @@ async def test_a_session_closed_after_its_check_gets_no_live_state_again(harness
     session_id = await harness.open_session()
     assert (await harness.store.get_session(session_id)).state == "open"  # the caller's check
     await harness.store.append_events(session_id, [(ACTOR, "session.close", {"reason": "client_close"})], new_state="closed")
-    await harness.runtime.close(session_id, ACTOR)
+    await harness.service.closer.close(session_id, ACTOR)
     with pytest.raises(SessionNotOpen):
         await harness.runtime.attach(session_id)
-    assert session_id not in harness.runtime.sessions
+    assert harness.runtime.get(session_id) is None
     with pytest.raises(SessionNotOpen):
         await harness.engine.run_turn(TurnRequest(session_id, ACTOR, user("late")))
 

@@ -14,7 +14,9 @@ from services.session.api import bodies
 from services.session.api.auth import Authenticator
 from services.session.api.calls import RestCall
 from services.session.api.pagination import page_json, page_request
-from services.session.engine.runtime import SessionRuntime
+from services.session.engine.revocation import Revocations
+from services.session.engine.sandboxes import SessionSandboxes
+from services.session.remote.peers import revocation_of
 from services.session.store.records import KeyRecord
 from services.session.store import events, keys, profiles, revocation, sessions
 from bae.common.jsontext import dump
@@ -37,15 +39,24 @@ def duplicate_name() -> Problem:
 
 
 class AdminApi:
-    def __init__(self, *, store: Store, auth: Authenticator, runtime: SessionRuntime, config: Config) -> None:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        auth: Authenticator,
+        sandboxes: SessionSandboxes,
+        revocations: Revocations,
+        config: Config,
+    ) -> None:
         self.store = store
         self.auth = auth
-        self.runtime = runtime
+        self.sandboxes = sandboxes
+        self.revocations = revocations
         self.config = config
 
     async def apply_revocation(self, revocation: session_pb2.Revocation) -> None:
         """From another replica (internal plane): a revoked key's sessions that this one owns."""
-        await self.runtime.apply_revocation(revocation)
+        await self.revocations.apply(revocation_of(revocation))
 
     async def _admin(self, call: RestCall) -> None:
         await self.auth.require_admin(call.credential)
@@ -59,7 +70,7 @@ class AdminApi:
             profile = await self.store.write(profiles.create, fields)
         except profiles.DuplicateName:
             raise duplicate_name() from None
-        self.runtime.provision(profile)
+        self.sandboxes.provision(profile)
         return dump({"id": profile.id, "name": profile.name, "created_at": profile.created_at})
 
     async def list_profiles(self, call: RestCall) -> str:
@@ -84,7 +95,7 @@ class AdminApi:
             raise duplicate_name() from None
         if profile is None:
             raise not_found(f"no profile {call.path_id}")
-        self.runtime.provision(profile)
+        self.sandboxes.provision(profile)
         return dump(profiles.view(profile))
 
     async def delete_profile(self, call: RestCall) -> str:
@@ -141,7 +152,7 @@ class AdminApi:
             raise not_found(f"no active client key {key_id}")
         held, closed = revoked
         # Sessions other keys still hold stay open; the revoked key loses its live access there.
-        await self.runtime.revoke_key(key_id, closed, [session_id for session_id in held if session_id not in closed])
+        await self.revocations.revoke_key(key_id, closed, [session_id for session_id in held if session_id not in closed])
         return ""
 
     # Sessions (§4.4).
@@ -181,4 +192,4 @@ class AdminApi:
 
     async def sandbox_status(self, call: RestCall) -> str:
         await self._admin(call)
-        return dump(self.runtime.sandbox_status())
+        return dump(self.sandboxes.status_view())

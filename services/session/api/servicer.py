@@ -22,7 +22,7 @@ from services.session.api.jsonrpc import ACCEPTED, RpcCall
 from services.session.api.live import LiveApi
 from services.session.engine.errors import SessionNotOpen
 from services.session.engine.ownership import NotOwner, Ownership
-from services.session.engine.spans import session_spans
+from services.session.engine.spans import SessionSpans
 from services.session.api.rest import ClientRestApi
 from services.session.api.sandbox_methods import SandboxMethods
 
@@ -54,8 +54,10 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         live: LiveApi,
         sandboxes: SandboxMethods,
         ownership: Ownership,
+        spans: SessionSpans,
     ) -> None:
         self.ownership = ownership
+        self.spans = spans
         self.rest = rest
         self.admin = admin
         self.auth = auth
@@ -156,7 +158,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
 
     async def RegisterDriver(self, request: session_pb2.RpcRequest, context: Context) -> session_pb2.RpcReply:
         reply = await self._unary(request, self.live.register_driver, context)
-        if (traceparent := session_spans.traceparent(request.session_id)) is not None:
+        if (traceparent := self.spans.traceparent(request.session_id)) is not None:
             context.set_trailing_metadata(((telemetry.SESSION_TRACEPARENT_KEY, traceparent),))
         return reply
 

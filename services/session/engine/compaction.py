@@ -9,7 +9,7 @@ import logging
 from bae.common.config import Config, primary_not_configured
 from services.session.engine.domain import CompactionReason, CompactionTrigger
 from services.session.engine.errors import CompactionFailed
-from services.session.engine.runtime import CompactionBackoff, LiveSession
+from services.session.engine.live import CompactionBackoff, LiveSession
 from services.session.engine.turn import Turn
 from services.session.engine.ports import StepFailed, StepOutcome
 from services.session.store.events import EventView

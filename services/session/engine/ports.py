@@ -93,6 +93,8 @@ class ProviderSteps(Protocol):
         generator early stops the step."""
         ...
 
+    async def close(self) -> None: ...
+
 
 # -- sandboxes --------------------------------------------------------------------------------
 

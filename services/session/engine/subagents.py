@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from bae.common.errors import BaeError
 from services.session.engine.ports import CommandState, CommandStatus, SandboxHandle
-from services.session.remote.sandbox_pool import SandboxError
 
 log = logging.getLogger("bae.session.subagents")
 
@@ -198,6 +198,6 @@ def apply_outcome(entry: Subagent, status: CommandStatus) -> tuple[str, dict] | 
     return "session.subagent.failed", entry.event(reason="spawn_failed", exit_code=None)
 
 
-def spawn_failed(entry: Subagent, error: SandboxError) -> tuple[str, dict]:
+def spawn_failed(entry: Subagent, error: BaeError) -> tuple[str, dict]:
     entry.status, entry.reason, entry.detail = SubagentStatus.FAILED, "spawn_failed", error.detail
     return "session.subagent.failed", entry.event(reason="spawn_failed", exit_code=None)

@@ -47,6 +47,7 @@ from pydantic import TypeAdapter
 from bae import __version__
 from bae.common.config import Config, McpServer, resolve_env
 from services.session.engine.ports import McpCallResult, McpTool
+from services.session.store.records import ProfileRecord
 
 log = logging.getLogger("bae.session.mcp")
 
@@ -170,6 +171,20 @@ class McpSessionConnections:
     def child_pids(self) -> list[int]:
         """PIDs of the live stdio children (empty where /proc is unavailable)."""
         return [c.pid for c in self._connections if c.pid is not None]
+
+
+class McpConnector:
+    """Connects a session's profile's MCP servers, as the registry in bae-config.toml declares them."""
+
+    def __init__(self, config: Config, *, call_timeout: float = DEFAULT_CALL_TIMEOUT) -> None:
+        self._config = config
+        self._call_timeout = call_timeout
+
+    async def connect(self, session_id: str, profile: ProfileRecord) -> McpSessionConnections:
+        return await McpSessionConnections.connect(
+            session_id, list(profile.mcp_servers), self._config, call_timeout=self._call_timeout,
+            profile_id=profile.id, profile_name=profile.name,
+        )
 
 
 @dataclass(frozen=True)

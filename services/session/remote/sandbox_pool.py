@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bae.common.errors import DETAIL_LIMIT, BaeError, echo
+from bae.common.errors import DETAIL_LIMIT, BaeError, Unavailable, echo
 from bae.common.grpcutil import channel
 from bae.common.internal import InternalPlane
 from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
@@ -31,7 +31,7 @@ from services.session.engine.ports import (
     HostSandbox,
     SandboxHandle,
 )
-from services.session.remote.sandbox_idle import IdleWatch
+from services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery
 
 log = logging.getLogger("bae.session.sandboxes")
 
@@ -108,16 +108,16 @@ class SandboxPool:
         pull_timeout: float = 600.0,
         poll_interval: float = 2.0,
         host_wait: float = 30.0,
-        idle: IdleWatch | None = None,
     ) -> None:
-        """`host_wait`: how long provisioning waits for a first healthy host (start-up races)."""
+        """`addrs`: host addresses, or names (e.g. a scaled docker-compose service) that are
+        re-resolved to all their addresses. `host_wait`: how long provisioning waits for a first
+        healthy host (start-up races)."""
         self._rpc_timeout = rpc_timeout
         self._plane = plane
         self._exec_timeout = exec_timeout
         self._pull_timeout = pull_timeout
         self._poll_interval = poll_interval
         self._host_wait = host_wait
-        self.idle = idle or IdleWatch()
         self._hosts: dict[str, _Host] = {}
         self._poller: asyncio.Task | None = None
         self._status: dict[str, dict[str, dict]] = {}
@@ -128,8 +128,18 @@ class SandboxPool:
         self._images_version = 0
         # Called when a host no inventory has covered yet is seen up: a host down or silent at
         # start-up still holds the sandboxes and subagents of open sessions.
-        self.on_uninventoried_up: Callable[[], None] | None = None
+        self._on_new_host: Callable[[], None] | None = None
+        self._discovery = SandboxDiscovery(self, addrs) if needs_discovery(addrs) else None
         self.set_addrs(addrs)
+
+    async def start_watching(self) -> None:
+        """Resolve the hosts named by DNS, and keep resolving them."""
+        if self._discovery is not None:
+            await self._discovery.refresh()
+            self._discovery.start()
+
+    def on_new_host(self, callback: Callable[[], None]) -> None:
+        self._on_new_host = callback
 
     # -- hosts and health -------------------------------------------------------------------
 
@@ -168,8 +178,8 @@ class SandboxPool:
             up = False
         if up != host.up:
             log.log(logging.INFO if up else logging.WARNING, "sandbox host %s is %s", host.address, "up" if up else "down")
-            if up and host.up is False and not host.inventoried and self.on_uninventoried_up is not None:
-                self.on_uninventoried_up()
+            if up and host.up is False and not host.inventoried and self._on_new_host is not None:
+                self._on_new_host()
         host.up = up
 
     async def _healthy(self) -> list[_Host]:
@@ -269,9 +279,7 @@ class SandboxPool:
                     last = exc
                     continue
                 raise
-            handle = SandboxHandle(host=host.address, sandbox_id=reply.sandbox_id, image=image)
-            self.idle.started(session_id, handle)
-            return handle
+            return SandboxHandle(host=host.address, sandbox_id=reply.sandbox_id, image=image)
         assert last is not None
         raise last
 
@@ -282,13 +290,11 @@ class SandboxPool:
         """
         host = self._host_of(handle)
         request = sandbox_pb2.ExecRequest(sandbox_id=handle.sandbox_id, command=command, timeout_seconds=0)
-        with self.idle.using(handle):
-            reply = await self._call(host, "Exec", request, self._exec_timeout + self._rpc_timeout)
+        reply = await self._call(host, "Exec", request, self._exec_timeout + self._rpc_timeout)
         return ExecResult(stdout=reply.stdout, stderr=reply.stderr, exit_code=reply.exit_code)
 
     async def stop(self, handle: SandboxHandle) -> None:
         """Stop the sandbox; the pool forgets it either way (the caller already dropped its handle)."""
-        self.idle.forget(handle)
         host = self._hosts.get(handle.host)
         if host is not None:
             host.running = max(host.running - 1, 0)
@@ -342,12 +348,11 @@ class SandboxPool:
             )
         return found
 
-    def adopt(self, session_id: str, handle: SandboxHandle) -> None:
+    def adopt(self, handle: SandboxHandle) -> None:
         """Count a sandbox found running on a host as placed (reconciliation)."""
         host = self._hosts.get(handle.host)
         if host is not None:
             host.running += 1
-        self.idle.started(session_id, handle)
 
     def _address(self, address: str) -> _Host:
         host = self._hosts.get(address)
@@ -429,12 +434,64 @@ class SandboxPool:
         }
 
     async def close(self) -> None:
+        if self._discovery is not None:
+            await self._discovery.close()
         tasks = [task for task in (self._poller, *self._provisioning.values()) if task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._provisioning.clear()
         self._poller = None
-        await self.idle.close()
         for host in [*self._hosts.values(), *self._retired]:
             await host.channel.close()
+
+
+NO_HOSTS = "no sandbox hosts are configured (BAE_SANDBOX_GRPC_ADDRS is empty)"
+
+
+class NoSandboxHosts:
+    """The sandboxes of a deployment with no sandbox host: every start fails, nothing is provisioned."""
+
+    async def start(self, session_id: str, image: str) -> SandboxHandle:
+        raise Unavailable(NO_HOSTS)
+
+    async def exec(self, handle: SandboxHandle, command: str) -> ExecResult:
+        raise Unavailable(NO_HOSTS)
+
+    async def stop(self, handle: SandboxHandle) -> None:
+        raise Unavailable(NO_HOSTS)
+
+    async def start_command(
+        self, handle: SandboxHandle, command_id: str, command: str, *, stdin: bytes, timeout: float, output_limit: int
+    ) -> None:
+        raise Unavailable(NO_HOSTS)
+
+    async def wait_command(self, host: str, command_id: str, wait: float) -> CommandStatus:
+        raise Unavailable(NO_HOSTS)
+
+    async def kill_command(self, host: str, command_id: str) -> None:
+        raise Unavailable(NO_HOSTS)
+
+    async def inventory(self, *, uninventoried_only: bool = False) -> list[HostInventory]:
+        return []
+
+    def adopt(self, handle: SandboxHandle) -> None:
+        pass
+
+    def on_new_host(self, callback: Callable[[], None]) -> None:
+        pass
+
+    def provision(self, profile_id: str, images: Iterable[str]) -> None:
+        pass
+
+    def status_for(self, profile_id: str) -> list[dict]:
+        return []
+
+    def status_view(self) -> dict:
+        return {"items": []}
+
+    async def start_watching(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
