@@ -82,6 +82,32 @@ class Turn:
         """Persist (after any carried event), then broadcast. `echo` marks the caller's own input."""
         await self.settle()
         carried, self.carried = self.carried, []
+        return await self._write(
+            carried, items, echo=echo, new_state=new_state, attribute_to=attribute_to, in_result=in_result
+        )
+
+    def emit_soon(self, items: list[tuple[str, dict]], *, echo: bool = False) -> None:
+        """Start persisting and broadcasting `items` while the turn goes on to its provider call.
+
+        The next emit (or `settle`) waits for this write first, so the log keeps its order and
+        nothing that follows is written or broadcast when it fails: the turn then fails with the
+        write's error, as it would have before calling the provider. What the provider step
+        carries meanwhile is written after these, however soon it comes.
+        """
+        self._unwritten = [payload for kind, payload in items if kind in MESSAGE_EVENTS]
+        carried, self.carried = self.carried, []
+        self._pending = asyncio.ensure_future(self._write(carried, list(items), echo=echo))
+
+    async def _write(
+        self,
+        carried: list[NewEvent],
+        items: Sequence[EventItem],
+        *,
+        echo: bool,
+        new_state: SessionState | None = None,
+        attribute_to: str | None = None,
+        in_result: bool = True,
+    ) -> list[EventView]:
         views = await self.store.append_events(
             self.session_id,
             carried + [(attribute_to or self.actor, kind, payload) for kind, payload in items],
@@ -95,20 +121,10 @@ class Turn:
         self._unwritten = []  # the history has them now
         return own
 
-    def emit_soon(self, items: list[tuple[str, dict]], *, echo: bool = False) -> None:
-        """Start persisting and broadcasting `items` while the turn goes on to its provider call.
-
-        The next emit (or `settle`) waits for this write first, so the log keeps its order and
-        nothing that follows is written or broadcast when it fails: the turn then fails with the
-        write's error, as it would have before calling the provider.
-        """
-        self._unwritten = [payload for kind, payload in items if kind in MESSAGE_EVENTS]
-        self._pending = asyncio.ensure_future(self.emit(list(items), echo=echo))
-
     async def settle(self) -> None:
-        """Wait for a write `emit_soon` started (unless called from that write); raises what it raised."""
+        """Wait for a write `emit_soon` started; raises what it raised."""
         pending = self._pending
-        if pending is None or pending is asyncio.current_task():
+        if pending is None:
             return
         self._pending = None
         try:
