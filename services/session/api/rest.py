@@ -61,7 +61,7 @@ class ClientRestApi:
         body = bodies.parse_session_body(call.body, call.content_type, joining=False)
         outcome = await self.store.write(opening.open_session, key, body, self)
         if isinstance(outcome, Refused):
-            raise outcome.problem
+            raise outcome.error
         self.sessions.publish(outcome.session_id, outcome.views)
         self.spans.open(outcome.session_id, outcome.profile.id, key.id)
         await self.mcp.opened(outcome.session_id, outcome.profile)
@@ -74,7 +74,7 @@ class ClientRestApi:
         body = bodies.parse_session_body(call.body, call.content_type, joining=True)
         outcome = await self.store.write(opening.join_session, key, call.path_id, body, self)
         if isinstance(outcome, Refused):
-            raise outcome.problem
+            raise outcome.error
         self.sessions.publish(outcome.session_id, outcome.views)
         return self._created(outcome)
 

@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeAlias
 import grpc
 
 from bae.common import telemetry
-from bae.common.errors import Problem, internal
+from bae.common.errors import BaeError, internal
 from bae.common.jsontext import dump
 from bae.common.protos import session_pb2, session_pb2_grpc
 from bae.common.session_routing import OWNER_KEY, was_redirected
@@ -19,6 +19,7 @@ from services.session.api.calls import Credential, RestCall
 from services.session.api.exchange import Exchange, call_handlers
 from services.session.api.faults import rpc_error
 from services.session.api.jsonrpc import ACCEPTED, RpcCall
+from services.session.api.problems import as_problem, problems
 from services.session.api.live import LiveApi
 from services.session.engine.errors import SessionNotOpen
 from services.session.engine.ownership import NotOwner, Ownership
@@ -37,8 +38,8 @@ SERVICE_NAME = "baeproto.v1.SessionService"
 async def _json(reply: Awaitable[str]) -> session_pb2.JsonReply:
     try:
         return session_pb2.JsonReply(json=await reply)
-    except Problem:
-        raise
+    except BaeError as error:
+        raise as_problem(error) from None
     except Exception:
         log.exception("request failed")
         raise internal() from None
@@ -70,7 +71,8 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
 
     async def OpenSession(self, request: session_pb2.RestRequest, context: Context) -> session_pb2.JsonReply:
         if not was_redirected(context):  # a new session goes to the least-loaded replica
-            target = await self.ownership.least_loaded()
+            with problems():
+                target = await self.ownership.least_loaded()
             if target is not None and target.id != self.ownership.replica_id:
                 await _redirect(context, target.address)
         return await _json(self.rest.open_session(RestCall.of(request)))
@@ -179,7 +181,8 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         await self._owned(request.session_id, context)
         frames = self.live.feed_relay(request.session_id)
         try:
-            first = await anext(frames)
+            with problems():
+                first = await anext(frames)
         except SessionNotOpen:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the session is not open")
         yield first
@@ -213,7 +216,8 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
     # Between replicas.
 
     async def ApplyRevocation(self, request: session_pb2.Revocation, context: Context) -> session_pb2.RevocationReply:
-        await self.admin.apply_revocation(request)
+        with problems():
+            await self.admin.apply_revocation(request)
         return session_pb2.RevocationReply()
 
     async def Exchange(self, packs: AsyncIterator[session_pb2.ExchangeCalls], context: Context) -> None:
@@ -223,9 +227,10 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
     # any streaming), then map every fault to its error in one place.
 
     async def _call(self, request: session_pb2.RpcRequest, context: Context) -> RpcCall:
-        principal, session, profile = await self.auth.session_principal_and_records(
-            _credential(request), request.session_id
-        )
+        with problems():
+            principal, session, profile = await self.auth.session_principal_and_records(
+                _credential(request), request.session_id
+            )
         await self._owned(request.session_id, context)
         return RpcCall(principal, session, profile, request.params_json)
 
@@ -233,7 +238,8 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         """Serve the call here only if this replica owns the session (or takes it over); else
         refuse it, before it has any effect, with the owner's address."""
         try:
-            await self.ownership.claim(session_id)
+            with problems():
+                await self.ownership.claim(session_id)
         except NotOwner as moved:
             await _redirect(context, moved.address)
 

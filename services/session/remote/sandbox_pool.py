@@ -4,7 +4,7 @@ One channel per host. A background task polls each host's health every
 `poll_interval` seconds; only hosts answering SERVING receive new sandboxes,
 and a new sandbox goes to the one with the fewest running sandboxes (counted
 here). A sandbox stays on its host: calls for it go there, and a host that is
-down turns them into a `SandboxError` at once or within the call's deadline.
+down turns them into an `Unavailable` error at once or within the call's deadline.
 
 Image status (SERVER-SPEC §10.2) is process memory keyed profile_id → image.
 """
@@ -18,7 +18,8 @@ from typing import Callable, Iterable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bae.common.errors import DETAIL_LIMIT, BaeError, Unavailable, echo
+from bae.common import error_codes
+from bae.common.errors import BaeError, Conflict, DeadlineExceeded, Internal, TooLarge, Unavailable, Unprocessable
 from bae.common.grpcutil import channel
 from bae.common.internal import InternalPlane
 from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
@@ -37,28 +38,9 @@ log = logging.getLogger("bae.session.sandboxes")
 
 SERVICE_NAME = sandbox_pb2.DESCRIPTOR.services_by_name["Sandbox"].full_name
 HOST_UNAVAILABLE = "the sandbox host is unavailable"
-# Codes a sandbox host answers with a detail of its own making (services/sandbox/driver.py
-# SandboxFailure): the detail is meant for the client. Any other code's text is gRPC's or an
-# unexpected error's.
-_HOST_VERDICTS = frozenset(
-    {
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.UNIMPLEMENTED,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.ABORTED,
-    }
-)
-
-
-class SandboxError(BaeError):
-    """A sandbox call failed; `detail` is the text for events and JSON-RPC errors."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
+# The reason of a host's refusal before it was told the allowed images (services/sandbox/images.py):
+# it restarted since, so it is told again and the call retried once.
+IMAGES_UNKNOWN = "images_unknown"
 
 
 _STATES = {
@@ -195,28 +177,31 @@ class SandboxPool:
         host = self._hosts.get(handle.host)
         if host is None:
             log.warning("sandbox %s: its host %s is no longer configured", handle.sandbox_id, handle.host)
-            raise SandboxError("the sandbox's host is no longer configured")
+            raise Unavailable("the sandbox's host is no longer configured")
         if host.up is False:
-            raise SandboxError(HOST_UNAVAILABLE)
+            raise Unavailable(HOST_UNAVAILABLE)
         return host
 
-    def _failure(self, host: _Host, error: grpc.aio.AioRpcError, timeout: float) -> SandboxError:
-        """The SandboxError for a failed call. Its detail reaches clients and events, so it
-        carries only what the sandbox host says on purpose; addresses and gRPC's own texts
-        (e.g. "Sent message larger than max") go to the log."""
+    def _failure(self, host: _Host, error: grpc.aio.AioRpcError, timeout: float) -> BaeError:
+        """The error of a failed call. Its detail reaches clients and events: an error the host
+        raised on purpose (bae.common.error_codes) is raised again as it came; a host that is
+        down or failed, and gRPC's own failures, are told by what happened, their texts (which
+        may name addresses, e.g. "Sent message larger than max") going to the log."""
+        verdict = error_codes.raised_by(error)
+        if verdict is not None and not isinstance(verdict, (Unavailable, Internal)):
+            return verdict
         code = error.code()
-        details = error.details() or ""
-        if code in _HOST_VERDICTS and not (code == grpc.StatusCode.DEADLINE_EXCEEDED and details == "Deadline Exceeded"):
-            return SandboxError(echo(details, DETAIL_LIMIT) or code.name.lower())
-        log.warning("sandbox host %s: call failed: %s %s", host.address, code.name, details)
+        log.warning("sandbox host %s: call failed: %s %s", host.address, code.name, error.details())
         if code == grpc.StatusCode.UNAVAILABLE:
             host.up = False
-            return SandboxError(HOST_UNAVAILABLE)
+            return Unavailable(HOST_UNAVAILABLE)
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return SandboxError(f"the sandbox host did not answer within {timeout:g}s")
+            return DeadlineExceeded(f"the sandbox host did not answer within {timeout:g}s")
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            return SandboxError("the sandbox call exceeded a size limit")
-        return SandboxError("the sandbox host failed; see its log")
+            return TooLarge("the sandbox call exceeded a size limit")
+        if code == grpc.StatusCode.UNIMPLEMENTED:  # a host older than this client
+            return Unprocessable(error.details() or "unimplemented")
+        return Internal("the sandbox host failed; see its log")
 
     async def _call(self, host: _Host, method: str, request, timeout: float):
         try:
@@ -235,8 +220,9 @@ class SandboxPool:
             try:
                 return await getattr(host.stub, method)(request, timeout=timeout)
             except grpc.aio.AioRpcError as error:
-                if error.code() != grpc.StatusCode.ABORTED or attempt:
-                    raise self._failure(host, error, timeout) from None
+                failure = self._failure(host, error, timeout)
+                if attempt or not (isinstance(failure, Conflict) and failure.reason == IMAGES_UNKNOWN):
+                    raise failure from None
                 host.images_version = -1
 
     # -- sandboxes ----------------------------------------------------------------------------
@@ -245,7 +231,7 @@ class SandboxPool:
         """Ensure the image on every healthy host; True when some host pulled it now."""
         hosts = await self._healthy()
         if not hosts:
-            raise SandboxError("no sandbox host is available")
+            raise Unavailable("no sandbox host is available")
         request = sandbox_pb2.EnsureImageRequest(image=image)
         replies = await asyncio.gather(
             *(self._image_call(host, "EnsureImage", request, self._pull_timeout) for host in hosts),
@@ -262,8 +248,8 @@ class SandboxPool:
         """Place a sandbox on the least loaded healthy host (the next one if that host is down)."""
         hosts = await self._healthy()
         if not hosts:
-            raise SandboxError("no sandbox host is available")
-        last: SandboxError | None = None
+            raise Unavailable("no sandbox host is available")
+        last: BaeError | None = None
         for host in sorted(hosts, key=lambda h: h.running):
             host.running += 1  # counted at once, so concurrent starts spread out
             try:
@@ -273,7 +259,7 @@ class SandboxPool:
                 reply = await self._image_call(
                     host, "Start", sandbox_pb2.StartRequest(session_id=session_id, image=image), self._rpc_timeout
                 )
-            except SandboxError as exc:
+            except BaeError as exc:
                 host.running -= 1
                 if host.up is False:  # the host went away: the next one may do
                     last = exc
@@ -335,7 +321,7 @@ class SandboxPool:
             try:
                 sandboxes = await self._call(host, "List", sandbox_pb2.ListRequest(), self._rpc_timeout)
                 commands = await self._call(host, "ListCommands", sandbox_pb2.ListCommandsRequest(), self._rpc_timeout)
-            except SandboxError as exc:
+            except BaeError as exc:
                 log.warning("sandbox host %s: inventory failed: %s", host.address, exc.detail)
                 continue
             host.inventoried = True
@@ -357,7 +343,7 @@ class SandboxPool:
     def _address(self, address: str) -> _Host:
         host = self._hosts.get(address)
         if host is None:
-            raise SandboxError("the sandbox's host is no longer configured")
+            raise Unavailable("the sandbox's host is no longer configured")
         return host
 
     def running_counts(self) -> dict[str, int]:
@@ -399,7 +385,7 @@ class SandboxPool:
                 pulled = await self.ensure_image(name)
                 entry = {"name": name, "status": "available"}
                 log.info("sandbox image %s %s", name, "pulled successfully" if pulled else "already available")
-            except SandboxError as exc:
+            except BaeError as exc:
                 entry = {"name": name, "status": "error", "detail": exc.detail}
                 log.warning("sandbox image %s: failed to ensure: %s", name, exc.detail)
             if self._status.get(profile_id) is not statuses:

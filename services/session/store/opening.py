@@ -12,7 +12,7 @@ from typing import Protocol
 
 from sqlalchemy import Connection
 
-from bae.common.errors import Problem
+from bae.common.errors import BaeError
 from services.session.store import events, keys, profiles, sessions
 from services.session.store.events import EventView
 from services.session.store.records import KeyRecord, ProfileRecord, SessionRecord
@@ -39,17 +39,17 @@ class Declarations(Protocol):
 class Refusal:
     """A refused open or join that leaves an audit row: an `error` session with a `session.error` event."""
 
-    problem: Problem
+    error: BaeError
     profile_id: str
     payload: dict
 
 
 class Vetting(Protocol):
     def vet_join(self, key: KeyRecord, session_id: str, session: SessionRecord | None) -> None:
-        """Raise the Problem that refuses this join before any profile check (nothing is written)."""
+        """Raise the error that refuses this join before any profile check (nothing is written)."""
 
     def vet_profile(self, key: KeyRecord, profile: ProfileRecord | None, body: Declarations) -> Refusal | None:
-        """A refusal to audit, or None; or raise a Problem (nothing is written)."""
+        """A refusal to audit, or None; or raise the error that refuses it (nothing is written)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Opened:
 class Refused:
     """A refusal whose audit row was committed; raised after the transaction."""
 
-    problem: Problem
+    error: BaeError
 
 
 def _vetted_profile(
@@ -74,7 +74,7 @@ def _vetted_profile(
     refusal = vetting.vet_profile(key, profile, body)
     if refusal is not None:
         _audit(conn, key, refusal.profile_id, body, refusal.payload)
-        return Refused(refusal.problem)
+        return Refused(refusal.error)
     assert profile is not None  # vet_profile refuses a missing profile
     return profile
 
