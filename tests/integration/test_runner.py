@@ -145,6 +145,19 @@ async def runner_client(address: str) -> AsyncIterator[RunnerClient]:
         await client.close()
 
 
+def count_streams(client: RunnerClient) -> list[object]:
+    """The RunSteps calls `client` opens from now on, one item each."""
+    opened: list[object] = []
+    run_steps = client.stub.RunSteps
+
+    def counted(*args, **kwargs):
+        opened.append(run_steps(*args, **kwargs))
+        return opened[-1]
+
+    client.stub.RunSteps = counted
+    return opened
+
+
 def step_request(primary: str, messages: list[dict], **fields) -> tuple[StepRequest, StepMessages]:
     """A step's request for RunnerClient.run_step, and its history."""
     fields = {"session_id": "ses_test", "tools_json": "[]", "fallback_providers": [], **fields}
@@ -663,6 +676,7 @@ async def test_concurrent_steps_share_one_stream_and_each_gets_its_own_replies(r
     for _ in range(3):
         llm.enqueue(Reply.held(release))
     async with runner_client(runner) as client:
+        opened = count_streams(client)
 
         async def step(word: str) -> list[StepUpdate]:
             request = step_request("mock", [{"role": "user", "content": word}])
@@ -673,8 +687,7 @@ async def test_concurrent_steps_share_one_stream_and_each_gets_its_own_replies(r
             await asyncio.sleep(0.02)
         release.set()
         answers = await asyncio.gather(*steps)
-        streams = client.opened_streams
-    assert streams == 1
+    assert len(opened) == 1
     for word, updates in zip(("one", "two", "three"), answers):
         request_event = json.loads(updates[0].events[0].payload.text)
         assert request_event["messages"] == [{"role": "user", "content": word}]

@@ -69,8 +69,6 @@ class RunnerClient:
         self._stream: _StepStream | None = None
         self._opening = asyncio.Lock()
         self._step_ids = itertools.count(1)
-        # How many streams this client opened: one, unless the runner went away or restarted.
-        self.opened_streams = 0
 
     async def run_step(
         self, request: StepRequest, messages: StepMessages, *, timeout: float
@@ -141,7 +139,6 @@ class RunnerClient:
             # Long-lived, so no deadline: keepalive finds a runner that went away.
             call = contextvars.Context().run(self.stub.RunSteps)
             self._stream = _StepStream(call)
-            self.opened_streams += 1
             return self._stream
 
 
