@@ -35,7 +35,7 @@ demo: venv protos
 PG_TESTS := tests/unit/test_store.py tests/unit/test_session_bodies.py tests/unit/test_store_durability.py \
 	tests/unit/test_postgres_outage.py \
 	tests/integration/test_client_rest.py tests/integration/test_admin_api.py \
-	tests/integration/test_live_turns.py tests/integration/test_live_stack.py tests/engine
+	tests/integration/test_live_turns.py tests/integration/test_live_stack.py
 
 test: venv protos
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -49,10 +49,11 @@ test-fast: venv protos
 test-postgres: venv protos
 	BAE_TEST_STORE=postgresql $(PY) -m pytest $(PYTEST_ARGS)
 
-# Ruff and mypy over the project's code (configured in pyproject.toml).
+# Ruff and mypy over the project's code (configured in pyproject.toml), and no import cycle in the session service.
 lint: venv protos
 	$(VENV)/bin/ruff check bae services tests testkit bench deploy examples
 	$(VENV)/bin/mypy
+	$(PY) tools/import_cycles.py services/session
 
 bench: venv protos
 	$(PY) -m bench.run $(ARGS)

@@ -11,7 +11,7 @@ import grpc
 from bae.common import propagation
 from bae.common.call_tasks import CallTasks, serve_until_done
 from bae.common.config import Config
-from bae.common.errors import Problem, bad_request
+from bae.common.errors import InvalidInput
 from bae.common.jsontext import RawJson, dump, load
 from bae.common.protos import runner_pb2, runner_pb2_grpc
 from services.runner.canonical import History
@@ -106,8 +106,8 @@ class _StepStream:
         else:
             try:
                 history = self._history(request)
-            except Problem as problem:
-                self._refuse(step_id, request, problem.detail)
+            except InvalidInput as refusal:
+                self._refuse(step_id, request, refusal.detail)
                 return
             if request.hold_history:
                 self._histories[request.session_id] = history
@@ -123,14 +123,14 @@ class _StepStream:
         """The step's whole history: the kept part of the one held, then the messages sent."""
         texts, roles = list(request.messages), list(request.roles)
         if len(texts) != len(roles):
-            raise bad_request(f"{len(texts)} messages but {len(roles)} roles")
+            raise InvalidInput(f"{len(texts)} messages but {len(roles)} roles")
         kept = request.kept_messages
         if not kept:
             return History(texts, roles)
         held = self._histories.get(request.session_id)
         if held is None or len(held.texts) < kept:
             holds = len(held.texts) if held is not None else 0
-            raise bad_request(f"the step keeps {kept} messages of the session's history; the runner holds {holds}")
+            raise InvalidInput(f"the step keeps {kept} messages of the session's history; the runner holds {holds}")
         if kept == len(held.texts):  # the usual step: the history only grew
             return held.extended(texts, roles)
         return History(held.texts[:kept] + texts, held.roles[:kept] + roles)
@@ -140,8 +140,8 @@ class _StepStream:
         try:
             async for update in self._service.walk(start.request, history):
                 self.steps.send(runner_pb2.StepReply(step_id=step_id, update=update))
-        except Problem as problem:  # an invalid request: the step fails, not the stream
-            self.steps.send(runner_pb2.StepReply(step_id=step_id, refused=problem.detail))
+        except InvalidInput as refusal:  # an invalid request: the step fails, not the stream
+            self.steps.send(runner_pb2.StepReply(step_id=step_id, refused=refusal.detail))
         except Exception:
             log.exception("step %d failed", step_id)
             self.steps.send(runner_pb2.StepReply(step_id=step_id, refused="the runner failed the step (see its log)"))
@@ -166,9 +166,9 @@ def _json_array(text: str, field: str) -> list:
     try:
         value = load(text)
     except ValueError as exc:
-        raise bad_request(f"{field} is not valid JSON: {exc}") from None
+        raise InvalidInput(f"{field} is not valid JSON: {exc}") from None
     if not isinstance(value, list):
-        raise bad_request(f"{field} must be a JSON array")
+        raise InvalidInput(f"{field} must be a JSON array")
     return value
 
 

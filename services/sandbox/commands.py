@@ -13,9 +13,7 @@ import enum
 import uuid
 from typing import TYPE_CHECKING
 
-import grpc
-
-from services.sandbox.driver import SandboxFailure
+from bae.common.errors import Conflict, NotFound, TooManyRequests
 from services.sandbox.output import CappedOutput
 
 if TYPE_CHECKING:
@@ -109,13 +107,10 @@ class CommandTable:
 
     def add(self, command: Command) -> None:
         if command.command_id in self._commands:
-            raise SandboxFailure(grpc.StatusCode.ALREADY_EXISTS, f'command "{command.command_id}" already exists')
+            raise Conflict(f'command "{command.command_id}" already exists')
         running = sum(1 for other in self.of_sandbox(command.sandbox_id) if other.running)
         if running >= MAX_RUNNING_PER_SANDBOX:
-            raise SandboxFailure(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"too many running commands in this sandbox (at most {MAX_RUNNING_PER_SANDBOX})",
-            )
+            raise TooManyRequests(f"too many running commands in this sandbox (at most {MAX_RUNNING_PER_SANDBOX})")
         self._evict(command.sandbox_id)
         self._commands[command.command_id] = command
 
@@ -131,7 +126,7 @@ class CommandTable:
     def get(self, command_id: str) -> Command:
         command = self._commands.get(command_id)
         if command is None:
-            raise SandboxFailure(grpc.StatusCode.NOT_FOUND, f'no such command: "{command_id}"')
+            raise NotFound(f'no such command: "{command_id}"')
         return command
 
     def remove(self, command: Command) -> None:

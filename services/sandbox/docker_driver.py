@@ -24,10 +24,10 @@ from typing import Callable, Coroutine, TypeVar
 
 import docker
 import docker.errors
-import grpc
 import requests
 from docker.utils.socket import STDERR, frames_iter
 
+from bae.common.errors import BaeError, DeadlineExceeded, Internal, NotFound, Unavailable, Unprocessable
 from services.sandbox.commands import Command
 from services.sandbox.config import SandboxConfig
 from services.sandbox.driver import (
@@ -36,7 +36,6 @@ from services.sandbox.driver import (
     LABEL_SESSION,
     LABEL_SPARE,
     ExecOutput,
-    SandboxFailure,
     SandboxInfo,
 )
 from services.sandbox.docker_socket import DockerError, DockerSocket, unix_socket_path
@@ -58,8 +57,8 @@ TMPFS_OPTIONS = "rw,nosuid,nodev,mode=1777"
 T = TypeVar("T")
 
 
-def _unreachable(exc: Exception) -> SandboxFailure:
-    return SandboxFailure(grpc.StatusCode.UNAVAILABLE, f"docker engine is not reachable: {exc}")
+def _unreachable(exc: Exception) -> Unavailable:
+    return Unavailable(f"docker engine is not reachable: {exc}")
 
 
 def _explain(exc: docker.errors.APIError) -> str:
@@ -201,7 +200,7 @@ class DockerDriver:
         try:
             api = await self._api()
             return bool(await asyncio.wait_for(self._docker(api.ping), PING_TIMEOUT))
-        except (SandboxFailure, docker.errors.DockerException, TimeoutError, OSError):
+        except (BaeError, docker.errors.DockerException, TimeoutError, OSError):
             return False
 
     async def prepare(self) -> None:
@@ -240,13 +239,13 @@ class DockerDriver:
         except docker.errors.ImageNotFound:
             pass
         except docker.errors.APIError as exc:
-            raise SandboxFailure(grpc.StatusCode.FAILED_PRECONDITION, f'invalid image "{image}": {_explain(exc)}') from None
+            raise Unprocessable(f'invalid image "{image}": {_explain(exc)}') from None
         try:
             error = await self._docker(self._pull, await self._long_api(), image)
         except docker.errors.APIError as exc:
             error = _explain(exc)
         if error is not None:
-            raise SandboxFailure(grpc.StatusCode.FAILED_PRECONDITION, f'cannot pull image "{image}": {error}')
+            raise Unprocessable(f'cannot pull image "{image}": {error}')
         return True
 
     @staticmethod
@@ -282,7 +281,7 @@ class DockerDriver:
         except docker.errors.NotFound:
             return False
         except docker.errors.APIError as exc:
-            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"cannot inspect sandbox: {_explain(exc)}") from None
+            raise Internal(f"cannot inspect sandbox: {_explain(exc)}") from None
         return bool((info.get("State") or {}).get("Running"))
 
     async def _create_started(self, image: str, labels: dict[str, str]) -> str:
@@ -311,17 +310,15 @@ class DockerDriver:
                 working_dir=WORKSPACE if config.read_only else None,
             )
         except docker.errors.ImageNotFound:
-            raise SandboxFailure(
-                grpc.StatusCode.FAILED_PRECONDITION, f'image "{image}" is not present on this host; ensure it first'
-            ) from None
+            raise Unprocessable(f'image "{image}" is not present on this host; ensure it first') from None
         except docker.errors.APIError as exc:
-            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"cannot create sandbox: {_explain(exc)}") from None
+            raise Internal(f"cannot create sandbox: {_explain(exc)}") from None
         sandbox_id = created["Id"]
         try:
             await self._docker(api.start, sandbox_id)
         except docker.errors.APIError as exc:
             await self._remove(api, sandbox_id)
-            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"cannot start sandbox: {_explain(exc)}") from None
+            raise Internal(f"cannot start sandbox: {_explain(exc)}") from None
         return sandbox_id
 
     async def _create_exec(self, api, sandbox_id: str, command: str, token: str, stdin: bool) -> str:
@@ -330,9 +327,9 @@ class DockerDriver:
                 api.exec_create, sandbox_id, ["sh", "-c", command], environment=[_marker(token)], stdin=stdin
             )
         except docker.errors.NotFound:
-            raise SandboxFailure(grpc.StatusCode.NOT_FOUND, f"no such sandbox: {sandbox_id}") from None
+            raise NotFound(f"no such sandbox: {sandbox_id}") from None
         except docker.errors.APIError as exc:
-            raise SandboxFailure(grpc.StatusCode.FAILED_PRECONDITION, f"cannot exec in sandbox: {_explain(exc)}") from None
+            raise Unprocessable(f"cannot exec in sandbox: {_explain(exc)}") from None
         return created["Id"]
 
     async def _attach(self, exec_id: str, stdin: bytes | None):
@@ -350,7 +347,7 @@ class DockerDriver:
         try:
             return await self._docker(attach)
         except docker.errors.APIError as exc:
-            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {_explain(exc)}") from None
+            raise Internal(f"exec failed: {_explain(exc)}") from None
 
     async def exec(self, sandbox_id: str, command: str, timeout: float) -> ExecOutput:
         api = await self._ready_api()
@@ -367,11 +364,9 @@ class DockerDriver:
             exit_code = await asyncio.wait_for(asyncio.shield(drained), timeout)
         except TimeoutError:
             await self._kill_marked(api, sandbox_id, token)
-            raise SandboxFailure(
-                grpc.StatusCode.DEADLINE_EXCEEDED, f"command timed out after {timeout:g}s"
-            ) from None
+            raise DeadlineExceeded(f"command timed out after {timeout:g}s") from None
         except OSError as exc:
-            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {exc}") from None
+            raise Internal(f"exec failed: {exc}") from None
         return ExecOutput(
             stdout=stdout.text(),
             stderr=stderr.text(),
@@ -396,7 +391,7 @@ class DockerDriver:
                 try:
                     return await self._docker(_exit_code, api, exec_id)
                 except docker.errors.APIError as exc:
-                    raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {_explain(exc)}") from None
+                    raise Internal(f"exec failed: {_explain(exc)}") from None
 
             return through_the_sdk()
         exec_id = await self._socket_create(docker_socket, sandbox_id, command, token)
@@ -405,7 +400,7 @@ class DockerDriver:
             try:
                 await docker_socket.run_exec(exec_id, stdout, stderr)
             except DockerError as exc:
-                raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {exc.explanation}") from None
+                raise Internal(f"exec failed: {exc.explanation}") from None
             return await self._socket_exit_code(docker_socket, exec_id)
 
         return through_the_socket()
@@ -418,7 +413,7 @@ class DockerDriver:
         except ShellLost as exc:
             shells.drop(shell)
             if not await self.running(shell.sandbox_id):
-                raise SandboxFailure(grpc.StatusCode.NOT_FOUND, f"no such sandbox: {shell.sandbox_id}") from None
+                raise NotFound(f"no such sandbox: {shell.sandbox_id}") from None
             # The command ended its resident shell (or the shell died under it): no exit status was reported.
             log.info("a command in sandbox %s ended its shell: %s", shell.sandbox_id[:12], exc)
             return -1
@@ -433,12 +428,10 @@ class DockerDriver:
             )
         except DockerError as exc:
             if exc.status == 404:
-                raise SandboxFailure(grpc.StatusCode.NOT_FOUND, f"no such sandbox: {sandbox_id}") from None
-            raise SandboxFailure(
-                grpc.StatusCode.FAILED_PRECONDITION, f"cannot exec in sandbox: {exc.explanation}"
-            ) from None
+                raise NotFound(f"no such sandbox: {sandbox_id}") from None
+            raise Unprocessable(f"cannot exec in sandbox: {exc.explanation}") from None
         except TimeoutError:
-            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: no answer within {CONTROL_TIMEOUT}s") from None
+            raise Internal(f"exec failed: no answer within {CONTROL_TIMEOUT}s") from None
         except OSError as exc:
             raise _unreachable(exc) from None
 
@@ -452,9 +445,9 @@ class DockerDriver:
                     break
                 await asyncio.sleep(INSPECT_PAUSE)
         except DockerError as exc:
-            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: {exc.explanation}") from None
+            raise Internal(f"exec failed: {exc.explanation}") from None
         except TimeoutError:
-            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"exec failed: no answer within {CONTROL_TIMEOUT}s") from None
+            raise Internal(f"exec failed: no answer within {CONTROL_TIMEOUT}s") from None
         except OSError as exc:
             raise _unreachable(exc) from None
         code = info.get("ExitCode")
@@ -469,7 +462,7 @@ class DockerDriver:
         ).start()
         try:
             await self._docker(_started, api, exec_id)
-        except (SandboxFailure, docker.errors.APIError) as exc:  # the follower records what became of it
+        except (BaeError, docker.errors.APIError) as exc:  # the follower records what became of it
             log.warning("could not see background command %s start: %s", command.command_id, exc)
 
     @staticmethod
@@ -494,7 +487,7 @@ class DockerDriver:
         try:
             killer = await self._docker(api.exec_create, sandbox_id, ["sh", "-c", KILL_MARKED, "sh", _marker(token)])
             await asyncio.wait_for(self._docker(api.exec_start, killer["Id"]), KILL_TIMEOUT)
-        except (SandboxFailure, docker.errors.APIError, TimeoutError) as exc:
+        except (BaeError, docker.errors.APIError, TimeoutError) as exc:
             log.warning("could not kill a command in sandbox %s (%s); it runs until the sandbox stops",
                         sandbox_id[:12], exc)
 
@@ -516,7 +509,7 @@ class DockerDriver:
         except docker.errors.APIError as exc:
             if exc.status_code == 409 and "already in progress" in _explain(exc):
                 return False
-            raise SandboxFailure(grpc.StatusCode.INTERNAL, f"cannot stop sandbox: {_explain(exc)}") from None
+            raise Internal(f"cannot stop sandbox: {_explain(exc)}") from None
 
     async def list(self) -> list[SandboxInfo]:
         containers = await self._own_containers(await self._ready_api())

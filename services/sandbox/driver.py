@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-import grpc
+from bae.common.errors import Unprocessable
 
 if TYPE_CHECKING:
     from services.sandbox.commands import Command
@@ -15,15 +15,6 @@ LABEL_SESSION = "bae.session_id"
 LABEL_HOST = "bae.host"
 # A warm spare (services/sandbox/warm.py): started before any session asked, in place of a session label.
 LABEL_SPARE = "bae.spare"
-
-
-class SandboxFailure(Exception):
-    """A failed driver call: the gRPC status code and the detail shown to the caller."""
-
-    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -91,9 +82,7 @@ class UnsupportedDriver:
     """`apple-container` off macOS: the service starts, and every call fails as unsupported."""
 
     def __init__(self, name: str) -> None:
-        self._failure = SandboxFailure(
-            grpc.StatusCode.UNIMPLEMENTED, f'the "{name}" sandbox driver is not supported on this host'
-        )
+        self._failure = Unprocessable(f'the "{name}" sandbox driver is not supported on this host')
 
     async def ping(self) -> bool:
         return True

@@ -9,14 +9,15 @@ the session service to send the set and retry.
 
 from __future__ import annotations
 
-import grpc
-
-from services.sandbox.driver import SandboxFailure
+from bae.common.errors import Conflict, Forbidden, InvalidInput
 
 # Bounds on one AllowImages request: more images than any deployment declares, names as long as
 # a registry reference can reasonably be.
 MAX_IMAGES = 4096
 MAX_IMAGE_CHARS = 512
+# Why a host refuses an image before it was told the allowed ones: it restarted since, and the
+# session service tells it again and retries.
+IMAGES_UNKNOWN = "images_unknown"
 
 
 class ImageAllowlist:
@@ -25,21 +26,16 @@ class ImageAllowlist:
 
     def replace(self, images: list[str]) -> None:
         if len(images) > MAX_IMAGES:
-            raise SandboxFailure(grpc.StatusCode.INVALID_ARGUMENT, f"at most {MAX_IMAGES} images may be allowed")
+            raise InvalidInput(f"at most {MAX_IMAGES} images may be allowed")
         if any(len(image) > MAX_IMAGE_CHARS for image in images):
-            raise SandboxFailure(
-                grpc.StatusCode.INVALID_ARGUMENT, f"an image name is longer than {MAX_IMAGE_CHARS} characters"
-            )
+            raise InvalidInput(f"an image name is longer than {MAX_IMAGE_CHARS} characters")
         self._images = frozenset(images)
 
     def check(self, image: str) -> None:
-        """Raises SandboxFailure unless `image` may be pulled and started here."""
+        """Raises Conflict (IMAGES_UNKNOWN) or Forbidden unless `image` may be pulled and started here."""
         if self._images is None:
-            raise SandboxFailure(
-                grpc.StatusCode.ABORTED, "this sandbox host has not been told which images are allowed yet"
-            )
+            raise Conflict("this sandbox host has not been told which images are allowed yet", reason=IMAGES_UNKNOWN)
         if image not in self._images:
-            raise SandboxFailure(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f'image "{image[:MAX_IMAGE_CHARS]}" is not allowed on this sandbox host: no profile declares it',
+            raise Forbidden(
+                f'image "{image[:MAX_IMAGE_CHARS]}" is not allowed on this sandbox host: no profile declares it'
             )

@@ -9,12 +9,13 @@ import math
 import grpc
 from grpc_health.v1 import health, health_pb2
 
+from bae.common.errors import BaeError, Internal, InvalidInput
 from bae.common.grpcutil import serve
 from bae.common.internal import InternalPlane
 from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
 from services.sandbox.commands import COMMAND_ID_LIMIT, BackgroundCommands, Command
 from services.sandbox.config import SandboxConfig
-from services.sandbox.driver import Driver, SandboxFailure
+from services.sandbox.driver import Driver
 from services.sandbox.images import ImageAllowlist
 from services.sandbox.exec_span import end_exec, start_exec
 from services.sandbox.warm import WarmPool
@@ -48,57 +49,55 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
         self._images = ImageAllowlist()
         self._commands = BackgroundCommands(driver, config.output_limit)
 
-    async def _call(self, context: grpc.aio.ServicerContext, operation):
+    # A refusal or failure is raised as a kind of bae.common.errors; the server's ErrorInterceptor
+    # ends the call with its status and the `bae-error-bin` trailer (bae.common.error_codes).
+
+    @staticmethod
+    async def _call(operation):
         try:
             return await operation
-        except SandboxFailure as failure:
-            await context.abort(failure.code, failure.detail)
+        except BaeError:
+            raise
         except Exception:  # a Docker error no driver path expected: a clear status, the detail in the log
             log.exception("sandbox call failed")
-            await context.abort(grpc.StatusCode.INTERNAL, "sandbox host error")
+            raise Internal("sandbox host error") from None
 
-    async def _allowed(self, context: grpc.aio.ServicerContext, image: str) -> None:
+    def _allowed(self, image: str) -> None:
         if not image.strip():
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing image")
-        try:
-            self._images.check(image)
-        except SandboxFailure as failure:
-            await context.abort(failure.code, failure.detail)
+            raise InvalidInput("missing image")
+        self._images.check(image)
 
     async def AllowImages(self, request, context):
-        try:
-            self._images.replace(list(request.images))
-        except SandboxFailure as failure:
-            await context.abort(failure.code, failure.detail)
+        self._images.replace(list(request.images))
         self._warm.allow(frozenset(request.images))
         return sandbox_pb2.AllowImagesResponse()
 
     async def EnsureImage(self, request, context):
-        await self._allowed(context, request.image)
+        self._allowed(request.image)
         if self._warm.has_spare(request.image):  # a container of it runs here: the image is present
             return sandbox_pb2.EnsureImageResponse(pulled=False)
-        pulled = await self._call(context, self._driver.ensure_image(request.image))
+        pulled = await self._call(self._driver.ensure_image(request.image))
         self._warm.ensured(request.image)
         return sandbox_pb2.EnsureImageResponse(pulled=pulled)
 
     async def Start(self, request, context):
-        await self._allowed(context, request.image)
-        sandbox_id = await self._call(context, self._warm.take(request.session_id, request.image))
+        self._allowed(request.image)
+        sandbox_id = await self._call(self._warm.take(request.session_id, request.image))
         if sandbox_id is None:
-            sandbox_id = await self._call(context, self._driver.start(request.session_id, request.image))
+            sandbox_id = await self._call(self._driver.start(request.session_id, request.image))
         return sandbox_pb2.StartResponse(sandbox_id=sandbox_id, host_id=self._config.host_id)
 
     @staticmethod
-    async def _seconds(context: grpc.aio.ServicerContext, name: str, value: float) -> float:
+    def _seconds(name: str, value: float) -> float:
         if not math.isfinite(value) or value < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name} must be a non-negative number of seconds")
+            raise InvalidInput(f"{name} must be a non-negative number of seconds")
         return value
 
     async def Exec(self, request, context):
-        timeout = await self._seconds(context, "timeout_seconds", request.timeout_seconds) or self._config.exec_timeout
+        timeout = self._seconds("timeout_seconds", request.timeout_seconds) or self._config.exec_timeout
         span = start_exec()
         try:
-            output = await self._call(context, self._driver.exec(request.sandbox_id, request.command, timeout))
+            output = await self._call(self._driver.exec(request.sandbox_id, request.command, timeout))
         except BaseException:
             end_exec(span, None)
             raise
@@ -112,31 +111,29 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
         )
 
     async def Stop(self, request, context):
-        was_running = await self._call(context, self._commands.stop_sandbox(request.sandbox_id))
+        was_running = await self._call(self._commands.stop_sandbox(request.sandbox_id))
         self._warm.released(request.sandbox_id)
         return sandbox_pb2.StopResponse(was_running=was_running)
 
     async def StartCommand(self, request, context):
         if not request.command_id or len(request.command_id) > COMMAND_ID_LIMIT:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"command_id must be 1 to {COMMAND_ID_LIMIT} characters"
-            )
+            raise InvalidInput(f"command_id must be 1 to {COMMAND_ID_LIMIT} characters")
         if not request.sandbox_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing sandbox_id")
-        timeout = await self._seconds(context, "timeout_seconds", request.timeout_seconds)
-        command = await self._call(context, self._commands.start(
+            raise InvalidInput("missing sandbox_id")
+        timeout = self._seconds("timeout_seconds", request.timeout_seconds)
+        command = await self._call(self._commands.start(
             request.sandbox_id, request.command_id, request.command, request.stdin, timeout,
             request.output_limit_bytes,
         ))
         return command_status(command)
 
     async def WaitCommand(self, request, context):
-        seconds = await self._seconds(context, "wait_seconds", request.wait_seconds)
-        command = await self._call(context, self._commands.wait(request.command_id, seconds))
+        seconds = self._seconds("wait_seconds", request.wait_seconds)
+        command = await self._call(self._commands.wait(request.command_id, seconds))
         return command_status(command, request.stdout_offset, request.stderr_offset)
 
     async def KillCommand(self, request, context):
-        command = await self._call(context, self._commands.kill(request.command_id))
+        command = await self._call(self._commands.kill(request.command_id))
         return command_status(command)
 
     async def ListCommands(self, request, context):
@@ -145,7 +142,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
         )
 
     async def List(self, request, context):
-        sandboxes = await self._call(context, self._driver.list())
+        sandboxes = await self._call(self._driver.list())
         listed = []
         for item in sandboxes:
             session_id = self._warm.holder(item.sandbox_id) if item.spare else item.session_id

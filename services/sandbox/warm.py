@@ -22,9 +22,9 @@ import asyncio
 import logging
 from collections import deque
 
-import grpc
 
-from services.sandbox.driver import Driver, SandboxFailure
+from bae.common.errors import BaeError, Unprocessable
+from services.sandbox.driver import Driver
 
 log = logging.getLogger("bae.sandbox")
 
@@ -32,8 +32,6 @@ log = logging.getLogger("bae.sandbox")
 RETRY_PAUSE = 2.0
 # How long a shutdown waits for spares being started to exist, so that the removal that follows sees them.
 SETTLE_TIMEOUT = 10.0
-# Failures meaning the image cannot be started here until it is ensured again (missing, invalid) or never.
-_IMAGE_FAILURES = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNIMPLEMENTED})
 
 
 class WarmPool:
@@ -126,8 +124,9 @@ class WarmPool:
         try:
             try:
                 sandbox_id = await self._driver.start_spare(image)
-            except SandboxFailure as failure:
-                if failure.code in _IMAGE_FAILURES:
+            except BaeError as failure:
+                # The image cannot be started here until it is ensured again (missing, invalid) or never.
+                if isinstance(failure, Unprocessable):
                     self._unstartable.add(image)
                     log.info("no warm spares of %s for now: %s", image, failure.detail)
                     return

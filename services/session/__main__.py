@@ -130,11 +130,8 @@ async def serve_forever(command: Command, settings: Settings) -> None:
     from services.session.api.rest import ClientRestApi
     from services.session.api.sandbox_methods import SandboxMethods
     from services.session.api.servicer import SessionServicer, register
-    from services.session.engine.engine import TurnEngine
     from services.session.engine.gauges import register_gauges
-    from services.session.engine.runtime import SessionRuntime
-    from services.session.engine.spans import session_spans
-    from services.session.remote.runner import RunnerClient
+    from services.session.wiring import session_engine
 
     plane = InternalPlane.of(settings)
     config = load_config(command.value("--config") or settings.config_path)
@@ -143,31 +140,36 @@ async def serve_forever(command: Command, settings: Settings) -> None:
     store = await Store.open(settings.sqlalchemy_url, settings.sqlite_synchronous)
     await bootstrap_admin_key(store, options)
     auth = Authenticator(store, admin_auth_disabled=options.disabled)
-    runtime = SessionRuntime(store=store, settings=settings, config=config)
-    runner = RunnerClient(settings.runner_grpc_addr, settings.rpc_timeout, plane)
-    engine = TurnEngine(runtime=runtime, runner=runner)
+    engine = session_engine(settings, config, store)
     servicer = SessionServicer(
-        rest=ClientRestApi(store=store, auth=auth, runtime=runtime, config=config),
-        admin=AdminApi(store=store, auth=auth, runtime=runtime, config=config),
+        rest=ClientRestApi(
+            store=store, auth=auth, sessions=engine.registry, mcp=engine.mcp, closer=engine.closer,
+            spans=engine.spans, config=config,
+        ),
+        admin=AdminApi(
+            store=store, auth=auth, sandboxes=engine.sandboxes, revocations=engine.revocations, config=config
+        ),
         auth=auth,
-        live=LiveApi(store=store, runtime=runtime, engine=engine, hold=RaceHold(settings.test_hold_addr)),
-        sandboxes=SandboxMethods(runtime=runtime),
-        ownership=runtime.ownership,
+        live=LiveApi(
+            store=store, sessions=engine.registry, turns=engine.turns, sandboxes=engine.sandboxes,
+            subagents=engine.subagents, hold=RaceHold(settings.test_hold_addr),
+        ),
+        sandboxes=SandboxMethods(sessions=engine.registry, sandboxes=engine.sandboxes),
+        ownership=engine.ownership,
+        spans=engine.spans,
     )
-    register_gauges(runtime, store)
-    await runtime.start()
+    register_gauges(engine.registry, store)
+    await engine.start()
     auth.start()
 
     # Shutdown phases: stop accepting and drain running turns, the calls gateways sent on their
     # Exchange streams and the sandbox stops of closed sessions (within BAE_SHUTDOWN_TIMEOUT),
     # then tear down sessions, MCP, sandboxes and the store.
     async def drain(budget: float) -> None:
-        await asyncio.gather(engine.drain(budget), runtime.drain(budget), servicer.exchange.drain(budget))
+        await asyncio.gather(engine.drain(budget), servicer.exchange.drain(budget))
 
     async def shutdown() -> None:
-        session_spans.end_all()
-        await runtime.stop()
-        await runner.close()
+        await engine.stop()
         await auth.stop()  # writes the last coalesced last_used_at stamps
         await store.close()
 

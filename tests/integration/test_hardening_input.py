@@ -13,7 +13,9 @@ import httpx
 import pytest
 
 from bae.common.settings import DEFAULT_MAX_BODY_BYTES, load_settings
-from services.session.remote.sandbox_pool import SandboxError, SandboxHandle, SandboxPool
+from services.session.engine.ports import SandboxHandle
+from bae.common.errors import BaeError
+from services.session.remote.sandbox_pool import SandboxPool
 from testkit.docker_support import TEST_IMAGE, SandboxHostProcess, require_docker
 from testkit.live import new_session, register, result, rpc, send, session_state, terminal
 from testkit.mockllm import Reply
@@ -250,14 +252,14 @@ async def test_grpc_failure_text_never_becomes_a_sandbox_error_detail(caplog):
         pool = SandboxPool([host.address], rpc_timeout=5, plane=TEST_PLANE)
         handle = SandboxHandle(host=host.address, sandbox_id="0" * 64, image=TEST_IMAGE)
         with caplog.at_level(logging.WARNING, logger="bae.session.sandboxes"):
-            with pytest.raises(SandboxError) as caught:
+            with pytest.raises(BaeError) as caught:
                 await pool.exec(handle, "x" * (65 * 1024 * 1024))
             assert caught.value.detail == "the sandbox call exceeded a size limit"
-            with pytest.raises(SandboxError) as caught:
+            with pytest.raises(BaeError) as caught:
                 await pool.exec(handle, "true")
             assert caught.value.detail == "no such sandbox: " + "0" * 64  # the host's own verdicts pass
             host.kill()
-            with pytest.raises(SandboxError) as caught:
+            with pytest.raises(BaeError) as caught:
                 await pool.exec(handle, "true")
             assert caught.value.detail == "the sandbox host is unavailable"
         assert "larger than max" in caplog.text and host.address in caplog.text

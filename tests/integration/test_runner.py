@@ -17,7 +17,9 @@ import pytest
 
 from bae.common.grpcutil import channel as internal_channel
 from bae.common.protos import runner_pb2, runner_pb2_grpc
-from services.session.remote.runner import MAX_STEP_REQUEST_BYTES, RunnerClient, RunnerUnreachable, StepMessages
+from services.session.engine.domain import Usage
+from services.session.engine.ports import StepFailed, StepMessages, StepOutcome, StepRequest, StepResult, StepUpdate
+from services.session.remote.runner import MAX_STEP_REQUEST_BYTES, RunnerClient
 from testkit.mockllm import MockLLM, Reply
 from testkit.ports import free_port
 from testkit.processes import TEST_PLANE, ServiceProcess, service_env
@@ -107,7 +109,7 @@ async def run_step(
     purpose: str = "",
     min_max_tokens: int = 0,
     updates: list[list[str]] | None = None,
-) -> tuple[list[tuple[str, dict]], runner_pb2.StepResult]:
+) -> tuple[list[tuple[str, dict]], StepResult]:
     """The step's events and result; `updates` gets each update's event types (and "result")."""
     request, history = step_request(
         primary,
@@ -123,9 +125,9 @@ async def run_step(
         async for update in client.run_step(request, history, timeout=30):
             assert not results, "an update arrived after the result"
             for event in update.events:
-                assert TOKEN not in event.payload_json, f"the auth token leaked into {event.event_type}"
-                events.append((event.event_type, json.loads(event.payload_json)))
-            if update.HasField("result"):
+                assert TOKEN not in event.payload.text, f"the auth token leaked into {event.event_type}"
+                events.append((event.event_type, json.loads(event.payload.text)))
+            if update.result is not None:
                 results.append(update.result)
             if updates is not None:
                 updates.append([event.event_type for event in update.events] + ["result"] * len(results))
@@ -143,11 +145,24 @@ async def runner_client(address: str) -> AsyncIterator[RunnerClient]:
         await client.close()
 
 
-def step_request(primary: str, messages: list[dict], **fields) -> tuple[runner_pb2.StepRequest, StepMessages]:
+def count_streams(client: RunnerClient) -> list[object]:
+    """The RunSteps calls `client` opens from now on, one item each."""
+    opened: list[object] = []
+    run_steps = client.stub.RunSteps
+
+    def counted(*args, **kwargs):
+        opened.append(run_steps(*args, **kwargs))
+        return opened[-1]
+
+    client.stub.RunSteps = counted
+    return opened
+
+
+def step_request(primary: str, messages: list[dict], **fields) -> tuple[StepRequest, StepMessages]:
     """A step's request for RunnerClient.run_step, and its history."""
-    fields = {"session_id": "ses_test", "tools_json": "[]", **fields}
+    fields = {"session_id": "ses_test", "tools_json": "[]", "fallback_providers": [], **fields}
     history = StepMessages([json.dumps(message) for message in messages], [message["role"] for message in messages])
-    return runner_pb2.StepRequest(primary_provider=primary, **fields), history
+    return StepRequest(primary_provider=primary, **fields), history
 
 
 def types(events: list[tuple[str, dict]]) -> list[str]:
@@ -203,12 +218,12 @@ async def test_text_success_exact_payloads(runner, llm):
     assert response["body"]["content"] == [{"type": "text", "text": "hi there"}]
     assert response["body"]["stop_reason"] == "end_turn"
 
-    assert result.outcome == runner_pb2.StepResult.OK
+    assert result.outcome == StepOutcome.OK
     assert json.loads(result.message_json) == {
         "role": "assistant",
         "content": [{"type": "text", "text": "hi there"}],
     }
-    assert (result.has_usage, result.input_tokens, result.output_tokens) == (True, 12, 3)
+    assert result.usage == Usage(12, 3)
     assert result.truncated == ""
 
     (seen,) = llm.requests
@@ -234,10 +249,10 @@ async def test_a_slow_providers_request_event_goes_out_while_it_waits(runner, ll
         waited = time.monotonic() - started
         rest = [update async for update in updates]
     assert [event.event_type for event in first.events] == ["provider.request"]
-    assert not first.HasField("result")
+    assert not first.result is not None
     assert waited < 0.4, f"the request event waited {waited:.3f} s, for the provider's answer"
     assert [[event.event_type for event in update.events] for update in rest] == [["provider.response"]]
-    assert rest[-1].HasField("result")
+    assert rest[-1].result is not None
 
 
 async def test_a_fast_providers_request_event_goes_with_its_answer(runner, llm):
@@ -265,14 +280,13 @@ async def test_a_history_is_sent_as_the_texts_that_came_in(runner, llm):
     # Texts in a spacing of their own: a re-serialization would show.
     texts = ['{"role": "user",  "content": "hello"}', '{"role": "assistant",  "content": "hi"}',
              '{"role": "user",  "content": "again"}']
-    request = runner_pb2.StepRequest(session_id="ses_test", primary_provider="mock", tools_json="[]")
+    request = StepRequest(session_id="ses_test", primary_provider="mock", fallback_providers=[], tools_json="[]")
     llm.enqueue(Reply.text("ok"))
     async with runner_client(runner) as client:
         updates = [u async for u in client.run_step(request, StepMessages(texts, ["user", "assistant", "user"]), timeout=30)]
     first = updates[0].events[0]
     assert first.event_type == "provider.request"
-    assert '"messages":[' + ",".join(texts) + "]" in first.payload_json
-    assert not first.messages_as_sent
+    assert '"messages":[' + ",".join(texts) + "]" in first.payload.text
     assert llm.requests[0]["body"]["messages"] == [json.loads(text) for text in texts]
 
 
@@ -343,17 +357,16 @@ async def test_a_client_sends_each_history_whole_through_the_runner_it_keeps(run
         for history in histories:
             llm.enqueue(Reply.text("ok"))
             updates = [u async for u in client.run_step(*step_request("mock", history), timeout=30)]
-            assert json.loads(updates[0].events[0].payload_json)["messages"] == history
-            assert not updates[0].events[0].messages_as_sent
+            assert json.loads(updates[0].events[0].payload.text)["messages"] == history
             assert client.runner_holds_histories  # from the first step's replies on
         # A step the runner refuses (its tools are not JSON) is the step's failure; the next one is whole.
         request, texts = step_request("mock", messages, tools_json="{")
-        with pytest.raises(RunnerUnreachable, match="tools_json is not valid JSON"):
+        with pytest.raises(StepFailed, match="tools_json is not valid JSON"):
             async for _ in client.run_step(request, texts, timeout=30):
                 pass
         llm.enqueue(Reply.text("ok"))
         updates = [u async for u in client.run_step(*step_request("mock", messages), timeout=30)]
-        assert json.loads(updates[0].events[0].payload_json)["messages"] == messages
+        assert json.loads(updates[0].events[0].payload.text)["messages"] == messages
     assert [request["body"]["messages"] for request in llm.requests] == [*histories, messages]
 
 
@@ -426,7 +439,7 @@ async def test_missing_usage_is_null(runner, llm):
     llm.enqueue(Reply.text("hi", usage=None))
     events, result = await run_step(runner, "mock", USER_HELLO)
     assert events[1][1]["usage"] is None
-    assert result.outcome == runner_pb2.StepResult.OK and not result.has_usage
+    assert result.outcome == StepOutcome.OK and result.usage is None
 
 
 async def test_primary_500_then_fallback(runner, llm):
@@ -467,7 +480,7 @@ async def test_all_failed(runner, llm):
     assert down["ok"] is False and down["status"] is None and down["body"] is None
     assert down["error"].startswith("connection error")
     assert "127.0.0.1" not in down["error"], "the request URL is stripped from transport errors"
-    assert result.outcome == runner_pb2.StepResult.ALL_FAILED
+    assert result.outcome == StepOutcome.ALL_FAILED
     assert result.attempts == 2
     assert len(llm.requests) == 1
 
@@ -477,7 +490,7 @@ async def test_single_provider_failure_writes_no_provider_call_failed(runner, ll
     events, result = await run_step(runner, "mock", USER_HELLO)
     assert types(events) == ["provider.request", "provider.response"]
     assert events[1][1]["error"] == "provider returned HTTP 429"
-    assert (result.outcome, result.attempts) == (runner_pb2.StepResult.ALL_FAILED, 1)
+    assert (result.outcome, result.attempts) == (StepOutcome.ALL_FAILED, 1)
 
 
 async def test_missing_env_var_fails_the_attempt_and_walks_on(runner, llm):
@@ -493,7 +506,7 @@ async def test_missing_env_var_fails_the_attempt_and_walks_on(runner, llm):
         "body": None,
     }
     assert events[2][1] == {"reason": "provider_call_failed", "provider": "anthropic", "detail": detail}
-    assert result.outcome == runner_pb2.StepResult.OK
+    assert result.outcome == StepOutcome.OK
     assert len(llm.requests) == 1
 
 
@@ -501,14 +514,14 @@ async def test_unterminated_token(runner, llm):
     events, result = await run_step(runner, "unterminated", USER_HELLO)
     assert events[1][1]["error"] == "unterminated ${...} token in provider config"
     assert events[1][1]["status"] is None
-    assert (result.outcome, result.attempts) == (runner_pb2.StepResult.ALL_FAILED, 1)
+    assert (result.outcome, result.attempts) == (StepOutcome.ALL_FAILED, 1)
     assert llm.requests == []
 
 
 async def test_primary_not_in_registry(runner, llm):
     events, result = await run_step(runner, "nope", USER_HELLO, fallbacks=("mock",))
     assert events == []
-    assert result.outcome == runner_pb2.StepResult.PROVIDER_CONFIG
+    assert result.outcome == StepOutcome.PROVIDER_CONFIG
     assert result.detail == 'primary provider "nope" is not configured in bae-config.toml'
 
 
@@ -601,7 +614,7 @@ async def test_compaction_raises_budget_and_reports_truncation(runner, llm):
     assert events[0][1]["max_tokens"] == 4096
     assert events[0][1]["base_url"] == llm.base_url, "trailing / trimmed"
     assert all(r["body"]["max_tokens"] == 4096 for r in llm.requests)
-    assert result.outcome == runner_pb2.StepResult.OK
+    assert result.outcome == StepOutcome.OK
     assert result.truncated == "stop_reason max_tokens"
 
     llm.enqueue(Reply.truncated("partial"))
@@ -642,7 +655,7 @@ async def test_unreadable_success_bodies_fail_the_attempt(runner, llm):
     events, result = await run_step(runner, "mock-openai", USER_HELLO)
     assert events[1][1]["status"] is None
     assert events[1][1]["error"] == "provider tool call is missing function.name"
-    assert result.outcome == runner_pb2.StepResult.ALL_FAILED
+    assert result.outcome == StepOutcome.ALL_FAILED
 
 
 async def test_attempt_timeout(runner, llm):
@@ -652,7 +665,7 @@ async def test_attempt_timeout(runner, llm):
     assert time.monotonic() - started < 2.5
     assert events[1][1]["status"] is None
     assert events[1][1]["error"] == "request timed out after 1 s"
-    assert result.outcome == runner_pb2.StepResult.OK
+    assert result.outcome == StepOutcome.OK
 
 
 # -- the step stream ------------------------------------------------------------------
@@ -663,8 +676,9 @@ async def test_concurrent_steps_share_one_stream_and_each_gets_its_own_replies(r
     for _ in range(3):
         llm.enqueue(Reply.held(release))
     async with runner_client(runner) as client:
+        opened = count_streams(client)
 
-        async def step(word: str) -> list[runner_pb2.StepUpdate]:
+        async def step(word: str) -> list[StepUpdate]:
             request = step_request("mock", [{"role": "user", "content": word}])
             return [update async for update in client.run_step(*request, timeout=30)]
 
@@ -673,13 +687,12 @@ async def test_concurrent_steps_share_one_stream_and_each_gets_its_own_replies(r
             await asyncio.sleep(0.02)
         release.set()
         answers = await asyncio.gather(*steps)
-        streams = client.opened_streams
-    assert streams == 1
+    assert len(opened) == 1
     for word, updates in zip(("one", "two", "three"), answers):
-        request_event = json.loads(updates[0].events[0].payload_json)
+        request_event = json.loads(updates[0].events[0].payload.text)
         assert request_event["messages"] == [{"role": "user", "content": word}]
-        assert [update.HasField("result") for update in updates] == [False, True]
-        assert updates[-1].result.outcome == runner_pb2.StepResult.OK
+        assert [update.result is not None for update in updates] == [False, True]
+        assert updates[-1].result.outcome == StepOutcome.OK
 
 
 async def test_a_step_its_caller_stops_waiting_for_is_stopped(runner, llm):
@@ -695,13 +708,13 @@ async def test_a_step_its_caller_stops_waiting_for_is_stopped(runner, llm):
         # The stream carries on.
         llm.enqueue(Reply.text("next"))
         answer = [update async for update in client.run_step(*step_request("mock", USER_HELLO), timeout=30)]
-    assert answer[-1].result.outcome == runner_pb2.StepResult.OK
+    assert answer[-1].result.outcome == StepOutcome.OK
 
 
 async def test_a_step_that_overruns_its_deadline_fails_and_is_stopped(runner, llm):
     llm.enqueue(Reply.hang(3))
     async with runner_client(runner) as client:
-        with pytest.raises(RunnerUnreachable, match="longer than 0.5 s"):
+        with pytest.raises(StepFailed, match="longer than 0.5 s"):
             async for _ in client.run_step(*step_request("mock", USER_HELLO, fallback_providers=["fallback"]),
                                            timeout=0.5):
                 pass
@@ -720,12 +733,12 @@ async def test_a_runner_shutting_down_finishes_running_steps_then_ends_the_strea
             process.process.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.5)
             # A step asked for now is refused (or finds the stream ended): it never runs.
-            with pytest.raises(RunnerUnreachable, match="shutting down"):
+            with pytest.raises(StepFailed, match="shutting down"):
                 async for _ in client.run_step(*step_request("mock", USER_HELLO), timeout=30):
                     pass
             release.set()
             rest = [update async for update in running]
-            assert rest[-1].result.outcome == runner_pb2.StepResult.OK
+            assert rest[-1].result.outcome == StepOutcome.OK
             started = time.monotonic()
             assert await asyncio.to_thread(process.process.wait, 5) == 0
             assert time.monotonic() - started < 2, "an idle stream held the shutdown to its budget"
@@ -738,20 +751,21 @@ async def test_a_runner_shutting_down_finishes_running_steps_then_ends_the_strea
 async def test_a_request_too_large_for_the_stream_fails_its_step_alone(runner, llm):
     huge = [{"role": "user", "content": "x" * MAX_STEP_REQUEST_BYTES}]
     async with runner_client(runner) as client:
-        with pytest.raises(RunnerUnreachable, match="over the"):
+        with pytest.raises(StepFailed, match="over the"):
             async for _ in client.run_step(*step_request("mock", huge), timeout=30):
                 pass
         llm.enqueue(Reply.text("fine"))
         answer = [update async for update in client.run_step(*step_request("mock", USER_HELLO), timeout=30)]
-    assert answer[-1].result.outcome == runner_pb2.StepResult.OK
+    assert answer[-1].result.outcome == StepOutcome.OK
     assert len(llm.requests) == 1
 
 
 async def test_a_caller_that_stops_writing_still_gets_its_running_steps_answered(runner, llm):
     llm.enqueue(Reply.text("half-closed"))
-    request, history = step_request("mock", USER_HELLO)
-    request.messages.extend(history.texts)
-    request.roles.extend(history.roles)
+    _, history = step_request("mock", USER_HELLO)
+    request = runner_pb2.StepRequest(
+        session_id="ses_test", primary_provider="mock", tools_json="[]", messages=history.texts, roles=history.roles
+    )
     start = runner_pb2.StepStart(request=request)
     async with internal_channel(runner, TEST_PLANE) as channel:
         # The request iterator ends after the start: the client half-closes at once.

@@ -9,6 +9,8 @@ import uuid
 import grpc
 import pytest
 
+from bae.common import error_codes
+from bae.common.errors import Conflict
 from bae.common.grpcutil import channel as internal_channel
 from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
 from testkit.docker_support import TEST_IMAGE, SandboxHostProcess, containers_with, docker_client, require_docker
@@ -170,7 +172,8 @@ async def test_ids_duplicate_unknown_and_invalid(host):
     await host.start("true", "cmd_dup")
     await host.wait("cmd_dup")
     error = await _rpc_error(host.start("true", "cmd_dup"))
-    assert (error.code(), error.details()) == (grpc.StatusCode.ALREADY_EXISTS, 'command "cmd_dup" already exists')
+    assert (error.code(), error.details()) == (grpc.StatusCode.ABORTED, 'command "cmd_dup" already exists')
+    assert isinstance(error_codes.raised_by(error), Conflict)  # the session service gets the kind back
     for call in (host.wait("cmd_nope", 0), host.kill("cmd_nope")):
         error = await _rpc_error(call)
         assert (error.code(), error.details()) == (grpc.StatusCode.NOT_FOUND, 'no such command: "cmd_nope"')

@@ -8,7 +8,9 @@ import uuid
 
 import pytest
 
-from services.session.remote.sandbox_pool import ExecResult, SandboxError, SandboxPool
+from services.session.engine.ports import ExecResult
+from bae.common.errors import BaeError, DeadlineExceeded, Forbidden
+from services.session.remote.sandbox_pool import SandboxPool
 from testkit.docker_support import TEST_IMAGE, SandboxHostProcess, containers_with, require_docker
 from testkit.processes import TEST_PLANE
 
@@ -73,9 +75,9 @@ async def test_the_hosts_own_exec_timeout_applies():
         pool.provision(TEST_PROFILE, [TEST_IMAGE])
         handle = await pool.start("ses_t", TEST_IMAGE)
         started = time.monotonic()
-        with pytest.raises(SandboxError) as caught:
+        with pytest.raises(BaeError) as caught:
             await pool.exec(handle, "sleep 20")
-        assert caught.value.detail == "command timed out after 1s"
+        assert isinstance(caught.value, DeadlineExceeded) and caught.value.detail == "command timed out after 1s"
         assert time.monotonic() - started < 10
         await pool.stop(handle)
         await pool.close()
@@ -92,7 +94,7 @@ async def test_a_killed_host_fails_its_calls_fast_and_new_sandboxes_go_elsewhere
 
     for call in (pool.exec(victim, "echo still here?"), pool.stop(victim)):
         started = time.monotonic()
-        with pytest.raises(SandboxError) as caught:
+        with pytest.raises(BaeError) as caught:
             await call
         assert time.monotonic() - started < 2
         assert caught.value.detail == "the sandbox host is unavailable"
@@ -108,7 +110,7 @@ async def test_no_healthy_host_is_a_clean_error():
     pool = SandboxPool(["127.0.0.1:1"], plane=TEST_PLANE, rpc_timeout=2, poll_interval=0.5)
     try:
         started = time.monotonic()
-        with pytest.raises(SandboxError) as caught:
+        with pytest.raises(BaeError) as caught:
             await pool.start("ses_x", TEST_IMAGE)
         assert caught.value.detail == "no sandbox host is available"
         assert time.monotonic() - started < 3
@@ -155,7 +157,7 @@ async def test_set_addrs_adds_and_retires_hosts(pool, hosts):
     handle = await pool.start("ses_only", TEST_IMAGE)
     assert handle.host == hosts[1].address
     pool.set_addrs([hosts[0].address])
-    with pytest.raises(SandboxError) as caught:
+    with pytest.raises(BaeError) as caught:
         await pool.exec(handle, "true")
     assert caught.value.detail == "the sandbox's host is no longer configured"
     placed = await pool.start("ses_back", TEST_IMAGE)
@@ -165,11 +167,12 @@ async def test_set_addrs_adds_and_retires_hosts(pool, hosts):
 
 async def test_hosts_start_only_images_some_profile_declares(pool, hosts):
     other = f"bae-undeclared-{uuid.uuid4().hex[:8]}:1"
-    with pytest.raises(SandboxError) as caught:
+    with pytest.raises(BaeError) as caught:
         await pool.start("ses_other", other)
+    assert isinstance(caught.value, Forbidden)  # the host's own kind, raised again here
     assert caught.value.detail == f'image "{other}" is not allowed on this sandbox host: no profile declares it'
     pool.forget(TEST_PROFILE)  # no profile declares TEST_IMAGE any more
-    with pytest.raises(SandboxError) as caught:
+    with pytest.raises(BaeError) as caught:
         await pool.start("ses_gone", TEST_IMAGE)
     assert "is not allowed on this sandbox host" in caught.value.detail
     assert all(containers_with(host.label) == [] for host in hosts)

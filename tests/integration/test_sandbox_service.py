@@ -326,7 +326,7 @@ async def test_apple_container_driver_fails_every_call_as_unsupported(tmp_path):
         channel, stub = await _stub(host.address)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await _start(stub)
-        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert caught.value.details() == 'the "apple-container" sandbox driver is not supported on this host'
         await channel.close()
     finally:

@@ -6,7 +6,8 @@ import pytest
 
 from bae.common.protos import runner_pb2
 from services.session.remote import runner
-from services.session.remote.runner import HELD_MESSAGE_OVERHEAD, HeldHistories, RunnerUnreachable, StepMessages
+from services.session.engine.ports import StepFailed, StepMessages
+from services.session.remote.runner import HELD_MESSAGE_OVERHEAD, HeldHistories
 
 pytestmark = pytest.mark.unit
 
@@ -83,10 +84,10 @@ def test_a_history_grown_too_large_for_the_stream_is_refused_and_nothing_changes
     monkeypatch.setattr(runner, "MAX_STEP_REQUEST_BYTES", 4 * len(TEXTS[0]) + 20)
     held = holding()
     step(held, "a", TEXTS[:3])
-    with pytest.raises(RunnerUnreachable, match="over the"):
+    with pytest.raises(StepFailed, match="over the"):
         step(held, "a", [*TEXTS[:3], "x" * 60])
     # Counted in UTF-8, not in characters: three bytes each (the characters alone would fit).
-    with pytest.raises(RunnerUnreachable, match="over the"):
+    with pytest.raises(StepFailed, match="over the"):
         step(held, "a", [*TEXTS[:3], "\u20ac" * 20])
     assert sent(step(held, "a", TEXTS[:4])) == (3, TEXTS[3:4], [])
     # A history that lost messages counts only what is left.

@@ -35,7 +35,7 @@ async def test_a_postgresql_outage_is_a_503_and_the_password_never_logged(caplog
                 with pytest.raises(StoreUnavailable) as caught:
                     await call()
                 problem = caught.value
-                assert (problem.status, problem.retry_after, problem.busy) == (503, 5, False)
+                assert (problem.reason, problem.retry_after, problem.busy) == ("service_unavailable", 5, False)
                 assert problem.detail == "the database is unavailable; retry later"
             server.start()
             await store.append_events(sid, [(None, "y", {})])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bae.common.errors import UsageError
+from bae.common.errors import Unavailable, UsageError
 from bae.common.settings import load_settings
 from services.session.store import Store, sessions
 from services.session.store.sqlite import WAL_AUTOCHECKPOINT_PAGES, StoreUnavailable
@@ -105,7 +105,8 @@ async def test_a_locked_database_is_a_503_with_retry_after(locked):
     with pytest.raises(StoreUnavailable) as caught:
         await store.append_events(sid, [(None, "x", {})])
     problem = caught.value
-    assert (problem.status, problem.type, problem.retry_after, problem.busy) == (503, "service_unavailable", 1, True)
+    assert isinstance(problem, Unavailable)  # the kind the API answers 503 for
+    assert (problem.reason, problem.retry_after, problem.busy) == ("service_unavailable", 1, True)
     assert problem.detail == "the database is busy; retry shortly"
     # Released: writes work again and nothing half-written shows.
     other.execute("ROLLBACK")

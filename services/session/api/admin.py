@@ -17,7 +17,9 @@ from services.session.api.auth import Authenticator
 from services.session.api.calls import Credential
 from services.session.api.event_messages import event_of_row
 from services.session.api.pagination import page_request
-from services.session.engine.runtime import SessionRuntime
+from services.session.engine.revocation import Revocations
+from services.session.engine.sandboxes import SessionSandboxes
+from services.session.remote.peers import revocation_of
 from services.session.store import events, keys, profiles, revocation, sessions
 from services.session.store.records import KeyRecord, ProfileRecord
 from services.session.store.store import Store
@@ -54,15 +56,24 @@ def _existing_session_events(conn: Connection, session_id: str, after_seq: int, 
 
 
 class AdminApi:
-    def __init__(self, *, store: Store, auth: Authenticator, runtime: SessionRuntime, config: Config) -> None:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        auth: Authenticator,
+        sandboxes: SessionSandboxes,
+        revocations: Revocations,
+        config: Config,
+    ) -> None:
         self.store = store
         self.auth = auth
-        self.runtime = runtime
+        self.sandboxes = sandboxes
+        self.revocations = revocations
         self.config = config
 
     async def apply_revocation(self, revocation: session_pb2.Revocation) -> None:
         """From another replica (internal plane): a revoked key's sessions that this one owns."""
-        await self.runtime.apply_revocation(revocation)
+        await self.revocations.apply(revocation_of(revocation))
 
     async def _admin(self, credential: edge_pb2.Credential) -> None:
         await self.auth.require_admin(Credential.of(credential))
@@ -75,7 +86,7 @@ class AdminApi:
             profile = await self.store.write(profiles.create, bodies.profile_fields(request.body))
         except profiles.DuplicateName:
             raise duplicate_name() from None
-        self.runtime.provision(profile)
+        self.sandboxes.provision(profile)
         return admin_api_pb2.ProfileCreated(id=profile.id, name=profile.name, created_at=profile.created_at)
 
     async def list_profiles(self, request: admin_api_pb2.ListProfilesRequest) -> admin_api_pb2.ProfilePage:
@@ -100,7 +111,7 @@ class AdminApi:
             raise duplicate_name() from None
         if profile is None:
             raise NotFound(f"no profile {request.profile_id}")
-        self.runtime.provision(profile)
+        self.sandboxes.provision(profile)
         return profile_message(profile)
 
     async def delete_profile(self, request: admin_api_pb2.DeleteProfileRequest) -> admin_api_pb2.NoContent:
@@ -150,7 +161,7 @@ class AdminApi:
             raise NotFound(f"no active client key {key_id}")
         held, closed = revoked
         # Sessions other keys still hold stay open; the revoked key loses its live access there.
-        await self.runtime.revoke_key(key_id, closed, [session_id for session_id in held if session_id not in closed])
+        await self.revocations.revoke_key(key_id, closed, [session_id for session_id in held if session_id not in closed])
         return admin_api_pb2.NoContent()
 
     # Sessions (§4.4).
@@ -205,4 +216,4 @@ class AdminApi:
 
     async def sandbox_status(self, request: admin_api_pb2.AdminRequest) -> admin_api_pb2.SandboxStatus:
         await self._admin(request.credential)
-        return admin_api_pb2.SandboxStatus(**self.runtime.sandbox_status())
+        return admin_api_pb2.SandboxStatus(**self.sandboxes.status_view())

@@ -18,7 +18,8 @@ from bae.common.rpc_codes import RpcCode
 from services.session.api.faults import RpcFault, invalid_params
 from services.session.engine.domain import Message, SessionState
 from services.session.engine.errors import SessionNotOpen
-from services.session.engine.runtime import LiveSession, SessionRuntime
+from services.session.engine.live import LiveSession
+from services.session.engine.registry import SessionRegistry
 from services.session.store.records import Principal, ProfileRecord, SessionRecord
 
 P = TypeVar("P", bound=ProtoMessage)
@@ -62,9 +63,9 @@ class RpcCall(Generic[P]):
         return self.session
 
 
-def require_driver(runtime: SessionRuntime, call: RpcCall, method: str) -> LiveSession:
+def require_driver(sessions: SessionRegistry, call: RpcCall, method: str) -> LiveSession:
     """The -32001 gate: the acting key must have registered on this session."""
-    live = runtime.sessions.get(call.session_id)
+    live = sessions.get(call.session_id)
     if live is None or call.actor not in live.drivers:
         raise RpcFault(RpcCode.DRIVER_NOT_REGISTERED, f"call session.registerDriver before {method}")
     return live

@@ -28,9 +28,10 @@ from services.session.engine.domain import CompactRequest, SessionState, TurnReq
 from services.session.engine.engine import TurnEngine
 from services.session.engine.errors import KeyRevoked, SessionNotOpen
 from services.session.engine.feed import Buffer, Item, Lagged, Notice, Watcher
-from services.session.engine.runtime import LiveSession, SessionRuntime
-from services.session.engine import subagent_calls
-from services.session.engine.sandbox_calls import available_images
+from services.session.engine.live import LiveSession
+from services.session.engine.registry import SessionRegistry
+from services.session.engine.sandboxes import SessionSandboxes
+from services.session.engine.subagent_calls import SessionSubagents
 from services.session.store import Store
 from services.session.store.events import EventView
 
@@ -52,10 +53,21 @@ RelayFrame = session_pb2.RelayFrame
 
 
 class LiveApi:
-    def __init__(self, *, store: Store, runtime: SessionRuntime, engine: TurnEngine, hold: RaceHold) -> None:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        sessions: SessionRegistry,
+        turns: TurnEngine,
+        sandboxes: SessionSandboxes,
+        subagents: SessionSubagents,
+        hold: RaceHold,
+    ) -> None:
         self.store = store
-        self.runtime = runtime
-        self.engine = engine
+        self.sessions = sessions
+        self.turns = turns
+        self.sandboxes = sandboxes
+        self.subagents = subagents
         # Where tests hold a call between its state check and taking the live state (the close race).
         self.hold = hold
 
@@ -64,22 +76,22 @@ class LiveApi:
     async def register_driver(self, call: RpcCall) -> client_api_pb2.RegisterDriverResult:
         call.open_session()
         await self.hold.reached("session.registerDriver", call.session_id)
-        live = await self.runtime.attach(call.session_id)
+        live = await self.sessions.attach(call.session_id)
         async with live.lock:
             if call.actor in live.drivers:
                 return client_api_pb2.RegisterDriverResult(registered=True)
             items: list[tuple[str, dict]] = [("session.driver.register", {})]
             if call.profile is not None and call.profile.available_sandboxes:
-                images = available_images(self.runtime.sandboxes, call.profile)
+                images = self.sandboxes.available_images(call.profile)
                 items.append(("session.sandbox.available", {"images": images}))
-            await self.runtime.append(call.session_id, call.actor, items)
+            await self.sessions.append(call.session_id, call.actor, items)
             live.drivers.add(call.actor)
         return client_api_pb2.RegisterDriverResult(registered=True)
 
     async def update_client_tools(
         self, call: RpcCall[client_api_pb2.UpdateClientToolsParams]
     ) -> client_api_pb2.UpdateClientToolsResult:
-        require_driver(self.runtime, call, "session.updateClientTools")
+        require_driver(self.sessions, call, "session.updateClientTools")
         call.open_session()
         normalized = [
             {
@@ -121,7 +133,7 @@ class LiveApi:
         """The session's feed for one gateway's observers: the position it starts after, then every
         event and notice in order, until the session's live state ends; cut off when lagged like any
         watcher. Raises SessionNotOpen before the first frame."""
-        live = await self.runtime.attach(session_id)
+        live = await self.sessions.attach(session_id)
         feed_relay = live.feed.relay()
         try:
             yield RelayFrame(position=live.feed.position)
@@ -136,7 +148,7 @@ class LiveApi:
             return None
         await self.hold.reached("session.subscribe", call.session_id)
         try:
-            return await self.runtime.attach(call.session_id)
+            return await self.sessions.attach(call.session_id)
         except SessionNotOpen:
             return None  # closed since the key was checked: replay only
 
@@ -161,7 +173,7 @@ class LiveApi:
             raise RpcFault(RpcCode.APPLICATION_ERROR, "replay failed", id_mode=RpcError.NULL_ID) from None
 
     async def unsubscribe(self, call: RpcCall) -> client_api_pb2.UnsubscribeResult:
-        live = self.runtime.sessions.get(call.session_id)
+        live = self.sessions.get(call.session_id)
         if live is not None:
             live.feed.end_subscriptions()
         return client_api_pb2.UnsubscribeResult(unsubscribed=True)
@@ -169,14 +181,14 @@ class LiveApi:
     # -- turns and compaction ----------------------------------------------------
 
     async def send_message(self, call: RpcCall[client_api_pb2.SendMessageParams]) -> AsyncIterator[TurnFrame]:
-        require_driver(self.runtime, call, "session.sendMessage")
+        require_driver(self.sessions, call, "session.sendMessage")
         call.open_session()
         message = message_of(call.params())
         await self.hold.reached("session.sendMessage", call.session_id)
         request = TurnRequest(call.session_id, call.actor, message)
         watcher = Watcher(key=call.actor)
         work = asyncio.ensure_future(
-            self.engine.run_turn(request, watcher=watcher, records=(call.session, call.profile))
+            self.turns.run_turn(request, watcher=watcher, records=(call.session, call.profile))
         )
         async for frame in stream_until_done(watcher, work, TurnFrame):
             yield frame
@@ -193,13 +205,13 @@ class LiveApi:
         yield TurnFrame(result=client_api_pb2.SendMessageResult(message=reply, events=events))
 
     async def compact(self, call: RpcCall[client_api_pb2.CompactParams]) -> AsyncIterator[CompactionFrame]:
-        require_driver(self.runtime, call, "session.compact")
+        require_driver(self.sessions, call, "session.compact")
         call.open_session()
         params = call.params()
         prompt = params.prompt if params.HasField("prompt") else None
         request = CompactRequest(call.session_id, call.actor, prompt)
         watcher = Watcher(key=call.actor)
-        work = asyncio.ensure_future(self.engine.compact(request, watcher=watcher))
+        work = asyncio.ensure_future(self.turns.compact(request, watcher=watcher))
         async for frame in stream_until_done(watcher, work, CompactionFrame):
             yield frame
         if watcher.cut_off:
@@ -215,20 +227,20 @@ class LiveApi:
     async def cancel_subagent(
         self, call: RpcCall[client_api_pb2.CancelSubagentParams]
     ) -> client_api_pb2.CancelSubagentResult:
-        live = require_driver(self.runtime, call, "session.cancelSubagent")
+        live = require_driver(self.sessions, call, "session.cancelSubagent")
         subagent_id = call.params().subagent_id
         entry = live.subagents.entries.get(subagent_id)
         if entry is None:
             raise RpcFault(
                 RpcCode.SUBAGENT_NOT_FOUND, f'subagent_not_found: no tracked subagent "{subagent_id}" for this session'
             )
-        was_running = await subagent_calls.cancel(self.runtime, live, entry, reason="explicit", actor=call.actor)
+        was_running = await self.subagents.cancel(live, entry, reason="explicit", actor=call.actor)
         return client_api_pb2.CancelSubagentResult(cancelled=True, subagent_id=subagent_id, was_running=was_running)
 
     async def report_local_subagent(
         self, call: RpcCall[client_api_pb2.ReportLocalSubagentParams]
     ) -> client_api_pb2.ReportResult:
-        require_driver(self.runtime, call, "session.reportLocalSubagent")
+        require_driver(self.sessions, call, "session.reportLocalSubagent")
         params = call.params()
         state = params.state
         exit_code = params.exit_code if params.HasField("exit_code") else None
@@ -243,7 +255,7 @@ class LiveApi:
             payload.update(reason=reason, exit_code=exit_code)
         elif state == "cancelled":
             payload.update(reason=reason, exit_code=None)
-        await self.runtime.append(call.session_id, call.actor, [(f"session.subagent.{state}", payload)])
+        await self.sessions.append(call.session_id, call.actor, [(f"session.subagent.{state}", payload)])
         return client_api_pb2.ReportResult(reported=True)
 
 

@@ -18,8 +18,10 @@ from services.session.api.bodies import RESERVED_TOOL
 from services.session.api.calls import Credential
 from services.session.api.event_messages import event_of_row
 from services.session.api.pagination import page_request
-from services.session.engine.runtime import SessionRuntime
-from services.session.engine.spans import session_spans
+from services.session.engine.closing import SessionCloser
+from services.session.engine.mcp_sessions import SessionMcp
+from services.session.engine.registry import SessionRegistry
+from services.session.engine.spans import SessionSpans
 from services.session.store import events, opening, sessions
 from services.session.store.opening import Declarations, Opened, Refusal, Refused
 from services.session.store.records import KeyRecord, ProfileRecord, SessionRecord
@@ -33,10 +35,23 @@ def session_closed(state: str) -> Conflict:
 
 
 class ClientRestApi:
-    def __init__(self, *, store: Store, auth: Authenticator, runtime: SessionRuntime, config: Config) -> None:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        auth: Authenticator,
+        sessions: SessionRegistry,
+        mcp: SessionMcp,
+        closer: SessionCloser,
+        spans: SessionSpans,
+        config: Config,
+    ) -> None:
         self.store = store
         self.auth = auth
-        self.runtime = runtime
+        self.sessions = sessions
+        self.mcp = mcp
+        self.closer = closer
+        self.spans = spans
         self.config = config
 
     # POST /api/v1/sessions (§5.1)
@@ -46,10 +61,10 @@ class ClientRestApi:
         body = bodies.session_body(request.body)
         outcome = await self.store.write(opening.open_session, key, body, self)
         if isinstance(outcome, Refused):
-            raise outcome.problem
-        await self.runtime.publish(outcome.session_id, outcome.views)
-        session_spans.open(outcome.session_id, outcome.profile.id, key.id)
-        await self.runtime.on_open(outcome.session_id, outcome.profile)
+            raise outcome.error
+        self.sessions.publish(outcome.session_id, outcome.views)
+        self.spans.open(outcome.session_id, outcome.profile.id, key.id)
+        await self.mcp.opened(outcome.session_id, outcome.profile)
         return self._created(outcome)
 
     # POST /api/v1/sessions/{id}/join (§5.2)
@@ -59,8 +74,8 @@ class ClientRestApi:
         body = bodies.session_body(request.body)
         outcome = await self.store.write(opening.join_session, key, request.session_id, body, self)
         if isinstance(outcome, Refused):
-            raise outcome.problem
-        await self.runtime.publish(outcome.session_id, outcome.views)
+            raise outcome.error
+        self.sessions.publish(outcome.session_id, outcome.views)
         return self._created(outcome)
 
     # opening.Vetting: the decisions of open and join, made inside their transactions.
@@ -140,7 +155,7 @@ class ClientRestApi:
         session = await self.auth.with_session_key(credential, session_id, sessions.get, session_id, writes=False)
         if session is None:
             raise NotFound(f"no session {session_id}")
-        return client_api_pb2.Participants(drivers=self.runtime.drivers(session_id))
+        return client_api_pb2.Participants(drivers=self.sessions.drivers(session_id))
 
     # GET /api/v1/sessions/{id}/events (§5.4)
 
@@ -169,10 +184,10 @@ class ClientRestApi:
         if session is None:
             raise NotFound(f"no session {session_id}")
         if views:
-            await self.runtime.publish(session_id, views)
+            self.sessions.publish(session_id, views)
         # Teardown runs whatever the previous state was (idempotent).
-        await self.runtime.close(session_id, attribute_to=session.client_key_id)
-        session_spans.end(session_id)
+        await self.closer.close(session_id, attribute_to=session.client_key_id)
+        self.spans.end(session_id)
         if session.state != "open":
             raise session_closed(session.state)
         return client_api_pb2.SessionClosed(session_id=session_id, state="closed")

@@ -2,7 +2,7 @@
 sandbox, and record what a client reports of its local one.
 
 One remote sandbox per session, shared by its drivers; the work itself is in
-`engine.sandbox_calls`, which the turn loop's Auto dispatch uses too.
+`engine.sandboxes`, which the turn loop's Auto dispatch uses too.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from bae.common.protos import client_api_pb2
 from bae.common.rpc_codes import RpcCode
 from services.session.api.faults import RpcFault, invalid_params
 from services.session.api.jsonrpc import RpcCall, require_driver
-from services.session.engine.errors import ProfileUnavailable
-from services.session.engine.runtime import SessionRuntime
-from services.session.engine.sandbox_calls import exec_in_sandbox, start_sandbox, stop_sandbox
-from services.session.remote.sandbox_pool import SandboxError
+from services.session.engine.errors import ProfileUnavailable, SandboxFailed
+from services.session.engine.registry import SessionRegistry
+from services.session.engine.sandboxes import SessionSandboxes
 
 log = logging.getLogger("bae.session.sandbox_methods")
 
@@ -24,13 +23,14 @@ SANDBOX_NOT_RUNNING = "sandbox_not_running: no remote sandbox is running for thi
 
 
 class SandboxMethods:
-    def __init__(self, *, runtime: SessionRuntime) -> None:
-        self.runtime = runtime
+    def __init__(self, *, sessions: SessionRegistry, sandboxes: SessionSandboxes) -> None:
+        self.sessions = sessions
+        self.sandboxes = sandboxes
 
     async def start_remote_sandbox(
         self, call: RpcCall[client_api_pb2.StartRemoteSandboxParams]
     ) -> client_api_pb2.StartRemoteSandboxResult:
-        live = require_driver(self.runtime, call, "session.startRemoteSandbox")
+        live = require_driver(self.sessions, call, "session.startRemoteSandbox")
         call.open_session()
         image = call.params().image
         if call.profile is None:
@@ -47,19 +47,19 @@ class SandboxMethods:
                     "a remote sandbox is already running for this session; call session.stopRemoteSandbox first",
                 )
             try:
-                handle, running = await start_sandbox(self.runtime, live, call.actor, image)
-            except SandboxError as exc:
+                handle, running = await self.sandboxes.start(live, call.actor, image)
+            except SandboxFailed as exc:
                 raise RpcFault(RpcCode.SANDBOX_START_FAILED, f"sandbox_start_failed: {exc.detail}") from None
         return client_api_pb2.StartRemoteSandboxResult(
             sandbox_id=handle.sandbox_id, image=image, started_at=running["created_at"]
         )
 
     async def stop_remote_sandbox(self, call: RpcCall) -> client_api_pb2.StopRemoteSandboxResult:
-        live = require_driver(self.runtime, call, "session.stopRemoteSandbox")
+        live = require_driver(self.sessions, call, "session.stopRemoteSandbox")
         handle = live.sandbox
         if handle is None:
             raise RpcFault(RpcCode.SANDBOX_NOT_RUNNING, SANDBOX_NOT_RUNNING)
-        detail = await stop_sandbox(self.runtime, live, call.actor, reason="explicit")
+        detail = await self.sandboxes.stop(live, call.actor, reason="explicit")
         if detail is not None:
             raise RpcFault(RpcCode.APPLICATION_ERROR, f"sandbox stop failed: {detail}")
         return client_api_pb2.StopRemoteSandboxResult(stopped=True, image=handle.image, sandbox_id=handle.sandbox_id)
@@ -67,14 +67,14 @@ class SandboxMethods:
     async def exec_remote_sandbox(
         self, call: RpcCall[client_api_pb2.ExecRemoteSandboxParams]
     ) -> client_api_pb2.ExecRemoteSandboxResult:
-        live = require_driver(self.runtime, call, "session.execRemoteSandbox")
+        live = require_driver(self.sessions, call, "session.execRemoteSandbox")
         command = call.params().command
         handle = live.sandbox
         if handle is None:
             raise RpcFault(RpcCode.SANDBOX_NOT_RUNNING, SANDBOX_NOT_RUNNING)
         try:
-            result = await exec_in_sandbox(self.runtime, live, call.actor, handle, command)
-        except SandboxError as exc:
+            result = await self.sandboxes.exec(live, call.actor, handle, command)
+        except SandboxFailed as exc:
             raise RpcFault(RpcCode.APPLICATION_ERROR, f"sandbox exec failed: {exc.detail}") from None
         return client_api_pb2.ExecRemoteSandboxResult(
             stdout=result.stdout, stderr=result.stderr, exit_code=result.exit_code
@@ -83,7 +83,7 @@ class SandboxMethods:
     async def report_local_sandbox(
         self, call: RpcCall[client_api_pb2.ReportLocalSandboxParams]
     ) -> client_api_pb2.ReportResult:
-        require_driver(self.runtime, call, "session.reportLocalSandbox")
+        require_driver(self.sessions, call, "session.reportLocalSandbox")
         params = call.params()
         unsandboxed = params.unsandboxed
         image = params.image if params.HasField("image") else None
@@ -99,5 +99,5 @@ class SandboxMethods:
             "container_id": params.container_id if params.HasField("container_id") else None,
             "detail": params.detail if params.HasField("detail") else None,
         }
-        await self.runtime.append(call.session_id, call.actor, [(f"session.sandbox.{params.state}", payload)])
+        await self.sessions.append(call.session_id, call.actor, [(f"session.sandbox.{params.state}", payload)])
         return client_api_pb2.ReportResult(reported=True)

@@ -29,7 +29,7 @@ from services.session.api.rest import ClientRestApi
 from services.session.api.sandbox_methods import SandboxMethods
 from services.session.engine.errors import SessionNotOpen
 from services.session.engine.ownership import NotOwner, Ownership
-from services.session.engine.spans import session_spans
+from services.session.engine.spans import SessionSpans
 
 # The servicer methods' context argument.
 Context: TypeAlias = grpc.aio.ServicerContext
@@ -76,8 +76,10 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         live: LiveApi,
         sandboxes: SandboxMethods,
         ownership: Ownership,
+        spans: SessionSpans,
     ) -> None:
         self.ownership = ownership
+        self.spans = spans
         self.rest = rest
         self.admin = admin
         self.auth = auth
@@ -214,7 +216,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         self, request: client_api_pb2.RegisterDriverRequest, context: Context
     ) -> client_api_pb2.RegisterDriverReply:
         reply = await self._unary(request, self.live.register_driver, client_api_pb2.RegisterDriverReply, context)
-        if (traceparent := session_spans.traceparent(request.session_id)) is not None:
+        if (traceparent := self.spans.traceparent(request.session_id)) is not None:
             context.set_trailing_metadata(((telemetry.SESSION_TRACEPARENT_KEY, traceparent),))
         return reply
 

@@ -7,12 +7,11 @@ import json
 import logging
 
 from bae.common.config import Config, primary_not_configured
-from bae.common.protos import runner_pb2
 from services.session.engine.domain import CompactionReason, CompactionTrigger
 from services.session.engine.errors import CompactionFailed
-from services.session.engine.runtime import CompactionBackoff, LiveSession
+from services.session.engine.live import CompactionBackoff, LiveSession
 from services.session.engine.turn import Turn
-from services.session.remote.runner import RunnerUnreachable
+from services.session.engine.ports import StepFailed, StepOutcome
 from services.session.store.events import EventView
 from services.session.store.records import ProfileRecord, SessionRecord
 
@@ -103,13 +102,13 @@ async def run_compaction(
             purpose=PURPOSE,
             min_max_tokens=MIN_OUTPUT_TOKENS,
         )
-    except RunnerUnreachable as exc:
+    except StepFailed as exc:
         await turn.flush()
         raise CompactionFailed(f"the model runner is unreachable ({exc})") from exc
-    if result.outcome == runner_pb2.StepResult.PROVIDER_CONFIG:
+    if result.outcome == StepOutcome.PROVIDER_CONFIG:
         await turn.flush()
         raise CompactionFailed(f"provider_config: {result.detail}")
-    if result.outcome != runner_pb2.StepResult.OK:
+    if result.outcome != StepOutcome.OK:
         await turn.flush()
         raise CompactionFailed(f"all {result.attempts} providers failed")
     if result.truncated:

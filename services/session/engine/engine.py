@@ -14,6 +14,7 @@ import asyncio
 import logging
 from typing import Any, Coroutine, TypeVar
 
+from bae.common.config import Config
 from services.session.engine import compaction
 from services.session.engine.domain import (
     CompactionOutcome,
@@ -44,11 +45,13 @@ from services.session.engine.merge import (
     merge_continuation,
     synthesize_abandoned,
 )
-from services.session.engine.runtime import LiveSession, SessionRuntime
-from services.session.engine.spans import MERGE_INVALID, PROFILE_UNAVAILABLE, session_spans, turn_trace
+from services.session.engine.live import LiveSession
+from services.session.engine.loop import TurnLoop
+from services.session.engine.ports import EventItem, EventStore, ProviderSteps, StepFailed
+from services.session.engine.registry import SessionRegistry
+from services.session.engine.spans import MERGE_INVALID, PROFILE_UNAVAILABLE, SessionSpans, turn_trace
 from services.session.engine.tasks import TaskOwner
-from services.session.engine.turn import EventItem, Turn
-from services.session.remote.runner import RunnerClient, RunnerUnreachable
+from services.session.engine.turn import Turn
 from services.session.store.records import ProfileRecord, SessionRecord
 
 log = logging.getLogger("bae.session.engine")
@@ -58,9 +61,22 @@ T = TypeVar("T")
 
 
 class TurnEngine:
-    def __init__(self, *, runtime: SessionRuntime, runner: RunnerClient) -> None:
-        self.runtime = runtime
-        self.runner = runner
+    def __init__(
+        self,
+        *,
+        registry: SessionRegistry,
+        store: EventStore,
+        steps: ProviderSteps,
+        loop: TurnLoop,
+        config: Config,
+        spans: SessionSpans,
+    ) -> None:
+        self._registry = registry
+        self._store = store
+        self._steps = steps
+        self._loop = loop
+        self._config = config
+        self._spans = spans
         self._work = TaskOwner("turn")
         self._accepting = True
         # One history load per session at a time, which every caller that arrives meanwhile awaits:
@@ -112,29 +128,32 @@ class TurnEngine:
     async def _admit(self, session_id: str) -> LiveSession:
         if not self._accepting:
             raise ShuttingDown
-        live = self.runtime.existing(session_id)
+        live = self._registry.existing(session_id)
         if live.history is None:  # loaded before the gate: it may hold a recovered pause
             loading = self._loading.get(session_id)
             if loading is None:
-                loading = asyncio.ensure_future(self.runtime.load_history(live))
+                loading = asyncio.ensure_future(self._registry.load_history(live))
                 self._loading[session_id] = loading
                 loading.add_done_callback(lambda _: self._loading.pop(session_id, None))
             await asyncio.shield(loading)
         return live
+
+    def _turn_of(self, live: LiveSession, actor: str, watcher: Watcher | None) -> Turn:
+        return Turn(live, actor, self._store, self._registry, self._steps, echo=watcher)
 
     # -- a turn -----------------------------------------------------------------
 
     async def _turn(
         self, live: LiveSession, request: TurnRequest, claim: Claim, watcher: Watcher | None, records: Records | None
     ) -> TurnOutcome:
-        turn = Turn(self.runtime, live, request.actor, self.runner, echo=watcher)
+        turn = self._turn_of(live, request.actor, watcher)
         parked: ParkedTurn | None = None
         try:
             if records is None or claim.waited:  # the session may have changed while queued
-                records = await self.runtime.store.session_and_profile(live.session_id)
+                records = await self._store.session_and_profile(live.session_id)
             outcome, parked = await self._claimed_turn(turn, request, claim, watcher, *records)
             return outcome
-        except RunnerUnreachable as exc:
+        except StepFailed as exc:
             raise LoopFailed(str(exc)) from exc
         finally:
             await self._flush_quietly(turn)
@@ -178,7 +197,7 @@ class TurnEngine:
         elif has_tool_result(content):
             raise OrphanToolResult
 
-        await self.runtime.load_history(live)
+        await self._registry.load_history(live)
         if watcher is not None:
             live.feed.join(watcher)
         items: list[tuple[str, dict]] = [("client.message.send", {"role": role, "content": content})]
@@ -194,13 +213,13 @@ class TurnEngine:
                 [("session.error", {"reason": "profile_unavailable", "profile_id": session.profile_id})],
                 new_state=SessionState.ERROR,
             )
-            session_spans.end(live.session_id, PROFILE_UNAVAILABLE)
+            self._spans.end(live.session_id, PROFILE_UNAVAILABLE)
             raise ProfileUnavailable
         paused = previous.span_context if previous is not None else None
-        with turn_trace(live.session_id, request.actor, previous is not None, paused) as traced:
+        with turn_trace(self._spans, live.session_id, request.actor, previous is not None, paused) as traced:
             if watcher is not None:
                 watcher.when_left(traced.client_left)
-            result = await turn.run_loop(session, profile)
+            result = await self._loop.run(turn, session, profile)
             span_context = traced.ended(result.end)
             pending = previous.pending_compaction if previous is not None else None
             if result.end == TurnEnd.PAUSED and result.parked is not None:
@@ -224,7 +243,7 @@ class TurnEngine:
             [("session.error", {"reason": "tool_result_merge_invalid", "detail": str(exc)})],
             new_state=SessionState.ERROR,
         )
-        session_spans.end(turn.session_id, MERGE_INVALID)
+        self._spans.end(turn.session_id, MERGE_INVALID)
         raise MergeRefused(str(exc))
 
     # -- auto compaction (§12.2) ------------------------------------------------------
@@ -254,7 +273,7 @@ class TurnEngine:
         try:
             await compaction.run_compaction(
                 turn,
-                self.runtime.config,
+                self._config,
                 profile,
                 trigger=CompactionTrigger.AUTO,
                 reason=reason,
@@ -280,25 +299,25 @@ class TurnEngine:
     async def _compaction(
         self, live: LiveSession, request: CompactRequest, claim: Claim, watcher: Watcher | None
     ) -> CompactionOutcome:
-        turn = Turn(self.runtime, live, request.actor, self.runner)
+        turn = self._turn_of(live, request.actor, watcher=None)
         try:
             if watcher is not None:
                 live.feed.join(watcher)
             previous = claim.parked
             if claim.reclaimed and previous is not None:
                 await self._abandoned(turn, previous)
-            session, profile = await self.runtime.store.session_and_profile(live.session_id)
+            session, profile = await self._store.session_and_profile(live.session_id)
             if session is None or session.state != SessionState.OPEN:
                 raise SessionNotOpen.of(session.state if session else None)
-            await self.runtime.load_history(live)
+            await self._registry.load_history(live)
             if previous is not None:
                 await self._retire(turn, previous)
             if profile is None:
                 raise ProfileUnavailable
-            usage = await self.runtime.store.latest_turn_usage(live.session_id)
+            usage = await self._store.latest_turn_usage(live.session_id)
             completed = await compaction.run_compaction(
                 turn,
-                self.runtime.config,
+                self._config,
                 profile,
                 trigger=CompactionTrigger.CLIENT,
                 reason=CompactionReason.MANUAL,
@@ -307,7 +326,7 @@ class TurnEngine:
                 instruction=compaction.client_prompt(session, request.prompt),
             )
             return CompactionOutcome(completed, turn.events)
-        except RunnerUnreachable as exc:
+        except StepFailed as exc:
             raise CompactionFailed(f"the model runner is unreachable ({exc})") from exc
         finally:
             await self._flush_quietly(turn)

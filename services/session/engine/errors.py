@@ -74,3 +74,12 @@ class ShuttingDown(EngineError):
 
     def __init__(self) -> None:
         super().__init__("server is shutting down; retry on another replica or after restart")
+
+
+class SandboxFailed(EngineError):
+    """A sandbox host refused or failed a start or an exec; `detail` is what it said (the
+    session's `session.sandbox.error` event says it too)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail

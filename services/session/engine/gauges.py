@@ -14,7 +14,7 @@ import time
 from typing import Callable
 
 from bae.common import telemetry
-from services.session.engine.runtime import SessionRuntime
+from services.session.engine.registry import SessionRegistry
 from services.session.store import Store
 from services.session.store.stats import activity_counts
 
@@ -50,7 +50,7 @@ class ActivityCounts:
             return None if self._values is None else self._values[index]
 
 
-def register_gauges(runtime: SessionRuntime, store: Store) -> None:
+def register_gauges(registry: SessionRegistry, store: Store) -> None:
     """The session service's ten gauges (each only when metrics are on and it is not disabled)."""
     counts = ActivityCounts(store, asyncio.get_running_loop())
     def db_count(index: int) -> Callable[[], int | None]:
@@ -61,7 +61,7 @@ def register_gauges(runtime: SessionRuntime, store: Store) -> None:
 
     def live_count(measure: Callable[..., int]) -> Callable[[], int]:
         # A copy of the values: the loop thread may add or drop sessions meanwhile.
-        return lambda: sum(measure(live) for live in tuple(runtime.sessions.values()))
+        return lambda: sum(measure(live) for live in registry.all())
 
     telemetry.observe("bae.mcp.sessions.live", live_count(lambda live: live.mcp is not None))
     telemetry.observe("bae.turns.pending", live_count(lambda live: live.gate.parked is not None))

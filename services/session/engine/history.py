@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bae.common.jsontext import dump, load
-from services.session.remote.runner import StepMessages
+from services.session.engine.ports import StepMessages
 
 MESSAGE_EVENTS = ("client.message.send", "server.message.send")
 DEFAULT_ROLE = {"client.message.send": "user", "server.message.send": "assistant"}

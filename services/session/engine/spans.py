@@ -50,7 +50,9 @@ def _active(span: Span | None) -> ContextManager[object]:
 
 
 class SessionSpans:
-    """The open `bae.session` spans of this replica, by session id (only when tracing is on)."""
+    """The open `bae.session` spans of this replica, by session id (only when tracing is on).
+
+    One per service, owned by whoever wires it (services/session/wiring.py)."""
 
     def __init__(self) -> None:
         self._spans: dict[str, Span] = {}
@@ -96,13 +98,12 @@ class SessionSpans:
             self.end(session_id)
 
 
-session_spans = SessionSpans()
-
 
 @dataclass
 class TurnTrace:
     """One turn's span (None when tracing is off) and how it ended."""
 
+    spans: SessionSpans
     session_id: str
     span: Span | None
     outcome: str | None = None
@@ -124,7 +125,7 @@ class TurnTrace:
         Returns the span's context for a paused turn to keep (the next turn's `resume` link).
         """
         if end == TurnEnd.UNAVAILABLE:
-            session_spans.end(self.session_id, ALL_PROVIDERS_FAILED)
+            self.spans.end(self.session_id, ALL_PROVIDERS_FAILED)
         if self.client_gone:
             return self.left_context
         self.outcome = OUTCOMES[end]
@@ -138,14 +139,16 @@ class TurnTrace:
 
 
 @contextmanager
-def turn_trace(session_id: str, actor: str, resumed: bool, paused: SpanContext | None) -> Iterator[TurnTrace]:
+def turn_trace(
+    spans: SessionSpans, session_id: str, actor: str, resumed: bool, paused: SpanContext | None
+) -> Iterator[TurnTrace]:
     """`bae.turn` around the provider loop, current for everything the loop does.
 
     Its parent is the current context: the sendMessage request's, which the turn's task copied.
     """
     span = None
     if telemetry.tracer is not None:
-        links = session_spans.links(session_id)
+        links = spans.links(session_id)
         if paused is not None and paused.is_valid:
             links.append(Link(paused, {"bae.link.kind": "resume"}))
         span = telemetry.tracer.start_span(
@@ -153,7 +156,7 @@ def turn_trace(session_id: str, actor: str, resumed: bool, paused: SpanContext |
             attributes={"bae.session.id": session_id, "bae.client_key.id": actor, "bae.turn.resumed": resumed},
             links=links,
         )
-    traced = TurnTrace(session_id, span)
+    traced = TurnTrace(spans, session_id, span)
     try:
         with _active(span):
             yield traced

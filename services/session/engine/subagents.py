@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from bae.common.protos import sandbox_pb2
-from services.session.remote.sandbox_pool import SandboxError, SandboxHandle
+from bae.common.errors import BaeError
+from services.session.engine.ports import CommandState, CommandStatus, SandboxHandle
 
 log = logging.getLogger("bae.session.subagents")
 
@@ -173,31 +173,31 @@ def cut_utf8(data: bytes, limit: int = OUTPUT_LIMIT) -> tuple[str, bool]:
     return data[:limit].decode("utf-8", errors="replace"), True
 
 
-def apply_outcome(entry: Subagent, status: sandbox_pb2.CommandStatus) -> tuple[str, dict] | None:
+def apply_outcome(entry: Subagent, status: CommandStatus) -> tuple[str, dict] | None:
     """Record a finished command on its entry; the event to append, or None while it runs (§11.2 table)."""
     state = status.state
-    if state == sandbox_pb2.CommandStatus.RUNNING:
+    if state == CommandState.RUNNING:
         return None
     stdout, cut_out = cut_utf8(status.stdout)
     stderr, cut_err = cut_utf8(status.stderr)
     entry.stdout, entry.stderr = stdout, stderr
     entry.truncated = cut_out or cut_err or status.stdout_truncated or status.stderr_truncated
-    if state == sandbox_pb2.CommandStatus.EXITED and status.exit_code == 0:
+    if state == CommandState.EXITED and status.exit_code == 0:
         entry.status, entry.exit_code = SubagentStatus.COMPLETED, 0
         return "session.subagent.completed", entry.event(exit_code=0)
-    if state == sandbox_pb2.CommandStatus.EXITED:
+    if state == CommandState.EXITED:
         entry.status, entry.exit_code, entry.reason = SubagentStatus.FAILED, status.exit_code, "nonzero_exit"
         return "session.subagent.failed", entry.event(reason="nonzero_exit", exit_code=status.exit_code)
-    if state == sandbox_pb2.CommandStatus.TIMED_OUT:
+    if state == CommandState.TIMED_OUT:
         entry.status, entry.reason = SubagentStatus.TIMED_OUT, "timeout"
         return "session.subagent.failed", entry.event(reason="timeout", exit_code=None)
-    if state == sandbox_pb2.CommandStatus.KILLED:
+    if state == CommandState.KILLED:
         entry.status, entry.reason = SubagentStatus.CANCELLED, "explicit"
         return "session.subagent.cancelled", entry.event(reason="explicit", exit_code=None)
     entry.status, entry.reason, entry.detail = SubagentStatus.FAILED, "spawn_failed", status.detail or "spawn failed"
     return "session.subagent.failed", entry.event(reason="spawn_failed", exit_code=None)
 
 
-def spawn_failed(entry: Subagent, error: SandboxError) -> tuple[str, dict]:
+def spawn_failed(entry: Subagent, error: BaeError) -> tuple[str, dict]:
     entry.status, entry.reason, entry.detail = SubagentStatus.FAILED, "spawn_failed", error.detail
     return "session.subagent.failed", entry.event(reason="spawn_failed", exit_code=None)

@@ -12,18 +12,14 @@ import asyncio
 from dataclasses import dataclass
 from typing import Iterator
 
-from typing import TYPE_CHECKING
-
 from services.session.engine.domain import Dispatch
-from services.session.remote.mcp import McpSessionConnections
-from services.session.store.records import SessionRecord
-
-if TYPE_CHECKING:  # turn imports this module; the annotation alone needs Turn
-    from services.session.engine.turn import Turn
-from services.session.engine.sandbox_calls import dispatch_sandbox_tool
-from services.session.engine.subagent_calls import dispatch_subagent_tool
+from services.session.engine.ports import McpSession
+from services.session.engine.sandboxes import SessionSandboxes
+from services.session.engine.spans import DispatchTrace, mcp_call_failed, mcp_call_span, open_dispatch
+from services.session.engine.subagent_calls import SessionSubagents
 from services.session.engine.subagents import STATUS_TOOL_DEFINITION
-from services.session.engine.spans import DispatchTrace, mcp_call_span, mcp_call_failed, open_dispatch
+from services.session.engine.turn import Turn
+from services.session.store.records import SessionRecord
 
 
 def _provider_tool(tool: dict) -> dict:
@@ -39,13 +35,13 @@ class ActingTools:
     client: list[dict]
     sandbox: list[dict]
     subagent: list[dict]
-    mcp: McpSessionConnections | None
+    mcp: McpSession | None
     # Whether the session tracks remote subagents: the status tool is offered then (§11.4).
     status_tool: bool = False
 
     @classmethod
     def of(
-        cls, session: SessionRecord, actor: str, mcp: McpSessionConnections | None, *, status_tool: bool = False
+        cls, session: SessionRecord, actor: str, mcp: McpSession | None, *, status_tool: bool = False
     ) -> "ActingTools":
         return cls(
             client=session.client_tools.get(actor, []),
@@ -84,62 +80,73 @@ class ActingTools:
         return self.mcp.route(name) if self.mcp is not None else None
 
 
-async def dispatch_server_tools(turn: Turn, calls: list[tuple[dict, Dispatch]], declared: ActingTools) -> list[dict]:
-    """Answer every server-side (block, kind); results come back in the model's order.
+class ToolDispatch:
+    """Answers a step's server-side `tool_use` blocks inside the turn."""
 
-    MCP calls run concurrently (their requests are logged first, their
-    responses in the model's order); sandbox and subagent calls run in order.
-    """
-    traces = [open_dispatch(block, kind) for block, kind in calls]
-    mcp_blocks = [block for block, kind in calls if kind == Dispatch.MCP]
-    mcp_calls: list[asyncio.Task] = []
-    if mcp_blocks:
-        await turn.emit(
-            [
-                (
-                    "mcp.request",
-                    {
-                        "method": "tools/call",
-                        "server_name": declared.mcp_server_for(b["name"]),
-                        "tool": b["name"],
-                        "input": b.get("input", {}),
-                    },
-                )
-                for b in mcp_blocks
+    def __init__(self, *, sandboxes: SessionSandboxes, subagents: SessionSubagents) -> None:
+        self._sandboxes = sandboxes
+        self._subagents = subagents
+
+    async def answer(self, turn: Turn, calls: list[tuple[dict, Dispatch]], declared: ActingTools) -> list[dict]:
+        """Answer every server-side (block, kind); results come back in the model's order.
+
+        MCP calls run concurrently (their requests are logged first, their
+        responses in the model's order); sandbox and subagent calls run in order.
+        """
+        traces = [open_dispatch(block, kind) for block, kind in calls]
+        mcp_blocks = [block for block, kind in calls if kind == Dispatch.MCP]
+        mcp_calls: list[asyncio.Task[tuple[dict, dict]]] = []
+        if mcp_blocks:
+            await turn.emit(
+                [
+                    (
+                        "mcp.request",
+                        {
+                            "method": "tools/call",
+                            "server_name": declared.mcp_server_for(b["name"]),
+                            "tool": b["name"],
+                            "input": b.get("input", {}),
+                        },
+                    )
+                    for b in mcp_blocks
+                ]
+            )
+            mcp_calls = [
+                asyncio.create_task(_call_mcp(declared, block, traced))
+                for (block, kind), traced in zip(calls, traces)
+                if kind == Dispatch.MCP
             ]
-        )
-        mcp_calls = [
-            asyncio.create_task(_call_mcp(declared, block, traced))
-            for (block, kind), traced in zip(calls, traces)
-            if kind == Dispatch.MCP
-        ]
-    pending_mcp = iter(mcp_calls)
-    try:
-        results = []
-        for (block, kind), traced in zip(calls, traces):
-            with traced.active():
-                results.append(await _answer(turn, block, kind, pending_mcp, declared))
-            traced.answered(results[-1])
-        return results
-    finally:
-        # A turn that failed or was cancelled part-way leaves no MCP call running behind it.
-        for call in mcp_calls:
-            call.cancel()
-        for traced in traces:
-            traced.abandoned()
+        pending_mcp = iter(mcp_calls)
+        try:
+            results = []
+            for (block, kind), traced in zip(calls, traces):
+                with traced.active():
+                    results.append(await self._answer(turn, block, kind, pending_mcp, declared))
+                traced.answered(results[-1])
+            return results
+        finally:
+            # A turn that failed or was cancelled part-way leaves no MCP call running behind it.
+            for call in mcp_calls:
+                call.cancel()
+            for traced in traces:
+                traced.abandoned()
 
-
-async def _answer(
-    turn: Turn, block: dict, kind: Dispatch, pending_mcp: Iterator[asyncio.Task], declared: ActingTools
-) -> dict:
-    """Record one server-side block's outcome; its tool_result block. MCP calls are taken in order."""
-    if kind == Dispatch.MCP:
-        response, result = await next(pending_mcp)
-        await turn.emit([("mcp.response", response), ("tool.result", result)])
-        return _as_result_block(result)
-    if kind == Dispatch.SANDBOX:
-        return await dispatch_sandbox_tool(turn, block)
-    return await dispatch_subagent_tool(turn, block, declared)
+    async def _answer(
+        self,
+        turn: Turn,
+        block: dict,
+        kind: Dispatch,
+        pending_mcp: Iterator[asyncio.Task[tuple[dict, dict]]],
+        declared: ActingTools,
+    ) -> dict:
+        """Record one server-side block's outcome; its tool_result block. MCP calls are taken in order."""
+        if kind == Dispatch.MCP:
+            response, result = await next(pending_mcp)
+            await turn.emit([("mcp.response", response), ("tool.result", result)])
+            return _as_result_block(result)
+        if kind == Dispatch.SANDBOX:
+            return await self._sandboxes.answer_tool(turn, block)
+        return await self._subagents.answer_tool(turn, block, declared.subagent)
 
 
 def _as_result_block(event_payload: dict) -> dict:

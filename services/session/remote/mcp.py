@@ -46,6 +46,8 @@ from pydantic import TypeAdapter
 
 from bae import __version__
 from bae.common.config import Config, McpServer, resolve_env
+from services.session.engine.ports import McpCallResult, McpTool
+from services.session.store.records import ProfileRecord
 
 log = logging.getLogger("bae.session.mcp")
 
@@ -75,21 +77,6 @@ ENV_WHAT = "MCP server config"
 
 _RAW_RESULT = TypeAdapter(dict[str, Any])
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class McpTool:
-    name: str
-    description: str
-    input_schema: dict
-    server_name: str
-
-
-@dataclass(frozen=True)
-class McpCallResult:
-    ok: bool
-    result: dict | None = None  # the server's CallToolResult JSON, verbatim
-    error: str | None = None  # transport/protocol failure ("<code>: <message>" for JSON-RPC errors)
 
 
 class McpSessionConnections:
@@ -184,6 +171,20 @@ class McpSessionConnections:
     def child_pids(self) -> list[int]:
         """PIDs of the live stdio children (empty where /proc is unavailable)."""
         return [c.pid for c in self._connections if c.pid is not None]
+
+
+class McpConnector:
+    """Connects a session's profile's MCP servers, as the registry in bae-config.toml declares them."""
+
+    def __init__(self, config: Config, *, call_timeout: float = DEFAULT_CALL_TIMEOUT) -> None:
+        self._config = config
+        self._call_timeout = call_timeout
+
+    async def connect(self, session_id: str, profile: ProfileRecord) -> McpSessionConnections:
+        return await McpSessionConnections.connect(
+            session_id, list(profile.mcp_servers), self._config, call_timeout=self._call_timeout,
+            profile_id=profile.id, profile_name=profile.name,
+        )
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import grpc
 from bae.common.grpcutil import channel
 from bae.common.internal import InternalPlane
 from bae.common.protos import session_pb2, session_pb2_grpc
+from services.session.engine.ports import ClosedSession, Revocation
 
 log = logging.getLogger("bae.session.peers")
 
@@ -31,13 +32,29 @@ class Peers:
             stub = self._stubs[address] = session_pb2_grpc.SessionServiceStub(chan)
         return stub
 
-    async def apply_revocation(self, address: str, revocation: session_pb2.Revocation) -> None:
+    async def apply_revocation(self, address: str, revocation: Revocation) -> None:
         """Best effort: a replica that cannot be reached holds nothing live for long (its lease lapses)."""
         try:
-            await self._stub(address).ApplyRevocation(revocation, timeout=self._timeout)
+            await self._stub(address).ApplyRevocation(revocation_message(revocation), timeout=self._timeout)
         except grpc.aio.AioRpcError as error:
             log.warning("replica at %s did not take the revocation of %s: %s",
                         address, revocation.key_id, error.code().name)
 
     async def close(self) -> None:
         await asyncio.gather(*(chan.close() for chan in self._channels))
+
+
+def revocation_message(revocation: Revocation) -> session_pb2.Revocation:
+    message = session_pb2.Revocation(key_id=revocation.key_id, session_ids=revocation.session_ids)
+    for closed in revocation.closed:
+        message.closed.add(session_id=closed.session_id, event_ids=closed.event_ids)
+    return message
+
+
+def revocation_of(message: session_pb2.Revocation) -> Revocation:
+    """The revocation another replica sent (SessionService.ApplyRevocation)."""
+    return Revocation(
+        message.key_id,
+        [ClosedSession(closed.session_id, list(closed.event_ids)) for closed in message.closed],
+        list(message.session_ids),
+    )

@@ -24,15 +24,17 @@ import contextvars
 import itertools
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
 from typing import AsyncGenerator, NamedTuple
 
 import grpc
 
 from bae.common import grpcutil, propagation
 from bae.common.internal import InternalPlane
+from bae.common.jsontext import RawJson
 from bae.common.protos import runner_pb2, runner_pb2_grpc
 from bae.common.stream_writer import StreamWriter
+from services.session.engine.domain import Usage
+from services.session.engine.ports import StepEvent, StepFailed, StepMessages, StepOutcome, StepRequest, StepResult, StepUpdate
 
 log = logging.getLogger("bae.session.runner")
 
@@ -48,16 +50,11 @@ HELD_HISTORY_BYTES = 128 * 1024 * 1024
 HELD_MESSAGE_OVERHEAD = 128
 
 
-class StepMessages(NamedTuple):
-    """A provider step's history: each message's JSON text, and its role."""
-
-    texts: Sequence[str]
-    roles: Sequence[str]
-
-
-class RunnerUnreachable(Exception):
-    """The step produced no result for a reason of the runner's, not a provider's: it is
-    down or restarting, it refused the step, or the step overran its deadline."""
+_OUTCOMES = {
+    runner_pb2.StepResult.OK: StepOutcome.OK,
+    runner_pb2.StepResult.ALL_FAILED: StepOutcome.ALL_FAILED,
+    runner_pb2.StepResult.PROVIDER_CONFIG: StepOutcome.PROVIDER_CONFIG,
+}
 
 
 class RunnerClient:
@@ -72,15 +69,12 @@ class RunnerClient:
         self._stream: _StepStream | None = None
         self._opening = asyncio.Lock()
         self._step_ids = itertools.count(1)
-        # How many streams this client opened: one, unless the runner went away or restarted.
-        self.opened_streams = 0
 
     async def run_step(
-        self, request: runner_pb2.StepRequest, messages: StepMessages, *, timeout: float
-    ) -> AsyncGenerator[runner_pb2.StepUpdate, None]:
-        """The step's updates, the last one with its result; `request` without its history, which
-        is `messages`. Each `provider.request` has its messages. A consumer that stops early stops
-        the step."""
+        self, request: StepRequest, messages: StepMessages, *, timeout: float
+    ) -> AsyncGenerator[StepUpdate, None]:
+        """The step's updates, the last one with its result. Each `provider.request` has its
+        messages. A consumer that stops early stops the step."""
         if len(messages.texts) != len(messages.roles):
             raise ValueError(f"{len(messages.texts)} messages but {len(messages.roles)} roles")
         stream = await self._open()
@@ -88,7 +82,7 @@ class RunnerClient:
         replies = stream.expect(step_id)
         context: list[tuple[str, str | bytes]] = []
         propagation.add_outgoing(context)
-        start = runner_pb2.StepStart(request=request, context={k: str(v) for k, v in context})
+        start = runner_pb2.StepStart(request=_step_request(request), context={k: str(v) for k, v in context})
         messages_json: str | None = None  # the history as one JSON array, made when first needed
         ended = False
         # Only the waits are bounded: the consumer's own work between updates is not cut short.
@@ -100,20 +94,23 @@ class RunnerClient:
                     async with asyncio.timeout_at(deadline):
                         reply = await replies.get()
                 except TimeoutError:
-                    raise RunnerUnreachable(f"the step took longer than {timeout:g} s") from None
+                    raise StepFailed(f"the step took longer than {timeout:g} s") from None
                 if reply is _ENDED:
-                    raise RunnerUnreachable(stream.ending or "the runner ended the stream")
+                    raise StepFailed(stream.ending or "the runner ended the stream")
                 if reply.WhichOneof("kind") == "refused":
                     ended = True
                     stream.histories.drop(request.session_id)
-                    raise RunnerUnreachable(f"the runner refused the step: {reply.refused}")
-                for event in reply.update.events:
+                    raise StepFailed(f"the runner refused the step: {reply.refused}")
+                update = reply.update
+                events = []
+                for event in update.events:
+                    payload = event.payload_json
                     if event.messages_as_sent:
                         messages_json = messages_json or "[" + ",".join(messages.texts) + "]"
-                        event.payload_json = _with_messages(event.payload_json, messages_json)
-                        event.messages_as_sent = False
-                ended = reply.update.HasField("result")
-                yield reply.update
+                        payload = _with_messages(payload, messages_json)
+                    events.append(StepEvent(event.event_type, RawJson(payload)))
+                ended = update.HasField("result")
+                yield StepUpdate(events, _step_result(update.result) if ended else None)
         finally:
             stream.forget(step_id)
             if not ended:
@@ -142,8 +139,30 @@ class RunnerClient:
             # Long-lived, so no deadline: keepalive finds a runner that went away.
             call = contextvars.Context().run(self.stub.RunSteps)
             self._stream = _StepStream(call)
-            self.opened_streams += 1
             return self._stream
+
+
+def _step_request(request: StepRequest) -> runner_pb2.StepRequest:
+    """The wire request, without its history (HeldHistories.step adds what the runner needs)."""
+    return runner_pb2.StepRequest(
+        session_id=request.session_id,
+        primary_provider=request.primary_provider,
+        fallback_providers=request.fallback_providers,
+        tools_json=request.tools_json,
+        purpose=request.purpose,
+        min_max_tokens=request.min_max_tokens,
+    )
+
+
+def _step_result(result: runner_pb2.StepResult) -> StepResult:
+    return StepResult(
+        outcome=_OUTCOMES.get(result.outcome, StepOutcome.ALL_FAILED),
+        message_json=result.message_json,
+        usage=Usage(result.input_tokens, result.output_tokens) if result.has_usage else None,
+        attempts=result.attempts,
+        detail=result.detail,
+        truncated=result.truncated,
+    )
 
 
 def _utf8_size(texts: list[str], chars: int) -> int:
@@ -183,7 +202,7 @@ class HeldHistories:
 
     def step(self, request: runner_pb2.StepRequest, messages: StepMessages) -> None:
         """Fill in the request's history: the messages after the part the runner keeps. A history
-        too large for the stream raises RunnerUnreachable, and nothing changes."""
+        too large for the stream raises StepFailed, and nothing changes."""
         texts = list(messages.texts)
         previous = self._held.get(request.session_id)
         if previous is None:
@@ -193,7 +212,7 @@ class HeldHistories:
             chars = previous.chars - sum(map(len, previous.texts[shared:])) + sum(map(len, texts[shared:]))
         size = _utf8_size(texts, chars) + request.ByteSize()
         if size > MAX_STEP_REQUEST_BYTES:
-            raise RunnerUnreachable(f"the step's request is {size} bytes, over the {MAX_STEP_REQUEST_BYTES} a step may send")
+            raise StepFailed(f"the step's request is {size} bytes, over the {MAX_STEP_REQUEST_BYTES} a step may send")
         kept = shared if self.runner_holds else 0
         request.hold_history = True
         request.kept_messages = kept
@@ -249,7 +268,7 @@ class _StepStream:
     def send_start(self, step_id: int, start: runner_pb2.StepStart, messages: StepMessages) -> None:
         """Send a step with the part of its history the runner does not hold."""
         if self.ending is not None:
-            raise RunnerUnreachable(self.ending)
+            raise StepFailed(self.ending)
         # No await from here on: the runner takes the starts in the order they are written.
         self.histories.step(start.request, messages)
         self._writer.send(runner_pb2.StepCall(step_id=step_id, start=start))

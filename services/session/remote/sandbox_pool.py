@@ -4,7 +4,7 @@ One channel per host. A background task polls each host's health every
 `poll_interval` seconds; only hosts answering SERVING receive new sandboxes,
 and a new sandbox goes to the one with the fewest running sandboxes (counted
 here). A sandbox stays on its host: calls for it go there, and a host that is
-down turns them into a `SandboxError` at once or within the call's deadline.
+down turns them into an `Unavailable` error at once or within the call's deadline.
 
 Image status (SERVER-SPEC §10.2) is process memory keyed profile_id → image.
 """
@@ -13,58 +13,55 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bae.common.errors import DETAIL_LIMIT, BaeError, echo
+from bae.common import error_codes
+from bae.common.errors import BaeError, Conflict, DeadlineExceeded, Internal, TooLarge, Unavailable, Unprocessable
 from bae.common.grpcutil import channel
 from bae.common.internal import InternalPlane
 from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
-from services.session.remote.sandbox_idle import IdleWatch
+from services.session.engine.ports import (
+    CommandState,
+    CommandStatus,
+    ExecResult,
+    HostCommand,
+    HostInventory,
+    HostSandbox,
+    SandboxHandle,
+)
+from services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery
 
 log = logging.getLogger("bae.session.sandboxes")
 
 SERVICE_NAME = sandbox_pb2.DESCRIPTOR.services_by_name["Sandbox"].full_name
 HOST_UNAVAILABLE = "the sandbox host is unavailable"
-# Codes a sandbox host answers with a detail of its own making (services/sandbox/driver.py
-# SandboxFailure): the detail is meant for the client. Any other code's text is gRPC's or an
-# unexpected error's.
-_HOST_VERDICTS = frozenset(
-    {
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.UNIMPLEMENTED,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.ABORTED,
-    }
-)
+# The reason of a host's refusal before it was told the allowed images (services/sandbox/images.py):
+# it restarted since, so it is told again and the call retried once.
+IMAGES_UNKNOWN = "images_unknown"
 
 
-class SandboxError(BaeError):
-    """A sandbox call failed; `detail` is the text for events and JSON-RPC errors."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
-
-
-@dataclass(frozen=True)
-class SandboxHandle:
-    host: str  # the host's gRPC address, as configured
-    sandbox_id: str
-    image: str
+_STATES = {
+    sandbox_pb2.CommandStatus.RUNNING: CommandState.RUNNING,
+    sandbox_pb2.CommandStatus.EXITED: CommandState.EXITED,
+    sandbox_pb2.CommandStatus.TIMED_OUT: CommandState.TIMED_OUT,
+    sandbox_pb2.CommandStatus.KILLED: CommandState.KILLED,
+    sandbox_pb2.CommandStatus.FAILED: CommandState.FAILED,
+}
 
 
-@dataclass(frozen=True)
-class ExecResult:
-    stdout: str
-    stderr: str
-    exit_code: int
+def command_status(status: sandbox_pb2.CommandStatus) -> CommandStatus:
+    return CommandStatus(
+        state=_STATES.get(status.state, CommandState.FAILED),
+        exit_code=status.exit_code,
+        stdout=status.stdout,
+        stderr=status.stderr,
+        stdout_truncated=status.stdout_truncated,
+        stderr_truncated=status.stderr_truncated,
+        detail=status.detail,
+    )
 
 
 class _Host:
@@ -93,16 +90,16 @@ class SandboxPool:
         pull_timeout: float = 600.0,
         poll_interval: float = 2.0,
         host_wait: float = 30.0,
-        idle: IdleWatch | None = None,
     ) -> None:
-        """`host_wait`: how long provisioning waits for a first healthy host (start-up races)."""
+        """`addrs`: host addresses, or names (e.g. a scaled docker-compose service) that are
+        re-resolved to all their addresses. `host_wait`: how long provisioning waits for a first
+        healthy host (start-up races)."""
         self._rpc_timeout = rpc_timeout
         self._plane = plane
         self._exec_timeout = exec_timeout
         self._pull_timeout = pull_timeout
         self._poll_interval = poll_interval
         self._host_wait = host_wait
-        self.idle = idle or IdleWatch()
         self._hosts: dict[str, _Host] = {}
         self._poller: asyncio.Task | None = None
         self._status: dict[str, dict[str, dict]] = {}
@@ -113,8 +110,18 @@ class SandboxPool:
         self._images_version = 0
         # Called when a host no inventory has covered yet is seen up: a host down or silent at
         # start-up still holds the sandboxes and subagents of open sessions.
-        self.on_uninventoried_up: Callable[[], None] | None = None
+        self._on_new_host: Callable[[], None] | None = None
+        self._discovery = SandboxDiscovery(self, addrs) if needs_discovery(addrs) else None
         self.set_addrs(addrs)
+
+    async def start_watching(self) -> None:
+        """Resolve the hosts named by DNS, and keep resolving them."""
+        if self._discovery is not None:
+            await self._discovery.refresh()
+            self._discovery.start()
+
+    def on_new_host(self, callback: Callable[[], None]) -> None:
+        self._on_new_host = callback
 
     # -- hosts and health -------------------------------------------------------------------
 
@@ -153,8 +160,8 @@ class SandboxPool:
             up = False
         if up != host.up:
             log.log(logging.INFO if up else logging.WARNING, "sandbox host %s is %s", host.address, "up" if up else "down")
-            if up and host.up is False and not host.inventoried and self.on_uninventoried_up is not None:
-                self.on_uninventoried_up()
+            if up and host.up is False and not host.inventoried and self._on_new_host is not None:
+                self._on_new_host()
         host.up = up
 
     async def _healthy(self) -> list[_Host]:
@@ -170,28 +177,31 @@ class SandboxPool:
         host = self._hosts.get(handle.host)
         if host is None:
             log.warning("sandbox %s: its host %s is no longer configured", handle.sandbox_id, handle.host)
-            raise SandboxError("the sandbox's host is no longer configured")
+            raise Unavailable("the sandbox's host is no longer configured")
         if host.up is False:
-            raise SandboxError(HOST_UNAVAILABLE)
+            raise Unavailable(HOST_UNAVAILABLE)
         return host
 
-    def _failure(self, host: _Host, error: grpc.aio.AioRpcError, timeout: float) -> SandboxError:
-        """The SandboxError for a failed call. Its detail reaches clients and events, so it
-        carries only what the sandbox host says on purpose; addresses and gRPC's own texts
-        (e.g. "Sent message larger than max") go to the log."""
+    def _failure(self, host: _Host, error: grpc.aio.AioRpcError, timeout: float) -> BaeError:
+        """The error of a failed call. Its detail reaches clients and events: an error the host
+        raised on purpose (bae.common.error_codes) is raised again as it came; a host that is
+        down or failed, and gRPC's own failures, are told by what happened, their texts (which
+        may name addresses, e.g. "Sent message larger than max") going to the log."""
+        verdict = error_codes.raised_by(error)
+        if verdict is not None and not isinstance(verdict, (Unavailable, Internal)):
+            return verdict
         code = error.code()
-        details = error.details() or ""
-        if code in _HOST_VERDICTS and not (code == grpc.StatusCode.DEADLINE_EXCEEDED and details == "Deadline Exceeded"):
-            return SandboxError(echo(details, DETAIL_LIMIT) or code.name.lower())
-        log.warning("sandbox host %s: call failed: %s %s", host.address, code.name, details)
+        log.warning("sandbox host %s: call failed: %s %s", host.address, code.name, error.details())
         if code == grpc.StatusCode.UNAVAILABLE:
             host.up = False
-            return SandboxError(HOST_UNAVAILABLE)
+            return Unavailable(HOST_UNAVAILABLE)
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return SandboxError(f"the sandbox host did not answer within {timeout:g}s")
+            return DeadlineExceeded(f"the sandbox host did not answer within {timeout:g}s")
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            return SandboxError("the sandbox call exceeded a size limit")
-        return SandboxError("the sandbox host failed; see its log")
+            return TooLarge("the sandbox call exceeded a size limit")
+        if code == grpc.StatusCode.UNIMPLEMENTED:  # a host older than this client
+            return Unprocessable(error.details() or "unimplemented")
+        return Internal("the sandbox host failed; see its log")
 
     async def _call(self, host: _Host, method: str, request, timeout: float):
         try:
@@ -210,8 +220,9 @@ class SandboxPool:
             try:
                 return await getattr(host.stub, method)(request, timeout=timeout)
             except grpc.aio.AioRpcError as error:
-                if error.code() != grpc.StatusCode.ABORTED or attempt:
-                    raise self._failure(host, error, timeout) from None
+                failure = self._failure(host, error, timeout)
+                if attempt or not (isinstance(failure, Conflict) and failure.reason == IMAGES_UNKNOWN):
+                    raise failure from None
                 host.images_version = -1
 
     # -- sandboxes ----------------------------------------------------------------------------
@@ -220,7 +231,7 @@ class SandboxPool:
         """Ensure the image on every healthy host; True when some host pulled it now."""
         hosts = await self._healthy()
         if not hosts:
-            raise SandboxError("no sandbox host is available")
+            raise Unavailable("no sandbox host is available")
         request = sandbox_pb2.EnsureImageRequest(image=image)
         replies = await asyncio.gather(
             *(self._image_call(host, "EnsureImage", request, self._pull_timeout) for host in hosts),
@@ -237,8 +248,8 @@ class SandboxPool:
         """Place a sandbox on the least loaded healthy host (the next one if that host is down)."""
         hosts = await self._healthy()
         if not hosts:
-            raise SandboxError("no sandbox host is available")
-        last: SandboxError | None = None
+            raise Unavailable("no sandbox host is available")
+        last: BaeError | None = None
         for host in sorted(hosts, key=lambda h: h.running):
             host.running += 1  # counted at once, so concurrent starts spread out
             try:
@@ -248,15 +259,13 @@ class SandboxPool:
                 reply = await self._image_call(
                     host, "Start", sandbox_pb2.StartRequest(session_id=session_id, image=image), self._rpc_timeout
                 )
-            except SandboxError as exc:
+            except BaeError as exc:
                 host.running -= 1
                 if host.up is False:  # the host went away: the next one may do
                     last = exc
                     continue
                 raise
-            handle = SandboxHandle(host=host.address, sandbox_id=reply.sandbox_id, image=image)
-            self.idle.started(session_id, handle)
-            return handle
+            return SandboxHandle(host=host.address, sandbox_id=reply.sandbox_id, image=image)
         assert last is not None
         raise last
 
@@ -267,13 +276,11 @@ class SandboxPool:
         """
         host = self._host_of(handle)
         request = sandbox_pb2.ExecRequest(sandbox_id=handle.sandbox_id, command=command, timeout_seconds=0)
-        with self.idle.using(handle):
-            reply = await self._call(host, "Exec", request, self._exec_timeout + self._rpc_timeout)
+        reply = await self._call(host, "Exec", request, self._exec_timeout + self._rpc_timeout)
         return ExecResult(stdout=reply.stdout, stderr=reply.stderr, exit_code=reply.exit_code)
 
     async def stop(self, handle: SandboxHandle) -> None:
         """Stop the sandbox; the pool forgets it either way (the caller already dropped its handle)."""
-        self.idle.forget(handle)
         host = self._hosts.get(handle.host)
         if host is not None:
             host.running = max(host.running - 1, 0)
@@ -284,7 +291,7 @@ class SandboxPool:
 
     async def start_command(
         self, handle: SandboxHandle, command_id: str, command: str, *, stdin: bytes, timeout: float, output_limit: int
-    ) -> sandbox_pb2.CommandStatus:
+    ) -> None:
         request = sandbox_pb2.StartCommandRequest(
             sandbox_id=handle.sandbox_id,
             command_id=command_id,
@@ -293,20 +300,18 @@ class SandboxPool:
             timeout_seconds=timeout,
             output_limit_bytes=output_limit,
         )
-        return await self._call(self._host_of(handle), "StartCommand", request, self._rpc_timeout)
+        await self._call(self._host_of(handle), "StartCommand", request, self._rpc_timeout)
 
-    async def wait_command(self, host: str, command_id: str, wait: float) -> sandbox_pb2.CommandStatus:
+    async def wait_command(self, host: str, command_id: str, wait: float) -> CommandStatus:
         """The command's state once it ended, or after `wait` seconds; its whole kept output."""
         request = sandbox_pb2.WaitCommandRequest(command_id=command_id, wait_seconds=wait)
-        return await self._call(self._address(host), "WaitCommand", request, wait + self._rpc_timeout)
+        return command_status(await self._call(self._address(host), "WaitCommand", request, wait + self._rpc_timeout))
 
-    async def kill_command(self, host: str, command_id: str) -> sandbox_pb2.CommandStatus:
+    async def kill_command(self, host: str, command_id: str) -> None:
         request = sandbox_pb2.KillCommandRequest(command_id=command_id)
-        return await self._call(self._address(host), "KillCommand", request, self._rpc_timeout)
+        await self._call(self._address(host), "KillCommand", request, self._rpc_timeout)
 
-    async def inventory(
-        self, *, uninventoried_only: bool = False
-    ) -> list[tuple[str, list[sandbox_pb2.SandboxInfo], list[sandbox_pb2.CommandStatus]]]:
+    async def inventory(self, *, uninventoried_only: bool = False) -> list[HostInventory]:
         """Each reachable host's sandboxes and background commands (reconciliation); with
         `uninventoried_only`, only the hosts no inventory has covered yet."""
         found = []
@@ -316,24 +321,29 @@ class SandboxPool:
             try:
                 sandboxes = await self._call(host, "List", sandbox_pb2.ListRequest(), self._rpc_timeout)
                 commands = await self._call(host, "ListCommands", sandbox_pb2.ListCommandsRequest(), self._rpc_timeout)
-            except SandboxError as exc:
+            except BaeError as exc:
                 log.warning("sandbox host %s: inventory failed: %s", host.address, exc.detail)
                 continue
             host.inventoried = True
-            found.append((host.address, list(sandboxes.sandboxes), list(commands.commands)))
+            found.append(
+                HostInventory(
+                    host.address,
+                    [HostSandbox(i.sandbox_id, i.session_id, i.image, i.state) for i in sandboxes.sandboxes],
+                    [HostCommand(c.command_id, c.sandbox_id) for c in commands.commands],
+                )
+            )
         return found
 
-    def adopt(self, session_id: str, handle: SandboxHandle) -> None:
+    def adopt(self, handle: SandboxHandle) -> None:
         """Count a sandbox found running on a host as placed (reconciliation)."""
         host = self._hosts.get(handle.host)
         if host is not None:
             host.running += 1
-        self.idle.started(session_id, handle)
 
     def _address(self, address: str) -> _Host:
         host = self._hosts.get(address)
         if host is None:
-            raise SandboxError("the sandbox's host is no longer configured")
+            raise Unavailable("the sandbox's host is no longer configured")
         return host
 
     def running_counts(self) -> dict[str, int]:
@@ -375,7 +385,7 @@ class SandboxPool:
                 pulled = await self.ensure_image(name)
                 entry = {"name": name, "status": "available"}
                 log.info("sandbox image %s %s", name, "pulled successfully" if pulled else "already available")
-            except SandboxError as exc:
+            except BaeError as exc:
                 entry = {"name": name, "status": "error", "detail": exc.detail}
                 log.warning("sandbox image %s: failed to ensure: %s", name, exc.detail)
             if self._status.get(profile_id) is not statuses:
@@ -410,12 +420,64 @@ class SandboxPool:
         }
 
     async def close(self) -> None:
+        if self._discovery is not None:
+            await self._discovery.close()
         tasks = [task for task in (self._poller, *self._provisioning.values()) if task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._provisioning.clear()
         self._poller = None
-        await self.idle.close()
         for host in [*self._hosts.values(), *self._retired]:
             await host.channel.close()
+
+
+NO_HOSTS = "no sandbox hosts are configured (BAE_SANDBOX_GRPC_ADDRS is empty)"
+
+
+class NoSandboxHosts:
+    """The sandboxes of a deployment with no sandbox host: every start fails, nothing is provisioned."""
+
+    async def start(self, session_id: str, image: str) -> SandboxHandle:
+        raise Unavailable(NO_HOSTS)
+
+    async def exec(self, handle: SandboxHandle, command: str) -> ExecResult:
+        raise Unavailable(NO_HOSTS)
+
+    async def stop(self, handle: SandboxHandle) -> None:
+        raise Unavailable(NO_HOSTS)
+
+    async def start_command(
+        self, handle: SandboxHandle, command_id: str, command: str, *, stdin: bytes, timeout: float, output_limit: int
+    ) -> None:
+        raise Unavailable(NO_HOSTS)
+
+    async def wait_command(self, host: str, command_id: str, wait: float) -> CommandStatus:
+        raise Unavailable(NO_HOSTS)
+
+    async def kill_command(self, host: str, command_id: str) -> None:
+        raise Unavailable(NO_HOSTS)
+
+    async def inventory(self, *, uninventoried_only: bool = False) -> list[HostInventory]:
+        return []
+
+    def adopt(self, handle: SandboxHandle) -> None:
+        pass
+
+    def on_new_host(self, callback: Callable[[], None]) -> None:
+        pass
+
+    def provision(self, profile_id: str, images: Iterable[str]) -> None:
+        pass
+
+    def status_for(self, profile_id: str) -> list[dict]:
+        return []
+
+    def status_view(self) -> dict:
+        return {"items": []}
+
+    async def start_watching(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import Connection, Row, Select, and_, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from bae.common.errors import Problem
+from bae.common.errors import Unavailable
 from bae.common.ids import new_id
 from bae.common.timefmt import now
 from bae.common.jsontext import RawJson, dump, load
@@ -62,17 +62,16 @@ _FINISH = (
 )
 
 
-class OrderConflict(Problem):
+class OrderConflict(Unavailable):
     """Another writer appended to this session between our read of its last number and our insert.
 
     The database's UNIQUE(session_id, session_seq) refused our events: they were not
     written, so the session's order stays one writer's. Retrying appends after the
-    other writer's events, which the caller may not have seen: a 503 tells it to retry.
+    other writer's events, which the caller may not have seen: it is told to retry.
     """
 
     def __init__(self, session_id: str) -> None:
-        super().__init__(503, "service_unavailable", "the session was written concurrently; retry shortly",
-                         retry_after=1)
+        super().__init__("the session was written concurrently; retry shortly", retry_after=1)
         self.session_id = session_id
 
 

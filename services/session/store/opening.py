@@ -39,7 +39,7 @@ class Declarations(Protocol):
 class Refusal:
     """A refused open or join that leaves an audit row: an `error` session with a `session.error` event."""
 
-    problem: BaeError
+    error: BaeError
     profile_id: str
     payload: dict
 
@@ -49,7 +49,7 @@ class Vetting(Protocol):
         """Raise the error that refuses this join before any profile check (nothing is written)."""
 
     def vet_profile(self, key: KeyRecord, profile: ProfileRecord | None, body: Declarations) -> Refusal | None:
-        """A refusal to audit, or None; or raise an error (nothing is written)."""
+        """A refusal to audit, or None; or raise the error that refuses it (nothing is written)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Opened:
 class Refused:
     """A refusal whose audit row was committed; raised after the transaction."""
 
-    problem: BaeError
+    error: BaeError
 
 
 def _vetted_profile(
@@ -74,7 +74,7 @@ def _vetted_profile(
     refusal = vetting.vet_profile(key, profile, body)
     if refusal is not None:
         _audit(conn, key, refusal.profile_id, body, refusal.payload)
-        return Refused(refusal.problem)
+        return Refused(refusal.error)
     assert profile is not None  # vet_profile refuses a missing profile
     return profile
 

@@ -69,7 +69,7 @@ def _sqlstate(error: DBAPIError) -> str:
 
 
 def unavailable(error: BaseException) -> StoreUnavailable | None:
-    """The 503 for a server that cannot serve this call now; None for any other error."""
+    """The StoreUnavailable for a server that cannot serve this call now; None for any other error."""
     if isinstance(error, (OSError, TimeoutError, PoolTimeout)):
         log.warning("database unreachable: %s", type(error).__name__)
         return StoreUnavailable("the database is unavailable; retry later", busy=False)
@@ -113,10 +113,10 @@ class PostgresBackend:
             async with self.db.connect() as conn, conn.begin():
                 return await conn.run_sync(_holding, held, fn, args)
         except (SQLAlchemyError, OSError, TimeoutError) as exc:
-            problem = unavailable(exc)
-            if problem is None:
+            outage = unavailable(exc)
+            if outage is None:
                 raise
-            raise problem from None
+            raise outage from None
         finally:
             held.release()
 

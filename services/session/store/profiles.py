@@ -6,6 +6,7 @@ import dataclasses
 
 from sqlalchemy import Connection, Row, and_, bindparam, exists, insert, select, update
 
+from bae.common.errors import Conflict
 from bae.common.ids import new_id
 from bae.common.timefmt import now
 from services.session.store.records import ProfileRecord
@@ -25,8 +26,12 @@ _ACTIVE_PAGE = (
 )
 
 
-class DuplicateName(Exception):
+class DuplicateName(Conflict):
     """Another profile row (deleted or not) already has this name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__("a profile with that name already exists", reason="duplicate_name")
+        self.name = name
 
 
 def record(row: Row) -> ProfileRecord:

@@ -3,8 +3,8 @@
 The conversation database holds every message of every session, so its
 directory is created 0700 and its files are 0600 (SQLite gives the -wal and
 -shm files the database file's mode). A database that is locked by another
-process, or a disk that is full, is a temporary outage: callers get a 503
-with Retry-After instead of a 500.
+process, or a disk that is full, is a temporary outage (`Unavailable`, with a
+retry hint): clients get a 503 with Retry-After instead of a 500.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
-from bae.common.errors import Problem
+from bae.common.errors import Unavailable
 
 log = logging.getLogger("bae.session.store")
 
@@ -38,13 +38,11 @@ _BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 _STORAGE_CODES = (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR)
 
 
-class StoreUnavailable(Problem):
+class StoreUnavailable(Unavailable):
     """The database cannot serve this call now; `busy` tells a lock from a storage failure."""
 
     def __init__(self, detail: str, *, busy: bool) -> None:
-        super().__init__(
-            503, "service_unavailable", detail, retry_after=BUSY_RETRY_AFTER if busy else STORAGE_RETRY_AFTER
-        )
+        super().__init__(detail, retry_after=BUSY_RETRY_AFTER if busy else STORAGE_RETRY_AFTER)
         self.busy = busy
 
 
@@ -102,7 +100,7 @@ def is_busy(error: BaseException) -> bool:
 
 
 def unavailable(error: OperationalError) -> StoreUnavailable | None:
-    """The 503 for a locked database or a failing disk; None for any other error."""
+    """The StoreUnavailable for a locked database or a failing disk; None for any other error."""
     primary = _primary_code(error)
     if primary in _BUSY_CODES:
         return StoreUnavailable("the database is busy; retry shortly", busy=True)

@@ -4,7 +4,7 @@ A call is one transaction: `await store.write(fn, *args)` or
 `await store.read(fn, *args)` runs `fn(conn, *args)` inside `BEGIN … COMMIT`
 (rolled back if it raises), where `fn` is one of this package's synchronous
 functions. A database that cannot serve now (locked, full, unreachable) raises
-`StoreUnavailable` (a 503 problem).
+`StoreUnavailable` (an `Unavailable` error, with a retry hint).
 
 SQLite: a writer thread owning one connection, so the asyncio loop never waits
 for a commit. Writes go to the single writer, so they are serialized without
@@ -99,12 +99,12 @@ class _Connection:
             with conn.begin():
                 return fn(conn, *args)
         except OperationalError as exc:
-            problem = unavailable(exc)
-            if problem is None:
+            outage = unavailable(exc)
+            if outage is None:
                 raise
-            if not problem.busy:  # a failed write may leave the connection unusable
+            if not outage.busy:  # a failed write may leave the connection unusable
                 self.close()
-            raise problem from None
+            raise outage from None
 
     def close(self) -> None:
         if self._conn is not None:
@@ -123,8 +123,8 @@ class _Worker:
     def _in_transaction(self, fn: Callable[..., T], args: tuple) -> T:
         try:
             result = self.connection.transaction(fn, args)
-        except StoreUnavailable as problem:
-            if problem.busy:
+        except StoreUnavailable as outage:
+            if outage.busy:
                 self.connection.wait_for_locks(LOCKED_BUSY_TIMEOUT_MS)
             raise
         self.connection.wait_for_locks(BUSY_TIMEOUT_MS)
@@ -252,8 +252,8 @@ class _SqliteBackend:
         if self.loop_reader is not None:
             try:
                 return self.loop_reader.transaction(fn, args)
-            except StoreUnavailable as problem:
-                if not problem.busy:
+            except StoreUnavailable as outage:
+                if not outage.busy:
                     raise
         return await self.reader.transaction(fn, args)
 

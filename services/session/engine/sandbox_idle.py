@@ -13,26 +13,22 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterator, Protocol
+from typing import Awaitable, Callable, Iterator
+
+from services.session.engine.ports import SandboxHandle
 
 log = logging.getLogger("bae.session.sandboxes")
 
 # How often the watch looks at most, so a stop lands at most this late.
 MAX_CHECK_INTERVAL = 1.0
 
-
-class Handle(Protocol):
-    @property
-    def sandbox_id(self) -> str: ...
-
-
-OnIdle = Callable[[str, Handle], Awaitable[None]]
+OnIdle = Callable[[str, SandboxHandle], Awaitable[None]]
 
 
 @dataclass
 class _Use:
     session_id: str
-    handle: Handle
+    handle: SandboxHandle
     last_used: float
     running: int = 0  # commands in flight
 
@@ -42,9 +38,9 @@ class IdleWatch:
         self._timeout = timeout
         self._on_idle = on_idle if timeout > 0 else None
         self._uses: dict[str, _Use] = {}
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
-    def started(self, session_id: str, handle: Handle) -> None:
+    def started(self, session_id: str, handle: SandboxHandle) -> None:
         if self._on_idle is None:
             return
         loop = asyncio.get_running_loop()
@@ -52,11 +48,11 @@ class IdleWatch:
         if self._task is None:
             self._task = loop.create_task(self._run(self._on_idle))
 
-    def forget(self, handle: Handle) -> None:
+    def forget(self, handle: SandboxHandle) -> None:
         self._uses.pop(handle.sandbox_id, None)
 
     @contextlib.contextmanager
-    def using(self, handle: Handle) -> Iterator[None]:
+    def using(self, handle: SandboxHandle) -> Iterator[None]:
         """Around a command: the sandbox is in use until it returns."""
         use = self._uses.get(handle.sandbox_id)
         if use is not None:

@@ -1,0 +1,264 @@
+"""Each live session's remote sandbox (SERVER-SPEC §10.2, §10.4–10.6): start, exec, stop, the
+idle stop, the sandbox tool of a turn, and taking back what the hosts still run after a
+restart or a takeover.
+
+One sandbox per session, shared by all its drivers, placed by the `Sandboxes` port on a
+sandbox host. This component writes the lifecycle events; the JSON-RPC parameter checks
+live in `api/sandbox_methods.py`. A failed host call raises a kind of bae.common.errors,
+whose detail is what the events and clients see.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from bae.common.errors import BaeError
+from services.session.engine.domain import SessionState
+from services.session.engine.errors import SandboxFailed, SessionNotOpen
+from services.session.engine.live import LiveSession
+from services.session.engine.ownership import NotOwner
+from services.session.engine.ports import EventStore, ExecResult, SandboxHandle, Sandboxes
+from services.session.engine.registry import SessionRegistry
+from services.session.engine.sandbox_idle import IdleWatch
+from services.session.engine.subagent_calls import SessionSubagents
+from services.session.engine.tasks import TaskOwner
+from services.session.engine.turn import Turn
+from services.session.store.events import EventView
+from services.session.store.records import ProfileRecord
+
+log = logging.getLogger("bae.session.sandboxes")
+
+
+def _remote(payload: dict) -> dict:
+    return {**payload, "dispatch": "remote", "unsandboxed": False}
+
+
+def _error(image: str, sandbox_id: str | None, phase: str, detail: str) -> tuple[str, dict]:
+    payload = {"image": image, "sandbox_id": sandbox_id} if sandbox_id is not None else {"image": image}
+    return "session.sandbox.error", _remote({**payload, "phase": phase, "detail": detail})
+
+
+def render_exec(stdout: str, stderr: str, exit_code: int) -> str:
+    """stdout, then `[stderr]` and `[exit_code: N]` sections, each on its own line (§10.6)."""
+    text = stdout
+    if stderr.strip():
+        if text and not text.endswith("\n"):
+            text += "\n"
+        text += "[stderr]\n" + stderr
+    if exit_code != 0:
+        if text and not text.endswith("\n"):
+            text += "\n"
+        text += f"[exit_code: {exit_code}]"
+    return text
+
+
+class SessionSandboxes:
+    def __init__(
+        self,
+        *,
+        registry: SessionRegistry,
+        store: EventStore,
+        sandboxes: Sandboxes,
+        subagents: SessionSubagents,
+        idle_timeout: float,
+    ) -> None:
+        self._registry = registry
+        self._store = store
+        self._sandboxes = sandboxes
+        self._subagents = subagents
+        # BAE_SANDBOX_IDLE_TIMEOUT: a sandbox no command used for that long is stopped.
+        self._idle = IdleWatch(idle_timeout, self._stop_idle)
+        # Reconciliations of sandbox hosts first seen up after start-up.
+        self._reconciling = TaskOwner("reconcile")
+
+    # -- a session's sandbox ----------------------------------------------------------------
+
+    async def start(self, live: LiveSession, actor: str, image: str) -> tuple[SandboxHandle, EventView]:
+        """Start the session's sandbox; returns its handle and `running` event. Raises SandboxFailed."""
+        session_id = live.session_id
+        await self._registry.append(session_id, actor, [("session.sandbox.start", {"image": image, "dispatch": "remote"})])
+        try:
+            handle = await self._sandboxes.start(session_id, image)
+        except BaeError as exc:
+            await self._registry.append(session_id, actor, [_error(image, None, "start", exc.detail)])
+            raise SandboxFailed(exc.detail) from exc
+        live.sandbox = handle
+        self._idle.started(session_id, handle)
+        running = _remote({"image": image, "sandbox_id": handle.sandbox_id})
+        views = await self._registry.append(session_id, actor, [("session.sandbox.running", running)])
+        return handle, views[0]
+
+    async def exec(self, live: LiveSession, actor: str, handle: SandboxHandle, command: str) -> ExecResult:
+        """Run one command; a host failure is logged as `session.sandbox.error` and raised as SandboxFailed."""
+        try:
+            return await self._exec(handle, command)
+        except BaeError as exc:
+            await self._registry.append(
+                live.session_id, actor, [_error(handle.image, handle.sandbox_id, "exec", exc.detail)]
+            )
+            raise SandboxFailed(exc.detail) from exc
+
+    async def _exec(self, handle: SandboxHandle, command: str) -> ExecResult:
+        with self._idle.using(handle):
+            return await self._sandboxes.exec(handle, command)
+
+    async def stop(self, live: LiveSession, actor: str | None, *, reason: str) -> str | None:
+        """Stop the session's sandbox; the handle goes first, so no phantom remains. Returns the error detail."""
+        handle, live.sandbox = live.sandbox, None
+        if handle is None:
+            return None
+        stop = {"image": handle.image, "sandbox_id": handle.sandbox_id, "reason": reason}
+        await self._registry.append(live.session_id, actor, [("session.sandbox.stop", {**stop, "dispatch": "remote"})])
+        self._idle.forget(handle)
+        try:
+            await self._sandboxes.stop(handle)
+        except BaeError as exc:
+            await self._registry.append(
+                live.session_id, actor, [_error(handle.image, handle.sandbox_id, "stop", exc.detail)]
+            )
+            return exc.detail
+        await self._registry.append(live.session_id, actor, [("session.sandbox.stopped", _remote(stop))])
+        return None
+
+    async def _stop_idle(self, session_id: str, handle: SandboxHandle) -> None:
+        """BAE_SANDBOX_IDLE_TIMEOUT passed without a command: stop it as an explicit stop would."""
+        live = self._registry.get(session_id)
+        if live is not None and live.sandbox is handle:
+            await self.stop(live, None, reason="idle_timeout")
+
+    async def answer_tool(self, turn: Turn, block: dict) -> dict:
+        """Auto mode: run `input.command` in the session's sandbox, inside the turn."""
+        name = block["name"]
+        tool_input = block.get("input") or {}
+        command = tool_input.get("command") if isinstance(tool_input, dict) else None
+        if not isinstance(command, str):
+            command = None
+        await turn.emit([("sandbox.request", {"tool": name, "input": tool_input, "command": command})])
+        handle = turn.live.sandbox
+        response: dict[str, Any]
+        if handle is None:
+            response = {
+                "sandbox_id": None,
+                "ok": False,
+                "error": f"no remote sandbox is running for tool '{name}'; call session.startRemoteSandbox first",
+            }
+        elif command is None:
+            response = {
+                "sandbox_id": None,
+                "ok": False,
+                "error": f'sandbox tool \'{name}\' input is missing the required string "command"',
+            }
+        else:
+            try:
+                result = await self._exec(handle, command)
+            except BaeError as exc:
+                await turn.emit([_error(handle.image, handle.sandbox_id, "exec", exc.detail)])
+                response = {"sandbox_id": handle.sandbox_id, "ok": False, "error": exc.detail}
+            else:
+                response = {
+                    "sandbox_id": handle.sandbox_id,
+                    "ok": result.exit_code == 0,
+                    "result": {"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code},
+                }
+        if "result" in response:
+            text = render_exec(**response["result"])
+        else:
+            text = f"sandbox error: {response['error']}"
+        content = [{"type": "text", "text": text}]
+        is_error = not response["ok"]
+        await turn.emit(
+            [
+                ("sandbox.response", response),
+                ("tool.result", {"tool_use_id": block["id"], "dispatch": "sandbox", "server_name": None,
+                                 "is_error": is_error, "content": content}),
+            ]
+        )
+        return {"type": "tool_result", "tool_use_id": block["id"], "content": content, "is_error": is_error}
+
+    # -- images (§10.2) ------------------------------------------------------------------------
+
+    def available_images(self, profile: ProfileRecord) -> list[dict]:
+        """The `session.sandbox.available` image list, built from this profile only."""
+        known = {entry["name"]: entry for entry in self._sandboxes.status_for(profile.id)}
+        images = []
+        for name in profile.available_sandboxes:
+            entry = known.get(name, {"name": name, "status": "pending"})
+            images.append({k: entry[k] for k in ("name", "status", "detail") if k in entry})
+        return images
+
+    def provision(self, profile: ProfileRecord) -> None:
+        """Profile created or replaced: (re)provision its sandbox images in the background (§10.2)."""
+        self._sandboxes.provision(profile.id, profile.available_sandboxes)  # [] forgets the profile
+
+    def status_view(self) -> dict:
+        return self._sandboxes.status_view()
+
+    # -- start-up, takeover, shutdown ----------------------------------------------------------
+
+    async def recover(self) -> None:
+        """At start-up: resolve the sandbox hosts, re-provision the images of every live profile that declares
+        any, then take back what the hosts still run for open sessions."""
+        await self._sandboxes.start_watching()
+        for profile in await self._store.live_profiles():
+            if profile.available_sandboxes:
+                self.provision(profile)
+        await self.reconcile()
+        # A host that was down or silent just now is reconciled when it is first seen up.
+        self._sandboxes.on_new_host(self._reconcile_late)
+
+    def _reconcile_late(self) -> None:
+        self._reconciling.spawn(self.reconcile(uninventoried_only=True), name="hosts")
+
+    async def reconcile(self, only_session: str | None = None, *, uninventoried_only: bool = False) -> None:
+        """Adopt the sandboxes and subagents of open sessions this replica owns that the hosts
+        still run (a restart or a takeover leaves them running), and stop the containers of
+        sessions that are closed, failed or unknown. Sessions other replicas own are theirs.
+        `uninventoried_only` limits it to hosts no reconciliation has covered yet."""
+        for inventory in await self._sandboxes.inventory(uninventoried_only=uninventoried_only):
+            host = inventory.host
+            for info in inventory.sandboxes:
+                if only_session is not None and info.session_id != only_session:
+                    continue
+                handle = SandboxHandle(host=host, sandbox_id=info.sandbox_id, image=info.image)
+                session = await self._store.get_session(info.session_id)
+                live = self._registry.get(info.session_id)
+                if live is not None and live.sandbox is not None and live.sandbox.sandbox_id == info.sandbox_id:
+                    continue  # already this session's sandbox
+                keep = (
+                    session is not None
+                    and session.state == SessionState.OPEN
+                    and info.state == "running"
+                    and (live is None or live.sandbox is None)
+                )
+                if not keep:
+                    log.info("stopping sandbox %s of %s session %s", info.sandbox_id,
+                             session.state if session else "unknown", info.session_id)
+                    try:
+                        await self._sandboxes.stop(handle)
+                    except BaeError as exc:
+                        log.warning("stopping orphan sandbox %s failed: %s", info.sandbox_id, exc.detail)
+                    continue
+                try:
+                    live = await self._registry.attach(info.session_id)
+                except (SessionNotOpen, NotOwner):
+                    continue
+                if live.sandbox is not None:  # the session started another one meanwhile
+                    continue
+                live.sandbox = handle
+                self._sandboxes.adopt(handle)
+                self._idle.started(info.session_id, handle)
+                log.info("re-attached sandbox %s of session %s", info.sandbox_id, info.session_id)
+                mine = [command.command_id for command in inventory.commands if command.sandbox_id == info.sandbox_id]
+                logged = await self._store.subagent_events(live.session_id)
+                self._subagents.adopt(live, host, mine, logged)
+
+    async def stop_reconciling(self) -> None:
+        """Shutdown: no session is taken back any more."""
+        await self._reconciling.cancel()
+
+    async def close(self) -> None:
+        """Last shutdown phase. Sandboxes keep running on their hosts; the next start takes them back."""
+        await self._reconciling.cancel()
+        await self._idle.close()
+        await self._sandboxes.close()
