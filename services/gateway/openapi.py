@@ -4,7 +4,7 @@ declaration the gateway serves (services/gateway/declaration.py) and the JSON ru
 
 Each port's document holds the paths it serves. Every REST route is one operation (its
 operationId is its SessionService method); `POST /api/v1/sessions/{id}/rpc` is one operation whose
-request is a oneOf over the JSON-RPC methods and whose NDJSON frames are a oneOf over the event
+request is a oneOf over the JSON-RPC methods and whose NDJSON frames are an anyOf over the event
 notification, each method's result frame and the error frame.
 """
 
@@ -209,7 +209,7 @@ def _media(schema: Schema, schemas: Schemas, name: str) -> Schema:
 
 
 def _rpc_operation(schemas: Schemas) -> Schema:
-    """POST /api/v1/sessions/{id}/rpc: a oneOf over the methods in, a oneOf over the frames out."""
+    """POST /api/v1/sessions/{id}/rpc: a oneOf over the methods in, an anyOf over the frames out."""
     requests, frames = [], [ref("EventFrame"), ref("ErrorFrame")]
     for name, method in RPC_METHODS.items():
         params = schemas.read(method.params.DESCRIPTOR)
@@ -235,7 +235,8 @@ def _rpc_operation(schemas: Schemas) -> Schema:
                                                                         "message": {"type": "string"}}}},
         "additionalProperties": False}
     schemas.schemas["RpcCall"] = {"oneOf": requests}
-    schemas.schemas["RpcFrame"] = {"oneOf": frames}
+    # anyOf: a result frame names no method, and two methods may answer the same shape.
+    schemas.schemas["RpcFrame"] = {"anyOf": frames}
     send = RPC_METHODS["session.sendMessage"].params.DESCRIPTOR
     example = {"jsonrpc": "2.0", "id": 1, "method": "session.sendMessage",
                "params": load(send.GetOptions().Extensions[edge_pb2.json_message].example)}
