@@ -28,13 +28,13 @@ import requests
 from docker.utils.socket import STDERR, frames_iter
 
 from bae.common.errors import BaeError, DeadlineExceeded, Internal, NotFound, Unavailable, Unprocessable
-from services.sandbox.commands import Command
 from services.sandbox.config import SandboxConfig
 from services.sandbox.driver import (
     LABEL_HOST,
     LABEL_SANDBOX,
     LABEL_SESSION,
     LABEL_SPARE,
+    BackgroundCommand,
     ExecOutput,
     SandboxInfo,
 )
@@ -453,7 +453,7 @@ class DockerDriver:
         code = info.get("ExitCode")
         return -1 if code is None else int(code)
 
-    async def spawn(self, command: Command, script: str, stdin: bytes) -> None:
+    async def spawn(self, command: BackgroundCommand, script: str, stdin: bytes) -> None:
         api = await self._ready_api()
         exec_id = await self._create_exec(api, command.sandbox_id, script, command.token, stdin=True)
         attached = await self._attach(exec_id, stdin)
@@ -466,7 +466,7 @@ class DockerDriver:
             log.warning("could not see background command %s start: %s", command.command_id, exc)
 
     @staticmethod
-    def _follow(api, command: Command, exec_id: str, attached) -> None:
+    def _follow(api, command: BackgroundCommand, exec_id: str, attached) -> None:
         """A command's own thread: collect its output until its streams close, then record how it ended."""
         exit_code, failure = -1, None
         try:
@@ -479,7 +479,7 @@ class DockerDriver:
             failure = f"lost the command: {exc}"
         command.ended(exit_code, failure)
 
-    async def kill(self, command: Command) -> None:
+    async def kill(self, command: BackgroundCommand) -> None:
         await self._kill_marked(await self._ready_api(), command.sandbox_id, command.token)
 
     async def _kill_marked(self, api, sandbox_id: str, token: str) -> None:
