@@ -49,11 +49,12 @@ test-fast: venv protos
 test-postgres: venv protos
 	BAE_TEST_STORE=postgresql $(PY) -m pytest $(PYTEST_ARGS)
 
-# Ruff and mypy over the project's code (configured in pyproject.toml), and no import cycle in the session service.
+# Ruff, mypy (strict over services/ and bae/) and the import contracts (lint-imports), all configured
+# in pyproject.toml.
 lint: venv protos
 	$(VENV)/bin/ruff check bae services tests testkit bench deploy examples
 	$(VENV)/bin/mypy
-	$(PY) tools/import_cycles.py services/session
+	$(VENV)/bin/lint-imports --no-logo
 
 bench: venv protos
 	$(PY) -m bench.run $(ARGS)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.run import MockProcess, client_key, open_session, rpc, start_stack
+from bench.common import MockProcess, client_key, open_session, rpc, start_stack
 
 SECONDS = 8
 TOP = int(__import__("os").environ.get("XTOP", "12"))

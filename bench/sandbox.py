@@ -52,7 +52,7 @@ import httpx
 from bae.common.grpcutil import channel as internal_channel
 from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
 from bench.http1 import Connection, rpc as lean_rpc
-from bench.run import TOKEN, client_key, ms, open_session, report, rpc, start_stack
+from bench.common import TOKEN, client_key, ms, open_session, report, rpc, start_stack
 from bench.table import print_table, record
 from testkit.docker_support import TEST_IMAGE, SandboxHostProcess, docker_client, docker_skip_reason
 from testkit.mockllm import MockLLM, Reply

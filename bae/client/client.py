@@ -41,7 +41,8 @@ class Client:
     def meta(self) -> dict[str, Any]:
         response = self.http.get("/api/v1/meta")
         raise_for_problem(response)
-        return response.json()
+        meta: dict[str, Any] = response.json()
+        return meta
 
     def open(self, client_key: str, *, tools: Sequence[ToolDef] = (), client_version: str | None = None,
              **body: Any) -> Session:

@@ -137,7 +137,8 @@ class Session:
     def events(self, cursor: str | None = None, limit: int | None = None) -> dict[str, Any]:
         """One page of persisted events: `{"items": [...], "next_cursor": ...}`."""
         params = {key: str(value) for key, value in (("cursor", cursor), ("limit", limit)) if value is not None}
-        return self._get("/events", params)
+        page: dict[str, Any] = self._get("/events", params)
+        return page
 
     def all_events(self) -> Iterator[Event]:
         cursor = None
@@ -150,10 +151,12 @@ class Session:
 
     def drivers(self) -> list[str]:
         """GET …/participants: the client key ids registered as drivers."""
-        return self._get("/participants")["drivers"]
+        drivers: list[str] = self._get("/participants")["drivers"]
+        return drivers
 
     def close(self) -> dict[str, Any]:
         """DELETE the session (closes it for every participant)."""
         response = self.http.delete(f"/api/v1/sessions/{self.id}", headers=self._auth)
         raise_for_problem(response)
-        return response.json()
+        closed: dict[str, Any] = response.json()
+        return closed

@@ -7,7 +7,7 @@ from typing import Any
 import grpc
 
 
-class ChannelWrapper(grpc.aio.Channel):
+class ChannelWrapper(grpc.aio.Channel):  # type: ignore[misc]  # grpcio has no type stubs: its classes are Any
     """Every call is the wrapped channel's own; a subclass overrides what it changes."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:

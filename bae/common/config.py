@@ -446,12 +446,12 @@ def _by_name(config: Config) -> tuple[list[McpServer], list[ProviderEntry]]:
             sorted(config.providers, key=lambda entry: entry.name))
 
 
-def mcp_servers_view(config: Config) -> dict:
+def mcp_servers_view(config: Config) -> dict[str, Any]:
     servers, _ = _by_name(config)
     return {"items": [{"name": server.name, "transport": server.transport} for server in servers]}
 
 
-def providers_view(config: Config) -> dict:
+def providers_view(config: Config) -> dict[str, Any]:
     _, entries = _by_name(config)
     return {
         "items": [
@@ -470,7 +470,7 @@ def _redacted(headers: Mapping[str, str]) -> dict[str, str]:
     return {name: REDACTED for name in sorted(headers)}
 
 
-def config_view(config: Config) -> dict:
+def config_view(config: Config) -> dict[str, Any]:
     """GET /admin/v1/config: the loaded config with every secret value replaced by REDACTED."""
     telemetry = config.telemetry
     servers, entries = _by_name(config)

@@ -67,7 +67,7 @@ class InternalPlane:
         return [_RequireToken(self.token)]
 
 
-class _RequireToken(grpc.aio.ServerInterceptor):
+class _RequireToken(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpcio has no type stubs: Any
     """Refuses every call but a health check unless it carries the token (compared in constant time)."""
 
     def __init__(self, token: str) -> None:

@@ -19,6 +19,9 @@ import orjson
 # orjson writes the same compact UTF-8 form as this encoder, 10-30x faster (a provider request
 # carries the whole history); the standard library takes what orjson refuses: integers beyond
 # 64 bits (valid client input) and lone surrogates. A non-finite float becomes null.
+# A JSON object as Python reads it: an event payload, a message, a content block, a tool declaration.
+JsonObject = dict[str, Any]
+
 _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS
 

@@ -124,8 +124,10 @@ class _ExportHealth:
 
 
 class _SpanExporter(OTLPSpanExporter):
-    def __init__(self, health: _ExportHealth, headers: tuple[tuple[str, str], ...], **options) -> None:
-        super().__init__(headers=headers, **options)
+    def __init__(self, health: _ExportHealth, headers: tuple[tuple[str, str], ...], endpoint: str) -> None:
+        super().__init__(
+            endpoint=endpoint, insecure=endpoint.startswith("http://"), headers=headers, timeout=EXPORT_TIMEOUT_SECONDS
+        )
         # Headers come only from the config: an empty map must not fall back to OTEL_EXPORTER_OTLP_*.
         self._headers = headers
         self._health = health
@@ -137,8 +139,10 @@ class _SpanExporter(OTLPSpanExporter):
 
 
 class _MetricExporter(OTLPMetricExporter):
-    def __init__(self, health: _ExportHealth, headers: tuple[tuple[str, str], ...], **options) -> None:
-        super().__init__(headers=headers, **options)
+    def __init__(self, health: _ExportHealth, headers: tuple[tuple[str, str], ...], endpoint: str) -> None:
+        super().__init__(
+            endpoint=endpoint, insecure=endpoint.startswith("http://"), headers=headers, timeout=EXPORT_TIMEOUT_SECONDS
+        )
         self._headers = headers
         self._health = health
 
@@ -203,7 +207,6 @@ def start(config: TelemetryConfig, role: str, env: Mapping[str, str] | None = No
         logging.getLogger(noisy).setLevel(logging.CRITICAL + 1)
     health = _ExportHealth()
     endpoint = config.otlp_endpoint or ""
-    options = {"endpoint": endpoint, "insecure": endpoint.startswith("http://"), "timeout": EXPORT_TIMEOUT_SECONDS}
     resource = Resource.create(
         {
             "service.name": f"{config.service_name}-{role}",
@@ -215,7 +218,7 @@ def start(config: TelemetryConfig, role: str, env: Mapping[str, str] | None = No
     if metrics_on:  # metrics first, then traces (TELEMETRY §2.2)
         headers = _headers(config, env)
         try:
-            exporter = _MetricExporter(health, headers, **options)
+            exporter = _MetricExporter(health, headers, endpoint)
         except Exception as exc:
             raise UsageError(f"telemetry initialization failed: OTLP metric exporter: {exc}") from None
         scrape_reader = InMemoryMetricReader()
@@ -237,7 +240,7 @@ def start(config: TelemetryConfig, role: str, env: Mapping[str, str] | None = No
     if traces_on and spans_allowed(env.get("BAE_OTEL_LOG")):
         headers = _headers(config, env)
         try:
-            span_exporter = _SpanExporter(health, headers, **options)
+            span_exporter = _SpanExporter(health, headers, endpoint)
         except Exception as exc:
             raise UsageError(f"telemetry initialization failed: OTLP span exporter: {exc}") from None
         tracer_provider = TracerProvider(

@@ -66,7 +66,7 @@ class Builder:
         self.root.add_argument("-V", "--version", action="version", version=f"baectl {__version__}")
         add_globals(self.root)
         # Each group's subcommand table, by its path ((): the top level).
-        self.tables: dict[tuple[str, ...], argparse._SubParsersAction] = {
+        self.tables: dict[tuple[str, ...], argparse._SubParsersAction[argparse.ArgumentParser]] = {
             (): self.root.add_subparsers(dest="command", metavar="COMMAND", required=True)}
         self.parsers: dict[tuple[str, ...], argparse.ArgumentParser] = {}
 

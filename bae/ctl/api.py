@@ -126,16 +126,16 @@ class AdminApi:
         except ValueError:
             raise CtlError(UNEXPECTED) from None
 
-    def page(self, path: str, params: dict[str, str]) -> dict:
+    def page(self, path: str, params: dict[str, str]) -> dict[str, Any]:
         """One list page; its `items` must be an array."""
         page = self.call("GET", path, params=params)
         if not isinstance(page, dict) or not isinstance(page.get("items"), list):
             raise CtlError(UNEXPECTED)
         return page
 
-    def every_item(self, path: str, params: dict[str, str] | None = None) -> list:
+    def every_item(self, path: str, params: dict[str, str] | None = None) -> list[Any]:
         """Every page, following next_cursor; the server's default page size applies."""
-        items: list = []
+        items: list[Any] = []
         query = dict(params or {})
         while True:
             page = self.page(path, query)

@@ -23,7 +23,7 @@ PAYLOAD_WIDTH = 80  # event payloads are cut to keep the table readable; --json 
 COPY_KEY_NOW = "baectl: copy the key now — it cannot be retrieved again"
 
 
-def _object(value: Any) -> dict:
+def _object(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise CtlError(UNEXPECTED)
     return value
@@ -56,7 +56,7 @@ def listing(api: AdminApi, args: argparse.Namespace, path: str, columns: list[tu
 
 # --- profiles ----------------------------------------------------------------------------------
 
-def profile_body(args: argparse.Namespace, name: str, sandboxes: list | None) -> dict:
+def profile_body(args: argparse.Namespace, name: str, sandboxes: list[Any] | None) -> dict[str, Any]:
     body = {"name": name, "primary_provider": args.primary_provider, "fallback_providers": args.fallback,
             "mcp_servers": args.mcp_server, "allowed_tools": args.allowed_tool}
     if sandboxes is not None:
@@ -151,7 +151,7 @@ def config(api: AdminApi, args: argparse.Namespace) -> None:
     print(as_json(_object(api.call("GET", "/config"))))
 
 
-def image_rows(status: dict) -> list[dict]:
+def image_rows(status: dict[str, Any]) -> list[dict[str, Any]]:
     items = status.get("items")
     if not isinstance(items, list):
         raise CtlError(UNEXPECTED)

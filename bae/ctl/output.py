@@ -25,16 +25,16 @@ def joined(value: Any) -> str:
     return ", ".join(item if isinstance(item, str) else json.dumps(item) for item in value)
 
 
-def labelled(item: dict, labels: list[str], width: int, indent: str = "") -> list[str]:
+def labelled(item: dict[str, Any], labels: list[str], width: int, indent: str = "") -> list[str]:
     return [f"{indent}{(label + ':').ljust(width)}{text(item.get(label))}" for label in labels]
 
 
-def created(kind: str, item: dict, labels: list[str]) -> str:
+def created(kind: str, item: dict[str, Any], labels: list[str]) -> str:
     """`create profile` / `create key`: values start at column 15."""
     return "\n".join([f"created {kind}", *labelled(item, labels, 12, "  ")])
 
 
-def profile(item: dict) -> str:
+def profile(item: dict[str, Any]) -> str:
     """`get`/`update profile`: padded labels put values at column 19; list lines are plain."""
     lines = labelled(item, ["id", "name", "primary_provider"], 18)
     lines += [f"{label}: {joined(item.get(label))}"
@@ -55,7 +55,7 @@ def cell(value: Any, width: int | None) -> str:
     return shown if width is None or len(shown) <= width else shown[: width - 1] + "…"
 
 
-def table(items: list[dict], columns: list[tuple[str, str]], widths: dict[str, int] | None = None) -> str:
+def table(items: list[dict[str, Any]], columns: list[tuple[str, str]], widths: dict[str, int] | None = None) -> str:
     """A header row, then one row per item; columns as wide as their widest cell, two spaces apart."""
     rows = [[title for title, _ in columns]]
     rows += [[cell(item.get(field) if isinstance(item, dict) else None, (widths or {}).get(field))

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import httpx
 
@@ -265,7 +265,7 @@ def on_path(program: str) -> bool:
                for folder in os.environ.get("PATH", "").split(os.pathsep) if folder)
 
 
-def in_container(setup: Setup, directory: Path, apple: bool, *args: str) -> dict:
+def in_container(setup: Setup, directory: Path, apple: bool, *args: str) -> dict[str, Any]:
     prefix = ["container", "exec", setup.container] if apple else \
         ["docker", "compose", "exec", "-T", setup.service]
     try:
@@ -276,9 +276,12 @@ def in_container(setup: Setup, directory: Path, apple: bool, *args: str) -> dict
         raise CtlError(f"in-container `baectl {' '.join(args)}` failed: {done.stderr.strip()}")
     command = " ".join(args[:2])
     try:
-        return json.loads(done.stdout)
+        parsed = json.loads(done.stdout)
     except ValueError as exc:
         raise CtlError(f"could not parse `{command}` output: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise CtlError(f"could not parse `{command}` output: not a JSON object")
+    return parsed
 
 
 def launch(directory: Path, setup: Setup, apple: bool, fresh: bool) -> None:

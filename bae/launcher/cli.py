@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Callable
 
 from bae.common.entry import version_text
 
@@ -52,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         command, rest = "session", ["migrate", *rest]
     if command in SERVICES:
         # Imported on demand: each service loads only its own dependencies.
-        return importlib.import_module(f"services.{command}.__main__").main(rest)
+        service_main: Callable[[list[str]], int] = importlib.import_module(f"services.{command}.__main__").main
+        return service_main(rest)
     print(f"bae: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
     return 2
 

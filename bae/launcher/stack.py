@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 import httpx
@@ -53,7 +53,7 @@ def grpc_serving(address: str, service: str = "") -> bool:
             )
         except grpc.RpcError:
             return False
-    return reply.status == health_pb2.HealthCheckResponse.SERVING
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 @dataclass
@@ -61,7 +61,7 @@ class Stack:
     env: dict[str, str]
     session_args: list[str] = field(default_factory=list)
     log_dir: Path | None = None
-    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # The services it starts share a fresh internal token unless one is given (bae.common.internal).
@@ -133,7 +133,7 @@ class Stack:
         if code is not None:
             raise RuntimeError(f"{name} exited with code {code} during start-up")
 
-    def _wait(self, name: str, ready, what: str, deadline: float) -> None:
+    def _wait(self, name: str, ready: Callable[[], bool], what: str, deadline: float) -> None:
         """Poll `ready()` until it is true; fail fast if the process died."""
         while not ready():
             self._check_alive(name)

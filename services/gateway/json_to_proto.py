@@ -129,7 +129,7 @@ class MessageReader:
         for field in self.fields:
             field.read(value, target, reading)
 
-    def _read_variant(self, value: dict, target: Message, reading: _Reading) -> None:
+    def _read_variant(self, value: dict[str, Any], target: Message, reading: _Reading) -> None:
         """An internally tagged union: the tag names the oneof member whose fields sit beside it."""
         if self.tag not in value:
             raise Unreadable(f"{self.context}missing field `{self.tag}`")
@@ -171,7 +171,7 @@ class FieldReader:
     def _wrong_type(self, reading: _Reading, value: Any, expected: str) -> None:
         self._own_or_serde(reading, self.options.invalid, serde.invalid_type(value, self.options.expected or expected))
 
-    def read(self, obj: dict, target: Message, reading: _Reading) -> None:
+    def read(self, obj: dict[str, Any], target: Message, reading: _Reading) -> None:
         if self.forbidden:
             if self.name in obj:
                 raise Unreadable(self.forbidden)

@@ -35,7 +35,8 @@ _SESSION_ROUTES = ("/api/v1/sessions/{id}", "/admin/v1/sessions/{id}")
 
 
 def _incoming_request_id(scope: Scope) -> str:
-    for name, value in scope["headers"]:
+    headers: list[tuple[bytes, bytes]] = scope["headers"]
+    for name, value in headers:
         if name == REQUEST_ID_HEADER and _REQUEST_ID.fullmatch(value):
             return value.decode("ascii")
     return os.urandom(16).hex()
@@ -116,7 +117,8 @@ async def link_session_span(call: grpc.aio.UnaryUnaryCall) -> None:
 
 def _session_id(scope: Scope, route: str | None) -> str | None:
     if route is not None and route.startswith(_SESSION_ROUTES):
-        return scope.get("path_params", {}).get("id")
+        path_params: dict[str, str] = scope.get("path_params", {})
+        return path_params.get("id")
     return None
 
 

@@ -10,7 +10,7 @@ notification, each method's result frame and the error frame.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from google.protobuf.descriptor import FieldDescriptor
 
@@ -135,7 +135,7 @@ class Schemas:
             properties[field.name] = schema
         return {"type": "object", "required": required, "properties": properties, "additionalProperties": False}
 
-    def _value(self, field: FieldDescriptor, message_schema: Any) -> Schema:
+    def _value(self, field: FieldDescriptor, message_schema: Callable[[Descriptor], Schema]) -> Schema:
         """The schema of the field's value (its items, for a repeated one)."""
         message = field.message_type
         if message is not None and message.GetOptions().map_entry:
@@ -143,7 +143,7 @@ class Schemas:
         one = self._one(field, message_schema)
         return {"type": "array", "items": one} if field.is_repeated else one
 
-    def _one(self, field: FieldDescriptor, message_schema: Any) -> Schema:
+    def _one(self, field: FieldDescriptor, message_schema: Callable[[Descriptor], Schema]) -> Schema:
         json = field.GetOptions().Extensions[edge_pb2.json]
         message = field.message_type
         if message is not None and message.full_name == JSON_VALUE:

@@ -4,6 +4,7 @@ is, for the router (services/gateway/app.py) and the OpenAPI document (services/
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from services.gateway.declaration import Port
 
@@ -17,7 +18,7 @@ class OwnRoute:
     summary: str
     # The success answer: its media type and schema (a components/schemas name or an inline one); None: no body.
     media_type: str | None
-    schema: str | dict | None
+    schema: str | dict[str, Any] | None
     problems: tuple[int, ...] = ()
 
 

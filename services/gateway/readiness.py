@@ -38,7 +38,7 @@ async def _serving(stub: health_pb2_grpc.HealthStub) -> bool:
         reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=CHECK_TIMEOUT)
     except grpc.aio.AioRpcError:
         return False
-    return reply.status == health_pb2.HealthCheckResponse.SERVING
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 class Readiness:

@@ -44,7 +44,8 @@ class RestEndpoint:
             timeout = upstream.timeout
 
             async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> Message:
-                return await getattr(stub, route.rpc)(message, timeout=timeout, metadata=metadata)
+                reply: Message = await getattr(stub, route.rpc)(message, timeout=timeout, metadata=metadata)
+                return reply
 
             try:
                 reply = await upstream.call(session_id, invoke)

@@ -8,12 +8,12 @@ must alternate (SERVER-SPEC §8.5).
 from __future__ import annotations
 
 from bae.common.jsontext import RawJson
-from services.runner.canonical import History, Message, Usage, WireFormatError, content_blocks, read_usage
+from services.runner.canonical import History, JsonObject, Message, Usage, WireFormatError, content_blocks, read_usage
 
 COMPACTED_PREAMBLE = "The earlier part of this conversation was compacted. A summary follows."
 
 
-def normalize_history(history: History) -> tuple[History, dict | None]:
+def normalize_history(history: History) -> tuple[History, JsonObject | None]:
     """`normalize` over a History. Its roles alone show the usual case, a history that starts
     with `user` and alternates: then no message is read and the history goes out as it came."""
     if history.alternates_from_user:
@@ -22,7 +22,7 @@ def normalize_history(history: History) -> tuple[History, dict | None]:
     return History.of(folded), normalized
 
 
-def normalize(messages: list[Message]) -> tuple[list[Message], dict | None]:
+def normalize(messages: list[Message]) -> tuple[list[Message], JsonObject | None]:
     """(messages to send, the `normalized` event field or None when nothing changed).
 
     1. A non-empty list that starts with a non-user message gets a synthetic
@@ -57,13 +57,13 @@ def normalize(messages: list[Message]) -> tuple[list[Message], dict | None]:
     return folded, {"prepended_user": prepended_user, "merged": merged}
 
 
-def request_body(model: str, max_tokens: int, messages: RawJson, tools: RawJson) -> dict:
+def request_body(model: str, max_tokens: int, messages: RawJson, tools: RawJson) -> JsonObject:
     """The exact body sent: the canonical messages and tools as JSON text, spliced in
     unchanged; `tools` is always present (possibly empty)."""
     return {"model": model, "max_tokens": max_tokens, "messages": messages, "tools": tools}
 
 
-def usage(body: dict) -> Usage | None:
+def usage(body: JsonObject) -> Usage | None:
     """Input counts cached tokens too (cache read + creation); partial usage counts as none."""
     return read_usage(
         body,
@@ -73,7 +73,7 @@ def usage(body: dict) -> Usage | None:
     )
 
 
-def assistant_message(body: dict) -> Message:
+def assistant_message(body: JsonObject) -> Message:
     """The canonical assistant message: the response's text and tool_use blocks."""
     content = body.get("content")
     if not isinstance(content, list):
@@ -96,7 +96,7 @@ def assistant_message(body: dict) -> Message:
     return {"role": "assistant", "content": blocks}
 
 
-def truncation(body: dict) -> str:
+def truncation(body: JsonObject) -> str:
     """Why the output was cut off by its budget, or "" when it was not."""
     return "stop_reason max_tokens" if body.get("stop_reason") == "max_tokens" else ""
 

@@ -18,8 +18,10 @@ ROUTING_FIELDS = ("dispatch", "caller")
 # How a routing field shows in a message's JSON text, as a key.
 _ROUTING_KEYS = tuple(f'"{name}"' for name in ROUTING_FIELDS)
 
-Message = dict[str, Any]
-Block = dict[str, Any]
+# A JSON object of a provider's wire: a request or response body, a message, a block, a tool.
+JsonObject = dict[str, Any]
+Message = JsonObject
+Block = JsonObject
 
 
 class History:
@@ -137,7 +139,7 @@ def content_blocks(content: Any) -> list[Block]:
 
 
 def read_usage(
-    body: dict, input_key: str, output_key: str, extra_input_keys: tuple[str, ...] = ()
+    body: JsonObject, input_key: str, output_key: str, extra_input_keys: tuple[str, ...] = ()
 ) -> Usage | None:
     """`body["usage"]` under the kind's field names; partial usage counts as none.
 

@@ -25,6 +25,7 @@ import httpx2
 import openai
 
 from bae.common.jsontext import dump
+from services.runner.canonical import JsonObject
 
 ANTHROPIC = "anthropic"
 OPENAI = "openai"
@@ -69,7 +70,7 @@ class ProviderClients:
         self.timeout = timeout
         self._clients: dict[tuple[str, str], list[_Pooled]] = {}
 
-    async def post(self, kind: str, base_url: str, token: str, body: dict) -> WireResponse:
+    async def post(self, kind: str, base_url: str, token: str, body: JsonObject) -> WireResponse:
         """POST `body` to the kind's endpoint under `base_url` (no trailing `/`, as
         `ProviderEntry.effective_base_url` gives it)."""
         try:
@@ -79,7 +80,7 @@ class ProviderClients:
         except TimeoutError:
             raise self._timed_out() from None
 
-    async def _send(self, kind: str, base_url: str, token: str, body: dict) -> WireResponse:
+    async def _send(self, kind: str, base_url: str, token: str, body: JsonObject) -> WireResponse:
         if kind == ANTHROPIC:
             path, headers = ANTHROPIC_PATH, {"X-Api-Key": token, "Authorization": anthropic.omit}
         else:

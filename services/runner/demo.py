@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from bae.common.settings import Address
+from services.runner.canonical import JsonObject
 
 log = logging.getLogger("bae.runner.demo")
 
@@ -43,7 +44,7 @@ def _text_of(content: Any) -> str:
     return ""
 
 
-def _tool_names(messages: list[dict]) -> dict[str, str]:
+def _tool_names(messages: list[JsonObject]) -> dict[str, str]:
     """tool_use id -> tool name, over the whole history (to name each result's tool)."""
     names: dict[str, str] = {}
     for message in messages:
@@ -54,7 +55,7 @@ def _tool_names(messages: list[dict]) -> dict[str, str]:
     return names
 
 
-def reply_blocks(messages: list[dict], tools: list[dict]) -> list[dict]:
+def reply_blocks(messages: list[JsonObject], tools: list[JsonObject]) -> list[JsonObject]:
     """The scripted answer to a request's messages and tools (see the module docstring)."""
     last = messages[-1] if messages else {}
     content = last.get("content")

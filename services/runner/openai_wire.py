@@ -7,6 +7,7 @@ from typing import Any
 
 from services.runner.canonical import (
     Block,
+    JsonObject,
     Message,
     Usage,
     WireFormatError,
@@ -15,7 +16,7 @@ from services.runner.canonical import (
 )
 
 
-def request_body(model: str, max_tokens: int, messages: list[Message], tools: list[dict]) -> dict:
+def request_body(model: str, max_tokens: int, messages: list[Message], tools: list[JsonObject]) -> JsonObject:
     """The body sent: translated messages; `tools` only when there are some."""
     body: dict[str, Any] = {
         "model": model,
@@ -27,7 +28,7 @@ def request_body(model: str, max_tokens: int, messages: list[Message], tools: li
     return body
 
 
-def translate_tools(tools: list[dict]) -> list[dict]:
+def translate_tools(tools: list[JsonObject]) -> list[JsonObject]:
     return [
         {
             "type": "function",
@@ -41,8 +42,8 @@ def translate_tools(tools: list[dict]) -> list[dict]:
     ]
 
 
-def translate_messages(messages: list[Message]) -> list[dict]:
-    translated: list[dict] = []
+def translate_messages(messages: list[Message]) -> list[JsonObject]:
+    translated: list[JsonObject] = []
     for message in messages:
         role, content = message.get("role"), message.get("content")
         if isinstance(content, str):
@@ -62,7 +63,7 @@ def _joined_text(blocks: list[Block]) -> str:
     )
 
 
-def _assistant_message(blocks: list[Block]) -> dict:
+def _assistant_message(blocks: list[Block]) -> JsonObject:
     text = _joined_text(blocks)
     tool_calls = [
         {
@@ -82,7 +83,7 @@ def _assistant_message(blocks: list[Block]) -> dict:
     return {"role": "assistant", "content": text or None, "tool_calls": tool_calls}
 
 
-def _tool_and_text_messages(role: str | None, blocks: list[Block]) -> list[dict]:
+def _tool_and_text_messages(role: str | None, blocks: list[Block]) -> list[JsonObject]:
     """One `tool` message per tool_result, then the remaining text as one message."""
     translated = [
         {
@@ -109,18 +110,18 @@ def _tool_result_text(content: Any) -> str:
     return json.dumps(content, separators=(",", ":"))
 
 
-def usage(body: dict) -> Usage | None:
+def usage(body: JsonObject) -> Usage | None:
     return read_usage(body, "prompt_tokens", "completion_tokens")
 
 
-def _first_choice(body: dict) -> dict | None:
+def _first_choice(body: JsonObject) -> JsonObject | None:
     choices = body.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         return choices[0]
     return None
 
 
-def assistant_message(body: dict) -> Message:
+def assistant_message(body: JsonObject) -> Message:
     """The canonical assistant message: text block, then one tool_use per tool call."""
     choice = _first_choice(body)
     message = choice.get("message") if choice else None
@@ -141,7 +142,7 @@ def assistant_message(body: dict) -> Message:
     return {"role": "assistant", "content": blocks}
 
 
-def _arguments(name: str, function: dict) -> Any:
+def _arguments(name: str, function: JsonObject) -> Any:
     arguments = function.get("arguments")
     if arguments is None or arguments == "":
         return {}
@@ -156,6 +157,6 @@ def _arguments(name: str, function: dict) -> Any:
     return parsed
 
 
-def truncation(body: dict) -> str:
+def truncation(body: JsonObject) -> str:
     choice = _first_choice(body)
     return "finish_reason length" if choice and choice.get("finish_reason") == "length" else ""

@@ -18,7 +18,7 @@ from bae.common import telemetry
 from bae.common.jsontext import RawJson, load
 from services.runner import anthropic_wire, openai_wire
 from services.runner.attempt_span import end_attempt, start_attempt
-from services.runner.canonical import History, Message, Usage, WireFormatError
+from services.runner.canonical import History, JsonObject, Message, Usage, WireFormatError
 from services.runner.clients import ANTHROPIC, OPENAI, ProviderClients, TransportError
 
 log = logging.getLogger("bae.runner")
@@ -45,7 +45,7 @@ class StepSpec:
     primary: str
     fallbacks: list[str]
     history: History
-    tools: list[dict]
+    tools: list[JsonObject]
     tools_json: RawJson  # `tools` as the session sent it, passed on without re-serializing
     purpose: str = ""  # "" for a turn, "compaction"
     min_max_tokens: int = 0
@@ -54,7 +54,7 @@ class StepSpec:
 @dataclass(frozen=True)
 class StepEvent:
     event_type: str
-    payload: dict
+    payload: JsonObject
     # provider.request: `messages` is left out of `payload`, being the step's history as it came.
     messages_as_sent: bool = False
     # The walk goes on waiting for a provider after this event: the events so far should go out now.
@@ -76,7 +76,7 @@ class StepOutcome:
 @dataclass(frozen=True)
 class _Success:
     status: int
-    body: dict
+    body: JsonObject
     message: Message
     usage: Usage | None
     truncated: str
@@ -98,7 +98,7 @@ class _Prepared:
     """
 
     history: History
-    tools: list[dict]
+    tools: list[JsonObject]
     tools_json: RawJson
 
 
@@ -107,11 +107,11 @@ class _Wire:
     """How one provider kind prepares messages, shapes a request and reads a response."""
 
     # (the history to send, the `normalized` event field or None)
-    normalize: Callable[[History], tuple[History, dict | None]]
-    request_body: Callable[[str, int, _Prepared], dict]
-    usage: Callable[[dict], Usage | None]
-    assistant_message: Callable[[dict], Message]
-    truncation: Callable[[dict], str]
+    normalize: Callable[[History], tuple[History, JsonObject | None]]
+    request_body: Callable[[str, int, _Prepared], JsonObject]
+    usage: Callable[[JsonObject], Usage | None]
+    assistant_message: Callable[[JsonObject], Message]
+    truncation: Callable[[JsonObject], str]
 
 
 WIRES = {

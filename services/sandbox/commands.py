@@ -53,7 +53,7 @@ class Command:
         self.state = CommandState.RUNNING
         self.exit_code = 0
         self.detail = ""
-        self.timer: asyncio.Task | None = None
+        self.timer: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
         self._done = asyncio.Event()
         # Set just before the host kills it: the state and detail it then ends with.

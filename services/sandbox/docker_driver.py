@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Coroutine, TypeVar
+from typing import Any, Callable, Coroutine, TypeAlias, TypeVar
 
 import docker
 import docker.errors
@@ -28,13 +28,13 @@ import requests
 from docker.utils.socket import STDERR, frames_iter
 
 from bae.common.errors import BaeError, DeadlineExceeded, Internal, NotFound, Unavailable, Unprocessable
-from services.sandbox.commands import Command
 from services.sandbox.config import SandboxConfig
 from services.sandbox.driver import (
     LABEL_HOST,
     LABEL_SANDBOX,
     LABEL_SESSION,
     LABEL_SPARE,
+    BackgroundCommand,
     ExecOutput,
     SandboxInfo,
 )
@@ -43,6 +43,11 @@ from services.sandbox.output import CappedOutput
 from services.sandbox.resident_shell import ResidentShell, ResidentShells, ShellLost, encode
 
 log = logging.getLogger("bae.sandbox")
+
+# The docker SDK ships no type stubs, so to mypy these are Any; the names say what the values are.
+DockerApi: TypeAlias = docker.APIClient  # the low-level client of a docker.DockerClient (`.api`)
+Attached: TypeAlias = Any  # an exec's attached stream: a socket, or the SDK's SocketIO around one
+DockerJson = dict[str, Any]  # an object of the Docker Engine API's JSON
 
 CONTROL_TIMEOUT = 30
 PING_TIMEOUT = 5.0
@@ -104,33 +109,33 @@ def _feed(raw: socket.socket, data: bytes) -> None:
         pass
 
 
-def _drain(attached, stdout: CappedOutput, stderr: CappedOutput) -> None:
+def _drain(attached: Attached, stdout: CappedOutput, stderr: CappedOutput) -> None:
     """Read an exec's multiplexed output until it closes, each chunk into its stream."""
     try:
         for stream, data in frames_iter(attached, tty=False):
             (stderr if stream == STDERR else stdout).append(data)
     finally:
-        raw = getattr(attached, "_sock", attached)  # closing a SocketIO forgets its socket
+        raw: Attached = getattr(attached, "_sock", attached)  # closing a SocketIO forgets its socket
         attached.close()
         raw.close()
 
 
-def _inspect_until(api, exec_id: str, ready: Callable[[dict], bool]) -> dict:
+def _inspect_until(api: DockerApi, exec_id: str, ready: Callable[[DockerJson], bool]) -> DockerJson:
     for _ in range(INSPECT_TRIES):
-        info = api.exec_inspect(exec_id)
+        info: DockerJson = api.exec_inspect(exec_id)
         if ready(info):
             break
         time.sleep(INSPECT_PAUSE)
     return info
 
 
-def _exit_code(api, exec_id: str) -> int:
+def _exit_code(api: DockerApi, exec_id: str) -> int:
     """The exec's exit code; -1 when the Docker daemon has none to give."""
     code = _inspect_until(api, exec_id, lambda info: not info.get("Running")).get("ExitCode")
     return -1 if code is None else int(code)
 
 
-def _started(api, exec_id: str) -> None:
+def _started(api: DockerApi, exec_id: str) -> None:
     """Once the exec's process runs (or already ended), so that a kill right after finds it."""
     _inspect_until(api, exec_id, lambda info: info.get("Running") or info.get("ExitCode") is not None)
 
@@ -146,7 +151,7 @@ class DockerDriver:
         # Shells kept running in each sandbox (resident_shell.py); only over the socket, when the config allows.
         self._shells: ResidentShells | None = None
         # Execs whose output is still being read after their caller stopped waiting (a timeout).
-        self._draining: set[asyncio.Future] = set()
+        self._draining: set[asyncio.Future[int]] = set()
         self._clients_lock = threading.Lock()
         # This host's containers: the only ones it lists, and its orphans at start.
         self._own_filters = {"label": [f"{LABEL_SANDBOX}=1", f"{LABEL_HOST}={config.host_id}"]}
@@ -155,7 +160,7 @@ class DockerDriver:
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    async def _run(self, call: Callable[..., T], *args, **kwargs) -> T:
+    async def _run(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._threads, functools.partial(call, *args, **kwargs))
 
@@ -174,24 +179,26 @@ class DockerDriver:
                 except docker.errors.DockerException as exc:
                     raise _unreachable(exc) from None
 
-    async def _docker(self, call: Callable[..., T], *args, **kwargs) -> T:
+    async def _docker(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run an SDK call in a thread; connection failures become UNAVAILABLE."""
         try:
             return await self._run(call, *args, **kwargs)
         except requests.exceptions.ConnectionError as exc:
             raise _unreachable(exc) from None
 
-    async def _api(self):
+    async def _api(self) -> DockerApi:
         """The control client's API; both clients are created on first use."""
         if self._control is None:
             await self._run(self._connect)
+        assert self._control is not None  # _connect set it or raised
         return self._control.api
 
-    async def _long_api(self):
+    async def _long_api(self) -> DockerApi:
         await self._api()
+        assert self._long is not None  # _connect sets it before the control client
         return self._long.api
 
-    async def _own_containers(self, api) -> list[dict]:
+    async def _own_containers(self, api: DockerApi) -> list[DockerJson]:
         return await self._docker(api.containers, all=True, filters=self._own_filters)
 
     # -- health and start-up ----------------------------------------------------------------
@@ -219,12 +226,12 @@ class DockerDriver:
             return 0
         return await self._remove_own(self._control.api)
 
-    async def _remove_own(self, api) -> int:
+    async def _remove_own(self, api: DockerApi) -> int:
         containers = await self._own_containers(api)
         await asyncio.gather(*(self._remove(api, item["Id"]) for item in containers))
         return len(containers)
 
-    async def _ready_api(self):
+    async def _ready_api(self) -> DockerApi:
         if not self._prepared:
             await self.prepare()
         return await self._api()
@@ -249,7 +256,7 @@ class DockerDriver:
         return True
 
     @staticmethod
-    def _pull(api, image: str) -> str | None:
+    def _pull(api: DockerApi, image: str) -> str | None:
         """Pull; the Docker daemon reports some failures inside an HTTP 200 progress stream."""
         error = None
         for progress in api.pull(image, stream=True, decode=True):
@@ -313,7 +320,7 @@ class DockerDriver:
             raise Unprocessable(f'image "{image}" is not present on this host; ensure it first') from None
         except docker.errors.APIError as exc:
             raise Internal(f"cannot create sandbox: {_explain(exc)}") from None
-        sandbox_id = created["Id"]
+        sandbox_id: str = created["Id"]
         try:
             await self._docker(api.start, sandbox_id)
         except docker.errors.APIError as exc:
@@ -321,7 +328,7 @@ class DockerDriver:
             raise Internal(f"cannot start sandbox: {_explain(exc)}") from None
         return sandbox_id
 
-    async def _create_exec(self, api, sandbox_id: str, command: str, token: str, stdin: bool) -> str:
+    async def _create_exec(self, api: DockerApi, sandbox_id: str, command: str, token: str, stdin: bool) -> str:
         try:
             created = await self._docker(
                 api.exec_create, sandbox_id, ["sh", "-c", command], environment=[_marker(token)], stdin=stdin
@@ -330,13 +337,14 @@ class DockerDriver:
             raise NotFound(f"no such sandbox: {sandbox_id}") from None
         except docker.errors.APIError as exc:
             raise Unprocessable(f"cannot exec in sandbox: {_explain(exc)}") from None
-        return created["Id"]
+        exec_id: str = created["Id"]
+        return exec_id
 
-    async def _attach(self, exec_id: str, stdin: bytes | None):
+    async def _attach(self, exec_id: str, stdin: bytes | None) -> Attached:
         """Start the exec and return its attached socket; `stdin` (None: not attached) is written, then closed."""
         api = await self._long_api()
 
-        def attach():
+        def attach() -> Attached:
             attached = api.exec_start(exec_id, socket=True)
             if stdin is not None:
                 raw = getattr(attached, "_sock", attached)
@@ -376,7 +384,7 @@ class DockerDriver:
         )
 
     async def _begin_exec(
-        self, api, sandbox_id: str, command: str, token: str, stdout: CappedOutput, stderr: CappedOutput
+        self, api: DockerApi, sandbox_id: str, command: str, token: str, stdout: CappedOutput, stderr: CappedOutput
     ) -> Coroutine[None, None, int]:
         """Whatever must happen before the deadline starts (creating the exec), and what runs under it: it returns the exit code."""
         docker_socket, shells = self._socket, self._shells
@@ -453,7 +461,7 @@ class DockerDriver:
         code = info.get("ExitCode")
         return -1 if code is None else int(code)
 
-    async def spawn(self, command: Command, script: str, stdin: bytes) -> None:
+    async def spawn(self, command: BackgroundCommand, script: str, stdin: bytes) -> None:
         api = await self._ready_api()
         exec_id = await self._create_exec(api, command.sandbox_id, script, command.token, stdin=True)
         attached = await self._attach(exec_id, stdin)
@@ -466,7 +474,7 @@ class DockerDriver:
             log.warning("could not see background command %s start: %s", command.command_id, exc)
 
     @staticmethod
-    def _follow(api, command: Command, exec_id: str, attached) -> None:
+    def _follow(api: DockerApi, command: BackgroundCommand, exec_id: str, attached: Attached) -> None:
         """A command's own thread: collect its output until its streams close, then record how it ended."""
         exit_code, failure = -1, None
         try:
@@ -479,10 +487,10 @@ class DockerDriver:
             failure = f"lost the command: {exc}"
         command.ended(exit_code, failure)
 
-    async def kill(self, command: Command) -> None:
+    async def kill(self, command: BackgroundCommand) -> None:
         await self._kill_marked(await self._ready_api(), command.sandbox_id, command.token)
 
-    async def _kill_marked(self, api, sandbox_id: str, token: str) -> None:
+    async def _kill_marked(self, api: DockerApi, sandbox_id: str, token: str) -> None:
         """Kill a command and its children (timed out, or killed) so they stop using the sandbox."""
         try:
             killer = await self._docker(api.exec_create, sandbox_id, ["sh", "-c", KILL_MARKED, "sh", _marker(token)])
@@ -499,7 +507,7 @@ class DockerDriver:
         log.info("stopped sandbox %s%s", sandbox_id[:12], "" if was_running else " (already gone)")
         return was_running
 
-    async def _remove(self, api, sandbox_id: str) -> bool:
+    async def _remove(self, api: DockerApi, sandbox_id: str) -> bool:
         """Kill and remove; "no such container" and a removal already under way count as done."""
         try:
             await self._docker(api.remove_container, sandbox_id, force=True)

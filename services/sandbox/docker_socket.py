@@ -19,7 +19,7 @@ import asyncio
 import json
 import os
 import struct
-from typing import Mapping
+from typing import Any, Mapping
 
 from docker.constants import IS_WINDOWS_PLATFORM
 from docker.utils import parse_host
@@ -58,7 +58,9 @@ class DockerSocket:
         self._prefix = f"/v{api_version}"
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
-    async def _exchange(self, method: str, path: str, body: dict | None, upgrade: bool = False):
+    async def _exchange(
+        self, method: str, path: str, body: dict[str, Any] | None, upgrade: bool = False
+    ) -> tuple[int, dict[str, str], asyncio.StreamReader, asyncio.StreamWriter]:
         """Send one request; returns (status, headers, reader, writer), the connection now the caller's.
 
         `upgrade`: ask for the connection itself (an exec's attached stdin), as the docker CLI does.
@@ -89,7 +91,7 @@ class DockerSocket:
                 parts = status_line.split(None, 2)
                 if len(parts) < 2 or not parts[1].isdigit():
                     raise ConnectionError(f"the engine sent no HTTP status line: {status_line[:80]!r}")
-                headers = {}
+                headers: dict[str, str] = {}
                 while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
                     name, _, value = line.decode("latin-1").partition(":")
                     headers[name.strip().lower()] = value.strip()
@@ -130,7 +132,7 @@ class DockerSocket:
             return bytes(body)
         return await reader.read(MAX_BODY)
 
-    async def _json(self, method: str, path: str, body: dict | None = None) -> dict:
+    async def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         status, headers, reader, writer = await self._exchange(method, path, body)
         try:
             data = await self._body(headers, reader)
@@ -183,7 +185,7 @@ class DockerSocket:
         """Start an exec created with `stdin`: what is written goes to its stdin, and its output is read back."""
         return await self._start(exec_id, upgrade=True)
 
-    async def inspect_exec(self, exec_id: str) -> dict:
+    async def inspect_exec(self, exec_id: str) -> dict[str, Any]:
         return await self._json("GET", f"/exec/{exec_id}/json")
 
 

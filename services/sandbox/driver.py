@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from bae.common.errors import Unprocessable
-
-if TYPE_CHECKING:
-    from services.sandbox.commands import Command
+from services.sandbox.output import CappedOutput
 
 LABEL_SANDBOX = "bae.sandbox"
 LABEL_SESSION = "bae.session_id"
@@ -37,6 +35,19 @@ class SandboxInfo:
     spare: bool = False
 
 
+class BackgroundCommand(Protocol):
+    """What a driver reads of a background command (commands.Command) and reports to it as the command runs."""
+
+    command_id: str
+    sandbox_id: str
+    # Marks the command's processes in the sandbox, so a kill finds every one of them.
+    token: str
+    stdout: CappedOutput
+    stderr: CappedOutput
+
+    def ended(self, exit_code: int, failure: str | None = None) -> None: ...
+
+
 class Driver(Protocol):
     async def ping(self) -> bool:
         """Whether the Docker daemon answers (health reporting)."""
@@ -58,13 +69,13 @@ class Driver(Protocol):
 
     async def exec(self, sandbox_id: str, command: str, timeout: float) -> ExecOutput: ...
 
-    async def spawn(self, command: Command, script: str, stdin: bytes) -> None:
+    async def spawn(self, command: BackgroundCommand, script: str, stdin: bytes) -> None:
         """Start `sh -c script` as a background command, `stdin` written to it then closed.
 
         Returns once it runs; its output and end are then reported to `command` from another thread.
         """
 
-    async def kill(self, command: Command) -> None:
+    async def kill(self, command: BackgroundCommand) -> None:
         """Kill the command and every process it started."""
 
     async def stop(self, sandbox_id: str) -> bool:
@@ -105,10 +116,10 @@ class UnsupportedDriver:
     async def exec(self, sandbox_id: str, command: str, timeout: float) -> ExecOutput:
         raise self._failure
 
-    async def spawn(self, command: Command, script: str, stdin: bytes) -> None:
+    async def spawn(self, command: BackgroundCommand, script: str, stdin: bytes) -> None:
         raise self._failure
 
-    async def kill(self, command: Command) -> None:
+    async def kill(self, command: BackgroundCommand) -> None:
         raise self._failure
 
     async def stop(self, sandbox_id: str) -> bool:

@@ -195,7 +195,7 @@ class ResidentShells:
         # Sandboxes where a shell failed to start: every exec of theirs goes through the Docker daemon.
         self._unable: set[str] = set()
         # The shell starting in a sandbox: one at a time each.
-        self._booting: dict[str, asyncio.Task] = {}
+        self._booting: dict[str, asyncio.Task[None]] = {}
 
     async def take(self, sandbox_id: str) -> ResidentShell | None:
         """An idle shell of the sandbox, or None when the command had better be an exec of its own.

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Awaitable
+from typing import TypeAlias, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2
@@ -21,6 +23,9 @@ from services.sandbox.exec_span import end_exec, start_exec
 from services.sandbox.warm import WarmPool
 
 log = logging.getLogger("bae.sandbox")
+
+T = TypeVar("T")
+Context: TypeAlias = grpc.aio.ServicerContext
 
 SERVICE_NAME = sandbox_pb2.DESCRIPTOR.services_by_name["Sandbox"].full_name
 
@@ -53,7 +58,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
     # ends the call with its status and the `bae-error-bin` trailer (bae.common.error_codes).
 
     @staticmethod
-    async def _call(operation):
+    async def _call(operation: Awaitable[T]) -> T:
         try:
             return await operation
         except BaeError:
@@ -67,12 +72,12 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
             raise InvalidInput("missing image")
         self._images.check(image)
 
-    async def AllowImages(self, request, context):
+    async def AllowImages(self, request: sandbox_pb2.AllowImagesRequest, context: Context) -> sandbox_pb2.AllowImagesResponse:
         self._images.replace(list(request.images))
         self._warm.allow(frozenset(request.images))
         return sandbox_pb2.AllowImagesResponse()
 
-    async def EnsureImage(self, request, context):
+    async def EnsureImage(self, request: sandbox_pb2.EnsureImageRequest, context: Context) -> sandbox_pb2.EnsureImageResponse:
         self._allowed(request.image)
         if self._warm.has_spare(request.image):  # a container of it runs here: the image is present
             return sandbox_pb2.EnsureImageResponse(pulled=False)
@@ -80,7 +85,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
         self._warm.ensured(request.image)
         return sandbox_pb2.EnsureImageResponse(pulled=pulled)
 
-    async def Start(self, request, context):
+    async def Start(self, request: sandbox_pb2.StartRequest, context: Context) -> sandbox_pb2.StartResponse:
         self._allowed(request.image)
         sandbox_id = await self._call(self._warm.take(request.session_id, request.image))
         if sandbox_id is None:
@@ -93,7 +98,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
             raise InvalidInput(f"{name} must be a non-negative number of seconds")
         return value
 
-    async def Exec(self, request, context):
+    async def Exec(self, request: sandbox_pb2.ExecRequest, context: Context) -> sandbox_pb2.ExecResponse:
         timeout = self._seconds("timeout_seconds", request.timeout_seconds) or self._config.exec_timeout
         span = start_exec()
         try:
@@ -110,12 +115,12 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
             stderr_truncated=output.stderr_truncated,
         )
 
-    async def Stop(self, request, context):
+    async def Stop(self, request: sandbox_pb2.StopRequest, context: Context) -> sandbox_pb2.StopResponse:
         was_running = await self._call(self._commands.stop_sandbox(request.sandbox_id))
         self._warm.released(request.sandbox_id)
         return sandbox_pb2.StopResponse(was_running=was_running)
 
-    async def StartCommand(self, request, context):
+    async def StartCommand(self, request: sandbox_pb2.StartCommandRequest, context: Context) -> sandbox_pb2.CommandStatus:
         if not request.command_id or len(request.command_id) > COMMAND_ID_LIMIT:
             raise InvalidInput(f"command_id must be 1 to {COMMAND_ID_LIMIT} characters")
         if not request.sandbox_id:
@@ -127,21 +132,21 @@ class SandboxService(sandbox_pb2_grpc.SandboxServicer):
         ))
         return command_status(command)
 
-    async def WaitCommand(self, request, context):
+    async def WaitCommand(self, request: sandbox_pb2.WaitCommandRequest, context: Context) -> sandbox_pb2.CommandStatus:
         seconds = self._seconds("wait_seconds", request.wait_seconds)
         command = await self._call(self._commands.wait(request.command_id, seconds))
         return command_status(command, request.stdout_offset, request.stderr_offset)
 
-    async def KillCommand(self, request, context):
+    async def KillCommand(self, request: sandbox_pb2.KillCommandRequest, context: Context) -> sandbox_pb2.CommandStatus:
         command = await self._call(self._commands.kill(request.command_id))
         return command_status(command)
 
-    async def ListCommands(self, request, context):
+    async def ListCommands(self, request: sandbox_pb2.ListCommandsRequest, context: Context) -> sandbox_pb2.ListCommandsResponse:
         return sandbox_pb2.ListCommandsResponse(
             commands=[command_status(command, output=False) for command in self._commands.list()]
         )
 
-    async def List(self, request, context):
+    async def List(self, request: sandbox_pb2.ListRequest, context: Context) -> sandbox_pb2.ListResponse:
         sandboxes = await self._call(self._driver.list())
         listed = []
         for item in sandboxes:
@@ -161,7 +166,7 @@ class DockerMonitor:
         self._driver = driver
         self._interval = interval
         self._serving: bool | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self, health_servicer: health.aio.HealthServicer) -> None:
         """serve()'s health reporter: checks once before the server starts, then every interval."""

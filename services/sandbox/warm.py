@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Coroutine
+from typing import Any
 
 
 from bae.common.errors import BaeError, Unprocessable
@@ -46,8 +48,8 @@ class WarmPool:
         # Spares a session took: sandbox id -> session id.
         self._holders: dict[str, str] = {}
         self._wake = asyncio.Event()
-        self._filler: asyncio.Task | None = None
-        self._work: set[asyncio.Task] = set()
+        self._filler: asyncio.Task[None] | None = None
+        self._work: set[asyncio.Task[None]] = set()
         self._closed = False
 
     @property
@@ -114,7 +116,7 @@ class WarmPool:
                 for _ in range(missing):
                     self._spawn(self._make(image))
 
-    def _spawn(self, work) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._work.add(task)
         task.add_done_callback(self._work.discard)

@@ -6,6 +6,8 @@ one of bae.common.errors' kinds.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Connection, Row
 
 from bae.common import config as config_views
@@ -40,7 +42,7 @@ def profile_message(profile: ProfileRecord) -> admin_api_pb2.Profile:
     return admin_api_pb2.Profile(**profiles.view(profile))
 
 
-def session_summary(row: Row) -> admin_api_pb2.SessionSummary:
+def session_summary(row: Row[Any]) -> admin_api_pb2.SessionSummary:
     return admin_api_pb2.SessionSummary(**sessions.summary_view(row))
 
 
@@ -48,7 +50,7 @@ def duplicate_name() -> Conflict:
     return Conflict("a profile with that name already exists", reason="duplicate_name")
 
 
-def _existing_session_events(conn: Connection, session_id: str, after_seq: int, limit: int) -> list[Row] | None:
+def _existing_session_events(conn: Connection, session_id: str, after_seq: int, limit: int) -> list[Row[Any]] | None:
     """A page of a session's events, or None when there is no such session (one store call)."""
     if sessions.get(conn, session_id) is None:
         return None

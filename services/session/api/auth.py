@@ -52,7 +52,7 @@ class Authenticator:
         self.admin_auth_disabled = admin_auth_disabled
         self.stamps = LastUsedStamps()
         self._admin_hashes = AdminHashVerifier()
-        self._flusher: asyncio.Task | None = None
+        self._flusher: asyncio.Task[None] | None = None
 
     # Async entry points.
 

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 from bae.common.errors import Unprocessable
+from bae.common.jsontext import JsonObject
 from bae.common.jsontext import load
 from bae.common.protos import admin_api_pb2, client_api_pb2, edge_pb2
 
@@ -23,12 +24,12 @@ PROFILE_LISTS = ("fallback_providers", "mcp_servers", "available_sandboxes", "al
 @dataclass(frozen=True)
 class SessionBody:
     client_version: str | None
-    tools: list[dict]  # normalized {name, description, input_schema}
-    sandbox_tools: list[dict]
-    subagent_tools: list[dict]  # as declared (validated by validate_subagent_tools)
-    compaction: dict  # {"mode": "auto", "size": n} or {"mode": "client", "prompt": text or None}
+    tools: list[JsonObject]  # normalized {name, description, input_schema}
+    sandbox_tools: list[JsonObject]
+    subagent_tools: list[JsonObject]  # as declared (validated by validate_subagent_tools)
+    compaction: JsonObject  # {"mode": "auto", "size": n} or {"mode": "client", "prompt": text or None}
 
-    def names(self) -> dict:
+    def names(self) -> JsonObject:
         """The session.open / session.join payload."""
         return {
             "client_version": self.client_version,
@@ -47,11 +48,11 @@ def _schema(value: edge_pb2.JsonValue) -> object:
     return load(value.json) if value.json else {}
 
 
-def _tool(tool: client_api_pb2.ClientToolDef | client_api_pb2.SubagentToolDef) -> dict:
+def _tool(tool: client_api_pb2.ClientToolDef | client_api_pb2.SubagentToolDef) -> JsonObject:
     return {"name": tool.name, "description": _optional(tool, "description"), "input_schema": _schema(tool.input_schema)}
 
 
-def _subagent_tool(tool: client_api_pb2.SubagentToolDef) -> dict:
+def _subagent_tool(tool: client_api_pb2.SubagentToolDef) -> JsonObject:
     subagents = [
         {
             "harness": entry.harness,
@@ -67,7 +68,7 @@ def _subagent_tool(tool: client_api_pb2.SubagentToolDef) -> dict:
 CLIENT_COMPACTION = {"mode": "client", "prompt": None}
 
 
-def compaction_of(body: client_api_pb2.OpenSessionBody) -> dict:
+def compaction_of(body: client_api_pb2.OpenSessionBody) -> JsonObject:
     config = body.compaction
     if config.WhichOneof("mode") == "auto":
         return {"mode": "auto", "size": config.auto.size}
@@ -106,7 +107,7 @@ def reserved_tool_name() -> Unprocessable:
     return Unprocessable(f"{RESERVED_TOOL} is reserved", reason="reserved_tool_name")
 
 
-def validate_subagent_tools(tools: list[dict]) -> None:
+def validate_subagent_tools(tools: list[JsonObject]) -> None:
     """§11.1 rules; Unprocessable `invalid_subagent_tools` (or `reserved_tool_name`)."""
 
     def invalid(detail: str) -> Unprocessable:
@@ -137,7 +138,7 @@ def validate_subagent_tools(tools: list[dict]) -> None:
 # Admin bodies (SERVER-SPEC §4.2, §4.3).
 
 
-def profile_fields(body: admin_api_pb2.ProfileBody) -> dict:
+def profile_fields(body: admin_api_pb2.ProfileBody) -> JsonObject:
     fields: dict[str, str | list[str]] = {"name": body.name, "primary_provider": body.primary_provider}
     for field in PROFILE_LISTS:
         fields[field] = list(getattr(body, field))

@@ -3,6 +3,8 @@ stored JSON text, never parsed or written again here."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Row
 
 from bae.common.protos import client_api_pb2, edge_pb2
@@ -15,7 +17,7 @@ _PAYLOAD = ',"payload":'
 _CREATED_AT = ',"created_at":'
 
 
-def event_of_row(row: Row) -> client_api_pb2.Event:
+def event_of_row(row: Row[Any]) -> client_api_pb2.Event:
     return Event(
         id=row.id,
         session_id=row.session_id,

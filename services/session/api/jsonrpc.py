@@ -63,7 +63,7 @@ class RpcCall(Generic[P]):
         return self.session
 
 
-def require_driver(sessions: SessionRegistry, call: RpcCall, method: str) -> LiveSession:
+def require_driver(sessions: SessionRegistry, call: RpcCall[P], method: str) -> LiveSession:
     """The -32001 gate: the acting key must have registered on this session."""
     live = sessions.get(call.session_id)
     if live is None or call.actor not in live.drivers:

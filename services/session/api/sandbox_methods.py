@@ -54,7 +54,9 @@ class SandboxMethods:
             sandbox_id=handle.sandbox_id, image=image, started_at=running["created_at"]
         )
 
-    async def stop_remote_sandbox(self, call: RpcCall) -> client_api_pb2.StopRemoteSandboxResult:
+    async def stop_remote_sandbox(
+        self, call: RpcCall[client_api_pb2.StopRemoteSandboxParams]
+    ) -> client_api_pb2.StopRemoteSandboxResult:
         live = require_driver(self.sessions, call, "session.stopRemoteSandbox")
         handle = live.sandbox
         if handle is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 from bae.common.config import Config, primary_not_configured
 from services.session.engine.domain import CompactionReason, CompactionTrigger
@@ -135,6 +136,6 @@ async def run_compaction(
     return views[-1]
 
 
-def runner_message_content(message_json: str) -> list:
+def runner_message_content(message_json: str) -> list[Any]:
     content = json.loads(message_json).get("content")
     return content if isinstance(content, list) else []

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
+from bae.common.jsontext import JsonObject
 from services.session.store.events import EventView
 
 
@@ -48,7 +50,7 @@ class CompactionReason(StrEnum):
 @dataclass(frozen=True)
 class Message:
     role: str
-    content: str | list
+    content: str | list[Any]
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class CompactRequest:
 @dataclass
 class TurnOutcome:
     end: TurnEnd
-    message: dict  # the assistant message of the terminal result
+    message: JsonObject  # the assistant message of the terminal result
     # Every event this call appended, in order (the terminal result's `events`).
     events: list[EventView] = field(default_factory=list)
 

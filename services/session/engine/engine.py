@@ -15,6 +15,7 @@ import logging
 from typing import Any, Coroutine, TypeVar
 
 from bae.common.config import Config
+from bae.common.jsontext import JsonObject
 from services.session.engine import compaction
 from services.session.engine.domain import (
     CompactionOutcome,
@@ -200,7 +201,7 @@ class TurnEngine:
         await self._registry.load_history(live)
         if watcher is not None:
             live.feed.join(watcher)
-        items: list[tuple[str, dict]] = [("client.message.send", {"role": role, "content": content})]
+        items: list[tuple[str, JsonObject]] = [("client.message.send", {"role": role, "content": content})]
         for block in content if isinstance(content, list) else []:
             if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("tool_use_id") not in server_ids:
                 items.append(("tool.result", client_result(block)))
@@ -358,7 +359,7 @@ class TurnEngine:
             log.exception("writing the last events of %s's turn failed", turn.session_id)
 
 
-def client_result(block: dict) -> dict:
+def client_result(block: JsonObject) -> JsonObject:
     """The `tool.result` payload of a client-answered `tool_result` block."""
     return {
         "tool_use_id": block.get("tool_use_id"),
@@ -369,7 +370,7 @@ def client_result(block: dict) -> dict:
     }
 
 
-def _token_count(usage: dict | None) -> int | None:
+def _token_count(usage: JsonObject | None) -> int | None:
     if usage is None:
         return None
     try:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from bae.common.jsontext import JsonObject
 from services.session.store.events import EventView
 
 LAG_LIMIT = 256
@@ -112,7 +113,7 @@ class Watcher(Buffer[EventView]):
         self._revoked = True
         self.end()
 
-    def wants(self, event: dict) -> bool:
+    def wants(self, event: JsonObject) -> bool:
         """The one live-filter predicate (SERVER-SPEC §6.4): suppress only this stream's own echo."""
         return event["id"] not in self.echo_ids
 

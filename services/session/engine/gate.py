@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from opentelemetry.trace import SpanContext
 
+from bae.common.jsontext import JsonObject
 from services.session.engine.errors import KeyRevoked, TurnInProgress
 
 
@@ -24,8 +25,8 @@ from services.session.engine.errors import KeyRevoked, TurnInProgress
 class ParkedTurn:
     owner: str
     deadline: float
-    tool_uses: list[dict]
-    server_results: dict[str, dict]
+    tool_uses: list[JsonObject]
+    server_results: dict[str, JsonObject]
     # The token count of a crossed auto-compaction threshold, honoured when the turn completes (§12.2).
     pending_compaction: int | None = None
     # The paused `bae.turn` span's context: the resuming turn links to it (TELEMETRY §3.4).

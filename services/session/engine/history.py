@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bae.common.jsontext import dump, load
+from bae.common.jsontext import JsonObject, dump, load
 from services.session.engine.ports import StepMessages
 
 MESSAGE_EVENTS = ("client.message.send", "server.message.send")
@@ -27,12 +27,12 @@ class History:
         self._roles: list[str] = []
 
     @classmethod
-    def from_events(cls, events: Sequence[dict]) -> "History":
+    def from_events(cls, events: Sequence[JsonObject]) -> "History":
         history = cls()
         history.observe(events)
         return history
 
-    def observe(self, events: Sequence[dict]) -> None:
+    def observe(self, events: Sequence[JsonObject]) -> None:
         for event in events:
             kind = event["event_type"]
             payload = event["payload"]
@@ -67,7 +67,7 @@ class History:
             return StepMessages(self._texts[:-1] + [dump(instructed)], list(self._roles))
         return self.step_messages([{"role": "user", "content": instruction}])
 
-    def step_messages(self, extensions: Sequence[dict] = ()) -> StepMessages:
+    def step_messages(self, extensions: Sequence[JsonObject] = ()) -> StepMessages:
         """The history, then `extensions` (this turn's messages not yet logged)."""
         return StepMessages(
             self._texts + [dump(message) for message in extensions],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from bae.common.jsontext import JsonObject
 from services.session.engine.feed import SessionFeed
 from services.session.engine.gate import TurnGate
 from services.session.engine.history import History
@@ -52,7 +53,7 @@ class LiveSession:
         return self.history
 
 
-def paused_tool_uses(event: EventView) -> list[dict]:
+def paused_tool_uses(event: EventView) -> list[JsonObject]:
     """The `tool_use` blocks of a paused turn's assistant message (tagged with `dispatch`), else []."""
     payload = event["payload"]
     if event["event_type"] != "server.message.send" or payload.get("role", "assistant") != "assistant":

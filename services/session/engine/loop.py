@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bae.common.jsontext import load
+from bae.common.jsontext import JsonObject, load
 from services.session.engine.domain import Dispatch, SessionState, TurnEnd
 from services.session.engine.gate import ParkedTurn
 from services.session.engine.mcp_sessions import SessionMcp
@@ -31,7 +31,7 @@ UNAVAILABLE_MESSAGE = {
 @dataclass
 class LoopResult:
     end: TurnEnd
-    message: dict
+    message: JsonObject
     parked: ParkedTurn | None = None
 
 
@@ -45,7 +45,7 @@ class TurnLoop:
 
     async def run(self, turn: Turn, session: SessionRecord, profile: ProfileRecord) -> LoopResult:
         live = turn.live
-        extensions: list[dict] = []
+        extensions: list[JsonObject] = []
         for iteration in range(MAX_ITERATIONS):
             if iteration:  # re-read: updateClientTools applies from the next provider call
                 session = await self._store.get_session(turn.session_id) or session
@@ -89,7 +89,7 @@ class TurnLoop:
             for block, kind in zip(tool_uses, kinds):
                 if kind == Dispatch.CLIENT:
                     open_dispatch(block, kind)  # the server only records it: its span ends at once
-            server_calls: list[tuple[dict, Dispatch]] = [(block, kind) for block, kind in zip(tool_uses, kinds) if kind != Dispatch.CLIENT]
+            server_calls: list[tuple[JsonObject, Dispatch]] = [(block, kind) for block, kind in zip(tool_uses, kinds) if kind != Dispatch.CLIENT]
             results = await self._tools.answer(turn, server_calls, declared)
 
             if Dispatch.CLIENT in kinds:

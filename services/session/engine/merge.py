@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bae.common.jsontext import JsonObject
+
 ABANDONED_TEXT = "Client tool call was abandoned before returning a result."
 
 
@@ -22,7 +24,7 @@ def is_continuation(content: object) -> bool:
     return has_tool_result(content) or content == "" or content == []
 
 
-def _paused_ids(tool_uses: list[dict]) -> list[Any]:
+def _paused_ids(tool_uses: list[JsonObject]) -> list[Any]:
     ids = [block.get("id") for block in tool_uses]
     if not ids:
         raise MergeInvalid("paused assistant turn has no tool_use ids")
@@ -31,8 +33,8 @@ def _paused_ids(tool_uses: list[dict]) -> list[Any]:
     return ids
 
 
-def _checked_server_results(server_results: dict[str, dict]) -> dict[str, dict]:
-    checked: dict[str, dict] = {}
+def _checked_server_results(server_results: dict[str, JsonObject]) -> dict[str, JsonObject]:
+    checked: dict[str, JsonObject] = {}
     for block in server_results.values():
         tool_use_id = block.get("tool_use_id")
         if not isinstance(tool_use_id, str):
@@ -43,12 +45,12 @@ def _checked_server_results(server_results: dict[str, dict]) -> dict[str, dict]:
     return checked
 
 
-def merge_continuation(tool_uses: list[dict], server_results: dict[str, dict], content: object) -> list:
+def merge_continuation(tool_uses: list[JsonObject], server_results: dict[str, JsonObject], content: object) -> list[Any]:
     """The owner's tool results merged with the stashed server results (server copies win)."""
     ids = _paused_ids(tool_uses)
     server = _checked_server_results(server_results)
-    client: dict[Any, dict] = {}
-    rest: list = []
+    client: dict[Any, JsonObject] = {}
+    rest: list[Any] = []
     for block in content if isinstance(content, list) else []:
         if isinstance(block, dict) and block.get("type") == "tool_result":
             tool_use_id = block.get("tool_use_id")
@@ -68,11 +70,11 @@ def merge_continuation(tool_uses: list[dict], server_results: dict[str, dict], c
     return merged + rest
 
 
-def abandoned_result(tool_use_id: str) -> dict:
+def abandoned_result(tool_use_id: str) -> JsonObject:
     return {"type": "tool_result", "tool_use_id": tool_use_id, "content": ABANDONED_TEXT, "is_error": True}
 
 
-def synthesize_abandoned(tool_uses: list[dict], server_results: dict[str, dict]) -> list[dict]:
+def synthesize_abandoned(tool_uses: list[JsonObject], server_results: dict[str, JsonObject]) -> list[JsonObject]:
     """Server results plus a synthetic error result for every unanswered id, in tool_use order."""
     ids = _paused_ids(tool_uses)
     server = _checked_server_results(server_results)
@@ -80,8 +82,8 @@ def synthesize_abandoned(tool_uses: list[dict], server_results: dict[str, dict])
 
 
 def merge_abandonment(
-    tool_uses: list[dict], server_results: dict[str, dict], content: object, *, timed_out: bool
-) -> list:
+    tool_uses: list[JsonObject], server_results: dict[str, JsonObject], content: object, *, timed_out: bool
+) -> list[Any]:
     """Abandon the pending client calls and append the new message's content."""
     if timed_out and has_tool_result(content):
         raise MergeInvalid("timed-out replacement message must not contain tool_result blocks")

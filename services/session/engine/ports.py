@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, NotRequired, Protocol, TypedDict
 
 from bae.common import errors
-from bae.common.jsontext import RawJson
+from bae.common.jsontext import JsonObject, RawJson
 from services.session.engine.domain import Usage
 from services.session.store.events import EventView
 from services.session.store.records import ProfileRecord, SessionRecord
@@ -157,6 +157,14 @@ class HostInventory:
     commands: Sequence[HostCommand] = ()
 
 
+class ImageStatus(TypedDict):
+    """One image of a profile on the sandbox hosts (GET /admin/v1/sandbox-status)."""
+
+    name: str
+    status: str  # pending | available | error
+    detail: NotRequired[str]  # why, for an error
+
+
 class Sandboxes(Protocol):
     """The sandbox hosts: placement, calls, image provisioning. Failed calls raise a BaeError."""
 
@@ -189,11 +197,11 @@ class Sandboxes(Protocol):
     def provision(self, profile_id: str, images: Iterable[str]) -> None:
         """Ensure a profile's images on the hosts in the background; [] forgets the profile."""
 
-    def status_for(self, profile_id: str) -> list[dict]:
-        """The profile's images in declared order: {"name", "status", "detail"?}."""
+    def status_for(self, profile_id: str) -> list[ImageStatus]:
+        """The profile's images in declared order."""
         ...
 
-    def status_view(self) -> dict:
+    def status_view(self) -> dict[str, Any]:
         """Every profile's image statuses (GET /admin/v1/sandbox-status)."""
         ...
 
@@ -210,14 +218,14 @@ class Sandboxes(Protocol):
 class McpTool:
     name: str
     description: str
-    input_schema: dict
+    input_schema: JsonObject
     server_name: str
 
 
 @dataclass(frozen=True)
 class McpCallResult:
     ok: bool
-    result: dict | None = None  # the server's CallToolResult JSON, verbatim
+    result: JsonObject | None = None  # the server's CallToolResult JSON, verbatim
     error: str | None = None  # why the call failed, when it did ("<code>: <message>" for JSON-RPC errors)
 
 
@@ -231,7 +239,7 @@ class McpSession(Protocol):
         """The server that listed `tool_name`, or None."""
         ...
 
-    async def call(self, tool_name: str, arguments: dict) -> McpCallResult:
+    async def call(self, tool_name: str, arguments: dict[str, Any]) -> McpCallResult:
         """`tools/call` on the routed server; never raises for an MCP failure."""
         ...
 
@@ -246,9 +254,9 @@ class McpConnector(Protocol):
 
 # -- the session log ------------------------------------------------------------------------------
 
-EventItem = tuple[str, dict | RawJson]
+EventItem = tuple[str, JsonObject | RawJson]
 # An event to append: (client key it is attributed to, event type, payload).
-NewEvent = tuple[str | None, str, dict | RawJson]
+NewEvent = tuple[str | None, str, JsonObject | RawJson]
 
 
 class EventStore(Protocol):
@@ -270,18 +278,18 @@ class EventStore(Protocol):
         session_id: str,
         client_key_id: str | None,
         leading: list[NewEvent],
-        preamble: dict,
-        summary: dict,
-        completed: dict,
+        preamble: JsonObject,
+        summary: JsonObject,
+        completed: JsonObject,
     ) -> list[EventView]: ...
 
     async def message_events(self, session_id: str) -> list[EventView]: ...
 
-    async def server_tool_results(self, session_id: str, tool_use_ids: list[str]) -> dict[str, dict]: ...
+    async def server_tool_results(self, session_id: str, tool_use_ids: list[str]) -> dict[str, JsonObject]: ...
 
     async def subagent_events(self, session_id: str) -> list[EventView]: ...
 
-    async def latest_turn_usage(self, session_id: str) -> dict | None: ...
+    async def latest_turn_usage(self, session_id: str) -> JsonObject | None: ...
 
     async def list_events(self, session_id: str, after_seq: int, limit: int) -> list[tuple[int, EventView]]: ...
 

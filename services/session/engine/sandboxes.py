@@ -14,11 +14,12 @@ import logging
 from typing import Any
 
 from bae.common.errors import BaeError
+from bae.common.jsontext import JsonObject
 from services.session.engine.domain import SessionState
 from services.session.engine.errors import SandboxFailed, SessionNotOpen
 from services.session.engine.live import LiveSession
 from services.session.engine.ownership import NotOwner
-from services.session.engine.ports import EventStore, ExecResult, SandboxHandle, Sandboxes
+from services.session.engine.ports import EventStore, ExecResult, ImageStatus, SandboxHandle, Sandboxes
 from services.session.engine.registry import SessionRegistry
 from services.session.engine.sandbox_idle import IdleWatch
 from services.session.engine.subagent_calls import SessionSubagents
@@ -30,11 +31,11 @@ from services.session.store.records import ProfileRecord
 log = logging.getLogger("bae.session.sandboxes")
 
 
-def _remote(payload: dict) -> dict:
+def _remote(payload: JsonObject) -> JsonObject:
     return {**payload, "dispatch": "remote", "unsandboxed": False}
 
 
-def _error(image: str, sandbox_id: str | None, phase: str, detail: str) -> tuple[str, dict]:
+def _error(image: str, sandbox_id: str | None, phase: str, detail: str) -> tuple[str, JsonObject]:
     payload = {"image": image, "sandbox_id": sandbox_id} if sandbox_id is not None else {"image": image}
     return "session.sandbox.error", _remote({**payload, "phase": phase, "detail": detail})
 
@@ -127,7 +128,7 @@ class SessionSandboxes:
         if live is not None and live.sandbox is handle:
             await self.stop(live, None, reason="idle_timeout")
 
-    async def answer_tool(self, turn: Turn, block: dict) -> dict:
+    async def answer_tool(self, turn: Turn, block: JsonObject) -> JsonObject:
         """Auto mode: run `input.command` in the session's sandbox, inside the turn."""
         name = block["name"]
         tool_input = block.get("input") or {}
@@ -178,20 +179,23 @@ class SessionSandboxes:
 
     # -- images (§10.2) ------------------------------------------------------------------------
 
-    def available_images(self, profile: ProfileRecord) -> list[dict]:
+    def available_images(self, profile: ProfileRecord) -> list[ImageStatus]:
         """The `session.sandbox.available` image list, built from this profile only."""
         known = {entry["name"]: entry for entry in self._sandboxes.status_for(profile.id)}
-        images = []
+        images: list[ImageStatus] = []
         for name in profile.available_sandboxes:
             entry = known.get(name, {"name": name, "status": "pending"})
-            images.append({k: entry[k] for k in ("name", "status", "detail") if k in entry})
+            image: ImageStatus = {"name": entry["name"], "status": entry["status"]}
+            if "detail" in entry:
+                image["detail"] = entry["detail"]
+            images.append(image)
         return images
 
     def provision(self, profile: ProfileRecord) -> None:
         """Profile created or replaced: (re)provision its sandbox images in the background (§10.2)."""
         self._sandboxes.provision(profile.id, profile.available_sandboxes)  # [] forgets the profile
 
-    def status_view(self) -> dict:
+    def status_view(self) -> JsonObject:
         return self._sandboxes.status_view()
 
     # -- start-up, takeover, shutdown ----------------------------------------------------------

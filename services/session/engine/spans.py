@@ -20,6 +20,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 
 from bae.common import telemetry
+from bae.common.jsontext import JsonObject
 from services.session.engine.domain import Dispatch, TurnEnd
 from services.session.engine.subagents import SubagentStatus
 
@@ -192,7 +193,7 @@ class DispatchTrace:
         finally:
             telemetry.tool_name.reset(token)
 
-    def answered(self, result: dict) -> None:
+    def answered(self, result: JsonObject) -> None:
         """The block's `tool.result` is written; `result` is its tool_result block."""
         telemetry.record(TOOL_LATENCY, (time.perf_counter() - self.started) * 1000, {"dispatch": str(self.kind)})
         if self.span is None:
@@ -210,7 +211,7 @@ class DispatchTrace:
             self.span.end()
 
 
-def open_dispatch(block: dict, kind: Dispatch) -> DispatchTrace:
+def open_dispatch(block: JsonObject, kind: Dispatch) -> DispatchTrace:
     """Opened after all of the step's `tool.call` events; a client block's span ends at once."""
     telemetry.count(TOOL_CALLS, {"dispatch": str(kind)})
     tool = str(block.get("name"))

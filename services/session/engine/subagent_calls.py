@@ -14,6 +14,7 @@ import logging
 from opentelemetry.trace import Span
 
 from bae.common.errors import BaeError, Unavailable
+from bae.common.jsontext import JsonObject
 from services.session.engine.domain import Dispatch
 from services.session.engine.live import LiveSession
 from services.session.engine.ports import Sandboxes
@@ -40,12 +41,12 @@ log = logging.getLogger("bae.session.subagents")
 SANDBOX_GONE = "the session's sandbox is gone"
 
 
-def _result(tool_use_id: str, text: str, is_error: bool) -> dict:
+def _result(tool_use_id: str, text: str, is_error: bool) -> JsonObject:
     return {"type": "tool_result", "tool_use_id": tool_use_id, "content": [{"type": "text", "text": text}],
             "is_error": is_error}
 
 
-async def _answer(turn: Turn, block: dict, text: str, is_error: bool) -> dict:
+async def _answer(turn: Turn, block: JsonObject, text: str, is_error: bool) -> JsonObject:
     result = _result(block["id"], text, is_error)
     await turn.emit(
         [("tool.result", {"tool_use_id": block["id"], "dispatch": str(Dispatch.SUBAGENT), "server_name": None,
@@ -65,7 +66,7 @@ class SessionSubagents:
         # A harness's run time when its declaration sets none (BAE_SUBAGENT_TIMEOUT).
         self._default_timeout = default_timeout
 
-    async def answer_tool(self, turn: Turn, block: dict, declarations: list[dict]) -> dict:
+    async def answer_tool(self, turn: Turn, block: JsonObject, declarations: list[JsonObject]) -> JsonObject:
         """Answer a `subagent` tool_use inside the turn: the status tool, or a launch that never waits."""
         live = turn.live
         if block["name"] == STATUS_TOOL:
@@ -136,7 +137,7 @@ class SessionSubagents:
             if outcome is not None:
                 await self._record(live, entry, outcome)
 
-    async def _record(self, live: LiveSession, entry: Subagent, event: tuple[str, dict]) -> None:
+    async def _record(self, live: LiveSession, entry: Subagent, event: tuple[str, JsonObject]) -> None:
         await self._registry.append(live.session_id, entry.launched_by, [event])
 
     async def cancel(self, live: LiveSession, entry: Subagent, *, reason: str, actor: str | None) -> bool:

@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from bae.common.errors import BaeError
+from bae.common.jsontext import JsonObject
 from services.session.engine.ports import CommandState, CommandStatus, SandboxHandle
 
 log = logging.getLogger("bae.session.subagents")
@@ -68,7 +69,7 @@ class Subagent:
     reason: str | None = None
     detail: str | None = None
 
-    def event(self, **extra: Any) -> dict:
+    def event(self, **extra: Any) -> JsonObject:
         """A `session.subagent.*` payload (§11.3)."""
         return {
             "dispatch": "remote",
@@ -79,7 +80,7 @@ class Subagent:
             **extra,
         }
 
-    def report(self) -> dict:
+    def report(self) -> JsonObject:
         return {
             "subagent_id": self.subagent_id,
             "harness": self.harness,
@@ -103,7 +104,7 @@ class SubagentTracker:
     def running(self) -> list[Subagent]:
         return [entry for entry in self.entries.values() if entry.status == SubagentStatus.RUNNING]
 
-    def status_result(self, subagent_id: object) -> tuple[dict, bool]:
+    def status_result(self, subagent_id: object) -> tuple[JsonObject, bool]:
         """The status tool's answer (and whether it is an error); reported terminal entries are evicted."""
         if subagent_id is not None:
             entry = self.entries.get(subagent_id) if isinstance(subagent_id, str) else None
@@ -138,8 +139,8 @@ def error_payload(message: str) -> str:
 
 
 def launch_refusal(
-    declaration: dict, tool_input: object, tracker: SubagentTracker, limit: int, sandbox: SandboxHandle | None
-) -> tuple[str | None, dict | None]:
+    declaration: JsonObject, tool_input: object, tracker: SubagentTracker, limit: int, sandbox: SandboxHandle | None
+) -> tuple[str | None, JsonObject | None]:
     """§11.2 checks 1–5, in order: (refusal text, or None and the chosen harness config)."""
     name = declaration["name"]
     fields = tool_input if isinstance(tool_input, dict) else {}
@@ -173,7 +174,7 @@ def cut_utf8(data: bytes, limit: int = OUTPUT_LIMIT) -> tuple[str, bool]:
     return data[:limit].decode("utf-8", errors="replace"), True
 
 
-def apply_outcome(entry: Subagent, status: CommandStatus) -> tuple[str, dict] | None:
+def apply_outcome(entry: Subagent, status: CommandStatus) -> tuple[str, JsonObject] | None:
     """Record a finished command on its entry; the event to append, or None while it runs (§11.2 table)."""
     state = status.state
     if state == CommandState.RUNNING:
@@ -198,6 +199,6 @@ def apply_outcome(entry: Subagent, status: CommandStatus) -> tuple[str, dict] | 
     return "session.subagent.failed", entry.event(reason="spawn_failed", exit_code=None)
 
 
-def spawn_failed(entry: Subagent, error: BaeError) -> tuple[str, dict]:
+def spawn_failed(entry: Subagent, error: BaeError) -> tuple[str, JsonObject]:
     entry.status, entry.reason, entry.detail = SubagentStatus.FAILED, "spawn_failed", error.detail
     return "session.subagent.failed", entry.event(reason="spawn_failed", exit_code=None)

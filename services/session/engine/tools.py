@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
+from bae.common.jsontext import JsonObject
 from services.session.engine.domain import Dispatch
 from services.session.engine.ports import McpSession
 from services.session.engine.sandboxes import SessionSandboxes
@@ -22,7 +23,7 @@ from services.session.engine.turn import Turn
 from services.session.store.records import SessionRecord
 
 
-def _provider_tool(tool: dict) -> dict:
+def _provider_tool(tool: JsonObject) -> JsonObject:
     return {
         "name": tool["name"],
         "description": tool.get("description") or "",
@@ -32,9 +33,9 @@ def _provider_tool(tool: dict) -> dict:
 
 @dataclass
 class ActingTools:
-    client: list[dict]
-    sandbox: list[dict]
-    subagent: list[dict]
+    client: list[JsonObject]
+    sandbox: list[JsonObject]
+    subagent: list[JsonObject]
     mcp: McpSession | None
     # Whether the session tracks remote subagents: the status tool is offered then (§11.4).
     status_tool: bool = False
@@ -51,7 +52,7 @@ class ActingTools:
             status_tool=status_tool,
         )
 
-    def advertised(self) -> list[dict]:
+    def advertised(self) -> list[JsonObject]:
         """Recomputed before every provider call, in the spec's order."""
         tools = [_provider_tool(t) for t in (*self.client, *self.sandbox, *self.subagent)]
         if self.mcp is not None:
@@ -87,7 +88,7 @@ class ToolDispatch:
         self._sandboxes = sandboxes
         self._subagents = subagents
 
-    async def answer(self, turn: Turn, calls: list[tuple[dict, Dispatch]], declared: ActingTools) -> list[dict]:
+    async def answer(self, turn: Turn, calls: list[tuple[JsonObject, Dispatch]], declared: ActingTools) -> list[JsonObject]:
         """Answer every server-side (block, kind); results come back in the model's order.
 
         MCP calls run concurrently (their requests are logged first, their
@@ -95,7 +96,7 @@ class ToolDispatch:
         """
         traces = [open_dispatch(block, kind) for block, kind in calls]
         mcp_blocks = [block for block, kind in calls if kind == Dispatch.MCP]
-        mcp_calls: list[asyncio.Task[tuple[dict, dict]]] = []
+        mcp_calls: list[asyncio.Task[tuple[JsonObject, JsonObject]]] = []
         if mcp_blocks:
             await turn.emit(
                 [
@@ -134,11 +135,11 @@ class ToolDispatch:
     async def _answer(
         self,
         turn: Turn,
-        block: dict,
+        block: JsonObject,
         kind: Dispatch,
-        pending_mcp: Iterator[asyncio.Task[tuple[dict, dict]]],
+        pending_mcp: Iterator[asyncio.Task[tuple[JsonObject, JsonObject]]],
         declared: ActingTools,
-    ) -> dict:
+    ) -> JsonObject:
         """Record one server-side block's outcome; its tool_result block. MCP calls are taken in order."""
         if kind == Dispatch.MCP:
             response, result = await next(pending_mcp)
@@ -149,7 +150,7 @@ class ToolDispatch:
         return await self._subagents.answer_tool(turn, block, declared.subagent)
 
 
-def _as_result_block(event_payload: dict) -> dict:
+def _as_result_block(event_payload: JsonObject) -> JsonObject:
     return {
         "type": "tool_result",
         "tool_use_id": event_payload["tool_use_id"],
@@ -158,7 +159,7 @@ def _as_result_block(event_payload: dict) -> dict:
     }
 
 
-async def _call_mcp(declared: ActingTools, block: dict, traced: DispatchTrace) -> tuple[dict, dict]:
+async def _call_mcp(declared: ActingTools, block: JsonObject, traced: DispatchTrace) -> tuple[JsonObject, JsonObject]:
     """One MCP tools/call: the mcp.response and tool.result payloads."""
     name = block["name"]
     server = declared.mcp_server_for(name)
@@ -179,5 +180,5 @@ async def _call_mcp(declared: ActingTools, block: dict, traced: DispatchTrace) -
     return response, _mcp_result(block, server, True, [{"type": "text", "text": f"MCP error: {error}"}])
 
 
-def _mcp_result(block: dict, server: str | None, is_error: bool, content: list) -> dict:
+def _mcp_result(block: JsonObject, server: str | None, is_error: bool, content: list[Any]) -> JsonObject:
     return {"tool_use_id": block["id"], "dispatch": "mcp", "server_name": server, "is_error": is_error, "content": content}

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bae.common.jsontext import dump
+from bae.common.jsontext import JsonObject, dump
 from services.session.engine.domain import SessionState, Usage
 from services.session.engine.feed import Watcher
 from services.session.engine.history import MESSAGE_EVENTS
@@ -59,13 +59,13 @@ class Turn:
     _pending: asyncio.Future[list[EventView]] | None = field(default=None, init=False, repr=False)
     # Its messages, which the history gets only when the write is broadcast: a step that starts
     # before then sends them after the history.
-    _unwritten: list[dict] = field(default_factory=list, init=False, repr=False)
+    _unwritten: list[JsonObject] = field(default_factory=list, init=False, repr=False)
 
     @property
     def session_id(self) -> str:
         return self.live.session_id
 
-    def step_messages(self, extensions: Sequence[dict] = ()) -> StepMessages:
+    def step_messages(self, extensions: Sequence[JsonObject] = ()) -> StepMessages:
         """The history a provider step sends: the session's, then the messages of a write still
         under way, then `extensions` (this turn's messages not yet logged)."""
         return self.live.loaded_history.step_messages([*self._unwritten, *extensions])
@@ -86,7 +86,7 @@ class Turn:
             carried, items, echo=echo, new_state=new_state, attribute_to=attribute_to, in_result=in_result
         )
 
-    def emit_soon(self, items: list[tuple[str, dict]], *, echo: bool = False) -> None:
+    def emit_soon(self, items: list[tuple[str, JsonObject]], *, echo: bool = False) -> None:
         """Start persisting and broadcasting `items` while the turn goes on to its provider call.
 
         The next emit (or `settle`) waits for this write first, so the log keeps its order and
@@ -133,7 +133,7 @@ class Turn:
             self.carried = []  # they follow a write that did not succeed: nothing after it is recorded
             raise
 
-    async def emit_compaction(self, *, preamble: dict, summary: dict, completed: dict) -> list[EventView]:
+    async def emit_compaction(self, *, preamble: JsonObject, summary: JsonObject, completed: JsonObject) -> list[EventView]:
         """A compaction's preamble, summary and `completed` marker, written together, then broadcast."""
         await self.settle()
         carried, self.carried = self.carried, []
@@ -155,7 +155,7 @@ class Turn:
         self,
         profile: ProfileRecord,
         messages: StepMessages,
-        tools: list[dict],
+        tools: list[JsonObject],
         *,
         purpose: str = "",
         min_max_tokens: int = 0,

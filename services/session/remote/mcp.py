@@ -156,7 +156,7 @@ class McpSessionConnections:
         """The server serving `tool_name`, or None when no connected server listed it."""
         return self._routes.get(tool_name)
 
-    async def call(self, tool_name: str, arguments: dict) -> McpCallResult:
+    async def call(self, tool_name: str, arguments: dict[str, Any]) -> McpCallResult:
         """`tools/call` on the routed server; never raises for MCP failures."""
         server_name = self._routes.get(tool_name)
         if server_name is None:
@@ -323,7 +323,7 @@ class _Connection:
             for tool in listed
         ]
 
-    async def call(self, tool_name: str, arguments: dict) -> McpCallResult:
+    async def call(self, tool_name: str, arguments: dict[str, Any]) -> McpCallResult:
         session = self._session
         if session is None:
             return McpCallResult(ok=False, error=f"MCP server '{self.server_name}' is not connected")

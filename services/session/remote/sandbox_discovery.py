@@ -13,7 +13,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 
 log = logging.getLogger("bae.session.sandbox_discovery")
 
@@ -48,10 +48,16 @@ def needs_discovery(targets: list[str]) -> bool:
     return any(split_target(target) is not None for target in targets)
 
 
+class AddressSink(Protocol):
+    """What discovery keeps up to date (remote.sandbox_pool.SandboxPool)."""
+
+    def set_addrs(self, addrs: list[str]) -> None: ...
+
+
 class SandboxDiscovery:
     """Keeps `pool` pointed at every address of `targets`; literals pass through unchanged."""
 
-    def __init__(self, pool, targets: list[str], *, interval: float = DEFAULT_INTERVAL,
+    def __init__(self, pool: AddressSink, targets: list[str], *, interval: float = DEFAULT_INTERVAL,
                  resolve: Resolver = resolve_all) -> None:
         self._pool = pool
         self._targets = list(targets)
@@ -59,7 +65,7 @@ class SandboxDiscovery:
         self._resolve = resolve
         self._known: dict[str, list[str]] = {}
         self._current: list[str] | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def refresh(self) -> list[str]:
         """Resolve every target once and give the pool the result when it changed."""

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import grpc
+from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bae.common import error_codes
@@ -30,6 +31,7 @@ from services.session.engine.ports import (
     HostCommand,
     HostInventory,
     HostSandbox,
+    ImageStatus,
     SandboxHandle,
 )
 from services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery
@@ -101,9 +103,10 @@ class SandboxPool:
         self._poll_interval = poll_interval
         self._host_wait = host_wait
         self._hosts: dict[str, _Host] = {}
-        self._poller: asyncio.Task | None = None
-        self._status: dict[str, dict[str, dict]] = {}
-        self._provisioning: dict[str, asyncio.Task] = {}
+        self._poller: asyncio.Task[None] | None = None
+        # Profile id -> its images' statuses by name.
+        self._status: dict[str, dict[str, ImageStatus]] = {}
+        self._provisioning: dict[str, asyncio.Task[None]] = {}
         self._retired: list[_Host] = []
         # The images hosts may pull and start (every image some profile declares), and its version.
         self._images: tuple[str, ...] = ()
@@ -203,13 +206,14 @@ class SandboxPool:
             return Unprocessable(error.details() or "unimplemented")
         return Internal("the sandbox host failed; see its log")
 
-    async def _call(self, host: _Host, method: str, request, timeout: float):
+    async def _call(self, host: _Host, method: str, request: Message, timeout: float) -> Any:
+        """The reply of the Sandbox service's `method` (its stub is looked up by name)."""
         try:
             return await getattr(host.stub, method)(request, timeout=timeout)
         except grpc.aio.AioRpcError as error:
             raise self._failure(host, error, timeout) from None
 
-    async def _image_call(self, host: _Host, method: str, request, timeout: float):
+    async def _image_call(self, host: _Host, method: str, request: Message, timeout: float) -> Any:
         """EnsureImage or Start, once the host has the current allowed images. A host that lost
         them (ABORTED: it restarted) is told again and the call retried once."""
         for attempt in range(2):
@@ -364,7 +368,7 @@ class SandboxPool:
             self._status.pop(profile_id, None)
             self._images_changed()
             return
-        statuses = {name: {"name": name, "status": "pending"} for name in names}
+        statuses: dict[str, ImageStatus] = {name: {"name": name, "status": "pending"} for name in names}
         self._status[profile_id] = statuses
         self._images_changed()
         self._provisioning[profile_id] = asyncio.get_running_loop().create_task(
@@ -378,12 +382,12 @@ class SandboxPool:
             self._images = images
             self._images_version += 1
 
-    async def _provision(self, profile_id: str, statuses: dict[str, dict]) -> None:
+    async def _provision(self, profile_id: str, statuses: dict[str, ImageStatus]) -> None:
         await self._wait_for_a_host()
         for name in list(statuses):
             try:
                 pulled = await self.ensure_image(name)
-                entry = {"name": name, "status": "available"}
+                entry: ImageStatus = {"name": name, "status": "available"}
                 log.info("sandbox image %s %s", name, "pulled successfully" if pulled else "already available")
             except BaeError as exc:
                 entry = {"name": name, "status": "error", "detail": exc.detail}
@@ -406,11 +410,11 @@ class SandboxPool:
         """The profile was deleted: drop its status and stop provisioning it."""
         self.provision(profile_id, [])
 
-    def status_for(self, profile_id: str) -> list[dict]:
-        """The profile's images in declared order: {"name","status","detail"?}."""
-        return [dict(entry) for entry in self._status.get(profile_id, {}).values()]
+    def status_for(self, profile_id: str) -> list[ImageStatus]:
+        """The profile's images in declared order."""
+        return [entry.copy() for entry in self._status.get(profile_id, {}).values()]
 
-    def status_view(self) -> dict:
+    def status_view(self) -> dict[str, Any]:
         """GET /admin/v1/sandbox-status: profiles by id, their images by name."""
         return {
             "items": [
@@ -470,10 +474,10 @@ class NoSandboxHosts:
     def provision(self, profile_id: str, images: Iterable[str]) -> None:
         pass
 
-    def status_for(self, profile_id: str) -> list[dict]:
+    def status_for(self, profile_id: str) -> list[ImageStatus]:
         return []
 
-    def status_view(self) -> dict:
+    def status_view(self) -> dict[str, Any]:
         return {"items": []}
 
     async def start_watching(self) -> None:

@@ -62,7 +62,7 @@ def session_key_and_records(
     )
 
 
-def _split(row: Row) -> list[Any]:
+def _split(row: Row[Any]) -> list[Any]:
     """Each joined table's columns of `row`, read by their own names as that table's record builder does."""
     parts, start = [], 0
     for names in _JOINED_NAMES:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Connection, Row, Select, and_, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
@@ -75,7 +77,7 @@ class OrderConflict(Unavailable):
         self.session_id = session_id
 
 
-class EventView(dict):
+class EventView(dict[str, Any]):
     """An event as the API shows it, plus `json`: its wire text, made once.
 
     Every frame and result that carries the event splices `json` in, so a
@@ -87,12 +89,12 @@ class EventView(dict):
 
     __slots__ = ("json",)
 
-    def __init__(self, fields: dict, payload_text: str) -> None:
+    def __init__(self, fields: dict[str, Any], payload_text: str) -> None:
         super().__init__(fields)
         self.json = _wire_text(fields, payload_text)
 
 
-def _wire_text(fields: dict, payload_text: str) -> str:
+def _wire_text(fields: dict[str, Any], payload_text: str) -> str:
     return (
         '{"id":' + dump(fields["id"])
         + ',"session_id":' + dump(fields["session_id"])
@@ -104,7 +106,7 @@ def _wire_text(fields: dict, payload_text: str) -> str:
     )
 
 
-def _row_fields(row: Row, payload) -> dict:
+def _row_fields(row: Row[Any], payload: object) -> dict[str, Any]:
     return {
         "id": row.id,
         "session_id": row.session_id,
@@ -115,17 +117,17 @@ def _row_fields(row: Row, payload) -> dict:
     }
 
 
-def event_view(row: Row) -> EventView:
+def event_view(row: Row[Any]) -> EventView:
     """The EventView of a stored event row, payload parsed."""
     return EventView(_row_fields(row, load(row.payload)), row.payload)
 
 
-def unparsed_view(row: Row) -> EventView:
+def unparsed_view(row: Row[Any]) -> EventView:
     """The EventView of a stored event row, for sending only: its payload stays text."""
     return EventView(_row_fields(row, RawJson(row.payload)), row.payload)
 
 
-def event_json(row: Row) -> str:
+def event_json(row: Row[Any]) -> str:
     """The wire text of a stored event row, without parsing its payload."""
     return _wire_text(_row_fields(row, None), row.payload)
 
@@ -133,7 +135,7 @@ def event_json(row: Row) -> str:
 def append(
     conn: Connection,
     session_id: str,
-    events: list[tuple[str | None, str, dict | RawJson]],
+    events: list[tuple[str | None, str, dict[str, Any] | RawJson]],
     new_state: str | None = None,
 ) -> list[EventView]:
     """Insert events in order; `new_state` (closed/error) applies only to an open session.
@@ -177,10 +179,10 @@ def append_compaction(
     conn: Connection,
     session_id: str,
     client_key_id: str | None,
-    leading: list[tuple[str | None, str, dict | RawJson]],
-    preamble: dict,
-    summary: dict,
-    completed: dict,
+    leading: list[tuple[str | None, str, dict[str, Any] | RawJson]],
+    preamble: dict[str, Any],
+    summary: dict[str, Any],
+    completed: dict[str, Any],
 ) -> list[EventView]:
     """`leading` events, then a compaction's preamble, summary and `completed` marker (§12.4 step 8).
 
@@ -196,7 +198,7 @@ def append_compaction(
     return messages + append(conn, session_id, [(client_key_id, "session.compaction.completed", marker)])
 
 
-def _newest_first(event_type: str) -> Select:
+def _newest_first(event_type: str) -> Select[Any]:
     """The payloads of one event type of a session, newest first (at most `:limit`)."""
     return (
         select(session_events.c.payload)
@@ -215,7 +217,7 @@ _PROVIDER_RESPONSES_NEWEST_FIRST = _newest_first("provider.response")
 _TOOL_RESULTS_NEWEST_FIRST = _newest_first("tool.result")
 
 
-def latest_turn_usage(conn: Connection, session_id: str) -> dict | None:
+def latest_turn_usage(conn: Connection, session_id: str) -> dict[str, Any] | None:
     """The usage of the session's newest successful turn (not compaction) provider response (§12.3 step 9)."""
     # A compaction writes one response per provider tried; a turn's newest is rarely further back.
     rows = conn.execute(_PROVIDER_RESPONSES_NEWEST_FIRST, {"session_id": session_id, "limit": 1000})
@@ -227,10 +229,10 @@ def latest_turn_usage(conn: Connection, session_id: str) -> dict | None:
     return None
 
 
-def server_tool_results(conn: Connection, session_id: str, tool_use_ids: list[str]) -> dict[str, dict]:
+def server_tool_results(conn: Connection, session_id: str, tool_use_ids: list[str]) -> dict[str, dict[str, Any]]:
     """The newest server-side (non-client) result of each id, as `tool_result` blocks."""
     wanted = set(tool_use_ids)
-    found: dict[str, dict] = {}
+    found: dict[str, dict[str, Any]] = {}
     rows = conn.execute(_TOOL_RESULTS_NEWEST_FIRST, {"session_id": session_id, "limit": 4 * len(wanted) + 16})
     for (payload_text,) in rows:
         payload = load(payload_text)
@@ -257,11 +259,11 @@ _SUBAGENT_EVENTS = (
 )
 
 
-def subagent_rows(conn: Connection, session_id: str) -> list[Row]:
+def subagent_rows(conn: Connection, session_id: str) -> list[Row[Any]]:
     return list(conn.execute(_SUBAGENT_EVENTS, {"session_id": session_id}))
 
 
-def page(conn: Connection, session_id: str, after_seq: int, limit: int) -> list[Row]:
+def page(conn: Connection, session_id: str, after_seq: int, limit: int) -> list[Row[Any]]:
     return list(conn.execute(_PAGE, {"session_id": session_id, "after": after_seq, "limit": limit}))
 
 
@@ -283,5 +285,5 @@ def seq_of(conn: Connection, session_id: str, event_id: str) -> int | None:
     return conn.execute(_SEQ_OF, {"session_id": session_id, "event_id": event_id}).scalar()
 
 
-def message_rows(conn: Connection, session_id: str) -> list[Row]:
+def message_rows(conn: Connection, session_id: str) -> list[Row[Any]]:
     return list(conn.execute(_MESSAGES, {"session_id": session_id}))

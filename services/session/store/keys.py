@@ -42,7 +42,7 @@ _INSERT = insert(keys)
 _ACTIVE_PROFILE = select(profiles.c.seq).where(and_(profiles.c.id == bindparam("id"), profiles.c.deleted_at.is_(None)))
 
 
-def record(row: Row) -> KeyRecord:
+def record(row: Row[Any]) -> KeyRecord:
     return KeyRecord(
         id=row.id,
         name=row.name,

@@ -92,8 +92,9 @@ def claim(conn: Connection, session_id: str, replica_id: str, address: str, now:
 
 def _insert_new(conn: Connection) -> Insert:
     """An INSERT into session_leases that does nothing when the session already has a lease."""
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    return dialect.insert(session_leases).on_conflict_do_nothing(index_elements=[session_leases.c.session_id])
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(session_leases).on_conflict_do_nothing(index_elements=[session_leases.c.session_id])
+    return sqlite.insert(session_leases).on_conflict_do_nothing(index_elements=[session_leases.c.session_id])
 
 
 def _current(conn: Connection, session_id: str) -> Lease:

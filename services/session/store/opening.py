@@ -8,7 +8,7 @@ the profile checks and the session insert, or the audit row of a refusal.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy import Connection
 
@@ -24,15 +24,15 @@ class Declarations(Protocol):
     @property
     def client_version(self) -> str | None: ...
     @property
-    def tools(self) -> list[dict]: ...
+    def tools(self) -> list[dict[str, Any]]: ...
     @property
-    def sandbox_tools(self) -> list[dict]: ...
+    def sandbox_tools(self) -> list[dict[str, Any]]: ...
     @property
-    def subagent_tools(self) -> list[dict]: ...
+    def subagent_tools(self) -> list[dict[str, Any]]: ...
     @property
-    def compaction(self) -> dict | None: ...
+    def compaction(self) -> dict[str, Any] | None: ...
 
-    def names(self) -> dict: ...
+    def names(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Refusal:
 
     error: BaeError
     profile_id: str
-    payload: dict
+    payload: dict[str, Any]
 
 
 class Vetting(Protocol):
@@ -135,10 +135,10 @@ def close_by_client(conn: Connection, session_id: str) -> tuple[SessionRecord | 
     return session, views
 
 
-def _audit(conn: Connection, key: KeyRecord, profile_id: str, body: Declarations, payload: dict) -> None:
+def _audit(conn: Connection, key: KeyRecord, profile_id: str, body: Declarations, payload: dict[str, Any]) -> None:
     """A separate `error` session recording a refused open/join (tool names only)."""
 
-    def names(tools: list[dict]) -> list[dict]:
+    def names(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{"name": tool["name"]} for tool in tools]
 
     session_id = sessions.create(

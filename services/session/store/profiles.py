@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from sqlalchemy import Connection, Row, and_, bindparam, exists, insert, select, update
 
@@ -34,7 +35,7 @@ class DuplicateName(Conflict):
         self.name = name
 
 
-def record(row: Row) -> ProfileRecord:
+def record(row: Row[Any]) -> ProfileRecord:
     return ProfileRecord(
         id=row.id,
         name=row.name,
@@ -49,7 +50,7 @@ def record(row: Row) -> ProfileRecord:
     )
 
 
-def view(profile: ProfileRecord) -> dict:
+def view(profile: ProfileRecord) -> dict[str, Any]:
     """The admin API's profile object."""
     return {
         "id": profile.id,
@@ -76,7 +77,7 @@ def _name_taken(conn: Connection, name: str, other_than: str | None = None) -> b
     return bool(conn.execute(select(exists().where(condition))).scalar())
 
 
-def create(conn: Connection, fields: dict) -> ProfileRecord:
+def create(conn: Connection, fields: dict[str, Any]) -> ProfileRecord:
     """Insert a profile from validated fields (name, primary_provider and the LIST_FIELDS)."""
     if _name_taken(conn, fields["name"]):
         raise DuplicateName(fields["name"])
@@ -94,7 +95,7 @@ def create(conn: Connection, fields: dict) -> ProfileRecord:
     return ProfileRecord(**row)
 
 
-def replace(conn: Connection, profile_id: str, fields: dict) -> ProfileRecord | None:
+def replace(conn: Connection, profile_id: str, fields: dict[str, Any]) -> ProfileRecord | None:
     """Full replacement of an active profile; None if there is none."""
     current = active(conn, profile_id)
     if current is None:

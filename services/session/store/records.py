@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,11 @@ class SessionRecord:
     state: str  # open | closed | error
     client_version: str | None
     # Each keyed by client key id -> that client's declaration list.
-    client_tools: dict[str, list[dict]]
-    sandbox_tools: dict[str, list[dict]]
-    subagent_tools: dict[str, list[dict]]
+    client_tools: dict[str, list[dict[str, Any]]]
+    sandbox_tools: dict[str, list[dict[str, Any]]]
+    subagent_tools: dict[str, list[dict[str, Any]]]
     # Normalized: {"mode": "auto", "size": N} or {"mode": "client", "prompt": str | None}.
-    compaction: dict | None
+    compaction: dict[str, Any] | None
     created_at: str
     closed_at: str | None
 

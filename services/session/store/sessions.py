@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Connection, Row, bindparam, insert, select, update
 
 from bae.common.ids import new_id
@@ -25,7 +27,7 @@ _SUMMARY_COLUMNS = (
 )
 
 
-def record(row: Row) -> SessionRecord:
+def record(row: Row[Any]) -> SessionRecord:
     return SessionRecord(
         id=row.id,
         client_key_id=row.client_key_id,
@@ -53,10 +55,10 @@ def create(
     profile_id: str,
     state: str,
     client_version: str | None,
-    client_tools: list[dict],
-    sandbox_tools: list[dict],
-    subagent_tools: list[dict],
-    compaction: dict | None,
+    client_tools: list[dict[str, Any]],
+    sandbox_tools: list[dict[str, Any]],
+    subagent_tools: list[dict[str, Any]],
+    compaction: dict[str, Any] | None,
 ) -> str:
     """Insert a session whose declarations all belong to its creator; returns its id."""
     stamp = now()
@@ -85,9 +87,9 @@ def set_declarations(
     session: SessionRecord,
     client_key_id: str,
     *,
-    client_tools: list[dict] | None = None,
-    sandbox_tools: list[dict] | None = None,
-    subagent_tools: list[dict] | None = None,
+    client_tools: list[dict[str, Any]] | None = None,
+    sandbox_tools: list[dict[str, Any]] | None = None,
+    subagent_tools: list[dict[str, Any]] | None = None,
 ) -> None:
     """Replace one client's declaration lists (those given); other clients' stay untouched."""
     # Before the row lock this update takes: a session's writers queue on its lock first (locks.py).
@@ -108,14 +110,14 @@ def open_ids(conn: Connection) -> list[str]:
     return list(conn.execute(_OPEN_IDS).scalars())
 
 
-def page(conn: Connection, state: str | None, after_seq: int, limit: int) -> list[Row]:
+def page(conn: Connection, state: str | None, after_seq: int, limit: int) -> list[Row[Any]]:
     query = select(*_SUMMARY_COLUMNS).where(sessions.c.seq > after_seq)
     if state is not None:
         query = query.where(sessions.c.state == state)
     return list(conn.execute(query.order_by(sessions.c.seq).limit(limit)))
 
 
-def summary_view(row: Row) -> dict:
+def summary_view(row: Row[Any]) -> dict[str, Any]:
     """The admin API's session list item (no tool lists)."""
     return {
         "id": row.id,

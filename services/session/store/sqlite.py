@@ -17,7 +17,9 @@ from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from bae.common.errors import Unavailable
 
@@ -72,7 +74,7 @@ def make_sqlite_db(url: URL, synchronous: str) -> Engine:
     db = create_engine(url, connect_args={"check_same_thread": False})
 
     @event.listens_for(db, "connect")
-    def _pragmas(dbapi_connection, _record) -> None:
+    def _pragmas(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")

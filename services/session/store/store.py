@@ -91,7 +91,7 @@ class _Connection:
             set_busy_timeout(self._conn.connection.driver_connection, milliseconds)
             self._timeout_ms = milliseconds
 
-    def transaction(self, fn: Callable[..., T], args: tuple) -> T:
+    def transaction(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         """`fn(conn, *args)` inside BEGIN … COMMIT; a locked database or a failing disk raises
         StoreUnavailable (after a storage failure the connection is opened afresh next time)."""
         conn = self.open()
@@ -120,7 +120,7 @@ class _Worker:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.connection = _Connection(db)
 
-    def _in_transaction(self, fn: Callable[..., T], args: tuple) -> T:
+    def _in_transaction(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         try:
             result = self.connection.transaction(fn, args)
         except StoreUnavailable as outage:
@@ -133,7 +133,7 @@ class _Worker:
     async def run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
-    async def transaction(self, fn: Callable[..., T], args: tuple) -> T:
+    async def transaction(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         """`fn(conn, *args)` in one transaction on this worker's thread."""
         return await self.run(functools.partial(self._in_transaction, fn, args))
 
@@ -147,7 +147,7 @@ class _Queued(Generic[T]):
     """A write waiting for the writer thread, and what it ended with."""
 
     fn: Callable[..., T]
-    args: tuple
+    args: tuple[Any, ...]
     future: asyncio.Future[T]
     result: T | None = None
     error: BaseException | None = None
@@ -182,9 +182,10 @@ class _GroupWriter(_Worker):
         self._lock = threading.Lock()  # the queue's hand-over between the loop and the thread
         self._draining = False
 
-    async def transaction(self, fn: Callable[..., T], args: tuple) -> T:
+    async def transaction(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         """`fn(conn, *args)` queued for the next group."""
-        queued = _Queued(fn, args, asyncio.get_running_loop().create_future())
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        queued = _Queued(fn, args, future)
         with self._lock:
             self._queue.append(queued)
             start, self._draining = not self._draining, True
@@ -248,7 +249,7 @@ class _SqliteBackend:
         # Used only from the event loop's thread; it never waits for a lock.
         self.loop_reader = _Connection(db, busy_timeout_ms=0) if separate else None
 
-    async def read(self, fn: Callable[..., T], args: tuple) -> T:
+    async def read(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         if self.loop_reader is not None:
             try:
                 return self.loop_reader.transaction(fn, args)
@@ -337,7 +338,7 @@ class Store:
     async def append_events(
         self,
         session_id: str,
-        items: list[tuple[str | None, str, dict | RawJson]],
+        items: list[tuple[str | None, str, dict[str, Any] | RawJson]],
         new_state: str | None = None,
     ) -> list[events.EventView]:
         """Append (client_key_id, event_type, payload) events in one transaction.
@@ -352,17 +353,17 @@ class Store:
         self,
         session_id: str,
         client_key_id: str | None,
-        leading: list[tuple[str | None, str, dict | RawJson]],
-        preamble: dict,
-        summary: dict,
-        completed: dict,
+        leading: list[tuple[str | None, str, dict[str, Any] | RawJson]],
+        preamble: dict[str, Any],
+        summary: dict[str, Any],
+        completed: dict[str, Any],
     ) -> list[events.EventView]:
         """A compaction's records in one transaction, after `leading` (carried) events."""
         return await self.write(
             events.append_compaction, session_id, client_key_id, leading, preamble, summary, completed
         )
 
-    async def server_tool_results(self, session_id: str, tool_use_ids: list[str]) -> dict[str, dict]:
+    async def server_tool_results(self, session_id: str, tool_use_ids: list[str]) -> dict[str, dict[str, Any]]:
         return await self.read(events.server_tool_results, session_id, tool_use_ids)
 
     async def subagent_events(self, session_id: str) -> list[events.EventView]:
@@ -370,7 +371,7 @@ class Store:
         rows = await self.read(events.subagent_rows, session_id)
         return [events.event_view(row) for row in rows]
 
-    async def latest_turn_usage(self, session_id: str) -> dict | None:
+    async def latest_turn_usage(self, session_id: str) -> dict[str, Any] | None:
         return await self.read(events.latest_turn_usage, session_id)
 
     async def list_events(self, session_id: str, after_seq: int, limit: int) -> list[tuple[int, events.EventView]]:
@@ -386,7 +387,7 @@ class Store:
         rows = await self.read(events.message_rows, session_id)
         return [events.event_view(row) for row in rows]
 
-    async def set_client_tools(self, session_id: str, client_key_id: str, tools: list[dict]) -> None:
+    async def set_client_tools(self, session_id: str, client_key_id: str, tools: list[dict[str, Any]]) -> None:
         def _set(conn: Connection) -> None:
             session = sessions.get(conn, session_id)
             if session is not None:
