@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import subprocess
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 
-from testkit.inprocess import InProcessStack
 from testkit.mockllm import MockLLM
 from testkit.stack import RunningStack, StackFactory, launch_stack
+
+if TYPE_CHECKING:
+    from testkit.inprocess import InProcessStack
 
 
 @pytest.fixture
@@ -32,8 +34,11 @@ def start_stack(tmp_path: Path) -> Iterator[StackFactory]:
 
 
 @pytest.fixture
-def start_inprocess_stack(tmp_path: Path) -> Iterator[Callable[..., InProcessStack]]:
+def start_inprocess_stack(tmp_path: Path) -> Iterator[Callable[..., "InProcessStack"]]:
     """Start a fresh stack in this process (testkit/inprocess.py): start_inprocess_stack(config_toml=..., **env)."""
+    # Imported here: it loads every service (the provider SDKs take seconds), which the unit tier never needs.
+    from testkit.inprocess import InProcessStack
+
     started: list[InProcessStack] = []
 
     def start(config_toml: str | None = None, **env: str) -> InProcessStack:
