@@ -6,7 +6,8 @@ hosts are left out: a session gets no sandbox.
 
 Tests reach it as they reach a stack of processes (testkit/stack.py): over HTTP on loopback, with
 the same `StackClients`. What they may reach past the ports: `session` (the session service's
-parts) and `hold`, to pause one call inside the service.
+parts) and `hold`, to pause one call inside the service. `InProcessService` is the session service
+alone, as testkit/session_service.py runs it in a process of its own.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import os
 import socket
 import threading
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Coroutine, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, Sequence, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bae.common.config import load_config
-from bae.common.grpcutil import MESSAGE_SIZE_OPTIONS, ErrorInterceptor
+from bae.common.grpcutil import MESSAGE_SIZE_OPTIONS, ErrorInterceptor, channel
+from bae.common.protos import session_pb2_grpc
 from bae.common.internal import InternalPlane
 from bae.common.settings import Address, Settings, load_settings
 from services.gateway.app import admin_app, client_app
@@ -36,9 +38,11 @@ from services.gateway.server import _uvicorn, bind
 from services.gateway.upstream import Upstream
 from services.runner.clients import ProviderClients
 from services.runner.server import RunnerService, registrar
-from services.session.api.admin_key import AdminKeyOptions
+from services.session.__main__ import admin_key_options, parse_args
 from services.session.api.servicer import register
 from services.session.wiring import SessionService, session_service
+from testkit.processes import TEST_PLANE
+from testkit.session_service import CONFIG, Service
 from testkit.stack import StackClients, stack_env
 
 T = TypeVar("T")
@@ -191,10 +195,7 @@ class InProcessStack(StackClients):
         self._stops += [clients.close, runner_server.stop]
         await runner_server.start(registrar(RunnerService(config, clients)))
 
-        options = AdminKeyOptions(
-            key_file=Path(self.settings.admin_key_file), hash_file=Path(self.settings.admin_key_hash_file),
-            rotate=False, disabled=self.settings.disable_admin_auth,
-        )
+        options = admin_key_options(parse_args(["serve"]), self.settings)
         self.session: SessionService = await session_service(self.settings, config, options)
         self._stops.append(self.session.stop)
         await self.session.start()
@@ -232,3 +233,45 @@ class InProcessStack(StackClients):
 def launch_inprocess_stack(tmp: Path, config_toml: str | None = None, **env: str) -> InProcessStack:
     """As testkit.stack.launch_stack, in this process."""
     return InProcessStack(tmp, config_toml, **env)
+
+
+class InProcessService(Service):
+    """testkit.session_service.Service in this process: the session service alone, as
+    `python -m services.session serve <args>` builds it, on a loopback port, called over real gRPC."""
+
+    def __init__(self, tmp: Path, args: Sequence[str] = (), **env: str) -> None:
+        config = tmp / "bae-config.toml"
+        if not config.exists():
+            config.write_text(CONFIG)
+        self.env = stack_env(tmp, BAE_CONFIG=str(config), **env)
+        self.loop = ServiceLoop(f"session-{tmp.name}")
+        try:
+            self.loop.run(self._start(list(args)))
+        except BaseException:
+            self.loop.close()
+            raise
+        self.channel = channel(self.env["BAE_SESSION_GRPC_ADDR"], TEST_PLANE)
+        self.stub = session_pb2_grpc.SessionServiceStub(self.channel)
+        key_file = Path(self.env["BAE_ADMIN_KEY_FILE"])
+        self.admin_key = key_file.read_text().strip() if key_file.exists() else ""
+
+    async def _start(self, args: list[str]) -> None:
+        self.server = GrpcServer(InternalPlane.of(load_settings(self.env)))
+        self.env["BAE_SESSION_GRPC_ADDR"] = self.server.address
+        settings = load_settings(self.env)
+        options = admin_key_options(parse_args(["serve", *args]), settings)
+        self.session = await session_service(settings, load_config(settings.config_path), options)
+        await self.session.start()
+        await self.server.start(register(self.session.servicer))
+
+    async def _stop(self) -> None:
+        await self.server.stop()
+        await self.session.stop()
+
+    async def stop(self) -> int:
+        await self.channel.close()
+        try:
+            self.loop.run(self._stop())
+        finally:
+            self.loop.close()
+        return 0
