@@ -8,6 +8,7 @@ from typing import Callable
 
 import httpx
 
+from bae.common.settings import Settings
 from bae.launcher.stack import Stack
 from testkit import postgres_support
 from testkit.openapi_check import OpenApiCheck
@@ -98,6 +99,10 @@ class RunningStack(StackClients):
         self.stack = stack
         self.tmp = tmp
         super().__init__(stack.client_url, stack.admin_url, Path(stack.settings.admin_key_file).read_text().strip())
+
+    @property
+    def settings(self) -> Settings:
+        return self.stack.settings
 
     def close(self) -> dict[str, int]:  # type: ignore[override]
         super().close()
