@@ -32,10 +32,18 @@ def stack_toml(mock: MockLLM) -> str:
     return mock_provider_toml(mock.base_url) + mock_provider_toml(mock.base_url, name="gpt", kind="openai")
 
 
+@pytest.fixture(scope="module")
+def provider_timeout_stack(tmp_path_factory, mock):
+    running = launch_inprocess_stack(tmp_path_factory.mktemp("live"), stack_toml(mock), MOCK_LLM_TOKEN=TOKEN,
+                                     BAE_PROVIDER_TIMEOUT="2")
+    yield running
+    running.close()
+
+
 @pytest.fixture
-def stack(start_inprocess_stack, mock):
+def stack(provider_timeout_stack, mock):
     mock.reset()
-    return start_inprocess_stack(config_toml=stack_toml(mock), MOCK_LLM_TOKEN=TOKEN, BAE_PROVIDER_TIMEOUT="2")
+    return provider_timeout_stack
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from testkit.live import at, join, new_session, notifications, register, result, rpc, send, terminal, types
+from testkit.inprocess import launch_inprocess_stack
 from testkit.mockllm import Reply
 from testkit.stack import mock_provider_toml
 
@@ -19,11 +20,19 @@ pytestmark = pytest.mark.inprocess
 TOKEN = "sk-test-secret-token-123456"
 
 
-@pytest.fixture
-def stack(start_inprocess_stack, mock):
-    mock.reset()
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, mock):
+    """One stack for the module: every test opens sessions of its own."""
     toml = mock_provider_toml(mock.base_url) + mock_provider_toml(mock.base_url, name="backup", kind="openai")
-    return start_inprocess_stack(config_toml=toml, MOCK_LLM_TOKEN=TOKEN, BAE_TURN_TIMEOUT="1")
+    running = launch_inprocess_stack(tmp_path_factory.mktemp("turns"), toml, MOCK_LLM_TOKEN=TOKEN, BAE_TURN_TIMEOUT="1")
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def stack(shared, mock):
+    mock.reset()
+    return shared
 
 
 def test_text_turn_records_the_exact_sequence_and_streams_all_but_the_echo(stack, mock):
