@@ -24,8 +24,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bae.common.config import load_config
 from bae.common.grpcutil import MESSAGE_SIZE_OPTIONS, ErrorInterceptor, channel
-from bae.common.protos import session_pb2_grpc
 from bae.common.internal import InternalPlane
+from bae.common.protos import session_pb2_grpc
 from bae.common.settings import Address, Settings, load_settings
 from services.gateway.app import admin_app, client_app
 from services.gateway.body import BodyReader
