@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 
-.PHONY: run demo test test-fast test-postgres lint protos venv bench clean compose-test
+.PHONY: run demo test test-fast test-inprocess test-postgres lint protos venv bench clean compose-test
 
 venv: $(STAMP)
 
@@ -35,7 +35,7 @@ demo: venv protos
 PG_TESTS := tests/unit/test_store.py tests/unit/test_session_bodies.py tests/unit/test_store_durability.py \
 	tests/unit/test_postgres_outage.py \
 	tests/integration/test_client_rest.py tests/integration/test_admin_api.py \
-	tests/integration/test_live_turns.py tests/integration/test_live_stack.py
+	tests/integration/test_live_turns.py tests/integration/test_live_stack.py tests/integration/test_live_processes.py
 
 test: venv protos
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -44,6 +44,11 @@ test: venv protos
 # The unit tier alone (pytest -m unit): in-process tests, no child process, Docker or PostgreSQL server.
 test-fast: venv protos
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+# The in-process tier (pytest -m inprocess): the services in the test's process (testkit/inprocess.py), reached
+# over loopback HTTP and gRPC; no service process and no Docker.
+test-inprocess: venv protos
+	$(PY) -m pytest -m inprocess $(PYTEST_ARGS)
 
 # The whole suite on PostgreSQL (every stack the tests launch gets a database of its own).
 test-postgres: venv protos

@@ -95,6 +95,20 @@ def send(stack, sid: str, skey: str, content) -> list[dict]:
     return rpc(stack.client, sid, skey, "session.sendMessage", {"message": {"role": "user", "content": content}})
 
 
+def all_events(stack, sid: str, skey: str) -> list[dict]:
+    """Every event of session `sid`, page after page."""
+    auth = {"Authorization": f"Bearer {skey}"}
+    items, cursor = [], ""
+    while True:
+        page = stack.client.get(
+            f"/api/v1/sessions/{sid}/events", params={"limit": 200, "cursor": cursor}, headers=auth
+        ).json()
+        items += page["items"]
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return items
+
+
 def session_state(stack, sid: str) -> str:
     listed = stack.admin.get("/admin/v1/sessions", params={"limit": 200}).json()["items"]
     return next(row["state"] for row in listed if row["id"] == sid)

@@ -8,6 +8,7 @@ from typing import Callable
 
 import httpx
 
+from bae.common.settings import Settings
 from bae.launcher.stack import Stack
 from testkit import postgres_support
 from testkit.openapi_check import OpenApiCheck
@@ -53,20 +54,18 @@ def stack_env(tmp: Path, **overrides: str) -> dict[str, str]:
     return service_env(**{**defaults, **overrides})
 
 
-class RunningStack:
-    """A started stack plus authenticated HTTP clients for its two ports."""
+class StackClients:
+    """Authenticated HTTP clients for a stack's two ports, and the admin calls most tests begin with."""
 
-    def __init__(self, stack: Stack, tmp: Path) -> None:
-        self.stack = stack
-        self.tmp = tmp
-        self.admin_key = Path(stack.settings.admin_key_file).read_text().strip()
+    def __init__(self, client_url: str, admin_url: str, admin_key: str) -> None:
+        self.client_url, self.admin_url, self.admin_key = client_url, admin_url, admin_key
         # Each answer is checked against its port's OpenAPI document (testkit/openapi_check.py).
-        self.client = httpx.Client(base_url=stack.client_url, timeout=30,
+        self.client = httpx.Client(base_url=client_url, timeout=30,
                                    event_hooks={"response": [OpenApiCheck("client")]})
         self.admin = httpx.Client(
-            base_url=stack.admin_url,
+            base_url=admin_url,
             timeout=30,
-            headers={"Authorization": f"Bearer {self.admin_key}"},
+            headers={"Authorization": f"Bearer {admin_key}"},
             event_hooks={"response": [OpenApiCheck("admin")]},
         )
 
@@ -88,9 +87,25 @@ class RunningStack:
         assert response.status_code == 201, response.text
         return response.json()
 
-    def close(self) -> dict[str, int]:
+    def close(self) -> None:
         self.client.close()
         self.admin.close()
+
+
+class RunningStack(StackClients):
+    """A started stack of service processes, and clients of its ports."""
+
+    def __init__(self, stack: Stack, tmp: Path) -> None:
+        self.stack = stack
+        self.tmp = tmp
+        super().__init__(stack.client_url, stack.admin_url, Path(stack.settings.admin_key_file).read_text().strip())
+
+    @property
+    def settings(self) -> Settings:
+        return self.stack.settings
+
+    def close(self) -> dict[str, int]:  # type: ignore[override]
+        super().close()
         return self.stack.stop()
 
 

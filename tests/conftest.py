@@ -1,16 +1,19 @@
-"""Shared fixtures: stacks of real service processes, the mock LLM, and the unit tier's guard."""
+"""Shared fixtures: stacks of real service processes or in this process, the mock LLM, and the unit tier's guard."""
 
 from __future__ import annotations
 
 import asyncio
 import subprocess
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 
 from testkit.mockllm import MockLLM
 from testkit.stack import RunningStack, StackFactory, launch_stack
+
+if TYPE_CHECKING:
+    from testkit.inprocess import InProcessStack
 
 
 @pytest.fixture
@@ -22,6 +25,26 @@ def start_stack(tmp_path: Path) -> Iterator[StackFactory]:
         tmp = tmp_path / f"stack{len(started)}"
         tmp.mkdir()
         running = launch_stack(tmp, config_toml, session_args, **env)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        running.close()
+
+
+@pytest.fixture
+def start_inprocess_stack(tmp_path: Path) -> Iterator[Callable[..., "InProcessStack"]]:
+    """Start a fresh stack in this process (testkit/inprocess.py): start_inprocess_stack(config_toml=..., **env)."""
+    # Imported here: it loads every service (the provider SDKs take seconds), which the unit tier never needs.
+    from testkit.inprocess import InProcessStack
+
+    started: list[InProcessStack] = []
+
+    def start(config_toml: str | None = None, **env: str) -> InProcessStack:
+        tmp = tmp_path / f"inprocess{len(started)}"
+        tmp.mkdir()
+        running = InProcessStack(tmp, config_toml, **env)
         started.append(running)
         return running
 

@@ -186,9 +186,6 @@ class Settings:
     # The address other replicas and gateways reach this replica at (BAE_SESSION_ADVERTISE_ADDR);
     # None: BAE_SESSION_GRPC_ADDR, with a wildcard host replaced by this machine's address.
     session_advertise_addr: str | None = None
-    # Tests only (BAE_TEST_HOLD_ADDR): where live methods report, and wait, between their session-state
-    # check and taking the live state (services/session/api/race_hold.py). None: they never wait.
-    test_hold_addr: Address | None = None
 
     @property
     def session_targets(self) -> list[str]:
@@ -208,7 +205,6 @@ class Settings:
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     get = env.get
-    hold = get("BAE_TEST_HOLD_ADDR", "")
     driver = get("BAE_SANDBOX_DRIVER", "docker").strip()
     if driver not in ("docker", "apple-container"):
         raise UsageError(
@@ -257,5 +253,4 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         session_grpc_addrs=_grpc_targets(get("BAE_SESSION_GRPC_ADDRS", "")),
         session_lease_seconds=parse_timeout("BAE_SESSION_LEASE_SECONDS", get("BAE_SESSION_LEASE_SECONDS", "10")),
         session_advertise_addr=get("BAE_SESSION_ADVERTISE_ADDR", "").strip() or None,
-        test_hold_addr=parse_address("BAE_TEST_HOLD_ADDR", hold) if hold else None,
     )

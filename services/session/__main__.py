@@ -20,7 +20,7 @@ from bae.common.errors import UsageError
 from bae.common.grpcutil import configure_logging, serve
 from bae.common.internal import InternalPlane
 from bae.common.settings import Settings, load_settings
-from services.session.api.admin_key import AdminKeyError, AdminKeyOptions, bootstrap_admin_key
+from services.session.api.admin_key import AdminKeyError, AdminKeyOptions
 from services.session.store import Store
 
 COMMANDS = ("serve", "migrate", "version", "help")
@@ -123,59 +123,18 @@ async def migrate_only(settings: Settings) -> None:
 
 async def serve_forever(command: Command, settings: Settings) -> None:
     # Imported here so `version`/`help`/`migrate` need no generated gRPC code.
-    from services.session.api.admin import AdminApi
-    from services.session.api.auth import Authenticator
-    from services.session.api.live import LiveApi
-    from services.session.api.race_hold import RaceHold
-    from services.session.api.rest import ClientRestApi
-    from services.session.api.sandbox_methods import SandboxMethods
-    from services.session.api.servicer import SessionServicer, register
-    from services.session.engine.gauges import register_gauges
-    from services.session.wiring import session_engine
+    from services.session.api.servicer import register
+    from services.session.wiring import session_service
 
     plane = InternalPlane.of(settings)
     config = load_config(command.value("--config") or settings.config_path)
     telemetry.start(config.telemetry, "session")
-    options = admin_key_options(command, settings)
-    store = await Store.open(settings.sqlalchemy_url, settings.sqlite_synchronous)
-    await bootstrap_admin_key(store, options)
-    auth = Authenticator(store, admin_auth_disabled=options.disabled)
-    engine = session_engine(settings, config, store)
-    servicer = SessionServicer(
-        rest=ClientRestApi(
-            store=store, auth=auth, sessions=engine.registry, mcp=engine.mcp, closer=engine.closer,
-            spans=engine.spans, config=config,
-        ),
-        admin=AdminApi(
-            store=store, auth=auth, sandboxes=engine.sandboxes, revocations=engine.revocations, config=config
-        ),
-        auth=auth,
-        live=LiveApi(
-            store=store, sessions=engine.registry, turns=engine.turns, sandboxes=engine.sandboxes,
-            subagents=engine.subagents, hold=RaceHold(settings.test_hold_addr),
-        ),
-        sandboxes=SandboxMethods(sessions=engine.registry, sandboxes=engine.sandboxes),
-        ownership=engine.ownership,
-        spans=engine.spans,
-    )
-    register_gauges(engine.registry, store)
-    await engine.start()
-    auth.start()
-
-    # Shutdown phases: stop accepting and drain running turns, the calls gateways sent on their
-    # Exchange streams and the sandbox stops of closed sessions (within BAE_SHUTDOWN_TIMEOUT),
-    # then tear down sessions, MCP, sandboxes and the store.
-    async def drain(budget: float) -> None:
-        await asyncio.gather(engine.drain(budget), servicer.exchange.drain(budget))
-
-    async def shutdown() -> None:
-        await engine.stop()
-        await auth.stop()  # writes the last coalesced last_used_at stamps
-        await store.close()
-
+    service = await session_service(settings, config, admin_key_options(command, settings))
+    await service.start()
+    # Shutdown phases: stop accepting and drain (within BAE_SHUTDOWN_TIMEOUT), then tear down.
     await serve(
-        "session", settings.session_grpc_addr, register(servicer), settings.shutdown_timeout, shutdown, plane=plane,
-        drain=drain,
+        "session", settings.session_grpc_addr, register(service.servicer), settings.shutdown_timeout, service.stop,
+        plane=plane, drain=service.drain,
     )
 
 

@@ -1,11 +1,23 @@
-"""The session service's engine built from its settings: the real runner, sandbox hosts, MCP
-servers and peer replicas behind the engine's ports (engine/ports.py)."""
+"""The session service built from its settings: the store, the engine with the real runner,
+sandbox hosts, MCP servers and peer replicas behind its ports (engine/ports.py), and the gRPC
+servicer in front. `python -m services.session serve` and the tests' in-process stack build it here."""
 
 from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
 
 from bae.common.config import Config
 from bae.common.internal import InternalPlane
 from bae.common.settings import Settings
+from services.session.api.admin import AdminApi
+from services.session.api.admin_key import AdminKeyOptions, bootstrap_admin_key
+from services.session.api.auth import Authenticator
+from services.session.api.live import LiveApi
+from services.session.api.rest import ClientRestApi
+from services.session.api.sandbox_methods import SandboxMethods
+from services.session.api.servicer import SessionServicer
+from services.session.engine.gauges import register_gauges
 from services.session.engine.ownership import advertised_address
 from services.session.engine.ports import Sandboxes
 from services.session.engine.service import SessionEngine
@@ -40,3 +52,55 @@ def session_engine(settings: Settings, config: Config, store: Store) -> SessionE
         subagent_timeout=settings.subagent_timeout,
         sandbox_idle_timeout=settings.sandbox_idle_timeout,
     )
+
+
+@dataclass
+class SessionService:
+    """The session service's parts, built and not yet started."""
+
+    store: Store
+    auth: Authenticator
+    engine: SessionEngine
+    servicer: SessionServicer
+
+    async def start(self) -> None:
+        register_gauges(self.engine.registry, self.store)
+        await self.engine.start()
+        self.auth.start()
+
+    async def drain(self, budget: float) -> None:
+        """Stop taking work; running turns, the calls gateways sent on their Exchange streams and the
+        sandbox stops of closed sessions end within `budget`."""
+        await asyncio.gather(self.engine.drain(budget), self.servicer.exchange.drain(budget))
+
+    async def stop(self) -> None:
+        """Tear down sessions, MCP, sandboxes and the store."""
+        await self.engine.stop()
+        await self.auth.stop()  # writes the last coalesced last_used_at stamps
+        await self.store.close()
+
+
+async def session_service(settings: Settings, config: Config, options: AdminKeyOptions) -> SessionService:
+    """Open the store (migrated), provision the admin key and build the engine and servicer on them."""
+    store = await Store.open(settings.sqlalchemy_url, settings.sqlite_synchronous)
+    await bootstrap_admin_key(store, options)
+    auth = Authenticator(store, admin_auth_disabled=options.disabled)
+    engine = session_engine(settings, config, store)
+    servicer = SessionServicer(
+        rest=ClientRestApi(
+            store=store, auth=auth, sessions=engine.registry, mcp=engine.mcp, closer=engine.closer,
+            spans=engine.spans, config=config,
+        ),
+        admin=AdminApi(
+            store=store, auth=auth, sandboxes=engine.sandboxes, revocations=engine.revocations, config=config
+        ),
+        auth=auth,
+        live=LiveApi(
+            store=store, sessions=engine.registry, turns=engine.turns, sandboxes=engine.sandboxes,
+            subagents=engine.subagents,
+        ),
+        sandboxes=SandboxMethods(sessions=engine.registry, sandboxes=engine.sandboxes),
+        ownership=engine.ownership,
+        spans=engine.spans,
+    )
+    return SessionService(store=store, auth=auth, engine=engine, servicer=servicer)

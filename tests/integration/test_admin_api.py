@@ -1,4 +1,4 @@
-"""The admin API of the real session service process, over real gRPC (SERVER-SPEC §4)."""
+"""The admin API of the real session service (in this process), over real gRPC (SERVER-SPEC §4)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,15 @@ import json
 
 import pytest
 
-from testkit.session_service import Service, problem_of, profile_body
+from testkit.inprocess import InProcessService
+from testkit.session_service import problem_of, profile_body
 
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.inprocess
 
 
 @pytest.fixture
 async def service(tmp_path):
-    svc = Service(tmp_path)
+    svc = InProcessService(tmp_path)
     yield svc
     await svc.stop()
 
@@ -192,7 +193,7 @@ async def test_registries_and_config(service):
 
 
 async def test_disabled_admin_auth(tmp_path):
-    svc = Service(tmp_path, ["--dangerously-disable-admin-auth"])
+    svc = InProcessService(tmp_path, ["--dangerously-disable-admin-auth"])
     try:
         assert not (tmp_path / "admin-key.pem").exists()
         assert (await svc.call("ListProfiles"))["items"] == []

@@ -1,4 +1,4 @@
-"""The client REST API of the real session service process, over real gRPC (SERVER-SPEC §5)."""
+"""The client REST API of the real session service (in this process), over real gRPC (SERVER-SPEC §5)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ from sqlalchemy import update
 
 from services.session.store import Store
 from services.session.store.schema import profiles
-from testkit.session_service import Service, problem_of, profile_body
+from testkit.inprocess import InProcessService
+from testkit.session_service import problem_of, profile_body
 from testkit.stack import database_url_of
 
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.inprocess
 
 
 class Env:
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: InProcessService) -> None:
         self.service = service
 
     async def setup(self, **profile_fields) -> None:
@@ -30,7 +31,7 @@ class Env:
 
 @pytest.fixture(scope="module")
 async def shared(tmp_path_factory):
-    service = Service(tmp_path_factory.mktemp("rest"))
+    service = InProcessService(tmp_path_factory.mktemp("rest"))
     env = Env(service)
     await env.setup(allowed_tools=["get_time"], mcp_servers=["alpha"])
     yield env
@@ -202,7 +203,7 @@ async def test_event_pagination(shared):
 
 
 async def test_profile_unavailable_and_provider_missing(tmp_path):
-    svc = Service(tmp_path)
+    svc = InProcessService(tmp_path)
     try:
         env = Env(svc)
         await env.setup()
@@ -226,7 +227,7 @@ async def test_profile_unavailable_and_provider_missing(tmp_path):
 
 async def test_profile_deleted_after_key_creation(tmp_path):
     """The profile row is soft-deleted underneath a live key (admin refuses; only a race does it)."""
-    svc = Service(tmp_path)
+    svc = InProcessService(tmp_path)
     try:
         env = Env(svc)
         await env.setup()
@@ -239,7 +240,7 @@ async def test_profile_deleted_after_key_creation(tmp_path):
         await store.write(lambda conn: conn.execute(update(profiles).values(deleted_at="2026-01-01T00:00:00.000Z")))
     finally:
         await store.close()
-    svc = Service(tmp_path)
+    svc = InProcessService(tmp_path)
     try:
         problem = await problem_of(env_open(svc, env.key_a))
         assert (problem.status, problem.type, problem.detail) == (
@@ -258,12 +259,12 @@ async def test_profile_deleted_after_key_creation(tmp_path):
         await svc.stop()
 
 
-def env_open(svc: Service, key: dict):
+def env_open(svc: InProcessService, key: dict):
     return svc.call("OpenSession", key=key["key"], body={})
 
 
 async def test_revocation_cascade(tmp_path):
-    svc = Service(tmp_path)
+    svc = InProcessService(tmp_path)
     try:
         env = Env(svc)
         await env.setup()

@@ -1,4 +1,5 @@
-"""baectl as a process, against a real stack through the gateway's admin port (BAECTL.md)."""
+"""baectl as a process, against a real stack through the gateway's admin port (BAECTL.md); the stack runs in
+this process unless a test needs a sandbox host or starts the services itself."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import pytest
 from bae.launcher.stack import Stack
 from testkit import ROOT
 from testkit.processes import service_env
-from testkit.stack import RunningStack, launch_stack, mock_provider_toml, stack_env
+from testkit.inprocess import launch_inprocess_stack
+from testkit.stack import StackClients, StackFactory, mock_provider_toml, stack_env
 
 pytestmark = pytest.mark.stack
 
@@ -38,16 +40,16 @@ command = "true"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    running = launch_stack(tmp_path_factory.mktemp("ctl"), CONFIG)
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackClients]:
+    running = launch_inprocess_stack(tmp_path_factory.mktemp("ctl"), CONFIG)
     yield running
     running.close()
 
 
-def baectl(stack: RunningStack | None, *args: str, stdin: str = "", cwd: Path = ROOT,
+def baectl(stack: StackClients | None, *args: str, stdin: str = "", cwd: Path = ROOT,
            **env: str) -> subprocess.CompletedProcess:
     """baectl with the stack's admin address and token in its environment, unless `env` says otherwise."""
-    defaults = {"BAE_ADMIN_ADDR": str(stack.stack.settings.admin_addr), "BAE_ADMIN_TOKEN": stack.admin_key} \
+    defaults = {"BAE_ADMIN_ADDR": str(stack.settings.admin_addr), "BAE_ADMIN_TOKEN": stack.admin_key} \
         if stack is not None else {}
     variables = {key: value for key, value in {**defaults, **env}.items() if value is not None}
     return subprocess.run([sys.executable, "-m", "bae.ctl", *args], cwd=cwd, env=service_env(**variables),
@@ -96,7 +98,7 @@ def test_unreachable_server() -> None:
 
 # --- the lifecycle ------------------------------------------------------------------------------
 
-def test_full_lifecycle(stack: RunningStack) -> None:
+def test_full_lifecycle(stack: StackClients) -> None:
     created = ok(baectl(stack, "create", "profile", "life", "mock", "--fallback", "another", "--fallback", "x,y",
                         "--allowed-tool", "get_time", "--sandbox", "img:1"))
     lines = created.splitlines()
@@ -144,7 +146,7 @@ def test_full_lifecycle(stack: RunningStack) -> None:
     assert fails(baectl(stack, "get", "profile", profile_id)) == f"no profile {profile_id}"
 
 
-def test_create_key_json_still_warns(stack: RunningStack) -> None:
+def test_create_key_json_still_warns(stack: StackClients) -> None:
     profile_id = stack.create_profile("warned")["id"]
     result = baectl(stack, "create", "key", "k", profile_id, "--json")
     assert json.loads(result.stdout)["key"].startswith("bae_")
@@ -152,7 +154,7 @@ def test_create_key_json_still_warns(stack: RunningStack) -> None:
     assert result.stdout.startswith('{\n  "created_at"')  # sorted keys, two-space indent
 
 
-def test_error_messages(stack: RunningStack) -> None:
+def test_error_messages(stack: StackClients) -> None:
     profile_id = stack.create_profile("busy")["id"]
     stack.create_key(profile_id)
     assert fails(baectl(stack, "create", "profile", "busy", "mock")) == "a profile with that name already exists"
@@ -170,7 +172,7 @@ def test_error_messages(stack: RunningStack) -> None:
     assert "limit must be a positive integer" in fails(baectl(stack, "list", "profiles", "--limit", "0"))
 
 
-def test_pagination(stack: RunningStack) -> None:
+def test_pagination(stack: StackClients) -> None:
     # A session list is paginated like profiles; 51 profiles make the point with the default page of 50.
     for index in range(51 - len(stack.admin.get("/admin/v1/profiles", params={"limit": 200}).json()["items"])):
         stack.create_profile(f"page-{index:02d}")
@@ -187,7 +189,7 @@ def test_pagination(stack: RunningStack) -> None:
 
 
 def test_empty_lists(tmp_path: Path) -> None:
-    empty = launch_stack(tmp_path)
+    empty = launch_inprocess_stack(tmp_path)
     try:
         assert ok(baectl(empty, "list", "profiles")) == "no profiles found\n"
         assert ok(baectl(empty, "list", "keys")) == "no keys found\n"
@@ -202,8 +204,8 @@ def test_empty_lists(tmp_path: Path) -> None:
 
 # --- addresses and tokens -------------------------------------------------------------------------
 
-def test_address_forms(stack: RunningStack) -> None:
-    port = stack.stack.settings.admin_addr.port
+def test_address_forms(stack: StackClients) -> None:
+    port = stack.settings.admin_addr.port
     for address in (f"localhost:{port}", f"http://127.0.0.1:{port}/", f"http://localhost:{port}"):
         assert ok(baectl(stack, "list", "keys", "--admin-addr", address, BAE_ADMIN_ADDR="127.0.0.1:9"))
     # An empty variable counts as unset: the default 127.0.0.1:8081, whatever answers there (no token sent).
@@ -214,7 +216,7 @@ def test_address_forms(stack: RunningStack) -> None:
         assert ok(baectl(stack, *placed, BAE_ADMIN_ADDR="127.0.0.1:9"))
 
 
-def test_token_sources(stack: RunningStack, tmp_path: Path) -> None:
+def test_token_sources(stack: StackClients, tmp_path: Path) -> None:
     good, stale = tmp_path / "good.pem", tmp_path / "stale.pem"
     good.write_text(stack.admin_key + "\n")
     stale.write_text("bae_admin_" + "0" * 48 + "\n")
@@ -270,7 +272,7 @@ def test_auth_create_key_is_accepted_by_a_server_that_ingests_its_hash(tmp_path:
 
 # --- operator commands beyond BAECTL.md ------------------------------------------------------------
 
-def test_registries_and_config(stack: RunningStack) -> None:
+def test_registries_and_config(stack: StackClients) -> None:
     providers = ok(baectl(stack, "providers")).splitlines()
     assert providers[0].split() == ["NAME", "PROVIDER", "MODEL", "BASE_URL"]
     assert [row.split()[0] for row in providers[1:]] == ["another", "mock"]
@@ -283,7 +285,7 @@ def test_registries_and_config(stack: RunningStack) -> None:
     assert json.loads(ok(baectl(stack, "providers", "--json")))["items"][0]["name"] == "another"
 
 
-def test_sessions_and_events(stack: RunningStack) -> None:
+def test_sessions_and_events(stack: StackClients) -> None:
     profile_id = stack.create_profile("sessions")["id"]
     opened = stack.open_session(stack.create_key(profile_id)["key"])
     sessions = ok(baectl(stack, "list", "sessions", "--state", "open"))
@@ -297,7 +299,8 @@ def test_sessions_and_events(stack: RunningStack) -> None:
     assert baectl(stack, "list", "sessions", "--state", "weird").returncode == 2
 
 
-def test_sandbox_status_watch_ends_when_no_image_is_pending(stack: RunningStack) -> None:
+def test_sandbox_status_watch_ends_when_no_image_is_pending(start_stack: StackFactory) -> None:
+    stack = start_stack(CONFIG)  # processes: an image's status comes from a sandbox host
     profile_id = stack.create_profile("imgs", available_sandboxes=["bae-test-no-such-image:never"])["id"]
     watched = baectl(stack, "sandbox-status", "--watch", "--interval", "0.2")
     assert watched.returncode == 1, watched.stderr
@@ -309,7 +312,7 @@ def test_sandbox_status_watch_ends_when_no_image_is_pending(stack: RunningStack)
     assert any(item["profile_id"] == profile_id for item in status["items"])
 
 
-def test_resource_first_aliases(stack: RunningStack) -> None:
+def test_resource_first_aliases(stack: StackClients) -> None:
     created = ok(baectl(stack, "profiles", "create", "--name", "alias", "--primary-provider", "mock",
                         "--sandbox-image", "img:a"))
     profile_id = field(created, "id")
@@ -492,7 +495,7 @@ def test_setup_interactive_max_with_mcp_servers(tmp_path: Path) -> None:
                           "re-run `baectl setup` and choose Launch.") in output
 
 
-def test_setup_launches_and_creates_the_default_profile_and_key(stack: RunningStack, tmp_path: Path) -> None:
+def test_setup_launches_and_creates_the_default_profile_and_key(stack: StackClients, tmp_path: Path) -> None:
     """The launch step with a stand-in `docker` on PATH: `compose up` is a no-op (the test stack already
     runs on the chosen port), `compose exec … baectl` runs the real baectl against that stack."""
     bin_dir = tmp_path / "bin"
@@ -503,11 +506,11 @@ def test_setup_launches_and_creates_the_default_profile_and_key(stack: RunningSt
         "#!/bin/sh\n"
         f'echo "$@" >> {calls}\n'
         'if [ "$2" = "exec" ]; then shift 5; '
-        f'BAE_ADMIN_ADDR={stack.stack.settings.admin_addr} BAE_ADMIN_TOKEN={stack.admin_key} '
+        f'BAE_ADMIN_ADDR={stack.settings.admin_addr} BAE_ADMIN_TOKEN={stack.admin_key} '
         f'exec {sys.executable} -m bae.ctl "$@"; fi\n'
     )
     docker.chmod(0o755)
-    port = stack.stack.settings.addr.port
+    port = stack.settings.addr.port
     answers = "\n".join(["n", "n", "", "", "mock", "", "", "n", "n", f"0.0.0.0:{port}", "", "", "", "", "y"]) + "\n"
     env = service_env(PATH=f"{bin_dir}:{os.environ['PATH']}", ANTHROPIC_API_KEY="sk-ant-x")
     code, output = run_on_terminal(["setup", "--dir", str(tmp_path)], answers, env)

@@ -1,8 +1,8 @@
 """The gateway's calls to a session replica on one `Exchange` stream (session.proto).
 
-Through the gateway: a call past its deadline is stopped on the replica too, and a
-replica told to stop answers the calls it took and exits without waiting out its
-budget. Through the gateway's own `ExchangeChannel` against a real session service:
+Through the gateway: a call past its deadline is stopped on the replica too (the stack in this
+process, the call held inside the service), and a replica told to stop answers the calls it
+took and exits without waiting out its budget. Through the gateway's own `ExchangeChannel` against a real session service:
 calls share one stream and each ends as a call of its own would (reply, problem
 trailer, unknown method, oversized request), and a replica killed mid-call fails
 that call and is reached on a new stream once it is back.
@@ -25,39 +25,12 @@ from bae.common.errors import Unauthenticated
 from bae.common.protos import admin_api_pb2, client_api_pb2, edge_pb2, errors_pb2, session_pb2, session_pb2_grpc
 from bae.launcher.stack import grpc_serving
 from services.gateway.exchange import ExchangeChannel
-from testkit.live import new_session, register, rpc, send
+from testkit.live import new_session, register, result, rpc, send, turn_in_background
 from testkit.mockllm import Reply
 from testkit.processes import TEST_PLANE
-from testkit.race_holds import RaceHolds
 from testkit.stack import mock_provider_toml
 
-pytestmark = pytest.mark.stack
-
 TOKEN = "sk-test-secret-token-123456"
-
-
-@pytest.fixture
-def holds():
-    holds = RaceHolds()
-    yield holds
-    holds.close()
-
-
-def held_registration(stack, holds, sid, skey):
-    """A registerDriver call through the gateway, held on the replica; returns its thread, its
-    outcome (filled when it ends) and the held connection."""
-    holds.hold("session.registerDriver", sid)
-    outcome: dict = {}
-
-    def call():
-        try:
-            outcome["lines"] = rpc(stack.client, sid, skey, "session.registerDriver")
-        except Exception as exc:
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=call)
-    thread.start()
-    return thread, outcome, holds.wait_held()
 
 
 def bearer(key: str) -> edge_pb2.Credential:
@@ -68,11 +41,12 @@ def one_call(**fields) -> session_pb2.ExchangeCalls:
     return session_pb2.ExchangeCalls(calls=[session_pb2.ExchangeCall(**fields)])
 
 
-def test_a_call_past_the_gateways_deadline_answers_504_and_is_stopped_on_the_replica(start_stack, mock, holds):
-    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
-                        BAE_TEST_HOLD_ADDR=holds.address, BAE_RPC_TIMEOUT="1")
+@pytest.mark.inprocess
+def test_a_call_past_the_gateways_deadline_answers_504_and_is_stopped_on_the_replica(start_inprocess_stack, mock):
+    stack = start_inprocess_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
+                                  BAE_RPC_TIMEOUT="1")
     sid, skey, _ = new_session(stack)
-    holds.hold("session.registerDriver", sid)
+    hold = stack.hold(stack.session.engine.registry, "attach", sid)
     started = time.monotonic()
     response = stack.client.post(
         f"/api/v1/sessions/{sid}/rpc", json={"jsonrpc": "2.0", "id": 1, "method": "session.registerDriver"},
@@ -81,31 +55,37 @@ def test_a_call_past_the_gateways_deadline_answers_504_and_is_stopped_on_the_rep
     assert response.status_code == 504, response.text
     assert response.json()["type"].endswith("gateway_timeout")
     assert time.monotonic() - started < 5
-    # The replica cancelled the call: the hold's connection is closed without an answer.
-    held = holds.wait_held()
-    held.settimeout(5)
-    assert held.recv(16) == b""
-    held.close()
-    holds.hold("nothing", "")
+    # The replica cancelled the call where it was held.
+    assert hold.cancelled.wait(5)
+    hold.release()
     assert rpc(stack.client, sid, skey, "session.registerDriver")[0]["result"] == {"registered": True}
 
 
+@pytest.mark.stack
 def test_a_replica_told_to_stop_answers_the_calls_it_took_and_exits_without_waiting_out_its_budget(
-    start_stack, mock, holds
+    start_stack, mock
 ):
     stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
-                        BAE_TEST_HOLD_ADDR=holds.address, BAE_SHUTDOWN_TIMEOUT="30")
+                        BAE_SHUTDOWN_TIMEOUT="30")
     sid, skey, _ = new_session(stack)
-    thread, outcome, held = held_registration(stack, holds, sid, skey)
+    register(stack, sid, skey)
+    mock.reset()
+    release = threading.Event()
+    mock.enqueue(Reply.held(release, then=Reply.text("done")))
+    thread, outcome = turn_in_background(stack, sid, skey, "hi")
+    deadline = time.monotonic() + 10
+    while not mock.requests:  # the turn's provider call is in flight: the replica took the call
+        assert time.monotonic() < deadline, "the turn did not reach the provider"
+        time.sleep(0.05)
     session = stack.stack.processes["session"]
     session.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 10
     while grpc_serving(stack.stack.settings.session_grpc_addr):  # draining once it reports so
         assert time.monotonic() < deadline, "the session service did not start to drain"
         time.sleep(0.05)
-    RaceHolds.release(held)
+    release.set()
     thread.join(10)
-    assert outcome.get("lines", [{}])[0].get("result") == {"registered": True}, outcome
+    assert result(outcome["frames"])["message"]["content"] == [{"type": "text", "text": "done"}], outcome
     stopping = time.monotonic()
     assert session.wait(15) == 0
     assert time.monotonic() - stopping < 10  # not its 30 s budget: the stream ended once drained
@@ -115,6 +95,7 @@ async def _exchange(address: str):
     return ExchangeChannel(internal_channel(address, TEST_PLANE))
 
 
+@pytest.mark.stack
 def test_calls_share_one_stream_and_each_ends_as_its_own_call_would(start_stack, mock):
     stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN)
     sid, skey, _ = new_session(stack)
@@ -147,6 +128,7 @@ def test_calls_share_one_stream_and_each_ends_as_its_own_call_would(start_stack,
     asyncio.run(scenario())
 
 
+@pytest.mark.stack
 def test_an_unknown_method_on_the_stream_fails_alone(start_stack, mock):
     stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN)
     address = stack.stack.settings.session_grpc_addr
@@ -178,24 +160,23 @@ def test_an_unknown_method_on_the_stream_fails_alone(start_stack, mock):
     asyncio.run(scenario())
 
 
-def test_a_replica_killed_mid_call_fails_the_call_and_is_reached_again_on_a_new_stream(start_stack, mock, holds):
-    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
-                        BAE_TEST_HOLD_ADDR=holds.address)
+@pytest.mark.stack
+def test_a_replica_killed_mid_call_fails_the_call_and_is_reached_again_on_a_new_stream(start_stack, mock):
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN)
     sid, skey, _ = new_session(stack)
     address = stack.stack.settings.session_grpc_addr
     request = client_api_pb2.RegisterDriverRequest(credential=bearer(skey), session_id=sid)
-    holds.hold("session.registerDriver", sid)
 
     async def scenario():
         chan = await _exchange(address)
         stub = session_pb2_grpc.SessionServiceStub(chan)
-        call = asyncio.ensure_future(stub.RegisterDriver(request, timeout=30))
-        await asyncio.to_thread(holds.wait_held)
+        # The session's feed: a call that runs on the replica until the session's live state ends.
+        call = stub.Relay(session_pb2.RelayRequest(session_id=sid), timeout=30)
+        assert (await call.read()).WhichOneof("kind") == "position"
         await asyncio.to_thread(stack.stack.restart, "session", sig=signal.SIGKILL)
         with pytest.raises(grpc.aio.AioRpcError) as raised:
-            await call
+            await call.read()
         assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
-        holds.hold("nothing", "")
         reply = await stub.RegisterDriver(request, timeout=30)
         assert reply.result.registered
         assert chan.opened_streams == 2
@@ -204,6 +185,7 @@ def test_a_replica_killed_mid_call_fails_the_call_and_is_reached_again_on_a_new_
     asyncio.run(scenario())
 
 
+@pytest.mark.stack
 def test_a_streaming_call_sends_no_more_than_its_credit_and_holds_back_no_other_call(start_stack, mock):
     stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN)
     sid, skey, _ = new_session(stack)

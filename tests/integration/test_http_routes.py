@@ -6,11 +6,11 @@ import pytest
 
 from testkit.stack import mock_provider_toml
 
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.inprocess
 
 
-def test_every_route_answers_through_the_gateway(start_stack):
-    stack = start_stack(config_toml=mock_provider_toml("http://127.0.0.1:9"))
+def test_every_route_answers_through_the_gateway(start_inprocess_stack):
+    stack = start_inprocess_stack(config_toml=mock_provider_toml("http://127.0.0.1:9"))
     admin, client = stack.admin, stack.client
 
     assert client.get("/healthz").status_code == 200

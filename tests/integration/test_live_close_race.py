@@ -2,8 +2,9 @@
 after a live call checked its state, but before the call took the session's live state,
 never gets its live state back.
 
-The session service runs with BAE_TEST_HOLD_ADDR pointing at `RaceHolds`, so the test
-holds the call exactly inside that window, closes the session over REST, then lets it go.
+The stack runs in this process, so the test holds the call exactly inside that window (where
+it goes for the live state: the registry's `attach`, a subscription's `_attach_observed`, a
+turn's `run_turn`), closes the session over REST, then lets it go.
 """
 
 from __future__ import annotations
@@ -16,26 +17,19 @@ import pytest
 
 from testkit.live import new_session, notifications, register, rpc
 from testkit.mockllm import Reply
-from testkit.race_holds import RaceHolds
-from testkit.stack import launch_stack, mock_provider_toml
+from testkit.inprocess import launch_inprocess_stack
+from testkit.stack import mock_provider_toml
 
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.inprocess
 
 TOKEN = "sk-test-secret-token-123456"
 CLOSED = {"code": -32000, "message": "session is closed, not open"}
 
 
 @pytest.fixture(scope="module")
-def holds():
-    holds = RaceHolds()
-    yield holds
-    holds.close()
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, mock, holds):
-    running = launch_stack(tmp_path_factory.mktemp("close-race"), mock_provider_toml(mock.base_url),
-                           MOCK_LLM_TOKEN=TOKEN, BAE_TEST_HOLD_ADDR=holds.address)
+def stack(tmp_path_factory, mock):
+    running = launch_inprocess_stack(tmp_path_factory.mktemp("close-race"), mock_provider_toml(mock.base_url),
+                                     MOCK_LLM_TOKEN=TOKEN)
     yield running
     running.close()
 
@@ -47,14 +41,19 @@ def events(stack, sid: str, skey: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("method", ["session.registerDriver", "session.subscribe", "session.sendMessage"])
-def test_a_session_closed_after_the_state_check_gets_no_live_state_again(stack, mock, holds, method):
+def test_a_session_closed_after_the_state_check_gets_no_live_state_again(stack, mock, method):
     mock.reset()
     sid, skey, _ = new_session(stack)
     if method == "session.sendMessage":
         register(stack, sid, skey)  # the driver gate comes before the state check
         mock.enqueue(Reply.text("never asked"))
     params = {"message": {"role": "user", "content": "hi"}} if method == "session.sendMessage" else None
-    holds.hold(method, sid)
+    if method == "session.registerDriver":
+        hold = stack.hold(stack.session.engine.registry, "attach", sid)
+    elif method == "session.subscribe":
+        hold = stack.hold(stack.session.servicer.live, "_attach_observed", sid, lambda call: call.session_id)
+    else:
+        hold = stack.hold(stack.session.engine.turns, "run_turn", sid, lambda request: request.session_id)
     frames: list[dict] = []
     answered = threading.Event()
 
@@ -66,10 +65,10 @@ def test_a_session_closed_after_the_state_check_gets_no_live_state_again(stack, 
 
     caller = threading.Thread(target=call)
     caller.start()
-    held = holds.wait_held()  # the call found the session open ...
+    hold.wait_held()  # the call found the session open ...
     closed = stack.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"})
     assert closed.json() == {"session_id": sid, "state": "closed"}  # ... and now it is not
-    holds.release(held)
+    hold.release()
     caller.join(15)
     assert answered.is_set()
 

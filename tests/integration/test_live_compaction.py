@@ -11,7 +11,7 @@ from testkit.live import declared, notifications, register, result, rpc, send, s
 from testkit.mockllm import Reply
 from testkit.stack import mock_provider_toml
 
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.inprocess
 
 TOKEN = "sk-test-secret-token-123456"
 PREAMBLE = "The earlier part of this conversation was compacted. A summary follows."
@@ -19,10 +19,10 @@ PREAMBLE = "The earlier part of this conversation was compacted. A summary follo
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory, mock):
-    from testkit.stack import launch_stack
+    from testkit.inprocess import launch_inprocess_stack
 
     toml = mock_provider_toml(mock.base_url) + mock_provider_toml(mock.base_url, name="gpt", kind="openai")
-    stack = launch_stack(tmp_path_factory.mktemp("compaction"), toml, MOCK_LLM_TOKEN=TOKEN, BAE_TURN_TIMEOUT="1")
+    stack = launch_inprocess_stack(tmp_path_factory.mktemp("compaction"), toml, MOCK_LLM_TOKEN=TOKEN, BAE_TURN_TIMEOUT="1")
     yield stack
     stack.close()
 

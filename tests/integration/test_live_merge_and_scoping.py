@@ -20,9 +20,10 @@ import pytest
 
 from testkit.live import at, declared, notifications, payloads, result, rpc, session_state, terminal, types
 from testkit.mockllm import Reply
-from testkit.stack import RunningStack, launch_stack, mock_provider_toml
+from testkit.inprocess import launch_inprocess_stack
+from testkit.stack import StackClients, mock_provider_toml
 
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.inprocess
 
 TOKEN = "sk-test-secret-token-merge"
 ABANDONED = "Client tool call was abandoned before returning a result."
@@ -33,9 +34,9 @@ TURN_TIMEOUT = 1.0  # seconds; BAE_TURN_TIMEOUT of the shared stack
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory, mock) -> Iterator[RunningStack]:
+def shared(tmp_path_factory, mock) -> Iterator[StackClients]:
     """One stack for the module: every test opens sessions of its own (a stack start costs seconds)."""
-    running = launch_stack(
+    running = launch_inprocess_stack(
         tmp_path_factory.mktemp("merge"), mock_provider_toml(mock.base_url),
         MOCK_LLM_TOKEN=TOKEN, BAE_TURN_TIMEOUT=str(int(TURN_TIMEOUT)),
     )
@@ -44,7 +45,7 @@ def shared(tmp_path_factory, mock) -> Iterator[RunningStack]:
 
 
 @pytest.fixture
-def stack(shared, mock) -> RunningStack:
+def stack(shared, mock) -> StackClients:
     mock.reset()
     return shared
 

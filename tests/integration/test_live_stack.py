@@ -1,4 +1,5 @@
-"""The live loop end to end over real sockets: lag, fallback, OpenAI tools, failures, FIFO, envelope."""
+"""The live loop end to end over real sockets, the stack in this process: lag, OpenAI tools, FIFO, envelope.
+(A fallback across both wire kinds and a runner that goes down: test_live_processes.py.)"""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import pytest
 
 from bae.common.internal import InternalPlane
 from bae.common.protos import client_api_pb2, edge_pb2, session_pb2_grpc
-from testkit.live import join, new_session, notifications, register, result, rpc, send, session_state, types
+from testkit.inprocess import launch_inprocess_stack
+from testkit.live import all_events, join, new_session, notifications, register, result, rpc, send, types
 from testkit.mockllm import MockLLM, Reply
-from testkit.stack import launch_stack, mock_provider_toml
+from testkit.stack import mock_provider_toml
 
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.inprocess
 
 TOKEN = "sk-test-secret-token-123456"
 LAGGED = {"jsonrpc": "2.0", "error": {"code": -32000, "message": "lagged; reconnect with since_event_id"}}
@@ -30,16 +32,24 @@ def stack_toml(mock: MockLLM) -> str:
     return mock_provider_toml(mock.base_url) + mock_provider_toml(mock.base_url, name="gpt", kind="openai")
 
 
+@pytest.fixture(scope="module")
+def provider_timeout_stack(tmp_path_factory, mock):
+    running = launch_inprocess_stack(tmp_path_factory.mktemp("live"), stack_toml(mock), MOCK_LLM_TOKEN=TOKEN,
+                                     BAE_PROVIDER_TIMEOUT="2")
+    yield running
+    running.close()
+
+
 @pytest.fixture
-def stack(start_stack, mock):
+def stack(provider_timeout_stack, mock):
     mock.reset()
-    return start_stack(config_toml=stack_toml(mock), MOCK_LLM_TOKEN=TOKEN, BAE_PROVIDER_TIMEOUT="2")
+    return provider_timeout_stack
 
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory, mock):
     """One stack for the many one-request cases (envelope errors, params, auth)."""
-    running = launch_stack(tmp_path_factory.mktemp("shared"), stack_toml(mock), MOCK_LLM_TOKEN=TOKEN)
+    running = launch_inprocess_stack(tmp_path_factory.mktemp("shared"), stack_toml(mock), MOCK_LLM_TOKEN=TOKEN)
     yield running
     running.close()
 
@@ -54,19 +64,6 @@ def join_driver(stack, sid, profile, name: str) -> str:
 def send_body(content, request_id=1) -> dict:
     return {"jsonrpc": "2.0", "id": request_id, "method": "session.sendMessage",
             "params": {"message": {"role": "user", "content": content}}}
-
-
-def events(stack, sid, skey) -> list[dict]:
-    auth = {"Authorization": f"Bearer {skey}"}
-    items, cursor = [], ""
-    while True:
-        page = stack.client.get(
-            f"/api/v1/sessions/{sid}/events", params={"limit": 200, "cursor": cursor}, headers=auth
-        ).json()
-        items += page["items"]
-        cursor = page.get("next_cursor")
-        if not cursor:
-            return items
 
 
 class PausedReader:
@@ -127,7 +124,7 @@ def test_stalled_observer_is_cut_off_with_lagged_and_the_driver_is_not(stack, mo
     sid, skey, _ = new_session(stack, fallback_providers=["gpt"])
     register(stack, sid, skey)
     observer = PausedReader(
-        stack.stack.client_url, f"/api/v1/sessions/{sid}/rpc", skey,
+        stack.client_url, f"/api/v1/sessions/{sid}/rpc", skey,
         {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe"},
     )
     time.sleep(0.3)
@@ -152,7 +149,7 @@ def test_stalled_observer_is_cut_off_with_lagged_and_the_driver_is_not(stack, mo
     assert head.startswith(b"HTTP/1.1 200 ")
     assert lines[-1] == LAGGED  # no id: a notification-style error, and the stream ends
     seen = [line["params"]["id"] for line in lines[:-1]]
-    recorded = [e["id"] for e in events(stack, sid, skey)]
+    recorded = [e["id"] for e in all_events(stack, sid, skey)]
     first = recorded.index(seen[0])
     assert seen == recorded[first:first + len(seen)]  # gapless up to the cut
     assert len(seen) < len(recorded) - first
@@ -193,14 +190,14 @@ def test_events_committed_together_reach_the_gateway_in_one_frame(shared, mock):
     the runner's 5 ms) with its answer, so that whole turn is three messages."""
     sid, skey, _ = new_session(shared)
     register(shared, sid, skey)
-    plane = InternalPlane(shared.stack.env["BAE_INTERNAL_TOKEN"], keepalive=30.0)
+    plane = InternalPlane.of(shared.settings)
     request = client_api_pb2.SendMessageRequest(
         credential=edge_pb2.Credential(authorization=f"Bearer {skey}", present=True), session_id=sid,
         params=client_api_pb2.SendMessageParams(message=client_api_pb2.MessageParam(
             content=edge_pb2.JsonValue(json='"hi"'))))
 
     async def frames() -> list[client_api_pb2.TurnFrame]:
-        async with grpc.aio.insecure_channel(shared.stack.settings.session_grpc_addr) as channel:
+        async with grpc.aio.insecure_channel(shared.settings.session_grpc_addr) as channel:
             call = session_pb2_grpc.SessionServiceStub(channel).SendMessage(
                 request, metadata=[plane.token_metadata], timeout=30)
             return [frame async for frame in call]
@@ -218,49 +215,6 @@ def test_events_committed_together_reach_the_gateway_in_one_frame(shared, mock):
     # Whether the provider answers within 5 ms is up to the machine: one of a few quick turns does.
     quick = [turn(Reply.text("quick")) for _ in range(5)]
     assert (["accepted", "events", "result"], [["provider.request", "provider.response", "server.message.send"]]) in quick, quick
-
-
-# --- 2. mixed-kind fallback ------------------------------------------------------------------
-
-def test_anthropic_primary_failing_falls_back_to_openai_with_the_exact_walk(stack, mock):
-    sid, skey, _ = new_session(stack, fallback_providers=["gpt"])
-    register(stack, sid, skey)
-    tools = [{"name": "get_time", "description": "get_time", "input_schema": {"type": "object"}}]
-    cases = [
-        (Reply.error(503, "overloaded"), {"status": 503, "error": "provider returned HTTP 503", "body": "overloaded"}),
-        (Reply.hang(3), {"status": None, "error": "request timed out after 2 s", "body": None}),
-    ]
-    for number, (failure, failed) in enumerate(cases):
-        mock.reset()
-        mock.enqueue(failure, Reply.text(f"from gpt {number}"))
-        outcome = result(send(stack, sid, skey, f"hi {number}"))
-        assert outcome["message"] == {"role": "assistant", "content": [{"type": "text", "text": f"from gpt {number}"}]}
-        walk = [(e["event_type"], e["payload"]) for e in outcome["events"][1:]]
-        assert [kind for kind, _ in walk] == [
-            "provider.request", "provider.response", "session.error",
-            "provider.request", "provider.response", "server.message.send",
-        ]
-        primary_request, primary_response, error, fallback_request, fallback_response, _ = (p for _, p in walk)
-        assert {k: primary_request[k] for k in ("attempt", "kind", "provider", "base_url", "model", "max_tokens")} == {
-            "attempt": 0, "kind": "primary", "provider": "anthropic", "base_url": mock.base_url,
-            "model": "mock-model", "max_tokens": 4096,
-        }
-        assert primary_request["tools"] == tools
-        assert primary_response == {"attempt": 0, "kind": "primary", "provider": "anthropic", "ok": False, **failed}
-        assert error == {"reason": "provider_call_failed", "provider": "anthropic", "detail": failed["error"]}
-        assert {k: fallback_request[k] for k in ("attempt", "kind", "provider", "base_url")} == {
-            "attempt": 1, "kind": "fallback", "provider": "openai", "base_url": mock.base_url,
-        }
-        assert fallback_request["messages"] == primary_request["messages"]
-        assert "normalized" not in fallback_request
-        assert fallback_response["ok"] is True and fallback_response["status"] == 200
-        assert fallback_response["usage"] == {"input_tokens": 10, "output_tokens": 5}
-        assert fallback_response["body"]["choices"][0]["message"]["content"] == f"from gpt {number}"
-        assert [r["path"] for r in mock.requests] == ["/v1/messages", "/v1/chat/completions"]
-        assert mock.requests[0]["headers"]["x-api-key"] == TOKEN
-        assert mock.requests[1]["headers"]["authorization"] == f"Bearer {TOKEN}"
-        assert TOKEN not in json.dumps(outcome)
-    assert session_state(stack, sid) == "open"
 
 
 # --- 3. OpenAI-kind tool round trip ----------------------------------------------------------
@@ -305,40 +259,6 @@ def test_openai_primary_client_tool_round_trip_sends_valid_chat_completions(stac
                                                    "input": {"tz": "UTC"}}
     for sent in (json.dumps(mock.requests[1]["body"]), json.dumps(logged["messages"])):
         assert '"dispatch"' not in sent and '"caller"' not in sent
-
-
-# --- 4. runner unreachable -------------------------------------------------------------------
-
-def test_runner_down_fails_the_turn_with_session_loop_failed_and_the_session_stays_usable(start_stack, mock):
-    mock.reset()
-    # BAE_RPC_TIMEOUT bounds how long a step waits for an unreachable runner.
-    stack = start_stack(config_toml=stack_toml(mock), MOCK_LLM_TOKEN=TOKEN, BAE_RPC_TIMEOUT="3")
-    sid, skey, _ = new_session(stack)
-    register(stack, sid, skey)
-    runner = stack.stack.processes["runner"]
-    runner.terminate()
-    runner.wait(10)
-
-    began = time.monotonic()
-    frames = send(stack, sid, skey, "hi")
-    assert 3 <= time.monotonic() - began < 8
-    assert frames == [{"jsonrpc": "2.0", "id": frames[-1]["id"],
-                       "error": {"code": -32000, "message": "session loop failed"}}]
-    recorded = events(stack, sid, skey)
-    assert types(recorded)[-1] == "client.message.send"  # the input is kept; no provider event was written
-    assert session_state(stack, sid) == "open"
-    assert mock.requests == []
-
-    stack.stack.restart("runner")
-    mock.enqueue(Reply.text("back"))
-    outcome = result(send(stack, sid, skey, "again"))
-    assert outcome["message"]["content"] == [{"type": "text", "text": "back"}]
-    request = outcome["events"][1]["payload"]
-    # Both user turns reach the provider, folded into one Anthropic user message.
-    assert request["messages"] == [
-        {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "again"}]}
-    ]
-    assert request["normalized"] == {"prepended_user": False, "merged": [[0, 1]]}
 
 
 # --- 5. envelope and params errors through the real stack ------------------------------------
@@ -411,10 +331,10 @@ PARAMS_CASES = [
 @pytest.mark.parametrize("method,params,message", PARAMS_CASES)
 def test_invalid_params_is_32602_and_records_nothing(shared, driver, method, params, message):
     sid, skey, _ = driver
-    before = len(events(shared, sid, skey))
+    before = len(all_events(shared, sid, skey))
     response = post_rpc(shared, sid, skey, {"jsonrpc": "2.0", "id": 9, "method": method, "params": params})
     assert ndjson(response) == [{"jsonrpc": "2.0", "id": 9, "error": {"code": -32602, "message": message}}]
-    assert len(events(shared, sid, skey)) == before
+    assert len(all_events(shared, sid, skey)) == before
 
 
 @pytest.mark.parametrize("method", ["session.sendMessage", "session.updateClientTools"])
@@ -477,10 +397,10 @@ def test_driver_disconnect_mid_turn_the_turn_still_finishes_and_is_durable(stack
             assert first["params"]["event_type"] == "provider.request"
     # The connection is gone; the turn keeps going inside the session service.
     deadline = time.monotonic() + 10
-    while types(events(stack, sid, skey))[-1] != "server.message.send":
-        assert time.monotonic() < deadline, types(events(stack, sid, skey))
+    while types(all_events(stack, sid, skey))[-1] != "server.message.send":
+        assert time.monotonic() < deadline, types(all_events(stack, sid, skey))
         time.sleep(0.1)
-    recorded = events(stack, sid, skey)
+    recorded = all_events(stack, sid, skey)
     assert types(recorded)[-4:] == ["client.message.send", "provider.request", "provider.response", "server.message.send"]
     assert recorded[-1]["payload"] == {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}
     mock.enqueue(Reply.text("next"))
@@ -505,7 +425,7 @@ def test_queued_caller_that_disconnects_leaves_no_trace(stack, mock):
     a_thread.join(10)
     assert result(a_frames)["message"]["content"] == [{"type": "text", "text": "ok"}]
     time.sleep(0.2)
-    assert "B gives up" not in json.dumps(events(stack, sid, skey_a))
+    assert "B gives up" not in json.dumps(all_events(stack, sid, skey_a))
     outcome = result(send(stack, sid, skey_b, "B again"))
     assert outcome["message"]["content"] == [{"type": "text", "text": "after"}]
 
@@ -554,7 +474,7 @@ def test_queued_drivers_write_zero_bytes_and_run_in_arrival_order(stack, mock):
         assert seen[name]["first_byte"] >= 1.0  # ... but no byte before A's slow provider call answered
         assert result(seen[name]["frames"])["message"]["content"] == [{"type": "text", "text": f"for {name}"}]
     assert seen["B"]["first_byte"] < seen["C"]["first_byte"]
-    turns = [e["payload"]["content"] for e in events(stack, sid, skey_a) if e["event_type"] == "client.message.send"]
+    turns = [e["payload"]["content"] for e in all_events(stack, sid, skey_a) if e["event_type"] == "client.message.send"]
     assert turns == ["A asks", "B asks", "C asks"]
     assert [r["body"]["messages"][-1]["content"] for r in mock.requests] == ["A asks", "B asks", "C asks"]
 

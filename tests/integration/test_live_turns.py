@@ -11,19 +11,28 @@ import httpx
 import pytest
 
 from testkit.live import at, join, new_session, notifications, register, result, rpc, send, terminal, types
+from testkit.inprocess import launch_inprocess_stack
 from testkit.mockllm import Reply
 from testkit.stack import mock_provider_toml
 
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.inprocess
 
 TOKEN = "sk-test-secret-token-123456"
 
 
-@pytest.fixture
-def stack(start_stack, mock, monkeypatch):
-    mock.reset()
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, mock):
+    """One stack for the module: every test opens sessions of its own."""
     toml = mock_provider_toml(mock.base_url) + mock_provider_toml(mock.base_url, name="backup", kind="openai")
-    return start_stack(config_toml=toml, MOCK_LLM_TOKEN=TOKEN, BAE_TURN_TIMEOUT="1")
+    running = launch_inprocess_stack(tmp_path_factory.mktemp("turns"), toml, MOCK_LLM_TOKEN=TOKEN, BAE_TURN_TIMEOUT="1")
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def stack(shared, mock):
+    mock.reset()
+    return shared
 
 
 def test_text_turn_records_the_exact_sequence_and_streams_all_but_the_echo(stack, mock):
@@ -276,9 +285,9 @@ def test_update_client_tools_scopes_the_next_provider_call(stack, mock):
     assert [t["name"] for t in mock.requests[-1]["body"]["tools"]] == ["get_date"]
 
 
-def test_missing_env_var_fails_the_attempt_without_leaking(start_stack, mock):
+def test_missing_env_var_fails_the_attempt_without_leaking(start_inprocess_stack, mock):
     mock.reset()
-    stack = start_stack(config_toml=mock_provider_toml(mock.base_url, token_var="NOT_SET_ANYWHERE"))
+    stack = start_inprocess_stack(config_toml=mock_provider_toml(mock.base_url, token_var="NOT_SET_ANYWHERE"))
     sid, skey, _ = new_session(stack)
     register(stack, sid, skey)
     outcome = result(send(stack, sid, skey, "hi"))

@@ -7,16 +7,16 @@ import pytest
 from testkit.live import new_session, register, result, rpc, terminal
 from testkit.stack import mock_provider_toml
 
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.inprocess
 
 TOKEN = "sk-test-secret-token-123456"
 
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory, mock):
-    from testkit.stack import launch_stack
+    from testkit.inprocess import launch_inprocess_stack
 
-    stack = launch_stack(tmp_path_factory.mktemp("local-subagents"), mock_provider_toml(mock.base_url),
+    stack = launch_inprocess_stack(tmp_path_factory.mktemp("local-subagents"), mock_provider_toml(mock.base_url),
                          MOCK_LLM_TOKEN=TOKEN)
     yield stack
     stack.close()

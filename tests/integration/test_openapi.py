@@ -13,9 +13,10 @@ from openapi_spec_validator import validate
 
 from services.gateway import app, openapi
 from testkit.routes import served_routes
-from testkit.stack import RunningStack, launch_stack, mock_provider_toml
+from testkit.inprocess import launch_inprocess_stack
+from testkit.stack import StackClients, mock_provider_toml
 
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.inprocess
 
 DOCUMENTS = {"client": json.loads(openapi.CLIENT_DOCUMENT), "admin": json.loads(openapi.ADMIN_DOCUMENT)}
 HTTP_METHODS = {"get", "put", "post", "delete", "patch"}
@@ -84,12 +85,12 @@ def test_event_types_are_an_enum_and_each_rpc_method_has_its_schemas() -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackClients]:
     config = mock_provider_toml("http://127.0.0.1:9") + (
         '[[mcp.servers]]\nname = "notes"\ntransport = "http"\nurl = "http://127.0.0.1:9/mcp"\n'
         'headers = { Authorization = "Bearer ${NOTES_TOKEN}" }\n'
         '[[mcp.servers]]\nname = "files"\ntransport = "stdio"\ncommand = "true"\nenv = { HOME = "/tmp" }\n')
-    running = launch_stack(tmp_path_factory.mktemp("openapi"), config)
+    running = launch_inprocess_stack(tmp_path_factory.mktemp("openapi"), config)
     yield running
     running.close()
 
@@ -107,7 +108,7 @@ def fits(port: str, path: str, method: str, response: httpx.Response) -> None:
     assert not errors, (path, errors, response.text)
 
 
-def test_served_documents_and_real_answers_fit_them(stack: RunningStack) -> None:
+def test_served_documents_and_real_answers_fit_them(stack: StackClients) -> None:
     for port, client in (("client", stack.client), ("admin", stack.admin)):
         served = client.get("/openapi.json")
         assert served.status_code == 200 and served.headers["content-type"].startswith("application/json")
@@ -130,7 +131,7 @@ def test_served_documents_and_real_answers_fit_them(stack: RunningStack) -> None
     fits("admin", "/admin/v1/keys", "get", admin.get("/admin/v1/keys"))
     for path in ("/admin/v1/providers", "/admin/v1/mcp-servers", "/admin/v1/config", "/admin/v1/sandbox-status"):
         fits("admin", path, "get", admin.get(path))
-    fits("admin", "/admin/v1/profiles", "get", httpx.get(f"{stack.stack.admin_url}/admin/v1/profiles"))
+    fits("admin", "/admin/v1/profiles", "get", httpx.get(f"{stack.admin_url}/admin/v1/profiles"))
 
     auth = {"Authorization": f"Bearer {key.json()['key']}"}
     opened = client.post("/api/v1/sessions", json={"client_version": "1", "tools": [

@@ -1,4 +1,5 @@
-"""The `migrate` command and the stack, on a database file written by the code before Alembic (tests/fixtures)."""
+"""The `migrate` command (a process) and the stack (in this process), on a database file written by the code
+before Alembic (tests/fixtures)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,13 @@ import httpx
 import pytest
 
 from testkit import ROOT
-from testkit.stack import launch_stack
+from testkit.inprocess import launch_inprocess_stack
 from fixtures.make_store_0e5055c import ADMIN, SESSION
-
-pytestmark = pytest.mark.stack
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "store-0e5055c.db"
 
 
+@pytest.mark.inprocess
 def test_an_old_database_is_served_whole_after_the_upgrade(tmp_path):
     shutil.copy(FIXTURE, tmp_path / "bae.db")
     old = sqlite3.connect(FIXTURE)
@@ -29,7 +29,7 @@ def test_an_old_database_is_served_whole_after_the_upgrade(tmp_path):
     old.close()
     # The fixture's admin key is the one that signs in; the service keeps it (no new key is generated).
     (tmp_path / "admin-key.pem").write_text(ADMIN + "\n")
-    stack = launch_stack(tmp_path, BAE_DB_PATH=str(tmp_path / "bae.db"))
+    stack = launch_inprocess_stack(tmp_path, BAE_DB_PATH=str(tmp_path / "bae.db"))
     try:
         listed = stack.admin.get("/admin/v1/sessions").json()["items"]
         assert [s["id"] for s in listed] == old_sessions
@@ -48,7 +48,7 @@ def test_an_old_database_is_served_whole_after_the_upgrade(tmp_path):
         assert page.status_code == 200, page.text
         assert [e["id"] for e in page.json()["items"]] == old_events[old_sessions[0]][:2]
         cursor = page.json()["next_cursor"]
-        rest = httpx.get(f"{stack.stack.client_url}/api/v1/sessions/{old_sessions[0]}/events?cursor={cursor}",
+        rest = httpx.get(f"{stack.client_url}/api/v1/sessions/{old_sessions[0]}/events?cursor={cursor}",
                          headers={"Authorization": f"Bearer {SESSION}"}, timeout=30).json()["items"]
         assert [e["id"] for e in rest] == old_events[old_sessions[0]][2:]
     finally:
@@ -57,6 +57,7 @@ def test_an_old_database_is_served_whole_after_the_upgrade(tmp_path):
     assert revision == [("0003",)]
 
 
+@pytest.mark.stack
 def test_migrate_command_upgrades_alone_and_says_what_it_applied(tmp_path):
     path = tmp_path / "bae.db"
     shutil.copy(FIXTURE, path)

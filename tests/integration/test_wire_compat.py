@@ -20,9 +20,10 @@ import pytest
 
 from testkit import ROOT
 from testkit.mockllm import MockLLM, Reply
-from testkit.stack import RunningStack, launch_stack, mock_provider_toml
+from testkit.inprocess import launch_inprocess_stack
+from testkit.stack import StackClients, mock_provider_toml
 
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.inprocess
 
 RECORDING = ROOT / "tests" / "fixtures" / "wire-recording.json"
 HEADERS = ("content-type", "allow", "retry-after")
@@ -64,9 +65,9 @@ class Normalizer:
 class Script:
     """Sends requests to a stack and records each answer as the recording shows it."""
 
-    def __init__(self, stack: RunningStack) -> None:
-        self.client = httpx.Client(base_url=stack.stack.client_url, timeout=30)
-        self.admin = httpx.Client(base_url=stack.stack.admin_url, timeout=30)
+    def __init__(self, stack: StackClients) -> None:
+        self.client = httpx.Client(base_url=stack.client_url, timeout=30)
+        self.admin = httpx.Client(base_url=stack.admin_url, timeout=30)
         self.admin_auth = f"Bearer {stack.admin_key}"
         self.normalize = Normalizer()
         self.entries: list[dict[str, Any]] = []
@@ -575,7 +576,7 @@ def run_rpc_script(s: Script, sid: str, skey: str, second_skey: str) -> None:
     s.rpc("unsubscribe as a notification", sid, skey, "session.unsubscribe", notification=True)
 
 
-def record_wire(stack: RunningStack) -> list[dict[str, Any]]:
+def record_wire(stack: StackClients) -> list[dict[str, Any]]:
     script = Script(stack)
     try:
         admin = run_admin_script(script)
@@ -593,7 +594,7 @@ def mock_llm() -> Iterator[MockLLM]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, mock_llm: MockLLM) -> Iterator[RunningStack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, mock_llm: MockLLM) -> Iterator[StackClients]:
     config = mock_provider_toml(mock_llm.base_url) + (
         '[[mcp.servers]]\nname = "notes"\ntransport = "http"\nurl = "http://127.0.0.1:9/mcp"\n'
         'headers = { Authorization = "Bearer ${NOTES_TOKEN}", Accept = "x" }\n'
@@ -601,13 +602,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory, mock_llm: MockLLM) -> Iterat
         'env = { HOME = "/tmp", A = "b" }\n'
         '[[providers.entries]]\nname = "second"\nprovider = "openai"\nmodel = "gpt"\n'
         'auth_token = "${MOCK_LLM_TOKEN}"\n')
-    running = launch_stack(tmp_path_factory.mktemp("wire"), config, MOCK_LLM_TOKEN="t", NOTES_TOKEN="n",
+    running = launch_inprocess_stack(tmp_path_factory.mktemp("wire"), config, MOCK_LLM_TOKEN="t", NOTES_TOKEN="n",
                            BAE_MAX_BODY_BYTES=str(MAX_BODY))
     yield running
     running.close()
 
 
-def test_the_wire_is_as_recorded(stack: RunningStack, mock_llm: MockLLM) -> None:
+def test_the_wire_is_as_recorded(stack: StackClients, mock_llm: MockLLM) -> None:
     mock_llm.enqueue(Reply.text("Hi there."), Reply.text("Blocks seen."), Reply.text("Quiet."),
                      Reply.text("The summary."))
     entries = record_wire(stack)

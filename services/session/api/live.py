@@ -23,7 +23,6 @@ from bae.common.rpc_codes import LAGGED_MESSAGE, RpcCode
 from services.session.api.event_messages import EventBatch, event_of_view
 from services.session.api.faults import RpcError, RpcFault
 from services.session.api.jsonrpc import RpcCall, message_of, require_driver
-from services.session.api.race_hold import RaceHold
 from services.session.engine.domain import CompactRequest, SessionState, TurnRequest
 from services.session.engine.engine import TurnEngine
 from services.session.engine.errors import KeyRevoked, SessionNotOpen
@@ -61,26 +60,22 @@ class LiveApi:
         turns: TurnEngine,
         sandboxes: SessionSandboxes,
         subagents: SessionSubagents,
-        hold: RaceHold,
     ) -> None:
         self.store = store
         self.sessions = sessions
         self.turns = turns
         self.sandboxes = sandboxes
         self.subagents = subagents
-        # Where tests hold a call between its state check and taking the live state (the close race).
-        self.hold = hold
 
     # -- registration and tools -------------------------------------------------
 
-    async def register_driver(self, call: RpcCall) -> client_api_pb2.RegisterDriverResult:
+    async def register_driver(self, call: RpcCall[ProtoMessage]) -> client_api_pb2.RegisterDriverResult:
         call.open_session()
-        await self.hold.reached("session.registerDriver", call.session_id)
         live = await self.sessions.attach(call.session_id)
         async with live.lock:
             if call.actor in live.drivers:
                 return client_api_pb2.RegisterDriverResult(registered=True)
-            items: list[tuple[str, dict]] = [("session.driver.register", {})]
+            items: list[tuple[str, dict[str, Any]]] = [("session.driver.register", {})]
             if call.profile is not None and call.profile.available_sandboxes:
                 images = self.sandboxes.available_images(call.profile)
                 items.append(("session.sandbox.available", {"images": images}))
@@ -142,11 +137,10 @@ class LiveApi:
         finally:
             live.feed.forget(feed_relay)
 
-    async def _attach_observed(self, call: RpcCall) -> LiveSession | None:
+    async def _attach_observed(self, call: RpcCall[client_api_pb2.SubscribeParams]) -> LiveSession | None:
         """The live session a subscription watches; None when it is not open (replay only)."""
         if call.session is None or call.session.state != SessionState.OPEN:
             return None
-        await self.hold.reached("session.subscribe", call.session_id)
         try:
             return await self.sessions.attach(call.session_id)
         except SessionNotOpen:
@@ -172,7 +166,7 @@ class LiveApi:
             log.exception("replay for %s failed", call.session_id)
             raise RpcFault(RpcCode.APPLICATION_ERROR, "replay failed", id_mode=RpcError.NULL_ID) from None
 
-    async def unsubscribe(self, call: RpcCall) -> client_api_pb2.UnsubscribeResult:
+    async def unsubscribe(self, call: RpcCall[ProtoMessage]) -> client_api_pb2.UnsubscribeResult:
         live = self.sessions.get(call.session_id)
         if live is not None:
             live.feed.end_subscriptions()
@@ -184,7 +178,6 @@ class LiveApi:
         require_driver(self.sessions, call, "session.sendMessage")
         call.open_session()
         message = message_of(call.params())
-        await self.hold.reached("session.sendMessage", call.session_id)
         request = TurnRequest(call.session_id, call.actor, message)
         watcher = Watcher(key=call.actor)
         work = asyncio.ensure_future(
