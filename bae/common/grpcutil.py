@@ -28,13 +28,17 @@ Registrar = Callable[[grpc.aio.Server], Iterable[str]]
 HealthReporter = Callable[[health.aio.HealthServicer], Awaitable[None]]
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):
+class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpcio ships no stubs
     """Ends a call whose handler raised one of our errors with its status (bae.common.error_codes).
 
     Also binds the caller's request id and trace context for the handler (bae.common.propagation).
     """
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(HEALTH_METHOD_PREFIX):
             # Health's Watch writes with context.write(), not as a generator; it raises none of our errors.
@@ -43,7 +47,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_unary:
             inner = handler.unary_unary
 
-            async def unary(request, context):
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 return await serve_unary(inner, request, context, metadata)
 
             return grpc.unary_unary_rpc_method_handler(
@@ -52,7 +56,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_stream:
             inner_stream = handler.unary_stream
 
-            async def stream(request, context):
+            async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 async for item in serve_stream(inner_stream, request, context, metadata):
                     yield item
 

@@ -6,6 +6,7 @@ import asyncio
 import ipaddress
 import itertools
 import logging
+import os
 from collections import OrderedDict
 from typing import Awaitable, Callable, TypeVar
 
@@ -44,6 +45,8 @@ OWNER_CACHE = 65_536
 # replica whose host vanished (no connection reset) is then avoided within about two seconds instead
 # of costing every call its full deadline.
 PROBE_INTERVAL = 1.0
+# Measurement switch: 0 makes every SessionService call a gRPC call of its own.
+MULTIPLEX = os.environ.get("BAE_INTERNAL_MULTIPLEX", "1") != "0"
 
 Invoke = Callable[[session_pb2_grpc.SessionServiceStub, Metadata], Awaitable[T]]
 
@@ -100,7 +103,7 @@ class Upstream:
             # A configured host name may stand for several replicas: balance over its addresses.
             balanced = address in self.targets and _is_host_name(address)
             chan = channel(address, self._plane, balanced=balanced)
-            if not balanced:  # a stream stays with one replica: a balanced target's calls would all go to it
+            if not balanced and MULTIPLEX:  # a stream stays with one replica: a balanced target's calls would all go to it
                 chan = ExchangeChannel(chan)
             self._channels[address] = chan
             self._stubs[address] = session_pb2_grpc.SessionServiceStub(chan)
@@ -144,7 +147,7 @@ class Upstream:
 
     def _refused(self, address: str) -> bool:
         """Whether the last attempt to connect to `address` failed (so a call there was never sent)."""
-        return self.channel(address).get_state(try_to_connect=True) == grpc.ChannelConnectivity.TRANSIENT_FAILURE
+        return bool(self.channel(address).get_state(try_to_connect=True) == grpc.ChannelConnectivity.TRANSIENT_FAILURE)
 
     def _usable(self, address: str) -> bool:
         return address not in self._silent and not self._refused(address)
@@ -199,7 +202,9 @@ class Upstream:
         relay's start), or EOF; a refusal before it raises as any call's does. Live calls carry no
         deadline: a turn or a subscription lasts as long as it lasts."""
 
-        async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> tuple:
+        async def invoke(
+            stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata
+        ) -> tuple[grpc.aio.UnaryStreamCall, Message | object]:
             grpc_call = getattr(stub, rpc_name)(request, metadata=metadata)
             try:
                 return grpc_call, await grpc_call.read()

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import grpc
 
 from bae.common import propagation
 from bae.common.call_tasks import CallTasks, serve_until_done
 from bae.common.config import Config
-from bae.common.errors import InvalidInput
+from bae.common.errors import InvalidInput, Unavailable
 from bae.common.jsontext import RawJson, dump, load
 from bae.common.protos import runner_pb2, runner_pb2_grpc
 from services.runner.canonical import History
@@ -43,6 +43,18 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
         """Serve one caller's steps until it stops writing and they are done, or, once draining, until they are done."""
         async with CallTasks(context.write, runner_pb2.StepReplies) as steps:
             await serve_until_done(_StepStream(self, steps).read(calls), steps, self._draining)
+
+    async def RunStep(
+        self, request: runner_pb2.StepRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[runner_pb2.StepUpdate]:
+        """One step on a call of its own: its whole history came with it."""
+        if self.draining:
+            raise Unavailable(SHUTTING_DOWN)
+        texts, roles = list(request.messages), list(request.roles)
+        if len(texts) != len(roles):
+            raise InvalidInput(f"{len(texts)} messages but {len(roles)} roles")
+        async for update in self.walk(request, History(texts, roles)):
+            yield update
 
     async def drain(self, budget: float) -> None:
         """Shutdown: refuse new steps; each stream ends once its running steps are done."""
@@ -160,7 +172,7 @@ def step_spec(request: runner_pb2.StepRequest, history: History) -> StepSpec:
     )
 
 
-def _json_array(text: str, field: str) -> list:
+def _json_array(text: str, field: str) -> list[Any]:
     if not text:
         return []
     try:
@@ -188,7 +200,7 @@ def step_result(outcome: StepOutcome) -> runner_pb2.StepResult:
     return result
 
 
-def registrar(service: RunnerService):
+def registrar(service: RunnerService) -> Callable[[grpc.aio.Server], list[str]]:
     def register(server: grpc.aio.Server) -> list[str]:
         runner_pb2_grpc.add_RunnerServicer_to_server(service, server)
         return [SERVICE_NAME]

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import AsyncIterator, Iterator
 
+import grpc
 import pytest
 
 from bae.common.grpcutil import channel as internal_channel
@@ -326,6 +327,26 @@ async def test_a_step_sends_what_changed_and_the_runner_keeps_the_rest(runner, l
         assert "messages" not in json.loads(request_event.payload_json)
     assert all(update.history_held for update in held_b.updates)
     assert not any(update.history_held for update in unheld.updates)
+
+
+async def test_a_step_on_a_call_of_its_own_answers_as_on_the_stream(runner, llm):
+    texts = [json.dumps({"role": "user", "content": "hello"})]
+    llm.enqueue(Reply.text("ok"))
+    async with internal_channel(runner, TEST_PLANE) as channel:
+        stub = runner_pb2_grpc.RunnerStub(channel)
+        request = runner_pb2.StepRequest(
+            session_id="ses_a", primary_provider="mock", tools_json="[]", messages=texts, roles=["user"])
+        updates = [update async for update in stub.RunStep(request, timeout=30)]
+        refused = stub.RunStep(runner_pb2.StepRequest(session_id="ses_a", primary_provider="mock",
+                                                      messages=texts, roles=[]), timeout=30)
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await refused.read()
+    assert updates[-1].result.outcome == runner_pb2.StepResult.OK
+    assert json.loads(updates[-1].result.message_json)["content"][0]["text"] == "ok"
+    assert updates[0].events[0].event_type == "provider.request" and not updates[-1].history_held
+    assert llm.requests[-1]["body"]["messages"] == [{"role": "user", "content": "hello"}]
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert failed.value.details() == "1 messages but 0 roles"
 
 
 async def test_a_history_the_runner_changes_comes_back_in_its_request_event(runner, llm):

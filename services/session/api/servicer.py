@@ -279,7 +279,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
     # JSON-RPC plumbing: authenticate once (a failure is Unauthenticated: HTTP 401 before
     # any streaming), then map every fault to its error in one place.
 
-    async def _call(self, request: RpcRequest, context: Context) -> RpcCall:
+    async def _call(self, request: RpcRequest, context: Context) -> RpcCall[Any]:
         principal, session, profile = await self.auth.session_principal_and_records(
             Credential.of(request.credential), request.session_id
         )
@@ -295,7 +295,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
             await _redirect(context, moved.address)
 
     async def _unary(
-        self, request: RpcRequest, method: Callable[[RpcCall], Awaitable[Any]], reply: Callable[..., R], context: Context
+        self, request: RpcRequest, method: Callable[[RpcCall[Any]], Awaitable[Any]], reply: Callable[..., R], context: Context
     ) -> R:
         call = await self._call(request, context)
         try:
@@ -304,7 +304,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
             return reply(error=rpc_error(exc, _method_name(method)))
 
     async def _stream(
-        self, request: RpcRequest, method: Callable[[RpcCall], AsyncIterator[F]], frame: Callable[..., F], context: Context
+        self, request: RpcRequest, method: Callable[[RpcCall[Any]], AsyncIterator[F]], frame: Callable[..., F], context: Context
     ) -> AsyncIterator[F]:
         call = await self._call(request, context)
         yield frame(accepted=True)

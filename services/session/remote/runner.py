@@ -23,6 +23,7 @@ import asyncio
 import contextvars
 import itertools
 import logging
+import os
 from collections import OrderedDict
 from typing import AsyncGenerator, NamedTuple
 
@@ -48,6 +49,8 @@ MAX_STEP_REQUEST_BYTES = grpcutil.MAX_MESSAGE_BYTES - 1024 * 1024
 # HELD_MESSAGE_OVERHEAD per message for the objects that hold it.
 HELD_HISTORY_BYTES = 128 * 1024 * 1024
 HELD_MESSAGE_OVERHEAD = 128
+# Measurement switch: 0 sends each step as a RunStep call of its own instead of on the shared stream.
+MULTIPLEX = os.environ.get("BAE_INTERNAL_MULTIPLEX", "1") != "0"
 
 
 _OUTCOMES = {
@@ -77,6 +80,10 @@ class RunnerClient:
         messages. A consumer that stops early stops the step."""
         if len(messages.texts) != len(messages.roles):
             raise ValueError(f"{len(messages.texts)} messages but {len(messages.roles)} roles")
+        if not MULTIPLEX:
+            async for item in self._run_step_call(request, messages, timeout=timeout):
+                yield item
+            return
         stream = await self._open()
         step_id = next(self._step_ids)
         replies = stream.expect(step_id)
@@ -115,6 +122,43 @@ class RunnerClient:
             stream.forget(step_id)
             if not ended:
                 stream.cancel_step(step_id)
+
+    async def _run_step_call(
+        self, request: StepRequest, messages: StepMessages, *, timeout: float
+    ) -> AsyncGenerator[StepUpdate, None]:
+        wire = _step_request(request)
+        wire.messages.extend(messages.texts)
+        wire.roles.extend(messages.roles)
+        if self.channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
+            try:
+                await asyncio.wait_for(self.channel.channel_ready(), self.connect_timeout)
+            except TimeoutError:
+                pass
+        call = self.stub.RunStep(wire, timeout=timeout)
+        messages_json: str | None = None
+        try:
+            while True:
+                try:
+                    update = await call.read()
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                        raise StepFailed(f"the step took longer than {timeout:g} s") from None
+                    raise StepFailed(f"the runner refused the step: {exc.details()}") from None
+                if update is grpc.aio.EOF:
+                    raise StepFailed("the runner ended the step without a result")
+                events = []
+                for event in update.events:
+                    payload = event.payload_json
+                    if event.messages_as_sent:
+                        messages_json = messages_json or "[" + ",".join(messages.texts) + "]"
+                        payload = _with_messages(payload, messages_json)
+                    events.append(StepEvent(event.event_type, RawJson(payload)))
+                ended = update.HasField("result")
+                yield StepUpdate(events, _step_result(update.result) if ended else None)
+                if ended:
+                    return
+        finally:
+            call.cancel()
 
     @property
     def runner_holds_histories(self) -> bool:
