@@ -6,7 +6,6 @@ import asyncio
 import ipaddress
 import itertools
 import logging
-import os
 from collections import OrderedDict
 from typing import Awaitable, Callable, TypeVar
 
@@ -23,7 +22,6 @@ from bae.common.grpcutil import channel
 from bae.common.internal import InternalPlane
 from bae.common.protos import edge_pb2, session_pb2_grpc
 from bae.common.session_routing import REDIRECTED_KEY, owner_of
-from services.gateway.exchange import ExchangeChannel
 
 log = logging.getLogger("bae.gateway")
 
@@ -45,8 +43,6 @@ OWNER_CACHE = 65_536
 # replica whose host vanished (no connection reset) is then avoided within about two seconds instead
 # of costing every call its full deadline.
 PROBE_INTERVAL = 1.0
-# Measurement switch: 0 makes every SessionService call a gRPC call of its own.
-MULTIPLEX = os.environ.get("BAE_INTERNAL_MULTIPLEX", "1") != "0"
 
 Invoke = Callable[[session_pb2_grpc.SessionServiceStub, Metadata], Awaitable[T]]
 
@@ -103,8 +99,6 @@ class Upstream:
             # A configured host name may stand for several replicas: balance over its addresses.
             balanced = address in self.targets and _is_host_name(address)
             chan = channel(address, self._plane, balanced=balanced)
-            if not balanced and MULTIPLEX:  # a stream stays with one replica: a balanced target's calls would all go to it
-                chan = ExchangeChannel(chan)
             self._channels[address] = chan
             self._stubs[address] = session_pb2_grpc.SessionServiceStub(chan)
         return chan

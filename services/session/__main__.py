@@ -162,11 +162,10 @@ async def serve_forever(command: Command, settings: Settings) -> None:
     await engine.start()
     auth.start()
 
-    # Shutdown phases: stop accepting and drain running turns, the calls gateways sent on their
-    # Exchange streams and the sandbox stops of closed sessions (within BAE_SHUTDOWN_TIMEOUT),
-    # then tear down sessions, MCP, sandboxes and the store.
+    # Shutdown phases: stop accepting and drain running turns and the sandbox stops of closed
+    # sessions (within BAE_SHUTDOWN_TIMEOUT), then tear down sessions, MCP, sandboxes and the store.
     async def drain(budget: float) -> None:
-        await asyncio.gather(engine.drain(budget), servicer.exchange.drain(budget))
+        await engine.drain(budget)
 
     async def shutdown() -> None:
         await engine.stop()

@@ -21,7 +21,6 @@ from bae.common.session_routing import OWNER_KEY, was_redirected
 from services.session.api.admin import AdminApi
 from services.session.api.auth import Authenticator
 from services.session.api.calls import Credential
-from services.session.api.exchange import Exchange, call_handlers
 from services.session.api.faults import rpc_error
 from services.session.api.jsonrpc import RpcCall
 from services.session.api.live import LiveApi
@@ -85,8 +84,6 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         self.auth = auth
         self.live = live
         self.sandboxes = sandboxes
-        # Built last: it takes the handlers of this servicer's methods.
-        self.exchange = Exchange(call_handlers(session_pb2_grpc.add_SessionServiceServicer_to_server, self))
 
     # Client REST.
 
@@ -203,12 +200,6 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
     async def ApplyRevocation(self, request: session_pb2.Revocation, context: Context) -> session_pb2.RevocationApplied:
         await self.admin.apply_revocation(request)
         return session_pb2.RevocationApplied()
-
-    # Answers with context.write() (bae.common.call_tasks), not as a generator.
-    async def Exchange(  # type: ignore[override]
-        self, packs: AsyncIterator[session_pb2.ExchangeCalls], context: Context
-    ) -> None:
-        await self.exchange.serve(packs, context)
 
     # JSON-RPC.
 
