@@ -1,11 +1,10 @@
 """The server side of a stream that carries many calls, told apart by id.
 
 A call of its own costs more CPU on both ends than much of the work it asks for,
-so services take their callers' calls on one long-lived stream each: the runner's
-steps (`RunSteps`), the session service's unary calls (`Exchange`). On such a
-stream each call runs in a task of its own; replies go out through one writer
-(bae.common.stream_writer). This module holds what both share: the tasks, and when the
-stream's handler may return.
+so the runner takes its caller's steps on one long-lived stream (`RunSteps`). On
+such a stream each call runs in a task of its own; replies go out through one writer
+(bae.common.stream_writer). This module holds the tasks, and when the stream's
+handler may return.
 """
 
 from __future__ import annotations

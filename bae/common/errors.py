@@ -103,38 +103,5 @@ class Internal(BaeError):
     default_reason = "internal"
 
 
-
-# HTTP problems as the store and the runner still raise some; each is read as its kind.
-
-_KINDS_BY_STATUS: dict[int, type[BaeError]] = {
-    400: InvalidInput,
-    401: Unauthenticated,
-    403: Forbidden,
-    404: NotFound,
-    409: Conflict,
-    413: TooLarge,
-    422: Unprocessable,
-    429: TooManyRequests,
-    503: Unavailable,
-    504: DeadlineExceeded,
-}
-
-
-class Problem(BaeError):
-    """An error named by its HTTP status and problem type; `kind()` is the same error by kind."""
-
-    def __init__(self, status: int, type: str, detail: str, *, retry_after: int | None = None) -> None:
-        super().__init__(detail, reason=type, retry_after=retry_after)
-        self.status = status
-        self.type = type
-
-    def kind(self) -> BaeError:
-        return _KINDS_BY_STATUS.get(self.status, Internal)(self.detail, reason=self.type, retry_after=self.retry_after)
-
-
-def bad_request(detail: str) -> Problem:
-    return Problem(400, "bad_request", detail)
-
-
 class UsageError(BaeError):
     """A startup configuration error: the process exits 2 with this one-line reason."""

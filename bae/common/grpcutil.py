@@ -15,7 +15,7 @@ from bae.common.metadata_channel import Metadata, MetadataChannel
 from bae.common.propagation import add_outgoing, bind_incoming
 from bae.common.entry import freeze_startup_heap
 from bae.common import error_codes
-from bae.common.errors import BaeError, Problem
+from bae.common.errors import BaeError
 from bae.common.internal import HEALTH_METHOD_PREFIX, InternalPlane
 from bae.common.logs import install_handler
 
@@ -28,13 +28,17 @@ Registrar = Callable[[grpc.aio.Server], Iterable[str]]
 HealthReporter = Callable[[health.aio.HealthServicer], Awaitable[None]]
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):
+class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpcio ships no stubs
     """Ends a call whose handler raised one of our errors with its status (bae.common.error_codes).
 
     Also binds the caller's request id and trace context for the handler (bae.common.propagation).
     """
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(HEALTH_METHOD_PREFIX):
             # Health's Watch writes with context.write(), not as a generator; it raises none of our errors.
@@ -43,7 +47,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_unary:
             inner = handler.unary_unary
 
-            async def unary(request, context):
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 return await serve_unary(inner, request, context, metadata)
 
             return grpc.unary_unary_rpc_method_handler(
@@ -52,7 +56,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_stream:
             inner_stream = handler.unary_stream
 
-            async def stream(request, context):
+            async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 async for item in serve_stream(inner_stream, request, context, metadata):
                     yield item
 
@@ -71,7 +75,7 @@ async def serve_unary(
     try:
         return await inner(request, context)
     except BaeError as error:
-        await _abort(context, error)
+        await error_codes.abort(context, error)
 
 
 async def serve_stream(
@@ -83,13 +87,7 @@ async def serve_stream(
         async for item in inner(request, context):
             yield item
     except BaeError as error:
-        await _abort(context, error)
-
-
-async def _abort(context: grpc.aio.ServicerContext, error: BaeError) -> None:
-    if isinstance(error, Problem):  # as the store and the runner still raise some
-        error = error.kind()
-    await error_codes.abort(context, error)
+        await error_codes.abort(context, error)
 
 
 # Client libraries whose debug output carries request headers (provider tokens)
@@ -108,8 +106,6 @@ def configure_logging(level: str = "info", log_format: str = "text") -> None:
 # Conversations (so step requests, events and /rpc params) can exceed gRPC's
 # 4 MB default; servers and channels must both accept them.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-# A message carried inside another on a shared stream (session.proto, Exchange) leaves room for its frame.
-MAX_CARRIED_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
 MESSAGE_SIZE_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -22,7 +22,6 @@ from bae.common.grpcutil import channel
 from bae.common.internal import InternalPlane
 from bae.common.protos import edge_pb2, session_pb2_grpc
 from bae.common.session_routing import REDIRECTED_KEY, owner_of
-from services.gateway.exchange import ExchangeChannel
 
 log = logging.getLogger("bae.gateway")
 
@@ -100,8 +99,6 @@ class Upstream:
             # A configured host name may stand for several replicas: balance over its addresses.
             balanced = address in self.targets and _is_host_name(address)
             chan = channel(address, self._plane, balanced=balanced)
-            if not balanced:  # a stream stays with one replica: a balanced target's calls would all go to it
-                chan = ExchangeChannel(chan)
             self._channels[address] = chan
             self._stubs[address] = session_pb2_grpc.SessionServiceStub(chan)
         return chan
@@ -144,7 +141,7 @@ class Upstream:
 
     def _refused(self, address: str) -> bool:
         """Whether the last attempt to connect to `address` failed (so a call there was never sent)."""
-        return self.channel(address).get_state(try_to_connect=True) == grpc.ChannelConnectivity.TRANSIENT_FAILURE
+        return bool(self.channel(address).get_state(try_to_connect=True) == grpc.ChannelConnectivity.TRANSIENT_FAILURE)
 
     def _usable(self, address: str) -> bool:
         return address not in self._silent and not self._refused(address)
@@ -199,7 +196,9 @@ class Upstream:
         relay's start), or EOF; a refusal before it raises as any call's does. Live calls carry no
         deadline: a turn or a subscription lasts as long as it lasts."""
 
-        async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> tuple:
+        async def invoke(
+            stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata
+        ) -> tuple[grpc.aio.UnaryStreamCall, Message | object]:
             grpc_call = getattr(stub, rpc_name)(request, metadata=metadata)
             try:
                 return grpc_call, await grpc_call.read()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import grpc
 
@@ -160,7 +160,7 @@ def step_spec(request: runner_pb2.StepRequest, history: History) -> StepSpec:
     )
 
 
-def _json_array(text: str, field: str) -> list:
+def _json_array(text: str, field: str) -> list[Any]:
     if not text:
         return []
     try:
@@ -188,7 +188,7 @@ def step_result(outcome: StepOutcome) -> runner_pb2.StepResult:
     return result
 
 
-def registrar(service: RunnerService):
+def registrar(service: RunnerService) -> Callable[[grpc.aio.Server], list[str]]:
     def register(server: grpc.aio.Server) -> list[str]:
         runner_pb2_grpc.add_RunnerServicer_to_server(service, server)
         return [SERVICE_NAME]

@@ -4,7 +4,6 @@ servicer in front. `python -m services.session serve` and the tests' in-process 
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 from bae.common.config import Config
@@ -69,9 +68,8 @@ class SessionService:
         self.auth.start()
 
     async def drain(self, budget: float) -> None:
-        """Stop taking work; running turns, the calls gateways sent on their Exchange streams and the
-        sandbox stops of closed sessions end within `budget`."""
-        await asyncio.gather(self.engine.drain(budget), self.servicer.exchange.drain(budget))
+        """Stop taking work; running turns and the sandbox stops of closed sessions end within `budget`."""
+        await self.engine.drain(budget)
 
     async def stop(self) -> None:
         """Tear down sessions, MCP, sandboxes and the store."""

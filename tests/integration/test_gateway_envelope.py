@@ -7,7 +7,6 @@ httpx); the gateway is the real `python -m services.gateway` subprocess.
 from __future__ import annotations
 
 import json
-import queue
 import signal
 import socket
 import subprocess
@@ -50,33 +49,6 @@ def event(event_id: str = "evt_1", **payload) -> client_api_pb2.Event:
                                 created_at="2026-01-01T00:00:00.000Z")
 
 
-class ExchangedContext:
-    """The servicer context of a call served on the Exchange stream: what the double's handlers use."""
-
-    class Aborted(Exception):
-        pass
-
-    def __init__(self) -> None:
-        self.trailing: tuple = ()
-        self.code = grpc.StatusCode.OK
-        self.details = ""
-        self.active = True
-
-    def is_active(self) -> bool:
-        return self.active
-
-    def set_trailing_metadata(self, metadata) -> None:
-        self.trailing = metadata
-
-    def abort(self, code: grpc.StatusCode, details: str) -> None:
-        self.code, self.details = code, details
-        raise self.Aborted()
-
-
-def carried(trailing) -> dict[str, bytes]:
-    return {key: value if isinstance(value, bytes) else value.encode() for key, value in trailing}
-
-
 class SessionDouble(session_pb2_grpc.SessionServiceServicer):
     """Records every request; answers by convention, by a per-test `rest_replies` entry, or by the
     script a test set for the call's session (`scripts`).
@@ -98,59 +70,6 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
         for method in RPC_METHODS.values():
             handler = self._stream_handler if method.streaming else self._unary_handler
             setattr(self, method.rpc, handler(method))
-
-    def Exchange(self, packs, context):
-        """The gateway's calls on one stream, each in a thread of its own as its call would be."""
-        replies: queue.Queue = queue.Queue()
-        calls = (call for pack in packs for call in pack.calls)
-        contexts: dict[int, ExchangedContext] = {}
-
-        def serve(call: session_pb2.ExchangeCall) -> None:
-            for reply in self._exchanged(call, contexts[call.call_id]):
-                replies.put(reply)
-
-        def read() -> None:
-            serving = []
-            try:
-                for call in calls:
-                    if call.HasField("start"):
-                        contexts[call.call_id] = ExchangedContext()
-                        serving.append(threading.Thread(target=serve, args=(call,)))
-                        serving[-1].start()
-                    elif call.HasField("cancel") and call.call_id in contexts:
-                        contexts[call.call_id].active = False
-            except grpc.RpcError:
-                pass  # the gateway went away
-            for call_context in contexts.values():
-                call_context.active = False  # the stream ended, and with it its calls
-            for thread in serving:
-                thread.join()
-            replies.put(None)
-
-        threading.Thread(target=read, daemon=True).start()
-        while (reply := replies.get()) is not None:
-            yield session_pb2.ExchangeReplies(replies=[reply])
-
-    def _exchanged(self, call: session_pb2.ExchangeCall, context: "ExchangedContext"):
-        name = call.start.method.rpartition("/")[2]
-        method = session_pb2.DESCRIPTOR.services_by_name["SessionService"].methods_by_name[name]
-        request = GetMessageClass(method.input_type).FromString(call.start.request)
-        try:
-            answer = getattr(self, name)(request, context)
-            if method.server_streaming:
-                for message in answer:
-                    yield session_pb2.ExchangeReply(call_id=call.call_id, more=True,
-                                                    message=message.SerializeToString())
-                yield session_pb2.ExchangeReply(call_id=call.call_id, trailing_metadata=carried(context.trailing))
-            else:
-                yield session_pb2.ExchangeReply(call_id=call.call_id, message=answer.SerializeToString(),
-                                                trailing_metadata=carried(context.trailing))
-        except ExchangedContext.Aborted:
-            yield session_pb2.ExchangeReply(call_id=call.call_id, code=context.code.value[0],
-                                            details=context.details, trailing_metadata=carried(context.trailing))
-        except Exception:
-            yield session_pb2.ExchangeReply(call_id=call.call_id, code=grpc.StatusCode.UNKNOWN.value[0],
-                                            details="Exception calling application")
 
     def last(self, rpc: str):
         return [request for name, request in self.requests if name == rpc][-1]

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from bae.common.protos import session_pb2
+from bae.common.protos import runner_pb2
 from bae.common.stream_writer import PACK_BYTES, StreamWriter
 
 pytestmark = pytest.mark.unit
@@ -16,27 +16,28 @@ class HeldStream:
     """A write target that records each packed message and holds a write until released."""
 
     def __init__(self) -> None:
-        self.written: list[session_pb2.ExchangeCalls] = []
+        self.written: list[runner_pb2.StepCalls] = []
         self.release = asyncio.Event()
         self.release.set()
         self.writing = asyncio.Event()
 
-    async def write(self, pack: session_pb2.ExchangeCalls) -> None:
+    async def write(self, pack: runner_pb2.StepCalls) -> None:
         self.writing.set()
         await self.release.wait()
         self.written.append(pack)
 
 
-def call(call_id: int, size: int = 0) -> session_pb2.ExchangeCall:
-    return session_pb2.ExchangeCall(call_id=call_id, start=session_pb2.ExchangeStart(request=b"x" * size))
+def call(call_id: int, size: int = 0) -> runner_pb2.StepCall:
+    return runner_pb2.StepCall(step_id=call_id, start=runner_pb2.StepStart(
+        request=runner_pb2.StepRequest(session_id="x" * size)))
 
 
-def writer_to(stream: HeldStream, failures: list[Exception]) -> StreamWriter[session_pb2.ExchangeCall]:
-    return StreamWriter(stream.write, failures.append, session_pb2.ExchangeCalls)
+def writer_to(stream: HeldStream, failures: list[Exception]) -> StreamWriter[runner_pb2.StepCall]:
+    return StreamWriter(stream.write, failures.append, runner_pb2.StepCalls)
 
 
 def ids(stream: HeldStream) -> list[list[int]]:
-    return [[c.call_id for c in pack.calls] for pack in stream.written]
+    return [[c.step_id for c in pack.calls] for pack in stream.written]
 
 
 async def test_messages_queued_during_a_write_go_out_as_one_pack_in_order() -> None:
@@ -77,8 +78,8 @@ async def test_a_failed_write_stops_the_writer_and_flush_returns() -> None:
     async def broken(_: object) -> None:
         raise RuntimeError("the call ended")
 
-    writer: StreamWriter[session_pb2.ExchangeCall] = StreamWriter(
-        broken, failures.append, session_pb2.ExchangeCalls
+    writer: StreamWriter[runner_pb2.StepCall] = StreamWriter(
+        broken, failures.append, runner_pb2.StepCalls
     )
     writer.send(call(1))
     writer.send(call(2))

@@ -21,7 +21,6 @@ from bae.common.session_routing import OWNER_KEY, was_redirected
 from services.session.api.admin import AdminApi
 from services.session.api.auth import Authenticator
 from services.session.api.calls import Credential
-from services.session.api.exchange import Exchange, call_handlers
 from services.session.api.faults import rpc_error
 from services.session.api.jsonrpc import RpcCall
 from services.session.api.live import LiveApi
@@ -85,8 +84,6 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         self.auth = auth
         self.live = live
         self.sandboxes = sandboxes
-        # Built last: it takes the handlers of this servicer's methods.
-        self.exchange = Exchange(call_handlers(session_pb2_grpc.add_SessionServiceServicer_to_server, self))
 
     # Client REST.
 
@@ -204,12 +201,6 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
         await self.admin.apply_revocation(request)
         return session_pb2.RevocationApplied()
 
-    # Answers with context.write() (bae.common.call_tasks), not as a generator.
-    async def Exchange(  # type: ignore[override]
-        self, packs: AsyncIterator[session_pb2.ExchangeCalls], context: Context
-    ) -> None:
-        await self.exchange.serve(packs, context)
-
     # JSON-RPC.
 
     async def RegisterDriver(
@@ -279,7 +270,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
     # JSON-RPC plumbing: authenticate once (a failure is Unauthenticated: HTTP 401 before
     # any streaming), then map every fault to its error in one place.
 
-    async def _call(self, request: RpcRequest, context: Context) -> RpcCall:
+    async def _call(self, request: RpcRequest, context: Context) -> RpcCall[Any]:
         principal, session, profile = await self.auth.session_principal_and_records(
             Credential.of(request.credential), request.session_id
         )
@@ -295,7 +286,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
             await _redirect(context, moved.address)
 
     async def _unary(
-        self, request: RpcRequest, method: Callable[[RpcCall], Awaitable[Any]], reply: Callable[..., R], context: Context
+        self, request: RpcRequest, method: Callable[[RpcCall[Any]], Awaitable[Any]], reply: Callable[..., R], context: Context
     ) -> R:
         call = await self._call(request, context)
         try:
@@ -304,7 +295,7 @@ class SessionServicer(session_pb2_grpc.SessionServiceServicer):
             return reply(error=rpc_error(exc, _method_name(method)))
 
     async def _stream(
-        self, request: RpcRequest, method: Callable[[RpcCall], AsyncIterator[F]], frame: Callable[..., F], context: Context
+        self, request: RpcRequest, method: Callable[[RpcCall[Any]], AsyncIterator[F]], frame: Callable[..., F], context: Context
     ) -> AsyncIterator[F]:
         call = await self._call(request, context)
         yield frame(accepted=True)

@@ -38,8 +38,8 @@ from services.session.engine.ports import StepEvent, StepFailed, StepMessages, S
 
 log = logging.getLogger("bae.session.runner")
 
-# What a step waits for a reply that is the stream's end, not the runner's.
-_ENDED = object()
+# A step's replies, then None in place of the next one when the stream ended under it.
+StepReplies = asyncio.Queue[runner_pb2.StepReply | None]
 # A larger history would fail the shared stream, not just its step (the first step of a
 # session on a stream sends it whole); the margin leaves room for the rest of the request and
 # for a `provider.request` that carries the history changed (normalized, routing fields dropped).
@@ -95,7 +95,7 @@ class RunnerClient:
                         reply = await replies.get()
                 except TimeoutError:
                     raise StepFailed(f"the step took longer than {timeout:g} s") from None
-                if reply is _ENDED:
+                if reply is None:
                     raise StepFailed(stream.ending or "the runner ended the stream")
                 if reply.WhichOneof("kind") == "refused":
                     ended = True
@@ -116,7 +116,6 @@ class RunnerClient:
             if not ended:
                 stream.cancel_step(step_id)
 
-    @property
     def runner_holds_histories(self) -> bool:
         """Whether steps on the open stream send only what changed of their histories."""
         return self._stream is not None and self._stream.histories.runner_holds
@@ -247,7 +246,7 @@ class _StepStream:
     def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
         self._call = call
         self.histories = HeldHistories()
-        self._waiting: dict[int, asyncio.Queue] = {}
+        self._waiting: dict[int, StepReplies] = {}
         self._writer: StreamWriter[runner_pb2.StepCall] = StreamWriter(
             call.write,
             lambda exc: self._end(f"writing to the runner failed: {exc}"),
@@ -257,8 +256,8 @@ class _StepStream:
         self.ending: str | None = None
         self._reader = asyncio.get_running_loop().create_task(self._read(), context=contextvars.Context())
 
-    def expect(self, step_id: int) -> asyncio.Queue:
-        queue: asyncio.Queue = asyncio.Queue()
+    def expect(self, step_id: int) -> StepReplies:
+        queue: StepReplies = asyncio.Queue()
         self._waiting[step_id] = queue
         return queue
 
@@ -304,4 +303,4 @@ class _StepStream:
         if self.ending is None:
             self.ending = reason
         for queue in self._waiting.values():
-            queue.put_nowait(_ENDED)
+            queue.put_nowait(None)
