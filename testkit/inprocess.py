@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import threading
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Coroutine, Sequence, TypeVar
@@ -23,19 +22,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bae.common.config import load_config
-from bae.common.grpcutil import MESSAGE_SIZE_OPTIONS, ErrorInterceptor, channel
+from bae.common.grpcutil import channel, internal_server
 from bae.common.internal import InternalPlane
 from bae.common.protos import session_pb2_grpc
-from bae.common.settings import Address, Settings, load_settings
-from services.gateway.app import admin_app, client_app
-from services.gateway.body import BodyReader
-from services.gateway.observe import Observed
-from services.gateway.prometheus import MetricsEndpoint
-from services.gateway.readiness import Readiness
-from services.gateway.rest import RestEndpoint
-from services.gateway.rpc import RpcEndpoint
-from services.gateway.server import _uvicorn, bind
-from services.gateway.upstream import Upstream
+from bae.common.settings import Address, load_settings
+from services.gateway.server import Gateway, bind
 from services.runner.clients import ProviderClients
 from services.runner.server import RunnerService, registrar
 from services.session.__main__ import admin_key_options, parse_args
@@ -68,13 +59,10 @@ class ServiceLoop:
 
 
 class GrpcServer:
-    """A grpc.aio server as bae.common.grpcutil.serve configures one, on a loopback port it picks."""
+    """An internal-plane gRPC server on a loopback port it picks, serving until stopped."""
 
     def __init__(self, plane: InternalPlane) -> None:
-        self.server = grpc.aio.server(
-            interceptors=[*plane.server_interceptors(), ErrorInterceptor()],
-            options=[*MESSAGE_SIZE_OPTIONS, *plane.server_options(), ("grpc.so_reuseport", 0)],
-        )
+        self.server = internal_server(plane)
         self.address = f"{LOOPBACK}:{self.server.add_insecure_port(f'{LOOPBACK}:0')}"
 
     async def start(self, register: Callable[[grpc.aio.Server], list[str]]) -> None:
@@ -87,35 +75,6 @@ class GrpcServer:
 
     async def stop(self) -> None:
         await self.server.stop(grace=1)
-
-
-class Gateway:
-    """The gateway's two ports as services/gateway/server.py serves them, without its signal handling."""
-
-    def __init__(self, settings: Settings, client_socket: socket.socket, admin_socket: socket.socket) -> None:
-        plane = InternalPlane.of(settings)
-        self.upstream = Upstream(settings.session_targets, settings.rpc_timeout, plane)
-        bodies = BodyReader(self.upstream, settings.max_body_bytes)
-        rest = RestEndpoint(self.upstream, bodies)
-        self.rpc = RpcEndpoint(self.upstream, bodies)
-        self.readyz = Readiness(self.upstream, settings.runner_grpc_addr, plane)
-        self.metrics = MetricsEndpoint([], plane, enabled=False, timeout=settings.rpc_timeout)
-        self.sockets = [client_socket, admin_socket]
-        self.servers = [
-            _uvicorn(Observed(client_app(rest, self.rpc, self.readyz)), settings),
-            _uvicorn(Observed(admin_app(rest, self.readyz, self.metrics)), settings),
-        ]
-
-    async def start(self) -> None:
-        self.upstream.start()
-        for server, sock in zip(self.servers, self.sockets):
-            await server.startup(sockets=[sock])
-
-    async def stop(self) -> None:
-        self.rpc.end_subscriptions()
-        await asyncio.gather(*(server.shutdown(sockets=[sock]) for server, sock in zip(self.servers, self.sockets)))
-        await self.rpc.fanout.close()
-        await asyncio.gather(self.upstream.close(), self.readyz.close(), self.metrics.close())
 
 
 class Hold:
@@ -202,9 +161,9 @@ class InProcessStack(StackClients):
         self._stops.append(session_server.stop)
         await session_server.start(register(self.session.servicer))
 
-        gateway = Gateway(self.settings, client_socket, admin_socket)
+        gateway = Gateway(self.settings, config)
         self._stops.append(gateway.stop)
-        await gateway.start()
+        await gateway.start(client_socket=client_socket, admin_socket=admin_socket)
 
     async def _stop(self) -> None:
         for stop in reversed(getattr(self, "_stops", [])):

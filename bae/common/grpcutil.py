@@ -112,6 +112,16 @@ MESSAGE_SIZE_OPTIONS = [
 ]
 
 
+def internal_server(plane: InternalPlane) -> grpc.aio.Server:
+    """A gRPC server of the internal plane: its token checked, our errors mapped, messages bounded."""
+    return grpc.aio.server(
+        interceptors=[*plane.server_interceptors(), ErrorInterceptor()],
+        # gRPC shares a port with another process that binds it too (SO_REUSEPORT) and splits the
+        # connections between them; a port already in use must fail the start instead.
+        options=[*MESSAGE_SIZE_OPTIONS, *plane.server_options(), ("grpc.so_reuseport", 0)],
+    )
+
+
 async def serve(
     name: str,
     address: str,
@@ -132,12 +142,7 @@ async def serve(
     Without `report_health`, every registered service reports SERVING from the start.
     Every call but a health check must carry the internal plane's token.
     """
-    server = grpc.aio.server(
-        interceptors=[*plane.server_interceptors(), ErrorInterceptor()],
-        # gRPC shares a port with another process that binds it too (SO_REUSEPORT) and splits the
-        # connections between them; a port already in use must fail the start instead.
-        options=[*MESSAGE_SIZE_OPTIONS, *plane.server_options(), ("grpc.so_reuseport", 0)],
-    )
+    server = internal_server(plane)
     services = list(register(server))
     server.add_generic_rpc_handlers((telemetry.metrics_rpc_handler(),))
     health_servicer = health.aio.HealthServicer()

@@ -63,9 +63,45 @@ def _uvicorn(app: ASGIApp, settings: Settings) -> uvicorn.Server:
     return server
 
 
+class Gateway:
+    """The gateway's two ports: the endpoints behind them, built from the settings and config;
+    started on sockets already bound, stopped in phases (end the streams, stop listening, close
+    the links to the session service)."""
+
+    def __init__(self, settings: Settings, config: Config) -> None:
+        plane = InternalPlane.of(settings)
+        self.upstream = Upstream(settings.session_targets, settings.rpc_timeout, plane)
+        bodies = BodyReader(self.upstream, settings.max_body_bytes)
+        rest = RestEndpoint(self.upstream, bodies)
+        self.rpc = RpcEndpoint(self.upstream, bodies)
+        self.readyz = Readiness(self.upstream, settings.runner_grpc_addr, plane)
+        self.metrics = MetricsEndpoint(
+            # Summed over the session replicas: each counts its own sessions and turns.
+            [*settings.session_targets, settings.runner_grpc_addr],
+            plane,
+            enabled=config.telemetry.enabled and config.telemetry.metrics_enabled,
+            timeout=settings.rpc_timeout,
+        )
+        self.client = _uvicorn(Observed(client_app(rest, self.rpc, self.readyz)), settings)
+        self.admin = _uvicorn(Observed(admin_app(rest, self.readyz, self.metrics)), settings)
+        self._sockets: list[socket.socket] = []
+
+    async def start(self, *, client_socket: socket.socket, admin_socket: socket.socket) -> None:
+        self.upstream.start()
+        self._sockets = [client_socket, admin_socket]
+        await self.client.startup(sockets=[client_socket])
+        await self.admin.startup(sockets=[admin_socket])
+
+    async def stop(self) -> None:
+        self.rpc.end_subscriptions()
+        client_socket, admin_socket = self._sockets
+        await asyncio.gather(self.client.shutdown(sockets=[client_socket]), self.admin.shutdown(sockets=[admin_socket]))
+        await self.rpc.fanout.close()
+        await asyncio.gather(self.upstream.close(), self.readyz.close(), self.metrics.close())
+
+
 async def serve(settings: Settings, config: Config) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code."""
-    plane = InternalPlane.of(settings)
     sockets: list[socket.socket] = []
     try:
         for address in (settings.addr, settings.admin_addr):
@@ -77,47 +113,29 @@ async def serve(settings: Settings, config: Config) -> int:
         log.error("gateway cannot bind its listeners: %s", exc)
         return 1
 
-    upstream = Upstream(settings.session_targets, settings.rpc_timeout, plane)
-    upstream.start()
-    bodies = BodyReader(upstream, settings.max_body_bytes)
-    rest = RestEndpoint(upstream, bodies)
-    rpc = RpcEndpoint(upstream, bodies)
-    readyz = Readiness(upstream, settings.runner_grpc_addr, plane)
-    metrics = MetricsEndpoint(
-        # Summed over the session replicas: each counts its own sessions and turns.
-        [*settings.session_targets, settings.runner_grpc_addr],
-        plane,
-        enabled=config.telemetry.enabled and config.telemetry.metrics_enabled,
-        timeout=settings.rpc_timeout,
-    )
-    client = _uvicorn(Observed(client_app(rest, rpc, readyz)), settings)
-    admin = _uvicorn(Observed(admin_app(rest, readyz, metrics)), settings)
-    await client.startup(sockets=[sockets[0]])
-    await admin.startup(sockets=[sockets[1]])
+    gateway = Gateway(settings, config)
+    await gateway.start(client_socket=sockets[0], admin_socket=sockets[1])
     freeze_startup_heap()
     log.info(
         "gateway serving client API on http://%s and admin API on http://%s (session service %s)",
         settings.addr,
         settings.admin_addr,
-        upstream.address,
+        gateway.upstream.address,
     )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    ticks = asyncio.create_task(_refresh_date_header(client, admin))
+    ticks = asyncio.create_task(_refresh_date_header(gateway.client, gateway.admin))
     await stop.wait()
 
     log.info("gateway shutting down (budget %ss)", settings.shutdown_timeout)
     deadline = loop.time() + settings.shutdown_timeout
     ticks.cancel()
-    rpc.end_subscriptions()
     try:
         async with asyncio.timeout(settings.shutdown_timeout):
-            await asyncio.gather(client.shutdown(sockets=[sockets[0]]), admin.shutdown(sockets=[sockets[1]]))
-            await rpc.fanout.close()
-            await asyncio.gather(upstream.close(), readyz.close(), metrics.close())
+            await gateway.stop()
     except TimeoutError:
         log.warning("gateway: shutdown budget exhausted; exiting anyway")
     # Telemetry flushes last, in what remains of the one budget.
