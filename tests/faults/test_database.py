@@ -133,22 +133,54 @@ def test_a_full_disk_under_the_database(start_stack, mock, small_disk):
     sid, skey, client_key, before = open_with_a_turn(stack, mock)
     filler = fill(small_disk)
     try:
-        use_up_the_wal(stack, client_key)
-        assert_writes_refused_and_reads_served(stack, mock, sid, skey, client_key, before, retry_after="5")
+        before = assert_writes_refused_on_a_full_disk(stack, mock, sid, skey, client_key, before)
     finally:
         filler.unlink()
     assert_recovered(stack, mock, sid, skey, client_key, before)
 
 
-def use_up_the_wal(stack, client_key: str) -> None:
+ATTEMPTS = 300
+
+
+def assert_writes_refused_on_a_full_disk(stack, mock, sid, skey, client_key, before) -> list[dict]:
     """Writes go on while SQLite's write-ahead log has room of its own: a checkpoint that copied
-    the whole log starts it again from its beginning, over pages the file already holds. Open
-    sessions until the store refuses one, which shows that room is used up."""
-    for _ in range(500):
+    the whole log starts it again from its beginning, over pages the file already holds, and a
+    checkpoint may come between any two writes. So each kind of write is tried until the store
+    refuses it; every one that went through went through whole, and a refused one left nothing.
+    Returns the session's log as it stands."""
+    for _ in range(ATTEMPTS):
         response = stack.client.post("/api/v1/sessions", json={}, headers=bearer(client_key))
         if response.status_code != 201:
-            return
-    raise AssertionError("500 sessions opened on a full disk: the store never refused a write")
+            assert_unavailable(response, "5")
+            break
+    else:
+        raise AssertionError(f"{ATTEMPTS} sessions opened on a full disk: the store never refused one")
+    for attempt in range(ATTEMPTS):
+        response = stack.admin.post("/admin/v1/profiles", json={"name": f"p{attempt}", "primary_provider": "mock"})
+        if response.status_code != 201:
+            assert_unavailable(response, "5")
+            break
+    else:
+        raise AssertionError(f"{ATTEMPTS} profiles created on a full disk: the store never refused one")
+    logged = before
+    for attempt in range(ATTEMPTS):
+        mock.enqueue(Reply.text("stored whole or not at all"))
+        end = terminal(send(stack, sid, skey, f"while full {attempt}"))
+        now = event_log(stack, sid, skey)
+        if "error" in end:
+            assert end["error"]["code"] in (-32603, -32000), end
+            assert now == logged  # nothing of the refused turn
+            break
+        assert now[: len(logged)] == logged
+        assert types(now[len(logged):]) == [
+            "client.message.send", "provider.request", "provider.response", "server.message.send",
+        ]
+        logged = now
+    else:
+        raise AssertionError(f"{ATTEMPTS} turns stored on a full disk: the store never refused one")
+    assert stack.admin.get("/admin/v1/sessions").status_code == 200
+    assert session_state(stack, sid) == "open"
+    return logged
 
 
 @sqlite_only("the SQLite file's disk fills up")
