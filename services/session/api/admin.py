@@ -23,7 +23,7 @@ from services.session.engine.revocation import Revocations
 from services.session.engine.sandboxes import SessionSandboxes
 from services.session.remote.peers import revocation_of
 from services.session.store import events, keys, profiles, revocation, sessions
-from services.session.store.records import KeyRecord, ProfileRecord
+from services.session.store.records import KeyRecord, ProfileRecord, SessionRecord
 from services.session.store.store import Store
 
 
@@ -42,7 +42,7 @@ def profile_message(profile: ProfileRecord) -> admin_api_pb2.Profile:
     return admin_api_pb2.Profile(**profiles.view(profile))
 
 
-def session_summary(row: Row[Any]) -> admin_api_pb2.SessionSummary:
+def session_summary(row: Row[Any] | SessionRecord) -> admin_api_pb2.SessionSummary:
     return admin_api_pb2.SessionSummary(**sessions.summary_view(row))
 
 
@@ -183,14 +183,7 @@ class AdminApi:
         session = await self.store.read(sessions.get, request.session_id)
         if session is None:
             raise NotFound(f"no session {request.session_id}")
-        return admin_api_pb2.SessionSummary(
-            id=session.id,
-            profile_id=session.profile_id,
-            state=session.state,
-            client_version=session.client_version,
-            created_at=session.created_at,
-            closed_at=session.closed_at,
-        )
+        return session_summary(session)
 
     async def list_session_events(self, request: admin_api_pb2.ListSessionEventsRequest) -> client_api_pb2.EventPage:
         await self._admin(request.credential)

@@ -117,8 +117,8 @@ def page(conn: Connection, state: str | None, after_seq: int, limit: int) -> lis
     return list(conn.execute(query.order_by(sessions.c.seq).limit(limit)))
 
 
-def summary_view(row: Row[Any]) -> dict[str, Any]:
-    """The admin API's session list item (no tool lists)."""
+def summary_view(row: Row[Any] | SessionRecord) -> dict[str, Any]:
+    """The admin API's session summary, a list item or one session (no tool lists)."""
     return {
         "id": row.id,
         "profile_id": row.profile_id,
