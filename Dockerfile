@@ -14,12 +14,14 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_FIND_LINKS=/wheels
 WORKDIR /src
 COPY deploy/wheels/ /wheels/
 COPY requirements.txt constraints.txt pyproject.toml setup.py ./
-# Runtime dependencies go to /opt/bae; code generation and test tools stay in this stage.
-RUN grep -vE '^(pytest|pytest-asyncio|grpcio-tools|pipx)==' requirements.txt > runtime-requirements.txt \
+# Runtime dependencies go to /opt/bae.
+# The generator (protoc and the mypy-protobuf plugins) and the lint and test tools stay in this stage.
+ARG DEV_ONLY='grpcio-tools|mypy-protobuf|mypy|ruff|import-linter|openapi-spec-validator|jsonschema|pipx|py-spy|pytest|pytest-asyncio'
+RUN grep -vE "^(${DEV_ONLY})==" requirements.txt > runtime-requirements.txt \
  && python3 -m venv /opt/bae \
  && /opt/bae/bin/pip install --quiet -r runtime-requirements.txt -c constraints.txt \
  && python3 -m venv /opt/gen \
- && /opt/gen/bin/pip install --quiet -c constraints.txt $(grep -E '^(grpcio-tools|protobuf)==' requirements.txt)
+ && /opt/gen/bin/pip install --quiet -c constraints.txt $(grep -E '^(grpcio-tools|protobuf|mypy-protobuf)==' requirements.txt)
 COPY protos/ protos/
 COPY tools/ tools/
 COPY bae/ bae/
