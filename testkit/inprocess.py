@@ -30,7 +30,6 @@ from services.gateway.server import Gateway, bind
 from services.runner.clients import ProviderClients
 from services.runner.server import RunnerService, registrar
 from services.session.__main__ import admin_key_options, parse_args
-from services.session.api.servicer import register
 from services.session.wiring import SessionService, session_service
 from testkit.processes import TEST_PLANE
 from testkit.session_service import CONFIG, Service
@@ -159,7 +158,7 @@ class InProcessStack(StackClients):
         self._stops.append(self.session.stop)
         await self.session.start()
         self._stops.append(session_server.stop)
-        await session_server.start(register(self.session.servicer))
+        await session_server.start(self.session.registrar())
 
         gateway = Gateway(self.settings, config)
         self._stops.append(gateway.stop)
@@ -221,7 +220,7 @@ class InProcessService(Service):
         options = admin_key_options(parse_args(["serve", *args]), settings)
         self.session = await session_service(settings, load_config(settings.config_path), options)
         await self.session.start()
-        await self.server.start(register(self.session.servicer))
+        await self.server.start(self.session.registrar())
 
     async def _stop(self) -> None:
         await self.server.stop()

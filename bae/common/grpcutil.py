@@ -106,6 +106,8 @@ def configure_logging(level: str = "info", log_format: str = "text") -> None:
 # Conversations (so step requests, events and /rpc params) can exceed gRPC's
 # 4 MB default; servers and channels must both accept them.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# A message carried inside another on a shared stream (session.proto, Calls) leaves room for its frame.
+MAX_CARRIED_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
 MESSAGE_SIZE_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -22,6 +22,7 @@ from bae.common.grpcutil import channel
 from bae.common.internal import InternalPlane
 from bae.common.protos import edge_pb2, session_pb2_grpc
 from bae.common.session_routing import REDIRECTED_KEY, owner_of
+from services.gateway.session_calls import SessionCallsChannel
 
 log = logging.getLogger("bae.gateway")
 
@@ -99,6 +100,8 @@ class Upstream:
             # A configured host name may stand for several replicas: balance over its addresses.
             balanced = address in self.targets and _is_host_name(address)
             chan = channel(address, self._plane, balanced=balanced)
+            if not balanced:  # a stream stays with one replica: a balanced target's calls would all go to it
+                chan = SessionCallsChannel(chan)
             self._channels[address] = chan
             self._stubs[address] = session_pb2_grpc.SessionServiceStub(chan)
         return chan

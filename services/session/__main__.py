@@ -123,7 +123,6 @@ async def migrate_only(settings: Settings) -> None:
 
 async def serve_forever(command: Command, settings: Settings) -> None:
     # Imported here so `version`/`help`/`migrate` need no generated gRPC code.
-    from services.session.api.servicer import register
     from services.session.wiring import session_service
 
     plane = InternalPlane.of(settings)
@@ -133,7 +132,7 @@ async def serve_forever(command: Command, settings: Settings) -> None:
     await service.start()
     # Shutdown phases: stop accepting and drain (within BAE_SHUTDOWN_TIMEOUT), then tear down.
     await serve(
-        "session", settings.session_grpc_addr, register(service.servicer), settings.shutdown_timeout, service.stop,
+        "session", settings.session_grpc_addr, service.registrar(), settings.shutdown_timeout, service.stop,
         plane=plane, drain=service.drain,
     )
 

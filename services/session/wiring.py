@@ -5,6 +5,9 @@ servicer in front. `python -m services.session serve` and the tests' in-process 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+import grpc
 
 from bae.common.config import Config
 from bae.common.internal import InternalPlane
@@ -15,6 +18,9 @@ from services.session.api.auth import Authenticator
 from services.session.api.live import LiveApi
 from services.session.api.rest import ClientRestApi
 from services.session.api.sandbox_methods import SandboxMethods
+from services.session.api.gateway_calls import GatewayCalls
+from services.session.api.operations import operations
+from services.session.api.own_calls import register
 from services.session.api.servicer import SessionServicer
 from services.session.engine.gauges import register_gauges
 from services.session.engine.ownership import advertised_address
@@ -61,6 +67,11 @@ class SessionService:
     auth: Authenticator
     engine: SessionEngine
     servicer: SessionServicer
+    gateway_calls: GatewayCalls
+
+    def registrar(self) -> Callable[[grpc.aio.Server], list[str]]:
+        """Registers SessionService on a gRPC server: its methods and the gateway's `Calls` stream."""
+        return register(operations(self.servicer), self.gateway_calls)
 
     async def start(self) -> None:
         register_gauges(self.engine.registry, self.store)
@@ -69,6 +80,7 @@ class SessionService:
 
     async def drain(self, budget: float) -> None:
         """Stop taking work; running turns and the sandbox stops of closed sessions end within `budget`."""
+        self.gateway_calls.drain()
         await self.engine.drain(budget)
 
     async def stop(self) -> None:
@@ -101,4 +113,6 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
         ownership=engine.ownership,
         spans=engine.spans,
     )
-    return SessionService(store=store, auth=auth, engine=engine, servicer=servicer)
+    return SessionService(
+        store=store, auth=auth, engine=engine, servicer=servicer, gateway_calls=GatewayCalls(operations(servicer))
+    )

@@ -1,6 +1,7 @@
-"""The gateway's calls to a session replica, through the gateway: a call past its deadline is
-stopped on the replica too (the stack in this process, the call held inside the service), and a
-replica told to stop answers the calls it took and exits without waiting out its budget."""
+"""The gateway's calls to a session replica on its `Calls` stream, through the gateway: a call
+past its deadline is stopped on the replica too (the stack in this process, the call held inside
+the service), and a replica told to stop answers the calls it took and exits without waiting out
+its budget. tests/unit/test_gateway_calls.py tests the stream's two ends on their own."""
 
 from __future__ import annotations
 
