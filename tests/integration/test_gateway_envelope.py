@@ -7,6 +7,7 @@ httpx); the gateway is the real `python -m services.gateway` subprocess.
 from __future__ import annotations
 
 import json
+import queue
 import signal
 import socket
 import subprocess
@@ -49,6 +50,42 @@ def event(event_id: str = "evt_1", **payload) -> client_api_pb2.Event:
                                 created_at="2026-01-01T00:00:00.000Z")
 
 
+class StreamedContext:
+    """The servicer context of a call served on the `Calls` stream: what the double's handlers use."""
+
+    class Aborted(Exception):
+        pass
+
+    def __init__(self) -> None:
+        self.trailing: tuple = ()
+        self.code = grpc.StatusCode.OK
+        self.details = ""
+        self.active = True
+
+    def is_active(self) -> bool:
+        return self.active
+
+    def set_trailing_metadata(self, metadata) -> None:
+        self.trailing = metadata
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.code, self.details = code, details
+        raise self.Aborted()
+
+
+def carried(trailing) -> dict[str, bytes]:
+    return {key: value if isinstance(value, bytes) else value.encode() for key, value in trailing}
+
+
+SERVICE = session_pb2.DESCRIPTOR.services_by_name["SessionService"]
+# A GatewayCall's field -> its SessionService method.
+METHOD_OF_FIELD = {
+    field.name: method
+    for field in session_pb2.GatewayCall.DESCRIPTOR.oneofs_by_name["kind"].fields
+    if (method := "".join(part.title() for part in field.name.split("_"))) in SERVICE.methods_by_name
+}
+
+
 class SessionDouble(session_pb2_grpc.SessionServiceServicer):
     """Records every request; answers by convention, by a per-test `rest_replies` entry, or by the
     script a test set for the call's session (`scripts`).
@@ -70,6 +107,61 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
         for method in RPC_METHODS.values():
             handler = self._stream_handler if method.streaming else self._unary_handler
             setattr(self, method.rpc, handler(method))
+
+    def Calls(self, packs, context):
+        """The gateway's calls on one stream, each in a thread of its own as its call would be."""
+        replies: queue.Queue = queue.Queue()
+        calls = (call for pack in packs for call in pack.calls)
+        contexts: dict[int, StreamedContext] = {}
+
+        def serve(call: session_pb2.GatewayCall, name: str) -> None:
+            for reply in self._streamed(call, name, contexts[call.call_id]):
+                replies.put(reply)
+
+        def read() -> None:
+            serving = []
+            try:
+                for call in calls:
+                    kind = call.WhichOneof("kind")
+                    if kind in METHOD_OF_FIELD:
+                        contexts[call.call_id] = StreamedContext()
+                        serving.append(threading.Thread(target=serve, args=(call, kind)))
+                        serving[-1].start()
+                    elif kind == "cancel" and call.call_id in contexts:
+                        contexts[call.call_id].active = False
+            except grpc.RpcError:
+                pass  # the gateway went away
+            for call_context in contexts.values():
+                call_context.active = False  # the stream ended, and with it its calls
+            for thread in serving:
+                thread.join()
+            replies.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        while (reply := replies.get()) is not None:
+            yield session_pb2.GatewayReplies(replies=[reply])
+
+    def _streamed(self, call: session_pb2.GatewayCall, name: str, context: StreamedContext):
+        method = SERVICE.methods_by_name[METHOD_OF_FIELD[name]]
+        request = getattr(call, name)
+        try:
+            answer = getattr(self, method.name)(request, context)
+            if method.server_streaming:
+                for message in answer:
+                    reply = session_pb2.GatewayReply(call_id=call.call_id, more=True)
+                    getattr(reply, name).CopyFrom(message)
+                    yield reply
+                yield session_pb2.GatewayReply(call_id=call.call_id, trailing_metadata=carried(context.trailing))
+            else:
+                reply = session_pb2.GatewayReply(call_id=call.call_id, trailing_metadata=carried(context.trailing))
+                getattr(reply, name).CopyFrom(answer)
+                yield reply
+        except StreamedContext.Aborted:
+            yield session_pb2.GatewayReply(call_id=call.call_id, code=context.code.value[0],
+                                           details=context.details, trailing_metadata=carried(context.trailing))
+        except Exception:
+            yield session_pb2.GatewayReply(call_id=call.call_id, code=grpc.StatusCode.UNKNOWN.value[0],
+                                           details="Exception calling application")
 
     def last(self, rpc: str):
         return [request for name, request in self.requests if name == rpc][-1]
