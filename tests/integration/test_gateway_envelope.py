@@ -763,18 +763,20 @@ def test_port_taken_exits_1(taken):
 
 def test_sigterm_ends_live_subscriptions_and_exits_0(tmp_path, double):
     gateway = Gateway(gateway_env(double.address), tmp_path / "gateway.log")
-    session = scripted(double, "ses_sigterm", [{"event": EVENT}, {"hang": True}])
-    body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe"}
-    with gateway.client.stream("POST", f"/api/v1/sessions/{session}/rpc", json=body,
-                               headers={"Authorization": GOOD}) as response:
-        stream = response.iter_lines()
-        assert json.loads(next(stream))["params"] == EVENT_JSON
-        started = time.monotonic()
-        gateway.process.send_signal(signal.SIGTERM)
-        assert list(stream) == []  # the stream ends cleanly, no terminal frame
-    assert gateway.process.wait(10) == 0
-    assert time.monotonic() - started < 3
-    gateway.stop()
+    try:
+        session = scripted(double, "ses_sigterm", [{"event": EVENT}, {"hang": True}])
+        body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe"}
+        with gateway.client.stream("POST", f"/api/v1/sessions/{session}/rpc", json=body,
+                                   headers={"Authorization": GOOD}) as response:
+            stream = response.iter_lines()
+            assert json.loads(next(stream))["params"] == EVENT_JSON
+            started = time.monotonic()
+            gateway.process.send_signal(signal.SIGTERM)
+            assert list(stream) == []  # the stream ends cleanly, no terminal frame
+        assert gateway.process.wait(10) == 0
+        assert time.monotonic() - started < 3
+    finally:
+        gateway.stop()  # also when an assertion failed: no gateway process outlives the test
 
 
 def test_small_responses_are_not_held_back(gateway):
