@@ -8,6 +8,8 @@ any effect, so following it never serves a call twice.
 
 from __future__ import annotations
 
+import re
+
 import grpc
 
 # Trailing metadata of a refused call: the owner's host:port.
@@ -28,3 +30,9 @@ def owner_of(error: grpc.aio.AioRpcError) -> str | None:
 
 def was_redirected(context: grpc.aio.ServicerContext) -> bool:
     return any(key == REDIRECTED_KEY for key, _ in context.invocation_metadata() or ())
+
+
+def call_field(method: str) -> str:
+    """The field of GatewayCall and GatewayReply that carries `method`'s request and reply on the
+    gateway's `Calls` stream (session.proto): the method's name in snake case, "ListEvents" -> "list_events"."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", method).lower()

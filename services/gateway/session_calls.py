@@ -25,7 +25,6 @@ import asyncio
 import contextvars
 import itertools
 import logging
-import re
 from typing import Any, Generator
 
 import grpc
@@ -33,6 +32,7 @@ import grpc
 from bae.common import propagation
 from bae.common.channel_wrapper import ChannelWrapper
 from bae.common.protos import session_pb2, session_pb2_grpc
+from bae.common.session_routing import call_field
 from bae.common.stream_writer import StreamWriter
 
 log = logging.getLogger("bae.gateway")
@@ -52,7 +52,7 @@ _FIELDS = {
     for method in _SERVICE.methods
     for field in session_pb2.GatewayCall.DESCRIPTOR.oneofs_by_name["kind"].fields
     if field.message_type is not None and field.message_type.full_name == method.input_type.full_name
-    and field.name == re.sub(r"(?<!^)(?=[A-Z])", "_", method.name).lower()
+    and field.name == call_field(method.name)
 }
 
 

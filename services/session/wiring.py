@@ -19,7 +19,7 @@ from services.session.api.live import LiveApi
 from services.session.api.rest import ClientRestApi
 from services.session.api.sandbox_methods import SandboxMethods
 from services.session.api.gateway_calls import GatewayCalls
-from services.session.api.operations import operations
+from services.session.api.operations import Operation, operations
 from services.session.api.own_calls import register
 from services.session.api.servicer import SessionServicer
 from services.session.engine.gauges import register_gauges
@@ -67,11 +67,12 @@ class SessionService:
     auth: Authenticator
     engine: SessionEngine
     servicer: SessionServicer
+    operations: dict[str, Operation]  # the servicer's methods, however a call arrives
     gateway_calls: GatewayCalls
 
     def registrar(self) -> Callable[[grpc.aio.Server], list[str]]:
         """Registers SessionService on a gRPC server: its methods and the gateway's `Calls` stream."""
-        return register(operations(self.servicer), self.gateway_calls)
+        return register(self.operations, self.gateway_calls)
 
     async def start(self) -> None:
         register_gauges(self.engine.registry, self.store)
@@ -113,6 +114,7 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
         ownership=engine.ownership,
         spans=engine.spans,
     )
+    served = operations(servicer)
     return SessionService(
-        store=store, auth=auth, engine=engine, servicer=servicer, gateway_calls=GatewayCalls(operations(servicer))
+        store=store, auth=auth, engine=engine, servicer=servicer, operations=served, gateway_calls=GatewayCalls(served)
     )

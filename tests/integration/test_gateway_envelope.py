@@ -27,6 +27,7 @@ from google.protobuf.message_factory import GetMessageClass
 from bae.common import error_codes
 from bae.common.errors import BaeError, Conflict, Unauthenticated
 from bae.common.protos import client_api_pb2, edge_pb2, session_pb2, session_pb2_grpc
+from bae.common.session_routing import call_field
 from services.gateway.declaration import ROUTES, RPC_METHODS
 from services.gateway.proto_to_json import to_json
 from testkit import ROOT
@@ -80,9 +81,9 @@ def carried(trailing) -> dict[str, bytes]:
 SERVICE = session_pb2.DESCRIPTOR.services_by_name["SessionService"]
 # A GatewayCall's field -> its SessionService method.
 METHOD_OF_FIELD = {
-    field.name: method
-    for field in session_pb2.GatewayCall.DESCRIPTOR.oneofs_by_name["kind"].fields
-    if (method := "".join(part.title() for part in field.name.split("_"))) in SERVICE.methods_by_name
+    call_field(method.name): method.name
+    for method in SERVICE.methods
+    if call_field(method.name) in {field.name for field in session_pb2.GatewayCall.DESCRIPTOR.oneofs_by_name["kind"].fields}
 }
 
 

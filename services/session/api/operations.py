@@ -9,7 +9,6 @@ ended, when it did not end with a reply, is mapped to a gRPC status in one place
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -20,7 +19,7 @@ from google.protobuf.message_factory import GetMessageClass
 from bae.common import error_codes
 from bae.common.errors import BaeError
 from bae.common.protos import session_pb2
-from bae.common.session_routing import OWNER_KEY
+from bae.common.session_routing import OWNER_KEY, call_field
 from services.session.engine.errors import SessionNotOpen
 from services.session.engine.ownership import NotOwner
 
@@ -51,10 +50,6 @@ class Operation:
     serve: Callable[[Any, Incoming], Any]
 
 
-def snake_case(method: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", method).lower()
-
-
 def operations(servicer: object) -> dict[str, Operation]:
     """Every SessionService method but `Calls`, by its snake-case name, served by `servicer`.
 
@@ -64,7 +59,7 @@ def operations(servicer: object) -> dict[str, Operation]:
     for method in SERVICE.methods:
         if method.name == CALLS_METHOD:
             continue
-        name = snake_case(method.name)
+        name = call_field(method.name)
         serve = getattr(servicer, name, None)
         if serve is None:
             raise TypeError(f"{type(servicer).__name__} has no method {name} for SessionService.{method.name}")
