@@ -17,6 +17,7 @@ import time
 from concurrent import futures
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import quote
 
 import grpc
 import httpx
@@ -789,3 +790,27 @@ def test_small_responses_are_not_held_back(gateway):
         assert gateway.client.get("/api/v1/sessions/ses_a/events").status_code == 200
         timings.append(time.perf_counter() - started)
     assert sorted(timings)[len(timings) // 2] < 0.02
+
+
+# --- what a client cannot make the gateway do ------------------------------------------------
+
+FORGED = "ses_x\n2026-01-01 00:00:00,000 INFO bae.access: access forged=1\r\x1b[31m\u2028\x85"
+FORGED_ESCAPED = "ses_x\\n2026-01-01 00:00:00,000 INFO bae.access: access forged=1\\r\\x1b[31m\\u2028\\x85"
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_control_characters_in_a_path_cannot_forge_a_log_line(double, tmp_path, log_format):
+    gateway = Gateway(gateway_env(double.address, BAE_LOG="info", BAE_LOG_FORMAT=log_format),
+                      tmp_path / "gateway.log")
+    try:
+        response = gateway.client.get(f"/api/v1/sessions/{quote(FORGED, safe='')}/events",
+                                      headers={"Authorization": GOOD})
+        assert response.status_code == 200
+    finally:
+        assert gateway.stop() == 0
+    [line] = [line for line in gateway.log_path.read_text().splitlines() if "ses_x" in line]
+    if log_format == "json":
+        assert json.loads(line)["session_id"] == FORGED_ESCAPED
+    else:
+        assert f' session_id="{FORGED_ESCAPED}" ' in line
+        assert line.endswith(" request_id=" + response.headers["x-request-id"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -146,6 +147,23 @@ def test_log_lines_carry_the_request_id() -> None:
     entry = json.loads(JsonFormatter().format(_record("access", method="GET", session_id=None)))
     assert entry["method"] == "GET" and entry["session_id"] is None and entry["message"] == "access"
     assert "request_id" not in json.loads(JsonFormatter().format(_record("plain")))
+
+
+def test_a_record_is_one_line_whatever_its_message_or_exception_carries() -> None:
+    # A message or an exception text with client input: no line after the first can pass for a record.
+    record = logging.LogRecord("bae.gateway", logging.ERROR, __file__, 1, "no route for %s", ("/a\nFAKE\x1b[2J",), None)
+    try:
+        raise ValueError("bad\nFAKE line\x07")
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    first, *rest = TextFormatter().format(record).split("\n")
+    assert first.endswith("bae.gateway: no route for /a\\nFAKE\\x1b[2J")
+    assert rest and all(line.startswith("    ") for line in rest)
+    assert rest[-2:] == ["    ValueError: bad", "    FAKE line\\x07"]
+    record.exc_text = None
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["message"] == "no route for /a\\nFAKE\\x1b[2J"
+    assert entry["exception"].endswith("ValueError: bad\nFAKE line\\x07")
 
 
 def test_export_failure_warns_once_per_outage(caplog: pytest.LogCaptureFixture) -> None:
