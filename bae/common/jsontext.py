@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
@@ -106,11 +107,13 @@ _strict = json.JSONDecoder(parse_float=_finite_float, parse_int=_integer, parse_
 
 def strict_load(text: str | bytes) -> Any:
     """Client input as standard JSON only: no NaN/Infinity, no number that overflows a float,
-    no nesting deeper than the interpreter's recursion limit. Raises JsonSyntaxError."""
+    no nesting deeper than the interpreter's recursion limit, no `\\u` escape of half a surrogate
+    pair (a string that is not Unicode: protobuf, the store and UTF-8 itself refuse it later).
+    Raises JsonSyntaxError."""
     try:
         if isinstance(text, bytes):
             text = text.decode("utf-8")
-        return _strict.decode(text)
+        document = _strict.decode(text)
     except UnicodeDecodeError:
         raise JsonSyntaxError("invalid UTF-8") from None
     except json.JSONDecodeError as exc:
@@ -118,3 +121,36 @@ def strict_load(text: str | bytes) -> Any:
         raise JsonSyntaxError(f"{message} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise JsonSyntaxError("nesting too deep") from None
+    if _SURROGATE_ESCAPE.search(text):  # rare: a pair, as `ensure_ascii` writers send emoji, or half of one
+        _refuse_lone_surrogates(text)
+    return document
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+# In valid JSON every backslash starts an escape inside a string, so this walks them all in order.
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+
+
+def _refuse_lone_surrogates(text: str) -> None:
+    """Raise JsonSyntaxError, in serde's words and at its position, at the first `\\u` escape of a
+    surrogate that is not a high one directly followed by an escaped low one."""
+    escapes = _ESCAPE.finditer(text)
+    for escape in escapes:
+        unit = int(escape.group(1) or "0", 16)
+        if 0xDC00 <= unit <= 0xDFFF:
+            _refuse("lone leading surrogate in hex escape", text, escape.end())
+        if 0xD800 <= unit <= 0xDBFF:
+            low = next(escapes, None)
+            if low is None or low.start() != escape.end():
+                _refuse("unexpected end of hex escape", text, escape.end())
+            if low.group(1) is None:
+                _refuse("unexpected end of hex escape", text, escape.end() + 1)
+            if not 0xDC00 <= int(low.group(1), 16) <= 0xDFFF:
+                _refuse("lone leading surrogate in hex escape", text, low.end())
+
+
+def _refuse(reason: str, text: str, end: int) -> NoReturn:
+    """`end` is the index after the last character read: its column is that character's."""
+    line_start = text.rfind("\n", 0, end) + 1
+    line = text.count("\n", 0, line_start) + 1
+    raise JsonSyntaxError(f"{reason} at line {line} column {end - line_start}")

@@ -814,3 +814,31 @@ def test_control_characters_in_a_path_cannot_forge_a_log_line(double, tmp_path, 
     else:
         assert f' session_id="{FORGED_ESCAPED}" ' in line
         assert line.endswith(" request_id=" + response.headers["x-request-id"])
+
+
+LONE_SURROGATES = [
+    (b'{"name":"\\ud800","profile_id":"pro_1"}', "unexpected end of hex escape at line 1 column 15"),
+    (b'{"name":"a\\udc00b","profile_id":"pro_1"}', "lone leading surrogate in hex escape at line 1 column 16"),
+    (b'{"name":"\\\\ud800",\n"profile_id":"\\ud83d\\u0041"}', "lone leading surrogate in hex escape at line 2 column 26"),
+]
+
+
+@pytest.mark.parametrize("body,reason", LONE_SURROGATES)
+def test_a_lone_surrogate_in_a_rest_body_is_a_400_after_the_credential(gateway, double, body, reason):
+    headers = {"Content-Type": "application/json"}
+    response = gateway.admin.post("/admin/v1/keys", content=body, headers={**headers, "Authorization": "Bearer bad"})
+    assert (response.status_code, response.json()["detail"]) == (401, "invalid admin key")
+    response = gateway.admin.post("/admin/v1/keys", content=body, headers={**headers, "Authorization": "Bearer k"})
+    assert response.json() == {"type": "bad_request", "title": "Bad Request", "status": 400,
+                               "detail": f"Failed to parse the request body as JSON: {reason}"}
+    # A pair is one character, however it is written.
+    pair = gateway.admin.post("/admin/v1/keys", content=b'{"name":"\\ud83d\\ude00","profile_id":"p"}',
+                              headers={**headers, "Authorization": "Bearer k"})
+    assert pair.status_code == 201 and double.last("CreateKey").body.name == "\U0001F600"
+
+
+@pytest.mark.parametrize("params", [b'{"x":"\\ud800"}', b'{"\\udfff":1}', b'["\\ud800\\ud800"]'])
+def test_a_lone_surrogate_in_an_rpc_body_is_a_parse_error_after_the_credential(gateway, params):
+    body = b'{"jsonrpc":"2.0","id":1,"method":"session.registerDriver","params":' + params + b"}"
+    assert rpc(gateway, body, auth="Bearer bad").status_code == 401
+    assert rpc(gateway, body).content == b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}\n'
