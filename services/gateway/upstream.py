@@ -6,6 +6,7 @@ import asyncio
 import ipaddress
 import itertools
 import logging
+import socket
 from collections import OrderedDict
 from typing import Awaitable, Callable, TypeVar
 
@@ -57,6 +58,32 @@ def _is_host_name(target: str) -> bool:
     return False
 
 
+def _address(host: str, port: str) -> str:
+    """One spelling per address: a lower-case host name, or an IP written as `ipaddress` writes it."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return f"{host.lower()}:{port}"
+    return f"[{ip.compressed}]:{port}" if ip.version == 6 else f"{ip.compressed}:{port}"
+
+
+def _normal(target: str) -> str:
+    host, _, port = target.rpartition(":")
+    return _address(host, port)
+
+
+async def _resolved(target: str) -> set[str]:
+    """`target`'s addresses (itself if it names none): a host name stands for every replica it resolves to."""
+    host, _, port = target.rpartition(":")
+    if not _is_host_name(target) and host.strip("[]") != "localhost":
+        return {_normal(target)}
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return {_normal(target)}
+    return {_normal(target), *(_address(str(info[4][0]), port) for info in infos)}
+
+
 class Upstream:
     """Channels to the session replicas, and which replica each session was last served by.
 
@@ -86,6 +113,8 @@ class Upstream:
         # down must not put the calls' channel into reconnect backoff when it comes back.
         self._probe_stubs: dict[str, health_pb2_grpc.HealthStub] = {}
         self._probe_channels: list[grpc.aio.Channel] = []
+        # Where a refusal may send a call: the targets and what they resolved to when last asked.
+        self._replicas = {_normal(target) for target in targets}
 
     def start(self) -> None:
         self._probe = asyncio.create_task(self._probe_replicas(), name="upstream-probe")
@@ -160,6 +189,16 @@ class Upstream:
                 return target
         return self.targets[start % len(self.targets)]
 
+    async def _is_replica(self, address: str) -> bool:
+        """Whether `address` is a configured target or one of their addresses. A refusal naming any
+        other address is not followed: the call would carry the internal token there. A name is
+        resolved again when an address is not known yet (a compose service scaled up)."""
+        if _normal(address) in self._replicas:
+            return True
+        resolved = await asyncio.gather(*(_resolved(target) for target in self.targets))
+        self._replicas = set().union(*resolved)
+        return _normal(address) in self._replicas
+
     def _remember(self, session_id: str, address: str) -> None:
         self._owners[session_id] = address
         self._owners.move_to_end(session_id)
@@ -181,6 +220,11 @@ class Upstream:
                     self._owners.pop(session_id, None)  # the next call asks afresh
                 # An owner that stopped answering holds its sessions until its lease lapses: 503 now.
                 if hop == MAX_HOPS - 1 or not (owner or unreachable) or owner in self._silent:
+                    raise
+                if owner is not None and not await self._is_replica(owner):
+                    log.warning("session replica refused a call naming %s as its owner, which is none of "
+                                "the session targets (%s) nor their addresses; not followed",
+                                owner, self.address)
                     raise
                 if owner is not None:
                     address, metadata = owner, ((REDIRECTED_KEY, "1"),)

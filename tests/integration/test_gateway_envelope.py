@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import queue
+import select
 import signal
 import socket
 import subprocess
@@ -28,7 +29,7 @@ from google.protobuf.message_factory import GetMessageClass
 from bae.common import error_codes
 from bae.common.errors import BaeError, Conflict, Unauthenticated
 from bae.common.protos import client_api_pb2, edge_pb2, session_pb2, session_pb2_grpc
-from bae.common.session_routing import call_field
+from bae.common.session_routing import OWNER_KEY, call_field
 from services.gateway.declaration import ROUTES, RPC_METHODS
 from services.gateway.proto_to_json import to_json
 from testkit import ROOT
@@ -104,6 +105,7 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
         self.rest_replies: dict[str, object] = {}
         self.scripts: dict[str, object] = {}
         self.stream_cancelled = threading.Event()
+        self.moved: dict[str, str] = {}  # session id -> the owner a replica's refusal names
         for route in ROUTES:
             setattr(self, route.rpc, self._rest_handler(route))
         for method in RPC_METHODS.values():
@@ -175,6 +177,7 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
             path_id = getattr(request, route.id_field) if route.id_field else ""
             if credential.authorization == "Bearer bad":
                 abort_with(context, Unauthenticated("invalid admin key"))
+            self._refuse_if_moved(path_id, context)
             if path_id == "slow":
                 time.sleep(self.slow_seconds)
             if path_id == "crash":
@@ -184,6 +187,12 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
             return self.rest_replies.get(route.rpc) or route.reply()
 
         return handle
+
+    def _refuse_if_moved(self, session_id: str, context: grpc.ServicerContext) -> None:
+        """As a replica refuses a call for a session another one owns."""
+        if session_id in self.moved:
+            context.set_trailing_metadata(((OWNER_KEY, self.moved[session_id]),))
+            context.abort(grpc.StatusCode.UNAVAILABLE, "session owned by another replica")
 
     def _authenticate(self, request, context: grpc.ServicerContext) -> None:
         if not request.credential.present:
@@ -221,6 +230,7 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
     def _stream_handler(self, method):
         def handle(request, context: grpc.ServicerContext):
             self.requests.append((method.rpc, request))
+            self._refuse_if_moved(request.session_id, context)
             self._authenticate(request, context)
             yield method.reply(accepted=True)
             for step in self.scripts.get(request.session_id, []):
@@ -842,3 +852,22 @@ def test_a_lone_surrogate_in_an_rpc_body_is_a_parse_error_after_the_credential(g
     body = b'{"jsonrpc":"2.0","id":1,"method":"session.registerDriver","params":' + params + b"}"
     assert rpc(gateway, body, auth="Bearer bad").status_code == 401
     assert rpc(gateway, body).content == b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}\n'
+
+
+def test_a_refusal_naming_an_unconfigured_owner_is_not_followed(gateway, double):
+    # A refusal may name any address; the gateway would carry the internal token there.
+    with socket.socket() as elsewhere:
+        elsewhere.bind(("127.0.0.1", 0))
+        elsewhere.listen()
+        elsewhere.setblocking(False)
+        double.moved["ses_moved"] = "127.0.0.1:%d" % elsewhere.getsockname()[1]
+        unavailable = {"type": "service_unavailable", "title": "Service Unavailable", "status": 503,
+                       "detail": "the session service is unavailable; try again shortly"}
+        response = gateway.client.get("/api/v1/sessions/ses_moved/events", headers={"Authorization": GOOD})
+        assert (response.status_code, response.json()) == (503, unavailable)
+        response = rpc(gateway, {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe"}, session="ses_moved")
+        assert (response.status_code, response.json()) == (503, unavailable)
+        readable, _, _ = select.select([elsewhere], [], [], 0.2)
+        assert readable == [], "the gateway connected to the address the refusal named"
+    assert gateway.log_path.read_text().count(
+        f"session replica refused a call naming {double.moved['ses_moved']} as its owner") == 2

@@ -8,11 +8,13 @@ import pytest
 from starlette.responses import Response
 from starlette.routing import Match
 
+from bae.common.internal import InternalPlane
 from bae.common.protos import client_api_pb2, edge_pb2
 from services.gateway.declaration import RPC_METHODS
 from services.gateway.envelope import Call, Rejected, parse_envelope
 from services.gateway.frames import error_frame, event_frame, internal_error_frame, result_frame, rpc_error_frame
 from services.gateway.router import build_router
+from services.gateway.upstream import Upstream
 
 pytestmark = pytest.mark.unit
 
@@ -160,3 +162,12 @@ async def test_head_reaches_get_and_a_gateway_bug_is_a_bare_500():
     assert (status, headers[b"content-type"]) == (500, b"application/json")
     assert json.loads(body) == {"type": "internal", "title": "Internal Server Error", "status": 500,
                                 "detail": "internal server error"}
+
+
+async def test_a_refusal_is_followed_only_to_a_session_target_or_one_of_its_addresses():
+    upstream = Upstream(["10.0.0.7:50051", "[::1]:50052", "localhost:50053"], 1.0, InternalPlane("t" * 32, 30.0))
+    for followed in ("10.0.0.7:50051", "[0:0:0:0:0:0:0:1]:50052", "localhost:50053", "LOCALHOST:50053",
+                     "127.0.0.1:50053"):
+        assert await upstream._is_replica(followed), followed
+    for refused in ("10.0.0.7:50052", "10.0.0.8:50051", "127.0.0.1:50051", "evil.example:50051", "junk"):
+        assert not await upstream._is_replica(refused), refused
