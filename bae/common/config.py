@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from bae.common import serde
-from bae.common.errors import UsageError
+from bae.common.errors import UsageError, echo
 
 REDACTED = "\u2022" * 8
 
@@ -116,7 +116,7 @@ class EnvResolutionError(ValueError):
 
 def primary_not_configured(name: str) -> str:
     """Why a profile's primary provider cannot be resolved (the runner's and compaction's detail)."""
-    return f'primary provider "{name}" is not configured in bae-config.toml'
+    return f'primary provider "{echo(name)}" is not configured in bae-config.toml'
 
 
 def resolve_env(template: str, what: str = "provider config", env: Mapping[str, str] | None = None) -> str:

@@ -19,7 +19,7 @@ def describe(value: Any) -> str:
     if isinstance(value, bool):
         return f"boolean `{'true' if value else 'false'}`"
     if isinstance(value, int):
-        return f"integer `{value}`"
+        return f"integer `{echo(str(value))}`"
     if isinstance(value, float):
         return f"floating point `{value}`"
     if isinstance(value, str):

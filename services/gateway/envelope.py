@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from bae.common.errors import echo
 from bae.common.jsontext import JsonSyntaxError, dump, strict_load
 from bae.common.rpc_codes import RpcCode
 from services.gateway.declaration import RPC_METHODS, RpcMethod
@@ -50,5 +51,5 @@ def parse_envelope(body: bytes) -> Call | Rejected:
     if not isinstance(method, str):
         return reject(RpcCode.INVALID_REQUEST, 'Invalid Request: missing "method"')
     if method not in RPC_METHODS:
-        return reject(RpcCode.METHOD_NOT_FOUND, f"Method not found: {method}")
+        return reject(RpcCode.METHOD_NOT_FOUND, f"Method not found: {echo(method)}")
     return Call(RPC_METHODS[method], id_json, document.get("params"))

@@ -15,6 +15,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from bae.common import serde
+from bae.common.errors import echo
 from bae.common.jsontext import JsonSyntaxError, dump, strict_load
 from bae.common.protos import edge_pb2
 
@@ -96,7 +97,7 @@ def _one_of(names: list[str]) -> str:
 
 
 def _unknown_variant(value: str, names: list[str]) -> str:
-    return f"unknown variant `{value}`, {_one_of(names)}"
+    return f"unknown variant `{echo(value)}`, {_one_of(names)}"
 
 
 class MessageReader:
@@ -245,10 +246,10 @@ class FieldReader:
         if field_type in _INT_RANGES:
             name, low, high = _INT_RANGES[field_type]
             if not low <= value <= high:
-                self._own_or_serde(reading, self.options.invalid, f"invalid value: integer `{value}`, expected {name}")
+                self._own_or_serde(reading, self.options.invalid, f"invalid value: integer `{echo(str(value))}`, expected {name}")
                 return _SKIP
             if self.options.below_minimum and value < self.options.minimum:
-                reading.keep(self.options.below_minimum.replace("{value}", str(value)))
+                reading.keep(self.options.below_minimum.replace("{value}", echo(str(value))))
                 return _SKIP
         if field_type == FieldDescriptor.TYPE_STRING:
             choices = list(self.options.choices)

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
-from bae.common.errors import Internal, NotFound
+from bae.common.errors import Internal, NotFound, echo
 from services.gateway.problems import error_response, problem_response
 
 log = logging.getLogger("bae.gateway")
@@ -39,7 +39,7 @@ class MethodTable:
         method = scope["method"]
         endpoint = self.endpoints.get(method)
         if endpoint is None:
-            detail = f"method {method} is not allowed on {scope['path']}; allowed: {self.allow}"
+            detail = f"method {echo(method)} is not allowed on {echo(scope['path'])}; allowed: {self.allow}"
             response = problem_response(405, "method_not_allowed", detail, {"allow": self.allow})
         else:
             try:
@@ -54,7 +54,7 @@ class MethodTable:
 
 
 async def no_route(scope: Scope, receive: Receive, send: Send) -> None:
-    response = error_response(NotFound(f"no route for {scope['method']} {scope['path']}"))
+    response = error_response(NotFound(f"no route for {echo(scope['method'])} {echo(scope['path'])}"))
     await response(scope, receive, send)
 
 

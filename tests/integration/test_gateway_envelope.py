@@ -184,7 +184,8 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
                 raise RuntimeError("boom: secret stack detail")
             if path_id == "closed":
                 abort_with(context, Conflict("session is already closed", reason="session_closed"))
-            return self.rest_replies.get(route.rpc) or route.reply()
+            reply = self.rest_replies.get(route.rpc) or route.reply()
+            return iter([reply]) if route.streaming else reply  # a page of events is a stream
 
         return handle
 
@@ -871,3 +872,18 @@ def test_a_refusal_naming_an_unconfigured_owner_is_not_followed(gateway, double)
         assert readable == [], "the gateway connected to the address the refusal named"
     assert gateway.log_path.read_text().count(
         f"session replica refused a call naming {double.moved['ses_moved']} as its owner") == 2
+
+
+def test_an_unknown_method_or_route_is_echoed_cut_to_200_characters(gateway):
+    method = "session." + "m" * 1_000_000
+    response = rpc(gateway, {"jsonrpc": "2.0", "id": 1, "method": method})
+    assert lines(response) == [
+        {"jsonrpc": "2.0", "id": 1, "error": {"code": -32601, "message": f"Method not found: {method[:200]}…"}}
+    ]
+    path = "/api/v1/" + "p" * 5000
+    response = gateway.client.get(path)
+    assert response.status_code == 404
+    assert response.json()["detail"] == f"no route for GET {path[:200]}…"
+    response = gateway.client.delete("/api/v1/sessions/" + "s" * 5000 + "/events")
+    assert response.status_code == 405
+    assert response.json()["detail"] == f"method DELETE is not allowed on /api/v1/sessions/{'s' * 183}…; allowed: GET"

@@ -209,4 +209,10 @@ def test_an_over_long_echoed_value_never_breaks_the_error(stack):
     key = stack.create_key(profile["id"])["key"]
     response = stack.client.post("/api/v1/sessions", json={}, headers={"Authorization": f"Bearer {key}"})
     problem = assert_problem(response, 422, "primary_provider_unavailable")
-    assert len(problem["detail"]) == 2001 and problem["detail"].endswith("…")
+    assert problem["detail"] == f'the profile\'s primary provider "{"p" * 200}…" is not configured in bae-config.toml'
+    # Ids and filters in not-found and invalid-value texts.
+    response = stack.admin.get("/admin/v1/sessions/ses_" + "i" * 20_000)
+    assert assert_problem(response, 404, "not_found")["detail"] == f"no session ses_{'i' * 196}…"
+    response = stack.admin.get("/admin/v1/sessions", params={"state": "s" * 20_000})
+    assert assert_problem(response, 400, "bad_request")["detail"] == (
+        f'invalid state filter "{"s" * 200}…"; expected one of open, closed, error')

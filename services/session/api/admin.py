@@ -12,7 +12,7 @@ from sqlalchemy import Connection, Row
 
 from bae.common import config as config_views
 from bae.common.config import Config
-from bae.common.errors import Conflict, InvalidInput, NotFound, Unprocessable
+from bae.common.errors import Conflict, InvalidInput, NotFound, Unprocessable, echo
 from bae.common.protos import admin_api_pb2, client_api_pb2, edge_pb2, session_pb2
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
@@ -102,7 +102,7 @@ class AdminApi:
         await self._admin(request.credential)
         profile = await self.store.read(profiles.active, request.profile_id)
         if profile is None:
-            raise NotFound(f"no profile {request.profile_id}")
+            raise NotFound(f"no profile {echo(request.profile_id)}")
         return profile_message(profile)
 
     async def replace_profile(self, request: admin_api_pb2.ReplaceProfileRequest) -> admin_api_pb2.Profile:
@@ -112,7 +112,7 @@ class AdminApi:
         except profiles.DuplicateName:
             raise duplicate_name() from None
         if profile is None:
-            raise NotFound(f"no profile {request.profile_id}")
+            raise NotFound(f"no profile {echo(request.profile_id)}")
         self.sandboxes.provision(profile)
         return profile_message(profile)
 
@@ -120,7 +120,7 @@ class AdminApi:
         await self._admin(request.credential)
         in_use = await self.store.write(profiles.delete_unused, request.profile_id)
         if in_use is None:
-            raise NotFound(f"no profile {request.profile_id}")
+            raise NotFound(f"no profile {echo(request.profile_id)}")
         if in_use:
             raise Conflict(
                 f"profile has {in_use} active client key(s); revoke them before deleting", reason="profile_in_use"
@@ -134,7 +134,7 @@ class AdminApi:
         profile_id = request.body.profile_id
         minted = await self.store.write(keys.mint_client, request.body.name, profile_id)
         if minted is None:
-            raise Unprocessable(f"no active profile {profile_id}", reason="profile_unavailable")
+            raise Unprocessable(f"no active profile {echo(profile_id)}", reason="profile_unavailable")
         token, key = minted
         assert key.profile_id is not None  # minted on an active profile
         return admin_api_pb2.KeyCreated(
@@ -160,7 +160,7 @@ class AdminApi:
         key_id = request.key_id
         revoked = await self.store.write(revocation.revoke_client, key_id)
         if revoked is None:
-            raise NotFound(f"no active client key {key_id}")
+            raise NotFound(f"no active client key {echo(key_id)}")
         held, closed = revoked
         # Sessions other keys still hold stay open; the revoked key loses its live access there.
         await self.revocations.revoke_key(key_id, closed, [session_id for session_id in held if session_id not in closed])
@@ -173,7 +173,7 @@ class AdminApi:
         page = page_request(request.cursor, request.limit)
         state = request.state or None
         if state is not None and state not in sessions.STATES:
-            raise InvalidInput(f'invalid state filter "{state}"; expected one of open, closed, error')
+            raise InvalidInput(f'invalid state filter "{echo(state)}"; expected one of open, closed, error')
         rows = await self.store.read(sessions.page, state, page.after_seq, page.fetch)
         items, next_cursor = page.page([(row.seq, row) for row in rows])
         return admin_api_pb2.SessionPage(items=[session_summary(row) for row in items], next_cursor=next_cursor)
@@ -182,7 +182,7 @@ class AdminApi:
         await self._admin(request.credential)
         session = await self.store.read(sessions.get, request.session_id)
         if session is None:
-            raise NotFound(f"no session {request.session_id}")
+            raise NotFound(f"no session {echo(request.session_id)}")
         return session_summary(session)
 
     async def list_session_events(self, request: admin_api_pb2.ListSessionEventsRequest) -> client_api_pb2.EventPage:
@@ -191,7 +191,7 @@ class AdminApi:
         session_id = request.session_id
         rows = await self.store.read(_existing_session_events, session_id, page.after_seq, page.fetch)
         if rows is None:
-            raise NotFound(f"no session {session_id}")
+            raise NotFound(f"no session {echo(session_id)}")
         items, next_cursor = page.page([(row.seq, row) for row in rows])
         return client_api_pb2.EventPage(items=[event_of_row(row) for row in items], next_cursor=next_cursor)
 

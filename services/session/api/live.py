@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, Iterator, TypeVar
 
 from google.protobuf.message import Message as ProtoMessage
 
+from bae.common.errors import echo
 from bae.common.jsontext import dump, load
 from bae.common.protos import client_api_pb2, edge_pb2, session_pb2
 from bae.common.rpc_codes import LAGGED_MESSAGE, RpcCode
@@ -102,7 +103,7 @@ class LiveApi:
             if tool["name"] == RESERVED_TOOL or tool["name"] not in call.profile.allowed_tools:
                 raise RpcFault(
                     RpcCode.TOOL_NOT_ALLOWED,
-                    f'tool_not_allowed: tool "{tool["name"]}" is not in the profile\'s allowlist',
+                    f'tool_not_allowed: tool "{echo(tool["name"])}" is not in the profile\'s allowlist',
                 )
         await self.store.set_client_tools(call.session_id, call.actor, normalized)
         return client_api_pb2.UpdateClientToolsResult(updated=True)

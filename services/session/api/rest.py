@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from bae.common.config import Config
-from bae.common.errors import Conflict, Forbidden, InvalidInput, NotFound, Unprocessable
+from bae.common.errors import Conflict, Forbidden, InvalidInput, NotFound, Unprocessable, echo
 from bae.common.protos import client_api_pb2
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
@@ -82,7 +82,7 @@ class ClientRestApi:
 
     def vet_join(self, key: KeyRecord, session_id: str, session: SessionRecord | None) -> None:
         if session is None:
-            raise NotFound(f"no session {session_id}")
+            raise NotFound(f"no session {echo(session_id)}")
         if session.state != "open":
             raise session_closed(session.state)
         if key.profile_id != session.profile_id:
@@ -109,7 +109,7 @@ class ClientRestApi:
             )
             return Refusal(
                 Unprocessable(
-                    f'the profile\'s primary provider "{profile.primary_provider}" is not configured in bae-config.toml',
+                    f'the profile\'s primary provider "{echo(profile.primary_provider)}" is not configured in bae-config.toml',
                     reason="primary_provider_unavailable",
                 ),
                 profile.id,
@@ -125,7 +125,7 @@ class ClientRestApi:
         allowed = set(profile.allowed_tools)
         for tool in body.tools:
             if tool["name"] not in allowed:
-                raise Forbidden(f'tool "{tool["name"]}" is not in the profile\'s allowlist', reason="tool_not_allowed")
+                raise Forbidden(f'tool "{echo(tool["name"])}" is not in the profile\'s allowlist', reason="tool_not_allowed")
         bodies.validate_subagent_tools(body.subagent_tools)
         return None
 
@@ -154,7 +154,7 @@ class ClientRestApi:
         credential = Credential.of(request.credential)
         session = await self.auth.with_session_key(credential, session_id, sessions.get, session_id, writes=False)
         if session is None:
-            raise NotFound(f"no session {session_id}")
+            raise NotFound(f"no session {echo(session_id)}")
         return client_api_pb2.Participants(drivers=self.sessions.drivers(session_id))
 
     # GET /api/v1/sessions/{id}/events (§5.4)
@@ -182,7 +182,7 @@ class ClientRestApi:
             Credential.of(request.credential), session_id, opening.close_by_client, session_id
         )
         if session is None:
-            raise NotFound(f"no session {session_id}")
+            raise NotFound(f"no session {echo(session_id)}")
         if views:
             self.sessions.publish(session_id, views)
         # Teardown runs whatever the previous state was (idempotent).

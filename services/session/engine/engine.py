@@ -15,6 +15,7 @@ import logging
 from typing import Any, Coroutine, TypeVar
 
 from bae.common.config import Config
+from bae.common.errors import echo
 from bae.common.jsontext import JsonObject
 from services.session.engine import compaction
 from services.session.engine.domain import (
@@ -185,7 +186,7 @@ class TurnEngine:
         if previous is not None:
             try:
                 if role != "user":
-                    raise MergeInvalid(f'paused tool continuation must have role "user", got "{role}"')
+                    raise MergeInvalid(f'paused tool continuation must have role "user", got "{echo(str(role))}"')
                 if claim.reclaimed:
                     content = merge_abandonment(previous.tool_uses, previous.server_results, content, timed_out=True)
                 elif is_continuation(content):

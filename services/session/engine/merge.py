@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bae.common.errors import echo
 from bae.common.jsontext import JsonObject
 
 ABANDONED_TEXT = "Client tool call was abandoned before returning a result."
@@ -40,7 +41,7 @@ def _checked_server_results(server_results: dict[str, JsonObject]) -> dict[str, 
         if not isinstance(tool_use_id, str):
             raise MergeInvalid("server tool_result is missing a string tool_use_id")
         if tool_use_id in checked:
-            raise MergeInvalid(f'server produced a duplicate tool_result for id "{tool_use_id}"')
+            raise MergeInvalid(f'server produced a duplicate tool_result for id "{echo(str(tool_use_id))}"')
         checked[tool_use_id] = block
     return checked
 
@@ -55,9 +56,9 @@ def merge_continuation(tool_uses: list[JsonObject], server_results: dict[str, Js
         if isinstance(block, dict) and block.get("type") == "tool_result":
             tool_use_id = block.get("tool_use_id")
             if tool_use_id in client:
-                raise MergeInvalid(f'client returned a duplicate tool_result for id "{tool_use_id}"')
+                raise MergeInvalid(f'client returned a duplicate tool_result for id "{echo(str(tool_use_id))}"')
             if tool_use_id not in ids:
-                raise MergeInvalid(f'tool_result id "{tool_use_id}" is not in the paused assistant turn')
+                raise MergeInvalid(f'tool_result id "{echo(str(tool_use_id))}" is not in the paused assistant turn')
             client[tool_use_id] = block
         else:
             rest.append(block)
@@ -65,7 +66,7 @@ def merge_continuation(tool_uses: list[JsonObject], server_results: dict[str, Js
     for tool_use_id in ids:
         block = server.get(tool_use_id) or client.get(tool_use_id)
         if block is None:
-            raise MergeInvalid(f'no tool_result for tool_use id "{tool_use_id}"')
+            raise MergeInvalid(f'no tool_result for tool_use id "{echo(str(tool_use_id))}"')
         merged.append(block)
     return merged + rest
 

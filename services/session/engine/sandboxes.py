@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bae.common.errors import BaeError
+from bae.common.errors import BaeError, echo
 from bae.common.jsontext import JsonObject
 from services.session.engine.domain import SessionState
 from services.session.engine.errors import SandboxFailed, SessionNotOpen
@@ -142,7 +142,7 @@ class SessionSandboxes:
             response = {
                 "sandbox_id": None,
                 "ok": False,
-                "error": f"no remote sandbox is running for tool '{name}'; call session.startRemoteSandbox first",
+                "error": f"no remote sandbox is running for tool '{echo(name)}'; call session.startRemoteSandbox first",
             }
         elif command is None:
             response = {

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from bae.common.errors import BaeError
+from bae.common.errors import BaeError, echo
 from bae.common.jsontext import JsonObject
 from services.session.engine.ports import CommandState, CommandStatus, SandboxHandle
 
@@ -153,7 +153,7 @@ def launch_refusal(
     if len(tracker.running()) >= limit:
         return f"subagent limit reached (max {limit} per session)", None
     if sandbox is None:
-        return f"no remote sandbox is running for tool '{name}'; call session.startRemoteSandbox first", None
+        return f"no remote sandbox is running for tool '{echo(name)}'; call session.startRemoteSandbox first", None
     if declaration.get("image") != sandbox.image:
         return (
             f'remote sandbox image mismatch: subagent declared "{declaration.get("image")}" '

@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from bae.common.errors import echo
 from bae.common.jsontext import JsonObject
 from services.session.engine.domain import Dispatch
 from services.session.engine.ports import McpSession
@@ -164,7 +165,7 @@ async def _call_mcp(declared: ActingTools, block: JsonObject, traced: DispatchTr
     name = block["name"]
     server = declared.mcp_server_for(name)
     if server is None or declared.mcp is None:
-        error = f"no MCP server is configured for tool '{name}'"
+        error = f"no MCP server is configured for tool '{echo(name)}'"
     else:
         with mcp_call_span(traced, name, server) as span:
             outcome = await declared.mcp.call(name, block.get("input") or {})
