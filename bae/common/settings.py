@@ -113,6 +113,20 @@ def parse_body_limit(value: str) -> int:
     return limit
 
 
+DEFAULT_MCP_OUTPUT_LIMIT = 1024 * 1024
+# A result travels in events and the provider request several times over, each under the
+# internal message limit (64 MiB); the handshake's answers must still fit above the floor.
+MCP_OUTPUT_LIMIT_RANGE = (1024, 16 * 1024 * 1024)
+
+
+def parse_mcp_output_limit(value: str) -> int:
+    limit = parse_count("BAE_MCP_OUTPUT_LIMIT", value)
+    low, high = MCP_OUTPUT_LIMIT_RANGE
+    if not low <= limit <= high:
+        raise UsageError(f'BAE_MCP_OUTPUT_LIMIT: "{value}" must be between {low} and {high} bytes')
+    return limit
+
+
 MIN_INTERNAL_TOKEN_CHARS = 32
 
 
@@ -162,6 +176,8 @@ class Settings:
     rpc_timeout: float
     provider_timeout: float
     mcp_timeout: float
+    # Bytes read of each message of an MCP server (BAE_MCP_OUTPUT_LIMIT).
+    mcp_output_limit: int = DEFAULT_MCP_OUTPUT_LIMIT
     # The built-in demo provider's listen address (runner); None: no demo provider.
     demo_provider_addr: Address | None = None
     # PRAGMA synchronous of the SQLite store (BAE_SQLITE_SYNCHRONOUS).
@@ -242,6 +258,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         rpc_timeout=parse_timeout("BAE_RPC_TIMEOUT", get("BAE_RPC_TIMEOUT", "10")),
         provider_timeout=parse_timeout("BAE_PROVIDER_TIMEOUT", get("BAE_PROVIDER_TIMEOUT", "300")),
         mcp_timeout=parse_timeout("BAE_MCP_TIMEOUT", get("BAE_MCP_TIMEOUT", "30")),
+        mcp_output_limit=parse_mcp_output_limit(get("BAE_MCP_OUTPUT_LIMIT", str(DEFAULT_MCP_OUTPUT_LIMIT))),
         demo_provider_addr=parse_address("BAE_DEMO_PROVIDER_ADDR", get("BAE_DEMO_PROVIDER_ADDR", ""))
         if get("BAE_DEMO_PROVIDER_ADDR") else None,
         sqlite_synchronous=parse_sqlite_synchronous(get("BAE_SQLITE_SYNCHRONOUS", "FULL")),

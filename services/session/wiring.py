@@ -45,7 +45,7 @@ def session_engine(settings: Settings, config: Config, store: Store) -> SessionE
         store=store,
         steps=RunnerClient(settings.runner_grpc_addr, settings.rpc_timeout, plane),
         sandboxes=sandboxes,
-        mcp=McpConnector(config, call_timeout=settings.mcp_timeout),
+        mcp=McpConnector(config, call_timeout=settings.mcp_timeout, output_limit=settings.mcp_output_limit),
         peers=Peers(plane, settings.rpc_timeout),
         config=config,
         spans=SessionSpans(),

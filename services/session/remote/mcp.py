@@ -17,6 +17,10 @@ close() may be called from any task.
 before connecting; resolved values are handed to the transport only and never
 stored on these objects, logged or returned.
 
+Every message read from a server is bounded by `BAE_MCP_OUTPUT_LIMIT` as it is read
+(`mcp_stdio.py`, `mcp_output.py`, `mcp_http.py`): a stdio server's over-long tools/call
+result is shortened, an HTTP server's fails the call.
+
 A stdio child gets a minimal environment, never the session service's own
 (which holds provider tokens, the database path and the admin key file):
 the SDK's safe defaults (HOME, LOGNAME, PATH, SHELL, TERM, USER), the locale
@@ -30,23 +34,24 @@ import contextlib
 import errno
 import logging
 import os
-import uuid
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx2
 import mcp_types as types
 from mcp import ClientSession, MCPError
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter
 
 from bae import __version__
 from bae.common.config import Config, McpServer, resolve_env
+from bae.common.settings import DEFAULT_MCP_OUTPUT_LIMIT
 from services.session.engine.ports import McpCallResult, McpTool
+from services.session.remote.mcp_http import CappedTransport
+from services.session.remote.mcp_stdio import bounded_stdio_client
 from services.session.store.records import ProfileRecord
 
 log = logging.getLogger("bae.session.mcp")
@@ -69,8 +74,6 @@ MAX_TOOL_PAGES = 100
 # Idle read timeout for the HTTP client: the standalone GET event stream may sit
 # silent for long stretches; requests themselves are bounded by the call timeout.
 HTTP_STREAM_READ_TIMEOUT = 300.0
-# Marks a stdio child's environment so its PID can be found among our children.
-CONNECTION_MARKER_VAR = "MCP_CONNECTION_ID"
 # Passed to stdio children besides the SDK's defaults: how text and times render.
 INHERITED_ENV_VARS = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ")
 ENV_WHAT = "MCP server config"
@@ -82,10 +85,13 @@ T = TypeVar("T")
 class McpSessionConnections:
     """All MCP connections of one session, plus the tool-name route table."""
 
-    def __init__(self, session_id: str, call_timeout: float = DEFAULT_CALL_TIMEOUT) -> None:
+    def __init__(
+        self, session_id: str, call_timeout: float = DEFAULT_CALL_TIMEOUT, output_limit: int = DEFAULT_MCP_OUTPUT_LIMIT
+    ) -> None:
         self.session_id = session_id
         self.tools: list[McpTool] = []
         self._call_timeout = call_timeout
+        self._output_limit = output_limit
         self._connections: list[_Connection] = []
         self._by_server: dict[str, _Connection] = {}
         self._routes: dict[str, str] = {}
@@ -98,6 +104,7 @@ class McpSessionConnections:
         config: Config,
         *,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
+        output_limit: int = DEFAULT_MCP_OUTPUT_LIMIT,
         profile_id: str | None = None,
         profile_name: str | None = None,
     ) -> McpSessionConnections:
@@ -105,7 +112,7 @@ class McpSessionConnections:
 
         Never raises because of MCP: missing and failing servers are logged and skipped.
         """
-        connections = cls(session_id, call_timeout)
+        connections = cls(session_id, call_timeout, output_limit)
         context = _LogContext(session_id, profile_id, profile_name)
         try:
             async with asyncio.TaskGroup() as group:
@@ -137,7 +144,7 @@ class McpSessionConnections:
                 context.fields(name),
             )
             return None
-        connection = _Connection(name, self._call_timeout)
+        connection = _Connection(name, self._call_timeout, self._output_limit)
         self._connections.append(connection)
         try:
             tools = await connection.open(server)
@@ -169,21 +176,24 @@ class McpSessionConnections:
         await asyncio.gather(*(connection.close() for connection in connections))
 
     def child_pids(self) -> list[int]:
-        """PIDs of the live stdio children (empty where /proc is unavailable)."""
+        """PIDs of the live stdio children."""
         return [c.pid for c in self._connections if c.pid is not None]
 
 
 class McpConnector:
     """Connects a session's profile's MCP servers, as the registry in bae-config.toml declares them."""
 
-    def __init__(self, config: Config, *, call_timeout: float = DEFAULT_CALL_TIMEOUT) -> None:
+    def __init__(
+        self, config: Config, *, call_timeout: float = DEFAULT_CALL_TIMEOUT, output_limit: int = DEFAULT_MCP_OUTPUT_LIMIT
+    ) -> None:
         self._config = config
         self._call_timeout = call_timeout
+        self._output_limit = output_limit
 
     async def connect(self, session_id: str, profile: ProfileRecord) -> McpSessionConnections:
         return await McpSessionConnections.connect(
             session_id, list(profile.mcp_servers), self._config, call_timeout=self._call_timeout,
-            profile_id=profile.id, profile_name=profile.name,
+            output_limit=self._output_limit, profile_id=profile.id, profile_name=profile.name,
         )
 
 
@@ -203,10 +213,11 @@ class _LogContext:
 class _Connection:
     """One MCP server connection owned by a dedicated task."""
 
-    def __init__(self, server_name: str, call_timeout: float) -> None:
+    def __init__(self, server_name: str, call_timeout: float, output_limit: int) -> None:
         self.server_name = server_name
         self.pid: int | None = None
         self._call_timeout = call_timeout
+        self._output_limit = output_limit
         self._session: ClientSession | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -254,30 +265,29 @@ class _Connection:
         return await stack.enter_async_context(ClientSession(read, write, client_info=CLIENT_INFO))
 
     async def _open_stdio(self, stack: contextlib.AsyncExitStack, server: McpServer) -> tuple[Any, Any]:
-        marker = uuid.uuid4().hex
         assert server.command is not None  # config validation: a stdio server has a command
-        parameters = StdioServerParameters(
-            command=resolve_env(server.command, what=ENV_WHAT),
-            args=[resolve_env(arg, what=ENV_WHAT) for arg in server.args],
-            env={
-                **{name: os.environ[name] for name in INHERITED_ENV_VARS if name in os.environ},
-                **{name: resolve_env(value, what=ENV_WHAT) for name, value in server.env.items()},
-                CONNECTION_MARKER_VAR: marker,
-            },
-        )
+        command = resolve_env(server.command, what=ENV_WHAT)
+        args = [resolve_env(arg, what=ENV_WHAT) for arg in server.args]
+        env = {
+            **get_default_environment(),
+            **{name: os.environ[name] for name in INHERITED_ENV_VARS if name in os.environ},
+            **{name: resolve_env(value, what=ENV_WHAT) for name, value in server.env.items()},
+        }
         stderr = stack.enter_context(open(os.devnull, "w"))  # noqa: ASYNC230  # §9.2: child stderr is discarded; /dev/null never blocks
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SPAWN_RETRY_SECONDS
         while True:
             try:
-                streams = await stack.enter_async_context(stdio_client(parameters, errlog=stderr))
+                child = await stack.enter_async_context(
+                    bounded_stdio_client(command, args, env, limit=self._output_limit, errlog=stderr)
+                )
                 break
             except OSError as exc:
                 if exc.errno not in TRANSIENT_SPAWN_ERRNOS or loop.time() >= deadline:
                     raise
                 await asyncio.sleep(SPAWN_RETRY_INTERVAL)
-        self.pid = _find_child(marker)
-        return streams
+        self.pid = child.pid
+        return child.read, child.write
 
     async def _open_http(self, stack: contextlib.AsyncExitStack, server: McpServer) -> tuple[Any, Any]:
         headers = {key: resolve_env(value, what=ENV_WHAT) for key, value in server.headers.items()}
@@ -285,10 +295,13 @@ class _Connection:
             httpx2.AsyncClient(
                 headers=headers,
                 timeout=httpx2.Timeout(self._call_timeout, read=HTTP_STREAM_READ_TIMEOUT),
+                transport=CappedTransport(self._output_limit),
             )
         )
         assert server.url is not None  # config validation: an http server has a url
-        return await stack.enter_async_context(streamable_http_client(server.url, http_client=client))
+        return await stack.enter_async_context(
+            streamable_http_client(server.url, http_client=client, max_sse_event_size=self._output_limit)
+        )
 
     async def _handshake(self, session: ClientSession) -> list[McpTool]:
         """§9.2: initialize, notifications/initialized, tools/list (every page)."""
@@ -386,19 +399,3 @@ def _describe(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
-
-def _find_child(marker: str) -> int | None:
-    """PID of our direct child whose environment carries `marker` (Linux /proc)."""
-    parent = os.getpid()
-    needle = f"{CONNECTION_MARKER_VAR}={marker}".encode()
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            # Field 4 of stat is the ppid; the command name (field 2) may contain spaces.
-            stat = (entry / "stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[1]) != parent:
-                continue
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                return int(entry.name)
-        except (OSError, ValueError, IndexError):
-            continue
-    return None
