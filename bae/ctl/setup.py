@@ -7,7 +7,6 @@ import ipaddress
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -18,9 +17,9 @@ import httpx
 
 from bae.ctl.api import CtlError
 from bae.ctl.commands import COPY_KEY_NOW
-from bae.ctl.files import write_file
+from bae.ctl.files import read_file, write_file
 from bae.ctl.setup_files import (
-    COMPOSE, CONFIG, ENV, SCRIPT, SECRET_OVERRIDE, McpServer, Provider, Setup, compose_text, config_text,
+    COMPOSE, CONFIG, ENV, SCRIPT, SECRET_OVERRIDE, TEMPLATE, McpServer, Provider, Setup, compose_text, config_text,
     env_text, read_existing, script_text,
 )
 
@@ -202,8 +201,24 @@ class Wizard:
         while self.ask.yes("  Add a header?", len(saved) > len(headers)):
             key, value = saved[len(headers)] if len(saved) > len(headers) else ("Authorization", "")
             key = self.ask.text("  Header name?", key)
-            headers[key] = self.ask.text("  Header value?", value)
+            headers[key] = self.header_value(name, key, self.ask.text("  Header value?", value))
         return McpServer(name, transport, url=url, headers=headers)
+
+    def header_value(self, server: str, header: str, value: str) -> str:
+        """A header's value as bae-config.toml (0644) holds it: a `${VAR}` reference, its value in .env
+        (0600). A value that refers to variables already keeps them, each asked for as a secret."""
+        names = TEMPLATE.findall(value)
+        for var in names:
+            self.secret(var)
+        if names or not value:
+            return value
+        base = "MCP_" + re.sub(r"[^A-Za-z0-9]+", "_", f"{server}_{header}").strip("_").upper()
+        var, number = base, 1
+        while var in self.result.secrets:
+            number += 1
+            var = f"{base}_{number}"
+        self.result.secrets[var] = value
+        return "${" + var + "}"
 
     def settings(self, old: Setup) -> None:
         checks: dict[str, Check | None] = {"BAE_ADDR": listen_address, "BAE_LOG": None,
@@ -361,8 +376,8 @@ def setup(args: argparse.Namespace) -> int:
         if not ask.yes("Edit this configuration? (No = launch the saved config as-is)", False):
             return finish(ask, directory, saved, apple, fresh=False, unresolved=[])
         for name in (launcher, ENV, CONFIG):
-            try:
-                shutil.copyfile(directory / name, directory / f"{name}.bak")
+            try:  # the backups of .env and of an older config hold secrets: for the owner only
+                write_file(str(directory / f"{name}.bak"), read_file(str(directory / name)), 0o600)
             except OSError as exc:
                 raise CtlError(f"could not back up {name}: {exc.strerror or exc}") from None
         previous = saved

@@ -16,6 +16,7 @@ from typing import Iterator
 
 import pytest
 
+from bae.common.config import load_config, resolve_env
 from bae.launcher.stack import Stack
 from testkit import ROOT
 from testkit.processes import service_env
@@ -476,11 +477,14 @@ def test_setup_interactive_max_with_mcp_servers(tmp_path: Path) -> None:
     config = (tmp_path / "bae-config.toml").read_text()
     assert '[[mcp.servers]]\nname = "github"\ntransport = "http"\nurl = "https://api.githubcopilot.com/mcp/"\n' \
            'headers = { Authorization = "Bearer ${GITHUB_TOKEN}" }\n' in config
-    assert 'name = "notes"\ntransport = "sse"\nurl = "http://notes:1/sse"\nheaders = { "X Key" = "v\\"1" }' in config
+    # A header's value goes to .env (0600); the config (0644) refers to it.
+    assert 'name = "notes"\ntransport = "sse"\nurl = "http://notes:1/sse"\nheaders = { "X Key" = "${MCP_NOTES_X_KEY}" }' \
+           in config
     assert 'provider = "openai"\nmodel = "gpt-5.6-luna"\nauth_token = "${OPENAI_API_KEY}"' in config
     env_lines = (tmp_path / ".env").read_text().splitlines()[4:]
     # "030" normalises to the default 30, so it is not an override.
-    assert env_lines == ["OPENAI_API_KEY=pasted-openai-key", "BAE_ADDR=127.0.0.1:9090", "BAE_LOG=debug"]
+    assert env_lines == ["OPENAI_API_KEY=pasted-openai-key", 'MCP_NOTES_X_KEY=v"1', "BAE_ADDR=127.0.0.1:9090",
+                         "BAE_LOG=debug"]
     compose = (tmp_path / "docker-compose.yml").read_text()
     assert "  bae-max:\n    image: ghcr.io/prettysmartdev/better-agent-engine:max\n" in compose
     assert '"${BAE_ADDR_PORT:-9090}:9090"' in compose and '"3100:3000"' in compose
@@ -489,10 +493,50 @@ def test_setup_interactive_max_with_mcp_servers(tmp_path: Path) -> None:
     edit = "\n".join(["n", "n", "y"] + [""] * 40)
     code, output = run_on_terminal(["setup", "--dir", str(tmp_path)], edit, {**env, "PATH": str(tmp_path)})
     assert (tmp_path / "bae-config.toml.bak").read_text() == config
+    assert 'MCP_NOTES_X_KEY=v"1' in (tmp_path / ".env").read_text()  # kept: the edit took the saved value
+    assert {stat.S_IMODE((tmp_path / f"{name}.bak").stat().st_mode)
+            for name in ("bae-config.toml", ".env", "docker-compose.yml")} == {0o600}
     assert "  image variant: max" in output
     assert (tmp_path / "bae-config.toml").read_text().split("\n", 2)[2] == config.split("\n", 2)[2]
     assert code == 1 and ("docker not found on PATH — install it (or generate here and deploy elsewhere) then "
                           "re-run `baectl setup` and choose Launch.") in output
+
+
+def test_setup_keeps_secrets_out_of_readable_files_and_writes_through_no_link(tmp_path: Path) -> None:
+    answers = "\n".join([
+        "n", "n", "", "", "", "", "",                 # docker-compose, published, standard; anthropic defaults
+        "n",                                          # no second provider
+        "y", "custom", "search", "http", "http://search:1/mcp", "y", "", "Bearer s3cret-header-value", "n",
+        "n",                                          # no more MCP servers
+        "", "", "", "", "",                           # settings
+        "n",                                          # do not launch
+    ]) + "\n"
+    env = service_env(PATH=os.environ["PATH"], ANTHROPIC_API_KEY="sk-ant-from-env")
+    code, output = run_on_terminal(["setup", "--dir", str(tmp_path)], answers, env)
+    assert code == 0, output
+    config = (tmp_path / "bae-config.toml").read_text()
+    assert "s3cret" not in config and 'headers = { Authorization = "${MCP_SEARCH_AUTHORIZATION}" }' in config
+    assert "MCP_SEARCH_AUTHORIZATION=Bearer s3cret-header-value" in (tmp_path / ".env").read_text().splitlines()
+    assert stat.S_IMODE((tmp_path / ".env").stat().st_mode) == 0o600
+    # The server reads the header from the environment the launcher gives it (.env).
+    [server] = load_config(str(tmp_path / "bae-config.toml")).mcp_servers
+    assert resolve_env(server.headers["Authorization"],
+                       env={"MCP_SEARCH_AUTHORIZATION": "Bearer s3cret-header-value"}) == "Bearer s3cret-header-value"
+
+    # A link planted where a backup goes is refused, not followed.
+    exposed = tmp_path / "exposed"
+    (tmp_path / ".env.bak").symlink_to(exposed)
+    code, output = run_on_terminal(["setup", "--dir", str(tmp_path)], "n\nn\ny\n", env)
+    assert code == 1
+    assert "baectl: could not back up .env: it is a symbolic link; refusing to write through it" in output
+    assert not exposed.exists()
+    # And one where a generated file goes.
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "bae-config.toml").symlink_to(exposed)
+    assert fails(baectl(None, "setup", "--dir", str(fresh), ANTHROPIC_API_KEY="sk-ant-from-env")) == (
+        f"could not write {fresh / 'bae-config.toml'}: it is a symbolic link; refusing to write through it")
+    assert not exposed.exists() and not (fresh / ".env").exists()
 
 
 def test_setup_launches_and_creates_the_default_profile_and_key(stack: StackClients, tmp_path: Path) -> None:
