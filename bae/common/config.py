@@ -62,12 +62,22 @@ class ProviderEntry:
     base_url: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
 
+    # USD per million tokens; both set or neither (then the entry's calls have no cost).
+    price_input_per_mtok: float | None = None
+    price_output_per_mtok: float | None = None
     @property
     def effective_base_url(self) -> str:
         if self.base_url:
             return self.base_url.rstrip("/")
         return DEFAULT_BASE_URLS[self.provider]
 
+
+    def cost_usd(self, input_tokens: int, output_tokens: int) -> float | None:
+        """What a call cost at this entry's prices, None when it has none. `input_tokens` counts
+        every input token, cache reads and writes included: they are priced as input."""
+        if self.price_input_per_mtok is None or self.price_output_per_mtok is None:
+            return None
+        return (input_tokens * self.price_input_per_mtok + output_tokens * self.price_output_per_mtok) / 1_000_000
 
 @dataclass(frozen=True)
 class McpServer:
@@ -308,11 +318,34 @@ def _parse_providers(section: Any) -> tuple[ProviderEntry, ...]:
         )
     return tuple(entries)
 
+                **_prices(entry, where),
 
 def _max_tokens(entry: dict[str, Any], where: str) -> int:
     value = entry.get("max_tokens", DEFAULT_MAX_TOKENS)
     if isinstance(value, bool) or not isinstance(value, int):
         raise _invalid_type(f"{where}.max_tokens", value, "a positive integer")
+PRICE_KEYS = ("price_input_per_mtok", "price_output_per_mtok")
+
+
+def _prices(entry: dict[str, Any], where: str) -> dict[str, float]:
+    """The entry's prices (USD per million tokens): both or neither, each a finite number >= 0."""
+    given = [key for key in PRICE_KEYS if key in entry]
+    if not given:
+        return {}
+    if len(given) == 1:
+        missing = next(key for key in PRICE_KEYS if key not in given)
+        raise _SchemaError(f"{where}: `{given[0]}` is set but `{missing}` is not; set both prices or neither")
+    prices = {}
+    for key in PRICE_KEYS:
+        value, expected = entry[key], "a number of US dollars per million tokens, 0 or more"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _invalid_type(f"{where}.{key}", value, expected)
+        if not math.isfinite(value) or value < 0:
+            raise _SchemaError(f"{where}.{key}: invalid value: `{value}`, expected {expected}")
+        prices[key] = float(value)
+    return prices
+
+
     if value <= 0:
         raise _SchemaError(
             f"{where}.max_tokens: invalid value: integer `{value}`, expected a positive integer"
@@ -470,12 +503,20 @@ def _redacted(headers: Mapping[str, str]) -> dict[str, str]:
     return {name: REDACTED for name in sorted(headers)}
 
 
+                **_price_view(entry),
 def config_view(config: Config) -> dict[str, Any]:
     """GET /admin/v1/config: the loaded config with every secret value replaced by REDACTED."""
     telemetry = config.telemetry
     servers, entries = _by_name(config)
     return {
         "mcp": {
+def _price_view(entry: ProviderEntry) -> dict[str, float]:
+    """An entry's prices, for the views that show entries; nothing when it has none."""
+    if entry.price_input_per_mtok is None or entry.price_output_per_mtok is None:
+        return {}
+    return {"price_input_per_mtok": entry.price_input_per_mtok, "price_output_per_mtok": entry.price_output_per_mtok}
+
+
             "servers": [
                 {
                     "name": server.name,
@@ -507,6 +548,7 @@ def config_view(config: Config) -> dict[str, Any]:
             "otlp_headers": _redacted(telemetry.otlp_headers),
             "sample_ratio": telemetry.sample_ratio,
             "service_name": telemetry.service_name,
+                    **_price_view(entry),
             "traces": {"enabled": telemetry.traces_enabled},
             "metrics": {"enabled": telemetry.metrics_enabled, "disabled": list(telemetry.metrics_disabled)},
         },

@@ -8,7 +8,16 @@ must alternate (SERVER-SPEC §8.5).
 from __future__ import annotations
 
 from bae.common.jsontext import RawJson
-from services.runner.canonical import History, JsonObject, Message, Usage, WireFormatError, content_blocks, read_usage
+from services.runner.canonical import (
+    History,
+    JsonObject,
+    Message,
+    Usage,
+    WireFormatError,
+    content_blocks,
+    optional_count,
+    read_usage,
+)
 
 COMPACTED_PREAMBLE = "The earlier part of this conversation was compacted. A summary follows."
 
@@ -65,12 +74,13 @@ def request_body(model: str, max_tokens: int, messages: RawJson, tools: RawJson)
 
 def usage(body: JsonObject) -> Usage | None:
     """Input counts cached tokens too (cache read + creation); partial usage counts as none."""
-    return read_usage(
-        body,
-        "input_tokens",
-        "output_tokens",
-        ("cache_read_input_tokens", "cache_creation_input_tokens"),
-    )
+    found = read_usage(body, "input_tokens", "output_tokens")
+    if found is None:
+        return None
+    raw, input_tokens, output_tokens = found
+    read = optional_count(raw, "cache_read_input_tokens")
+    created = optional_count(raw, "cache_creation_input_tokens")
+    return Usage(input_tokens + read + created, output_tokens, read, created)
 
 
 def assistant_message(body: JsonObject) -> Message:

@@ -94,8 +94,14 @@ def _alternate(roles: list[str]) -> bool:
 
 @dataclass(frozen=True)
 class Usage:
+    """A response's usage. `input_tokens` counts every input token, the cached ones too (what
+    `provider.response` reports, SERVER-SPEC §8.4); the two cache counts say how many of them
+    the provider read from its prompt cache or wrote to it, for usage accounting."""
+
     input_tokens: int
     output_tokens: int
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
 
     def to_json(self) -> dict[str, int]:
         return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
@@ -138,21 +144,22 @@ def content_blocks(content: Any) -> list[Block]:
     return list(content) if isinstance(content, list) else []
 
 
-def read_usage(
-    body: JsonObject, input_key: str, output_key: str, extra_input_keys: tuple[str, ...] = ()
-) -> Usage | None:
-    """`body["usage"]` under the kind's field names; partial usage counts as none.
-
-    `extra_input_keys` name optional counts added to the input (missing ones count 0).
-    """
+def read_usage(body: JsonObject, input_key: str, output_key: str) -> tuple[JsonObject, int, int] | None:
+    """`body["usage"]` and its input and output counts under the kind's field names; partial
+    usage counts as none."""
     raw = body.get("usage")
     if not isinstance(raw, dict):
         return None
     input_tokens, output_tokens = raw.get(input_key), raw.get(output_key)
     if not _is_int(input_tokens) or not _is_int(output_tokens):
         return None
-    extra = sum(value for key in extra_input_keys if _is_int(value := raw.get(key)))
-    return Usage(input_tokens + extra, output_tokens)
+    return raw, input_tokens, output_tokens
+
+
+def optional_count(table: Any, key: str) -> int:
+    """An optional count of a usage object: 0 when it is missing, not an integer, or negative."""
+    value = table.get(key) if isinstance(table, dict) else None
+    return value if _is_int(value) and value > 0 else 0
 
 
 def _is_int(value: Any) -> TypeGuard[int]:

@@ -12,6 +12,7 @@ from services.runner.canonical import (
     Usage,
     WireFormatError,
     content_blocks,
+    optional_count,
     read_usage,
 )
 
@@ -111,7 +112,13 @@ def _tool_result_text(content: Any) -> str:
 
 
 def usage(body: JsonObject) -> Usage | None:
-    return read_usage(body, "prompt_tokens", "completion_tokens")
+    """`prompt_tokens` counts the cached ones too (`prompt_tokens_details.cached_tokens`)."""
+    found = read_usage(body, "prompt_tokens", "completion_tokens")
+    if found is None:
+        return None
+    raw, prompt_tokens, completion_tokens = found
+    cached = optional_count(raw.get("prompt_tokens_details"), "cached_tokens")
+    return Usage(prompt_tokens, completion_tokens, min(cached, max(prompt_tokens, 0)))
 
 
 def _first_choice(body: JsonObject) -> JsonObject | None:

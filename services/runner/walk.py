@@ -72,6 +72,8 @@ class StepOutcome:
     detail: str = ""
     truncated: str = ""
 
+    # What the answering entry's prices make of `usage`: None without usage or prices.
+    cost_usd: float | None = None
 
 @dataclass(frozen=True)
 class _Success:
@@ -254,6 +256,7 @@ async def run_step(
     yield StepOutcome("all_failed", attempts=len(chain))
 
 
+                cost_usd=entry.cost_usd(result.usage.input_tokens, result.usage.output_tokens) if result.usage else None,
 async def _attempt(
     entry: ProviderEntry,
     wire: _Wire,

@@ -175,7 +175,8 @@ def test_anthropic_usage_adds_cache_fields():
             "cache_creation_input_tokens": 5,
         }
     }
-    assert anthropic_wire.usage(body) == Usage(115, 7)
+    # The cache counts are kept apart too, for usage accounting.
+    assert anthropic_wire.usage(body) == Usage(115, 7, cache_read_input_tokens=100, cache_creation_input_tokens=5)
     assert anthropic_wire.usage({"usage": {"input_tokens": 3, "output_tokens": 4, "cache_read_input_tokens": None}}) == Usage(3, 4)
 
 
@@ -189,6 +190,11 @@ def test_anthropic_missing_or_partial_usage_is_none(body):
 
 def test_openai_usage():
     assert openai_wire.usage({"usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}}) == Usage(12, 3)
+    # prompt_tokens counts the cached ones too; a cached count over it is cut to it.
+    cached = {"prompt_tokens": 12, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 8}}
+    assert openai_wire.usage({"usage": cached}) == Usage(12, 3, cache_read_input_tokens=8)
+    overcount = {**cached, "prompt_tokens_details": {"cached_tokens": 50}}
+    assert openai_wire.usage({"usage": overcount}) == Usage(12, 3, cache_read_input_tokens=12)
     assert openai_wire.usage({"usage": {"prompt_tokens": 12}}) is None
     assert openai_wire.usage({}) is None
 

@@ -522,3 +522,33 @@ def test_config_view_of_empty_config() -> None:
 def test_telemetry_section_defaults(tmp_path: Path) -> None:
     assert load_text(tmp_path, "[telemetry]\n").telemetry == Telemetry()
     assert load_text(tmp_path, '[telemetry]\nservice_name = ""\n').telemetry.service_name == "bae"
+
+
+# --- prices ----------------------------------------------------------------------------
+
+
+def test_prices_cost_and_show_in_the_views(tmp_path: Path) -> None:
+    priced = PROVIDER + "price_input_per_mtok = 3\nprice_output_per_mtok = 15.5\n"
+    config = load_text(tmp_path, priced)
+    entry = config.provider("main")
+    assert entry is not None and (entry.price_input_per_mtok, entry.price_output_per_mtok) == (3.0, 15.5)
+    # Cache tokens are input: the caller counts them in `input_tokens`.
+    assert entry.cost_usd(1_000_000, 2_000) == pytest.approx(3.031)
+    assert providers_view(config)["items"][0]["price_output_per_mtok"] == 15.5
+    assert config_view(config)["providers"]["entries"][0]["price_input_per_mtok"] == 3.0
+    unpriced = load_text(tmp_path, PROVIDER).provider("main")
+    assert unpriced is not None and unpriced.cost_usd(10, 10) is None
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ("price_input_per_mtok = 3\n", "`price_input_per_mtok` is set but `price_output_per_mtok` is not"),
+        ("price_input_per_mtok = -1\nprice_output_per_mtok = 1\n", "price_input_per_mtok: invalid value: `-1`"),
+        ('price_input_per_mtok = 1\nprice_output_per_mtok = "2"\n', "price_output_per_mtok: invalid type"),
+        ("price_input_per_mtok = nan\nprice_output_per_mtok = 1\n", "price_input_per_mtok: invalid value"),
+    ],
+)
+def test_bad_prices_are_refused(tmp_path: Path, lines: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        load_text(tmp_path, PROVIDER + lines)

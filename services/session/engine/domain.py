@@ -87,8 +87,14 @@ class CompactionOutcome:
 
 @dataclass(frozen=True)
 class Usage:
+    """A provider response's usage: `input_tokens` counts the cached input too, as
+    `provider.response` reports it (§8.4); the cache counts are the parts of it the provider
+    read from or wrote to its prompt cache."""
+
     input_tokens: int
     output_tokens: int
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
 
     @property
     def token_count(self) -> int:

@@ -157,7 +157,12 @@ def _step_result(result: runner_pb2.StepResult) -> StepResult:
     return StepResult(
         outcome=_OUTCOMES.get(result.outcome, StepOutcome.ALL_FAILED),
         message_json=result.message_json,
-        usage=Usage(result.input_tokens, result.output_tokens) if result.has_usage else None,
+        usage=Usage(
+            result.input_tokens, result.output_tokens, result.cache_read_input_tokens, result.cache_creation_input_tokens
+        )
+        if result.has_usage
+        else None,
+        cost_usd=result.cost_usd if result.HasField("cost_usd") else None,
         attempts=result.attempts,
         detail=result.detail,
         truncated=result.truncated,
