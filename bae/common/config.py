@@ -61,16 +61,15 @@ class ProviderEntry:
     auth_token: str = field(repr=False)  # may be a literal secret
     base_url: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
-
     # USD per million tokens; both set or neither (then the entry's calls have no cost).
     price_input_per_mtok: float | None = None
     price_output_per_mtok: float | None = None
+
     @property
     def effective_base_url(self) -> str:
         if self.base_url:
             return self.base_url.rstrip("/")
         return DEFAULT_BASE_URLS[self.provider]
-
 
     def cost_usd(self, input_tokens: int, output_tokens: int) -> float | None:
         """What a call cost at this entry's prices, None when it has none. `input_tokens` counts
@@ -78,6 +77,7 @@ class ProviderEntry:
         if self.price_input_per_mtok is None or self.price_output_per_mtok is None:
             return None
         return (input_tokens * self.price_input_per_mtok + output_tokens * self.price_output_per_mtok) / 1_000_000
+
 
 @dataclass(frozen=True)
 class McpServer:
@@ -314,16 +314,12 @@ def _parse_providers(section: Any) -> tuple[ProviderEntry, ...]:
                 auth_token=_required_string(entry, "auth_token", where),
                 base_url=_string(entry, "base_url", where),
                 max_tokens=_max_tokens(entry, where),
+                **_prices(entry, where),
             )
         )
     return tuple(entries)
 
-                **_prices(entry, where),
 
-def _max_tokens(entry: dict[str, Any], where: str) -> int:
-    value = entry.get("max_tokens", DEFAULT_MAX_TOKENS)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _invalid_type(f"{where}.max_tokens", value, "a positive integer")
 PRICE_KEYS = ("price_input_per_mtok", "price_output_per_mtok")
 
 
@@ -346,6 +342,10 @@ def _prices(entry: dict[str, Any], where: str) -> dict[str, float]:
     return prices
 
 
+def _max_tokens(entry: dict[str, Any], where: str) -> int:
+    value = entry.get("max_tokens", DEFAULT_MAX_TOKENS)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _invalid_type(f"{where}.max_tokens", value, "a positive integer")
     if value <= 0:
         raise _SchemaError(
             f"{where}.max_tokens: invalid value: integer `{value}`, expected a positive integer"
@@ -493,23 +493,13 @@ def providers_view(config: Config) -> dict[str, Any]:
                 "provider": entry.provider,
                 "model": entry.model,
                 "base_url": entry.effective_base_url,
+                **_price_view(entry),
             }
             for entry in entries
         ]
     }
 
 
-def _redacted(headers: Mapping[str, str]) -> dict[str, str]:
-    return {name: REDACTED for name in sorted(headers)}
-
-
-                **_price_view(entry),
-def config_view(config: Config) -> dict[str, Any]:
-    """GET /admin/v1/config: the loaded config with every secret value replaced by REDACTED."""
-    telemetry = config.telemetry
-    servers, entries = _by_name(config)
-    return {
-        "mcp": {
 def _price_view(entry: ProviderEntry) -> dict[str, float]:
     """An entry's prices, for the views that show entries; nothing when it has none."""
     if entry.price_input_per_mtok is None or entry.price_output_per_mtok is None:
@@ -517,6 +507,16 @@ def _price_view(entry: ProviderEntry) -> dict[str, float]:
     return {"price_input_per_mtok": entry.price_input_per_mtok, "price_output_per_mtok": entry.price_output_per_mtok}
 
 
+def _redacted(headers: Mapping[str, str]) -> dict[str, str]:
+    return {name: REDACTED for name in sorted(headers)}
+
+
+def config_view(config: Config) -> dict[str, Any]:
+    """GET /admin/v1/config: the loaded config with every secret value replaced by REDACTED."""
+    telemetry = config.telemetry
+    servers, entries = _by_name(config)
+    return {
+        "mcp": {
             "servers": [
                 {
                     "name": server.name,
@@ -538,6 +538,7 @@ def _price_view(entry: ProviderEntry) -> dict[str, float]:
                     "model": entry.model,
                     "base_url": entry.base_url,
                     "auth_token": REDACTED,
+                    **_price_view(entry),
                 }
                 for entry in entries
             ]
@@ -548,7 +549,6 @@ def _price_view(entry: ProviderEntry) -> dict[str, float]:
             "otlp_headers": _redacted(telemetry.otlp_headers),
             "sample_ratio": telemetry.sample_ratio,
             "service_name": telemetry.service_name,
-                    **_price_view(entry),
             "traces": {"enabled": telemetry.traces_enabled},
             "metrics": {"enabled": telemetry.metrics_enabled, "disabled": list(telemetry.metrics_disabled)},
         },

@@ -185,15 +185,15 @@ def step_result(outcome: StepOutcome) -> runner_pb2.StepResult:
         result.has_usage = True
         result.input_tokens = outcome.usage.input_tokens
         result.output_tokens = outcome.usage.output_tokens
+        result.cache_read_input_tokens = outcome.usage.cache_read_input_tokens
+        result.cache_creation_input_tokens = outcome.usage.cache_creation_input_tokens
+    if outcome.cost_usd is not None:
+        result.cost_usd = outcome.cost_usd
     return result
 
 
 def registrar(service: RunnerService) -> Callable[[grpc.aio.Server], list[str]]:
     def register(server: grpc.aio.Server) -> list[str]:
-        result.cache_read_input_tokens = outcome.usage.cache_read_input_tokens
-        result.cache_creation_input_tokens = outcome.usage.cache_creation_input_tokens
-    if outcome.cost_usd is not None:
-        result.cost_usd = outcome.cost_usd
         runner_pb2_grpc.add_RunnerServicer_to_server(service, server)
         return [SERVICE_NAME]
 

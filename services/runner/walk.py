@@ -68,12 +68,12 @@ class StepOutcome:
     outcome: str  # "ok" | "all_failed" | "provider_config"
     message: Message | None = None
     usage: Usage | None = None
+    # What the answering entry's prices make of `usage`: None without usage or prices.
+    cost_usd: float | None = None
     attempts: int = 0
     detail: str = ""
     truncated: str = ""
 
-    # What the answering entry's prices make of `usage`: None without usage or prices.
-    cost_usd: float | None = None
 
 @dataclass(frozen=True)
 class _Success:
@@ -225,6 +225,7 @@ async def run_step(
                 "ok",
                 message=result.message,
                 usage=result.usage,
+                cost_usd=entry.cost_usd(result.usage.input_tokens, result.usage.output_tokens) if result.usage else None,
                 attempts=attempt + 1,
                 truncated=result.truncated if compaction else "",
             )
@@ -256,7 +257,6 @@ async def run_step(
     yield StepOutcome("all_failed", attempts=len(chain))
 
 
-                cost_usd=entry.cost_usd(result.usage.input_tokens, result.usage.output_tokens) if result.usage else None,
 async def _attempt(
     entry: ProviderEntry,
     wire: _Wire,

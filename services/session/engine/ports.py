@@ -64,8 +64,8 @@ class StepResult:
     outcome: StepOutcome
     message_json: str = ""  # {"role": "assistant", "content": [...]}
     usage: Usage | None = None  # None when the provider reported none
-    attempts: int = 0
     cost_usd: float | None = None  # at the answering entry's prices; None without prices or usage
+    attempts: int = 0
     detail: str = ""
     # Compaction only: why the summary was cut off by its output budget, "" when it was not.
     truncated: str = ""
