@@ -151,7 +151,7 @@ class InProcessStack(StackClients):
 
         clients = ProviderClients(self.settings.provider_timeout)
         self._stops += [clients.close, runner_server.stop]
-        await runner_server.start(registrar(RunnerService(config, clients)))
+        await runner_server.start(registrar(RunnerService(config, clients, self.settings.rpc_timeout)))
 
         options = admin_key_options(parse_args(["serve"]), self.settings)
         self.session: SessionService = await session_service(self.settings, config, options)

@@ -49,6 +49,8 @@ class Reply:
     status: int = 200
     body: Any = None
     seconds: float = 0.0
+    # Response headers beyond content-type and content-length, e.g. (("retry-after", "1"),).
+    headers: tuple[tuple[str, str], ...] = ()
     # Set for a held reply: it is sent only once this is set (see `held`).
     release: threading.Event | None = None
 
@@ -67,8 +69,9 @@ class Reply:
         return cls("tool_use", reply_text=text, tool_uses=tuple(calls), usage=usage)
 
     @classmethod
-    def error(cls, status: int, body_text: str) -> "Reply":
-        return cls("error", status=status, body=body_text)
+    def error(cls, status: int, body_text: str, headers: dict[str, str] | None = None) -> "Reply":
+        """`headers`: e.g. {"retry-after": "1"} on a 429."""
+        return cls("error", status=status, body=body_text, headers=tuple((headers or {}).items()))
 
     @classmethod
     def raw(cls, json_body: Any, status: int = 200) -> "Reply":
@@ -248,7 +251,7 @@ class MockLLM:
         headers = {key.decode().lower(): value.decode() for key, value in scope["headers"]}
         if self.keep_requests:
             # Runs on the server thread; a list append is atomic, so readers need no lock.
-            self.requests.append({"path": path, "headers": headers, "body": body})
+            self.requests.append({"path": path, "headers": headers, "body": body, "received": time.monotonic()})
 
         if scope["method"] != "POST" or path not in (ANTHROPIC_PATH, OPENAI_PATH):
             await respond(send, 404, b'{"error":"not found"}')
@@ -259,7 +262,7 @@ class MockLLM:
             await asyncio.sleep(reply.seconds)
         if reply.release is not None:
             await asyncio.to_thread(reply.release.wait, 120)
-        await respond(send, status, payload)
+        await respond(send, status, payload, reply.headers)
 
     def _render(self, reply: Reply, path: str, body: Any) -> tuple[int, bytes]:
         if reply.kind == "error":
@@ -281,7 +284,7 @@ async def read_body(receive) -> bytes:
             return b"".join(chunks)
 
 
-async def respond(send, status: int, payload: bytes) -> None:
+async def respond(send, status: int, payload: bytes, headers: tuple[tuple[str, str], ...] = ()) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -289,6 +292,7 @@ async def respond(send, status: int, payload: bytes) -> None:
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(payload)).encode()),
+                *((name.encode(), value.encode()) for name, value in headers),
             ],
         }
     )

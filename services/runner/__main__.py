@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
             if demo is not None:
                 await demo.stop()
 
-        service = RunnerService(config, clients)
+        service = RunnerService(config, clients, settings.rpc_timeout)
         await serve(
             "runner",
             settings.runner_grpc_addr,

@@ -17,7 +17,8 @@ from bae.common.config import ProviderEntry
 _URL = re.compile(r"\w+://\S+")
 
 
-def start_attempt(entry: ProviderEntry, attempt: int) -> Span | None:
+def start_attempt(entry: ProviderEntry, attempt: int, kind: str) -> Span | None:
+    """`kind` is the entry's place in the chain ("primary" or "fallback"), a retry's as well."""
     if telemetry.tracer is None:
         return None
     return telemetry.tracer.start_span(
@@ -28,7 +29,7 @@ def start_attempt(entry: ProviderEntry, attempt: int) -> Span | None:
             "bae.provider.kind": entry.provider,
             "bae.provider.model": entry.model,
             "bae.provider.attempt": attempt,
-            "bae.provider.attempt_kind": "primary" if attempt == 0 else "fallback",
+            "bae.provider.attempt_kind": kind,
         },
     )
 

@@ -12,12 +12,16 @@ body is serialized here and sent through the SDK client's generic
 than the HTTP call itself once a history holds a few hundred messages. The
 auth token is resolved per attempt, so it never lives on a client: each call
 carries it in its own headers. The SDKs' retries are off, so every attempt the
-walk makes is exactly one HTTP request (and one logged event pair).
+walk makes is exactly one HTTP request (and one logged event pair); a failed
+answer's `Retry-After` is read here, for the walk to decide on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import math
+import time
 from dataclasses import dataclass
 
 import anthropic
@@ -45,6 +49,8 @@ class WireResponse:
 
     status: int
     text: str
+    # Seconds a failed answer asks the caller to wait before trying again (`retry_after`), if any.
+    retry_after: float | None = None
 
 
 class TransportError(Exception):
@@ -95,7 +101,8 @@ class ProviderClients:
                 options={"headers": headers},  # type: ignore[call-overload]  # RequestOptions is a TypedDict the SDK does not export
             )
         except (anthropic.APIStatusError, openai.APIStatusError) as error:
-            return WireResponse(error.response.status_code, error.response.text)
+            failed = error.response
+            return WireResponse(failed.status_code, failed.text, retry_after(failed.headers))
         except (anthropic.APITimeoutError, openai.APITimeoutError):
             raise self._timed_out() from None
         except (anthropic.APIConnectionError, openai.APIConnectionError) as error:
@@ -141,6 +148,36 @@ class ProviderClients:
         for pool in pools:
             for pooled in pool:
                 await pooled.client.close()
+
+
+def retry_after(headers: httpx2.Headers) -> float | None:
+    """The wait, in seconds, a failed answer's headers ask for, read as the SDKs' own retries read it
+    (`_parse_retry_after_header` in anthropic's and openai's `_base_client.py`): `retry-after-ms`
+    (milliseconds; Anthropic and OpenAI send it), else `retry-after` as seconds (a fraction
+    allowed), else `retry-after` as an HTTP date. The first header that reads as a number decides.
+    A wait that is not a positive finite number of seconds is no wait asked for: the SDKs fall back
+    to their own backoff then, and the walk does not try again."""
+    for name, seconds_per_unit in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        return _positive(number * seconds_per_unit)
+    date = headers.get("retry-after")
+    parsed = email.utils.parsedate_tz(date) if date is not None else None
+    if parsed is None:
+        return None
+    try:
+        return _positive(email.utils.mktime_tz(parsed) - time.time())
+    except (OverflowError, ValueError, OSError):  # a date beyond what the platform's clock can hold
+        return None
+
+
+def _positive(seconds: float) -> float | None:
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
 
 
 def _connection_detail(error: anthropic.APIConnectionError | openai.APIConnectionError) -> str:

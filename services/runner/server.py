@@ -31,9 +31,11 @@ _OUTCOMES = {
 
 
 class RunnerService(runner_pb2_grpc.RunnerServicer):
-    def __init__(self, config: Config, clients: ProviderClients) -> None:
+    def __init__(self, config: Config, clients: ProviderClients, retry_after_limit: float) -> None:
         self.config = config
         self.clients = clients
+        # The longest `Retry-After` a walk waits for before trying an entry again (BAE_RPC_TIMEOUT).
+        self.retry_after_limit = retry_after_limit
         self._draining = asyncio.Event()
 
     # Answers with context.write() (bae.common.call_tasks), not as a generator.
@@ -53,11 +55,12 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
         return self._draining.is_set()
 
     async def walk(self, request: runner_pb2.StepRequest, history: History) -> AsyncIterator[runner_pb2.StepUpdate]:
-        """One step's updates: one when the walk starts waiting for a provider, one with the result."""
+        """One step's updates: one when the walk starts waiting for a provider or a `Retry-After`, one with
+        the result."""
         spec = step_spec(request, history)
         held = request.hold_history
         events: list[runner_pb2.StepEvent] = []
-        async for item in run_step(spec, self.config, self.clients):
+        async for item in run_step(spec, self.config, self.clients, self.retry_after_limit):
             if isinstance(item, StepEvent):
                 events.append(
                     runner_pb2.StepEvent(

@@ -8,9 +8,12 @@ can append and broadcast it while the next attempt runs), then exactly one
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import logging
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Callable
 
 from bae.common.config import REDACTED, Config, EnvResolutionError, ProviderEntry, primary_not_configured, resolve_env
@@ -37,6 +40,9 @@ MIN_REDACTED_TOKEN_LENGTH = 8
 # passed, while the call goes on. A compaction's is never held: it is written before the summary,
 # which the database may have no room for, and a failed compaction keeps its request (§12.4).
 REQUEST_EVENT_HOLD = 0.005
+# Answers that say "not now": too many requests, and Anthropic's "overloaded". Their `Retry-After`
+# is honoured (docs/engine.md, "Provider attempts").
+RATE_LIMITED = frozenset({429, 529})
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,17 @@ class _Failure:
     status: int | None
     detail: str
     body: str | None
+    retry_after: float | None = None  # the wait a RATE_LIMITED answer asked for, in seconds
+
+
+@dataclass(frozen=True)
+class _Try:
+    """One attempt to make: an entry of the chain, or one that asked to be tried again later."""
+
+    entry: ProviderEntry
+    kind: str  # "primary" | "fallback": the entry's place in the chain, a retry's too
+    not_before: float = 0.0  # loop time before which a retry is not made
+    retried: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,8 +176,11 @@ def resolve_chain(config: Config, spec: StepSpec) -> list[ProviderEntry] | None:
 
 
 async def run_step(
-    spec: StepSpec, config: Config, clients: ProviderClients
+    spec: StepSpec, config: Config, clients: ProviderClients, retry_after_limit: float
 ) -> AsyncIterator[StepEvent | StepOutcome]:
+    """The walk: each entry of the chain once, in order, until one answers; then, if all failed,
+    each entry whose RATE_LIMITED answer asked for a wait of at most `retry_after_limit` seconds
+    once more, when its wait is over, in the order the waits end."""
     chain = resolve_chain(config, spec)
     if chain is None:
         yield StepOutcome("provider_config", detail=primary_not_configured(spec.primary))
@@ -169,10 +189,23 @@ async def run_step(
     compaction = spec.purpose == COMPACTION
     purpose = {"purpose": spec.purpose} if spec.purpose else {}
     request_event_hold = 0.0 if compaction else REQUEST_EVENT_HOLD
-    for attempt, entry in enumerate(chain):
+    loop = asyncio.get_running_loop()
+    tries = deque(_Try(entry, "primary" if index == 0 else "fallback") for index, entry in enumerate(chain))
+    retries: list[_Try] = []  # in the order their waits end
+    for attempt in itertools.count():
+        if tries:
+            current = tries.popleft()
+        elif retries:
+            current = retries.pop(0)
+            # A cancel of the step (its caller gave up, or the step's deadline passed) ends this at once.
+            await asyncio.sleep(max(current.not_before - loop.time(), 0.0))
+        else:
+            yield StepOutcome("all_failed", attempts=attempt)
+            return
+        entry = current.entry
         base = {
             "attempt": attempt,
-            "kind": "primary" if attempt == 0 else "fallback",
+            "kind": current.kind,
             "provider": entry.provider,
         }
         wire = WIRES[entry.provider]
@@ -192,7 +225,7 @@ async def run_step(
             **purpose,
             **({} if as_sent else {"messages": sent.json}),
         }
-        span = start_attempt(entry, attempt)
+        span = start_attempt(entry, attempt, current.kind)
         # The HTTP call starts now; the request event goes out with its answer, or while it runs.
         attempt_call = asyncio.ensure_future(_attempt(entry, wire, max_tokens, prepared, clients))
         try:
@@ -237,6 +270,18 @@ async def run_step(
             attempt,
             result.detail,
         )
+        retry = _retry(current, result, retry_after_limit, loop.time())
+        if retry is not None:
+            bisect.insort(retries, retry, key=lambda later: later.not_before)
+            log.info(
+                "session %s: provider %r asked for %.3g s; it is tried again then if no other entry answers",
+                spec.session_id,
+                entry.name,
+                result.retry_after,
+            )
+        # What this attempt records goes out before a wait for a retry.
+        waits = not tries and bool(retries)
+        call_failed = attempt == 0 and not spec.purpose and bool(tries or retries)
         yield StepEvent(
             "provider.response",
             {
@@ -245,16 +290,27 @@ async def run_step(
                 "status": result.status,
                 "error": result.detail,
                 "body": result.body,
+                **({"retry_after": round(result.retry_after, 3)} if result.retry_after is not None else {}),
                 **purpose,
             },
+            then_waits=waits and not call_failed,
         )
-        if attempt == 0 and not spec.purpose and len(chain) > 1:
+        if call_failed:
             yield StepEvent(
                 "session.error",
                 {"reason": "provider_call_failed", "provider": entry.provider, "detail": result.detail},
+                then_waits=waits,
             )
         end_attempt(span, False, result.status, result.detail)
-    yield StepOutcome("all_failed", attempts=len(chain))
+
+
+def _retry(tried: _Try, failure: _Failure, limit: float, now: float) -> _Try | None:
+    """`tried` once more after the wait its answer asked for, if that is at most `limit` seconds;
+    a retry is not retried."""
+    wait = failure.retry_after
+    if tried.retried or wait is None or wait > limit:
+        return None
+    return replace(tried, not_before=now + wait, retried=True)
 
 
 async def _attempt(
@@ -283,7 +339,8 @@ async def _attempt(
 
     text = _redact(response.text, token)
     if not 200 <= response.status < 300:
-        return _Failure(response.status, f"provider returned HTTP {response.status}", text)
+        retry_after = response.retry_after if response.status in RATE_LIMITED else None
+        return _Failure(response.status, f"provider returned HTTP {response.status}", text, retry_after)
     try:
         parsed = load(text)
     except ValueError as exc:

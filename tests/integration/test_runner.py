@@ -668,6 +668,54 @@ async def test_attempt_timeout(runner, llm):
     assert result.outcome == StepOutcome.OK
 
 
+# -- Retry-After ---------------------------------------------------------------------
+
+
+async def test_rate_limited_entries_are_tried_again_in_the_order_their_waits_end(runner, llm):
+    llm.enqueue(
+        Reply.error(429, "primary", {"retry-after": "1"}),
+        Reply.error(529, "fallback", {"retry-after-ms": "200"}),
+        Reply.text("fallback, later"),
+    )
+    updates: list[list[str]] = []
+    events, result = await run_step(runner, "mock", USER_HELLO, fallbacks=("fallback",), updates=updates)
+    assert types(events) == [*FAILOVER_EVENTS, "provider.request", "provider.response"]
+    assert [(payload["attempt"], payload["kind"], payload.get("retry_after")) for kind, payload in events
+            if kind == "provider.response"] == [(0, "primary", 1), (1, "fallback", 0.2), (2, "fallback", None)]
+    assert (result.outcome, result.attempts) == (StepOutcome.OK, 3)
+    # The failed fallback's answer goes out as the wait starts, not with the retry's request.
+    assert sum(updates, []) == [*types(events), "result"]
+    assert ["provider.response"] in [update[-1:] for update in updates[:-1]], updates
+    assert llm.requests[2]["received"] - llm.requests[1]["received"] >= 0.2
+    assert len(llm.requests) == 3
+
+
+async def test_a_retry_that_is_rate_limited_again_ends_the_walk(runner, llm):
+    llm.enqueue(*[Reply.error(429, "still busy", {"retry-after-ms": "100"})] * 2)
+    events, result = await run_step(runner, "mock", USER_HELLO)
+    assert [payload["attempt"] for kind, payload in events if kind == "provider.response"] == [0, 1]
+    assert (result.outcome, result.attempts) == (StepOutcome.ALL_FAILED, 2)
+    assert len(llm.requests) == 2
+
+
+async def test_a_500_with_retry_after_is_not_tried_again(runner, llm):
+    llm.enqueue(Reply.error(503, "down", {"retry-after": "1"}))
+    events, result = await run_step(runner, "mock", USER_HELLO)
+    assert "retry_after" not in events[1][1]
+    assert (result.outcome, result.attempts) == (StepOutcome.ALL_FAILED, 1)
+    assert len(llm.requests) == 1
+
+
+async def test_the_steps_deadline_ends_a_wait_for_retry_after(runner, llm):
+    llm.enqueue(Reply.error(429, "slow down", {"retry-after": "1"}))
+    async with runner_client(runner) as client:
+        with pytest.raises(StepFailed, match="longer than 0.5 s"):
+            async for _ in client.run_step(*step_request("mock", USER_HELLO), timeout=0.5):
+                pass
+        await asyncio.sleep(1.2)
+    assert len(llm.requests) == 1, "the step tried again after its deadline"
+
+
 # -- the step stream ------------------------------------------------------------------
 
 
