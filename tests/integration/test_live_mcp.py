@@ -26,7 +26,7 @@ from testkit.stack import RunningStack, launch_stack, mock_provider_toml
 pytestmark = pytest.mark.stack
 
 PYTHON = sys.executable
-TOOL_NAMES = ["echo", "fail", "sleep", "request_header", "argv", "handshake", "environment"]
+TOOL_NAMES = ["echo", "fail", "sleep", "request_header", "argv", "handshake", "environment", "output"]
 WEB_TOOL_NAMES = [f"web_{name}" for name in TOOL_NAMES]
 LLM_TOKEN = "sk-test-llm-token"
 REDACTED = "\u2022" * 8
@@ -304,6 +304,42 @@ def test_several_mcp_calls_in_one_message_overlap_and_keep_the_model_order(stack
     assert [block["tool_use_id"] for block in last_user] == ["tu_1", "tu_2", "tu_3"]
 
 
+def digits(size: int) -> str:
+    """What the test server's `output` tool returns."""
+    return ("0123456789" * (size // 10 + 1))[:size]
+
+
+def test_a_stdio_result_over_the_output_limit_reaches_the_model_and_the_log_cut(stack, mock):
+    limit = 1024 * 1024  # BAE_MCP_OUTPUT_LIMIT's default
+    size = 2_000_000
+    sid, skey, _ = stack.new_session(["local"])
+    mock.enqueue(Reply.tool_use([("tu_big", "output", {"size": size})]), Reply.text("read it"))
+    events = result(stack.send(sid, skey, "print a lot"))["events"]
+    cut = text_result(digits(size)[:limit] + f"\n[output truncated: {size - limit} bytes omitted]\n")
+    # The MCP result as read: its text cut, structuredContent (the same text again) left out.
+    (response,) = payloads(events, "mcp.response")
+    assert response == {"server_name": "local", "ok": True, "result": {"content": cut, "isError": False}}
+    (stored,) = payloads(events, "tool.result")
+    assert stored["content"] == cut and stored["is_error"] is False
+    # The provider got the same cut text, and the log holds the result nowhere longer than that.
+    assert mock.requests[-1]["body"]["messages"][-1]["content"] == [
+        {"type": "tool_result", "tool_use_id": "tu_big", "content": cut, "is_error": False}
+    ]
+    logged = stack.events(sid, skey)
+    assert [e["id"] for e in logged[-len(events):]] == [e["id"] for e in events]
+    assert max(len(json.dumps(e["payload"])) for e in logged) < limit + 4096
+
+
+def test_an_http_result_over_the_output_limit_is_an_error_result(stack, mock):
+    sid, skey, _ = stack.new_session(["web"])
+    mock.enqueue(Reply.tool_use([("tu_big", "web_output", {"size": 2_000_000})]), Reply.text("no luck"))
+    events = result(stack.send(sid, skey, "print a lot"))["events"]
+    (response,) = payloads(events, "mcp.response")
+    assert response["ok"] is False and "1048576 byte" in response["error"], response
+    (stored,) = payloads(events, "tool.result")
+    assert stored["is_error"] is True and stored["content"] == text_result(f"MCP error: {response['error']}")
+
+
 # --- mixed client + MCP turns ----------------------------------------------------
 
 MIXED_REPLY = Reply.tool_use([("tu_m", "echo", {"text": "from mcp"}), ("tu_c", "get_time", {})])
@@ -552,4 +588,4 @@ def test_a_stdio_child_sees_a_minimal_environment_plus_its_declared_env(stack, m
     assert [name for name in environment if name.startswith("BAE_")] == []
     assert LLM_TOKEN not in environment.values() and "MOCK_LLM_TOKEN" not in environment
     assert set(environment) <= {"HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LANGUAGE", "LC_ALL",
-                                "LC_CTYPE", "TZ", "GREETING", "WEB_TOKEN_COPY", "MCP_CONNECTION_ID"}
+                                "LC_CTYPE", "TZ", "GREETING", "WEB_TOKEN_COPY"}

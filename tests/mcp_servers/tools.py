@@ -11,6 +11,7 @@ Tools (each name prefixed with P, default none):
 - argv(): the server's command-line arguments after the script path, space-joined
 - handshake(): JSON of the client's initialize params (as sent, camelCase)
 - environment(): JSON of the server's environment variables
+- output(size): `size` bytes of text, the digits 0-9 over and over
 """
 
 from __future__ import annotations
@@ -60,7 +61,15 @@ def build_server(prefix: str) -> MCPServer:
     def environment() -> str:
         return json.dumps(dict(os.environ))
 
+    @server.tool(name=f"{prefix}output", description="Return this many bytes of text.")
+    def output(size: int) -> str:
+        return digits(size)
+
     return server
+
+
+def digits(size: int) -> str:
+    return ("0123456789" * (size // 10 + 1))[:size]
 
 
 def main() -> None:

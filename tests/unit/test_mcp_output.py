@@ -116,6 +116,13 @@ def test_an_answer_whose_structure_is_over_the_limit_fails_its_request_by_the_id
     assert isinstance(message, types.JSONRPCError) and message.id == 9
 
 
+@pytest.mark.parametrize("bad", [b"\\x41", b"\\u12G4"])
+def test_an_answer_that_is_not_json_fails_its_request(bad: bytes) -> None:
+    line = b'{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"' + b"x" * 3000 + bad + b"x" * 3000 + b'"}]}}'
+    (message,) = answer(line, 512)
+    assert isinstance(message, types.JSONRPCError) and message.id == 7
+
+
 def test_an_answer_without_an_id_that_can_be_found_fails_every_waiting_request() -> None:
     line = b'{"jsonrpc":"2.0","result":{"content":[{"type":"text","text":"' + b"z" * 5000 + b'"}]},"id":5'  # cut off
     messages = answer(line, 256, {1: "tools/call", 2: "tools/list"})
@@ -129,6 +136,16 @@ def test_an_answer_to_a_request_no_longer_waiting_is_dropped() -> None:
 def test_a_long_message_of_the_server_itself_is_dropped() -> None:
     line = json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "n" * 5000}}).encode()
     assert answer(line, 512) == []
+
+
+def test_a_long_line_within_the_limit_comes_through_as_it_was() -> None:
+    listing = {"jsonrpc": "2.0", "id": 2, "result": {"tools": [{"name": f"t{i}", "description": "d" * 300} for i in range(400)]}}
+    line = json.dumps(listing).encode()
+    assert 64 * 1024 < len(line) < 1 << 20
+    (read_line,) = read(line + b"\n", 4096, limit=1 << 20)
+    assert isinstance(read_line, Shortener)
+    (message,) = [m.message for m in rebuild(read_line, {2: "tools/list"})]
+    assert message == types.JSONRPCResponse.model_validate(listing)
 
 
 def test_memory_stays_within_the_limit_while_a_long_line_streams() -> None:

@@ -1,9 +1,9 @@
 """An MCP server's answers read within `BAE_MCP_OUTPUT_LIMIT`, however long they are.
 
 A stdio server sends one JSON-RPC message per line. `LineReader` splits what the
-server writes into lines; a line of at most `limit` bytes is handed on whole, and a
-longer one goes through a `Shortener` as it arrives and is never held whole: the
-memory an answer costs stays within about twice the limit whatever its length.
+server writes into lines; a short line is handed on whole, and a longer one (over
+`SPILL` bytes, or the limit if less) goes through a `Shortener` as it arrives and is never held whole: the
+memory an answer costs stays within about the limit whatever its length.
 
 The `Shortener` copies the message's JSON as it streams, except its long strings
 (over `SHORT_STRING` bytes): of those it keeps at most `limit` bytes of text in all,
@@ -41,9 +41,8 @@ log = logging.getLogger("bae.session.mcp")
 
 # Strings up to this long (keys, ids, types, MIME types) are copied as they are.
 SHORT_STRING = 256
-# A line already read is passed to the Shortener in pieces this long, so the text
-# decoded at once (and its copies) stays small.
-PIECE = 64 * 1024
+# A line longer than this is read through a Shortener (which leaves one within the limit as it is).
+SPILL = 64 * 1024
 # The end of an over-long line kept to find its id when nothing before it could.
 TAIL = 4096
 # The longest escape (`\uXXXX`) less one: a longer remainder that no escape starts is not JSON.
@@ -159,9 +158,15 @@ class Shortener:
                 pos = quote + 1
                 continue
             body_end = _BODY.match(data, pos).end()  # type: ignore[union-attr]  # matches the empty string at least
-            self._string_piece(data[pos:body_end])
-            if body_end < end and data[body_end] == 0x22:  # the closing quote
-                self._string_end()
+            closed = body_end < end and data[body_end] == 0x22  # the closing quote
+            try:
+                self._string_piece(data[pos:body_end])
+                if closed:
+                    self._string_end()
+            except ValueError:  # an escape or a character that is not JSON
+                self._overflow()
+                return
+            if closed:
                 self._in_string = False
                 pos = body_end + 1
             else:
@@ -199,7 +204,7 @@ class Shortener:
         return f"\x00{self._nonce}:{index}"
 
     def _overflow(self) -> None:
-        """The message's structure alone is over the limit: only its id is still of use."""
+        """Give the content up (its structure alone is over the limit, or it is not JSON): only its id is still of use."""
         self.overflowed = True
         try:
             early = pydantic_core.from_json(bytes(self._out), allow_partial=True)
@@ -233,8 +238,9 @@ class Shortener:
 
 
 def rebuild(shortener: Shortener, method_of: dict[int | str, str]) -> Iterator[SessionMessage | Exception]:
-    """What an over-long message delivers: the shortened answer, or an error for the request(s)
-    it answers; nothing for a request or notification of the server's own (dropped, logged).
+    """What a long line delivers: its message as it came when nothing was left out; else the
+    shortened answer, or an error for the request(s) it answers, or nothing for a request or
+    notification of the server's own (dropped, logged).
     `method_of` maps the ids of the requests awaiting an answer to their methods."""
     try:
         read = shortener.finish()
@@ -242,6 +248,12 @@ def rebuild(shortener: Shortener, method_of: dict[int | str, str]) -> Iterator[S
         read = None
     if read is not None:
         message, cuts = read
+        if all(cut.omitted == 0 for cut in cuts.values()):
+            try:
+                yield SessionMessage(types.jsonrpc_message_adapter.validate_python(_restored(message, cuts), by_name=False))
+            except ValidationError as exc:
+                yield exc
+            return
         if "method" in message:
             log.warning("MCP server message over BAE_MCP_OUTPUT_LIMIT dropped method=%.100s", message["method"])
             return
@@ -285,7 +297,7 @@ def shortened_result(result: dict[str, Any], cuts: dict[str, Cut]) -> dict[str, 
             cut = cuts[block["text"]]
             omitted += cut.omitted
             if cut.kept:
-                content.append({**_restored(block, cuts), "text": cut.kept.decode()})
+                content.append({**_restored(block, cuts), "text": _text(cut)})
         else:
             omitted += sum(cuts[p].size for p in inside)  # a block cut short is no block: all of it goes
     shortened = {"content": content}
@@ -293,11 +305,16 @@ def shortened_result(result: dict[str, Any], cuts: dict[str, Cut]) -> dict[str, 
         if key != "content" and all(cuts[p].omitted == 0 for p in _placeholders(value, cuts)):
             shortened[key] = _restored(value, cuts)
     if omitted:
-        if content and isinstance(content[-1], dict) and content[-1].get("type") == "text":
+        if content and isinstance(content[-1], dict) and isinstance(content[-1].get("text"), str):
             content[-1] = {**content[-1], "text": content[-1]["text"] + marker(omitted)}
         else:
             content.append({"type": "text", "text": marker(omitted)})
     return shortened
+
+
+def _text(cut: Cut) -> str:
+    # A lone surrogate escape was counted as its three bytes; as text it is a replacement character.
+    return cut.kept.decode("utf-8", "replace")
 
 
 def _placeholders(value: Any, cuts: dict[str, Cut]) -> Iterator[str]:
@@ -315,7 +332,7 @@ def _placeholders(value: Any, cuts: dict[str, Cut]) -> Iterator[str]:
 
 def _restored(value: Any, cuts: dict[str, Cut]) -> Any:
     if isinstance(value, str):
-        return cuts[value].kept.decode() if value in cuts else value
+        return _text(cuts[value]) if value in cuts else value
     if isinstance(value, dict):
         return {_restored(key, cuts): _restored(item, cuts) for key, item in value.items()}
     if isinstance(value, list):
@@ -325,7 +342,7 @@ def _restored(value: Any, cuts: dict[str, Cut]) -> Any:
 
 @dataclass
 class LineReader:
-    """Splits a stdio server's output into messages, reading an over-long line through a Shortener."""
+    """Splits a stdio server's output into messages, reading a long line through a Shortener."""
 
     limit: int
     _parts: list[bytes] = field(default_factory=list)
@@ -333,7 +350,8 @@ class LineReader:
     _shortener: Shortener | None = None
 
     def feed(self, data: bytes) -> Iterator[bytes | Shortener]:
-        """Each line `data` completes: its bytes, or the Shortener that read it."""
+        """Each line `data` completes: its bytes, or the Shortener that read it (pieces of at most
+        SPILL bytes keep what is decoded at once small)."""
         start = 0
         while (newline := data.find(b"\n", start)) >= 0:
             self._take(data[start:newline])
@@ -348,12 +366,11 @@ class LineReader:
             return
         self._parts.append(piece)
         self._length += len(piece)
-        if self._length > self.limit:
+        if self._length > min(self.limit, SPILL):
             self._shortener = Shortener(self.limit)
             parts, self._parts = self._parts, []
             for part in parts:
-                for offset in range(0, len(part), PIECE):
-                    self._shortener.feed(part[offset:offset + PIECE])
+                self._shortener.feed(part)
 
     def _line(self) -> bytes | Shortener:
         shortener, self._shortener = self._shortener, None

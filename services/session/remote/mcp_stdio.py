@@ -70,6 +70,9 @@ async def bounded_stdio_client(
             async with read_writer:
                 while True:
                     chunk = await process.stdout.receive(READ_CHUNK)
+                    # A read that finds data waiting does not yield: a child writing fast would
+                    # keep the event loop from everything else until its line ends.
+                    await anyio.lowlevel.checkpoint()
                     for line in lines.feed(chunk):
                         for message in _messages(line, waiting):
                             await read_writer.send(message)
