@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import uuid
-from typing import TYPE_CHECKING
 
 from bae.common.errors import Conflict, NotFound, TooManyRequests
+from services.sandbox.driver import Driver, new_tag
 from services.sandbox.output import CappedOutput
-
-if TYPE_CHECKING:
-    from services.sandbox.driver import Driver
 
 # Finished commands kept per sandbox and per host; beyond them the oldest finished go first.
 MAX_FINISHED_PER_SANDBOX = 256
@@ -47,7 +43,7 @@ class Command:
         self.command_id = command_id
         self.sandbox_id = sandbox_id
         # Unique per start, whatever the caller's id: the command's processes are tagged with it.
-        self.token = uuid.uuid4().hex
+        self.token = new_tag()
         self.stdout = CappedOutput(output_limit)
         self.stderr = CappedOutput(output_limit)
         self.state = CommandState.RUNNING

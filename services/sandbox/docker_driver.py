@@ -18,7 +18,6 @@ import logging
 import socket
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Coroutine, TypeAlias, TypeVar
 
@@ -37,6 +36,7 @@ from services.sandbox.driver import (
     BackgroundCommand,
     ExecOutput,
     SandboxInfo,
+    new_tag,
 )
 from services.sandbox.docker_socket import DockerError, DockerSocket, unix_socket_path
 from services.sandbox.output import CappedOutput
@@ -70,23 +70,52 @@ def _explain(exc: docker.errors.APIError) -> str:
     return str(exc.explanation or exc)
 
 
-# Every command runs with a marker in its environment, which its children
-# inherit. A command that times out, or that a caller kills, is killed inside its container by
-# matching that marker: this works wherever the sandbox service runs (its own
-# container included), where host PIDs would not be visible. All are stopped
-# first (twice, for children forked during the first scan), then killed: a
-# parent never sees a child die and carries on.
+# Every command's processes carry a tag they cannot drop, by which a kill (its timeout, KillCommand, an
+# Exec whose caller went away) finds all of them inside the container, wherever the sandbox host runs
+# (its own container included, where host PIDs would not be visible): the audit login uid,
+# /proc/<pid>/loginuid. A process whose login uid is unset may set its own, once, without privileges;
+# changing it after that needs CAP_AUDIT_CONTROL, which no sandbox has. Every child inherits it, whatever
+# it does: `env -i`, setsid, a double fork that leaves it to PID 1, exec, setuid. So the shell that becomes a
+# command first sets its own to the command's tag (EXEC_SCRIPT; the resident shell's subshell likewise),
+# named by its pid (Docker's AppArmor profile refuses writes under /proc/self); the resident shell
+# itself and the host's kills never set theirs.
+# What else was weighed: a PID namespace per command (`unshare --pid`) needs CAP_SYS_ADMIN, and Docker's
+# seccomp profile refuses it without; a cgroup per command needs the container's cgroup tree writable,
+# and a process that can write it can move itself out; a process group or session is left with setsid,
+# the environment with `env -i`, and the parent links by a process whose parent exited; a container per
+# command costs a container start each and would not share the sandbox's processes and files.
+# The limit: the container's processes must start with an unset login uid, which they do when the
+# Docker daemon runs as a system service (not from a login session), on a kernel with audit support
+# (CONFIG_AUDITSYSCALL, as distributions build theirs). Where not, a command also carries its tag in
+# its environment (EXEC_MARKER), and a kill finds the processes that kept it; the host logs a warning then.
 EXEC_MARKER = "BAE_EXEC_ID"
-KILL_MARKED = """
-marked() {
-  for dir in /proc/[0-9]*; do
-    grep -q "$1" "$dir/environ" 2>/dev/null && echo "${dir#/proc/}"
-  done
+# An exec's first process: it tags itself, gives back the shell level it took (so that the command sees
+# the level an exec's own shell would), and becomes the command, `sh -c command` as Docker would run it.
+EXEC_SCRIPT = r"""{ echo "$BAE_EXEC_ID" >"/proc/$$/loginuid"; } 2>/dev/null
+if [ "${SHLVL:-0}" -gt 1 ] 2>/dev/null; then SHLVL=$((SHLVL - 1)); else unset SHLVL; fi
+exec sh -c "$1"
+"""
+# The kill, run in the container with the tag ($1, as the login uid reads) and the marker ($2, a pattern
+# that means itself: busybox's `grep -F` stops at the first NUL of an environment). Every
+# tagged process is stopped, again until a scan finds none that was not (a stopped process forks no
+# more, and a parent never sees a child die and carries on); then all are killed, again until none is
+# left (the dead are listed until they are reaped). It says "untagged" when only the marker found
+# processes, and "left" when some outlived its rounds.
+KILL_TAGGED = r"""
+tagged() {
+  grep -l -s -x -F "$1" /proc/[0-9]*/loginuid
+  grep -l -s "$2" /proc/[0-9]*/environ
 }
-for signal in STOP STOP KILL; do
-  pids=$(marked "$1")
-  [ -n "$pids" ] && kill -"$signal" $pids 2>/dev/null
+found=$(tagged "$1" "$2")
+case $found in *environ*) case $found in *loginuid*) ;; *) echo untagged ;; esac ;; esac
+last='' round=0
+while [ -n "$found" ] && [ $round -lt 200 ]; do
+  pids=$(for file in $found; do file=${file#/proc/}; echo "${file%%/*}"; done)
+  if [ "$found" = "$last" ]; then kill -KILL $pids; sleep 0.01; else kill -STOP $pids; fi 2>/dev/null
+  last=$found round=$((round + 1))
+  found=$(tagged "$1" "$2")
 done
+[ -z "$found" ] || echo left
 exit 0
 """
 KILL_TIMEOUT = 10.0
@@ -98,6 +127,10 @@ INSPECT_PAUSE = 0.01
 
 def _marker(token: str) -> str:
     return f"{EXEC_MARKER}={token}"
+
+
+def _exec_argv(command: str) -> list[str]:
+    return ["sh", "-c", EXEC_SCRIPT, "sh", command]
 
 
 def _feed(raw: socket.socket, data: bytes) -> None:
@@ -331,7 +364,7 @@ class DockerDriver:
     async def _create_exec(self, api: DockerApi, sandbox_id: str, command: str, token: str, stdin: bool) -> str:
         try:
             created = await self._docker(
-                api.exec_create, sandbox_id, ["sh", "-c", command], environment=[_marker(token)], stdin=stdin
+                api.exec_create, sandbox_id, _exec_argv(command), environment=[_marker(token)], stdin=stdin
             )
         except docker.errors.NotFound:
             raise NotFound(f"no such sandbox: {sandbox_id}") from None
@@ -359,7 +392,7 @@ class DockerDriver:
 
     async def exec(self, sandbox_id: str, command: str, timeout: float) -> ExecOutput:
         api = await self._ready_api()
-        token = uuid.uuid4().hex
+        token = new_tag()
         limit = self._config.output_limit
         stdout, stderr = CappedOutput(limit), CappedOutput(limit)
         run = await self._begin_exec(api, sandbox_id, command, token, stdout, stderr)
@@ -371,8 +404,12 @@ class DockerDriver:
         try:
             exit_code = await asyncio.wait_for(asyncio.shield(drained), timeout)
         except TimeoutError:
-            await self._kill_marked(api, sandbox_id, token)
+            await asyncio.shield(self._kill_tagged(api, sandbox_id, token))
             raise DeadlineExceeded(f"command timed out after {timeout:g}s") from None
+        except asyncio.CancelledError:
+            # The caller is gone (its turn cancelled, its deadline passed): nobody can have the result.
+            await asyncio.shield(self._kill_tagged(api, sandbox_id, token))
+            raise
         except OSError as exc:
             raise Internal(f"exec failed: {exc}") from None
         return ExecOutput(
@@ -432,7 +469,7 @@ class DockerDriver:
     async def _socket_create(docker_socket: DockerSocket, sandbox_id: str, command: str, token: str) -> str:
         try:
             return await asyncio.wait_for(
-                docker_socket.create_exec(sandbox_id, ["sh", "-c", command], [_marker(token)]), CONTROL_TIMEOUT
+                docker_socket.create_exec(sandbox_id, _exec_argv(command), [_marker(token)]), CONTROL_TIMEOUT
             )
         except DockerError as exc:
             if exc.status == 404:
@@ -488,16 +525,24 @@ class DockerDriver:
         command.ended(exit_code, failure)
 
     async def kill(self, command: BackgroundCommand) -> None:
-        await self._kill_marked(await self._ready_api(), command.sandbox_id, command.token)
+        await self._kill_tagged(await self._ready_api(), command.sandbox_id, command.token)
 
-    async def _kill_marked(self, api: DockerApi, sandbox_id: str, token: str) -> None:
-        """Kill a command and its children (timed out, or killed) so they stop using the sandbox."""
+    async def _kill_tagged(self, api: DockerApi, sandbox_id: str, token: str) -> None:
+        """Kill a command and every process it started (timed out, or killed) so they stop using the sandbox."""
+        argv = ["sh", "-c", KILL_TAGGED, "sh", str(int(token)), _marker(token)]
         try:
-            killer = await self._docker(api.exec_create, sandbox_id, ["sh", "-c", KILL_MARKED, "sh", _marker(token)])
-            await asyncio.wait_for(self._docker(api.exec_start, killer["Id"]), KILL_TIMEOUT)
+            killer = await self._docker(api.exec_create, sandbox_id, argv)
+            said: bytes = await asyncio.wait_for(self._docker(api.exec_start, killer["Id"]), KILL_TIMEOUT)
         except (BaeError, docker.errors.APIError, TimeoutError) as exc:
             log.warning("could not kill a command in sandbox %s (%s); it runs until the sandbox stops",
                         sandbox_id[:12], exc)
+            return
+        if b"untagged" in said:
+            log.warning("a command in sandbox %s carried no login uid tag (the Docker daemon's processes have "
+                        "one set, or the kernel has no audit support): a process of it that dropped its "
+                        "environment was not killed", sandbox_id[:12])
+        if b"left" in said:
+            log.warning("some processes of a command in sandbox %s outlived its kill", sandbox_id[:12])
 
     async def stop(self, sandbox_id: str) -> bool:
         api = await self._ready_api()

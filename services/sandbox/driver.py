@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -13,6 +14,16 @@ LABEL_SESSION = "bae.session_id"
 LABEL_HOST = "bae.host"
 # A warm spare (services/sandbox/warm.py): started before any session asked, in place of a session label.
 LABEL_SPARE = "bae.spare"
+# Tags a command's processes carry so that a kill finds every one (docker_driver.py says how): five
+# digits, so that no tag's text begins another's. Unique among this host's commands until the count
+# wraps; kept within the 65,536 user ids a remapped (userns-remap) container has, as the tag is one.
+TAGS = 65533
+_tags = itertools.count()
+
+
+def new_tag() -> str:
+    """The next command's tag."""
+    return f"{1 + next(_tags) % TAGS:05d}"
 
 
 @dataclass(frozen=True)
@@ -40,7 +51,7 @@ class BackgroundCommand(Protocol):
 
     command_id: str
     sandbox_id: str
-    # Marks the command's processes in the sandbox, so a kill finds every one of them.
+    # Tags the command's processes in the sandbox (new_tag), so a kill finds every one of them.
     token: str
     stdout: CappedOutput
     stderr: CappedOutput

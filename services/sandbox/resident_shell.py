@@ -6,7 +6,8 @@ costs about two. The resident shell runs the POSIX sh script below, on an exec w
 stays attached, so it needs only `sh`, `cat` and `setsid` in the image. It
 reads one command per line and runs it as an exec would: `sh -c command` in a
 session of its own (so that `kill 0` ends the command, not the shell), stdin
-/dev/null, the kill marker in its environment, and stdout and stderr each
+/dev/null, tagged for a kill as an exec is (its login uid and the marker in its
+environment, docker_driver.py), and stdout and stderr each
 through a pipe that every writer must close before the command counts as ended
 (the Docker daemon waits for an exec's streams the same way, so a background child
 that keeps them open holds the call). Then it writes the line's nonce at the
@@ -14,7 +15,7 @@ end of both streams, with the exit status on stdout. The nonce is new per
 command and never in the command's environment: it tells the host where one
 command's output ends.
 
-The rest is the host's, as for an exec: the deadline and the kill by marker
+The rest is the host's, as for an exec: the deadline and the kill by tag
 (docker_driver.py), and the output cap (CappedOutput). A shell runs one command
 at a time. A sandbox gets its first with its first command (a warm spare, when
 it is made) and has up to MAX_PER_SANDBOX; see ResidentShells.take. A shell that
@@ -44,7 +45,8 @@ READY = b"ready\n"
 # shells it starts write their own messages ("Terminated" when a command dies of a signal) to /dev/null, so
 # only the command's output reaches the streams. Per command: fd 4 carries the exit status to
 # `status`; the command's stdout goes through fd 3 to one cat, its stderr through a pipe to the
-# other; a subshell applies the command's redirections and then becomes it, so that the shell
+# other; a subshell tags itself with its own pid's login uid (docker_driver.py; `$$` would name this
+# shell), applies the command's redirections and then becomes it, so that the shell
 # waiting for it never writes into the command's pipe; every descriptor the command must not
 # hold is closed for it.
 SCRIPT = r"""# bae resident shell
@@ -56,7 +58,8 @@ printf 'ready\n'
 while IFS= read -r line; do
   nonce=${line%% *}; rest=${line#* }; token=${rest%% *}
   command=$(printf '%bx' "${rest#* }"); command=${command%x}
-  status=$( { { { (export BAE_EXEC_ID="$token"; exec setsid sh -c "$command" </dev/null 2>&1 >&3 3>&- 4>&- 5>&- 6>&-)
+  status=$( { { { (export BAE_EXEC_ID="$token"; read -r pid rest </proc/self/stat; echo "$token" >"/proc/$pid/loginuid"
+    exec setsid sh -c "$command" </dev/null 2>&1 >&3 3>&- 4>&- 5>&- 6>&-)
     echo $? >&4; } | cat >&6 3>&- 4>&- 5>&- 6>&-; } 3>&1 | cat >&5 4>&- 5>&- 6>&-; } 4>&1 )
   printf '%s %s\n' "$nonce" "$status"
   printf '%s\n' "$nonce" >&6

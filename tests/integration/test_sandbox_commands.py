@@ -131,10 +131,14 @@ async def test_output_is_read_incrementally_while_the_command_runs(host):
     assert (await host.wait("cmd_steps", 0, stderr_offset=2)).stderr == b"te\n"
 
 
+# A child that hides from a kill: no environment, a session of its own, and PID 1 for a parent.
+HIDDEN = "(setsid env -i sleep 303 &)"
+
+
 async def test_kill_ends_the_command_and_every_process_it_started(host):
-    await host.start("sleep 300 & (sleep 301 &) ; sh -c 'sleep 302; echo never'; echo never", "cmd_tree")
+    await host.start(f"sleep 300 & (sleep 301 &) ; {HIDDEN}; sh -c 'sleep 302; echo never'; echo never", "cmd_tree")
     async with asyncio.timeout(20):
-        while len([p for p in await host.processes() if p.startswith("sleep 30")]) < 3:
+        while len([p for p in await host.processes() if p.startswith("sleep 30")]) < 4:
             await asyncio.sleep(0.1)
     killed = await host.kill("cmd_tree")
     assert (killed.state, killed.exit_code, killed.stdout) == (State.KILLED, -1, b"")
@@ -149,7 +153,7 @@ async def test_kill_ends_the_command_and_every_process_it_started(host):
 
 async def test_a_command_past_its_timeout_is_killed_with_its_children(host):
     began = time.monotonic()
-    await host.start("echo started; sleep 300 & sleep 301", "cmd_slow", timeout_seconds=1)
+    await host.start(f"echo started; sleep 300 & {HIDDEN}; sleep 301", "cmd_slow", timeout_seconds=1)
     status = await host.wait("cmd_slow")
     assert time.monotonic() - began < 10
     assert (status.state, status.exit_code, status.stdout) == (State.TIMED_OUT, -1, b"started\n")

@@ -91,6 +91,61 @@ async def test_a_timed_out_command_is_killed_with_its_children(sandbox):
     assert (await driver.exec(sandbox_id, "echo still usable", 10)).stdout == "still usable\n"
 
 
+# Children that hide from a kill: `env -i` drops the environment, setsid the process group and session,
+# and the subshell's exit leaves the second to PID 1. The command then waits.
+HIDING = ("env -i sh -c 'while :; do sleep 1; done' & (setsid env -i sh -c 'while :; do sleep 2; done' &); wait")
+LOOPS = "ps -o args | grep -c '^sh -c [w]hile :' || true"
+
+
+async def test_a_timed_out_command_is_killed_with_the_children_that_hid(sandbox):
+    driver, sandbox_id = sandbox
+    with pytest.raises(DeadlineExceeded):
+        await driver.exec(sandbox_id, HIDING, 0.5)
+    assert (await driver.exec(sandbox_id, LOOPS, 10)).stdout == "0\n"
+
+
+async def test_a_command_whose_caller_is_gone_is_killed_with_the_children_that_hid(sandbox):
+    driver, sandbox_id = sandbox
+    running = asyncio.create_task(driver.exec(sandbox_id, HIDING, 30))
+    for _ in range(500):
+        if (await driver.exec(sandbox_id, LOOPS, 10)).stdout == "2\n":
+            break
+        await asyncio.sleep(0.01)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert (await driver.exec(sandbox_id, LOOPS, 10)).stdout == "0\n"
+
+
+async def test_a_command_cannot_drop_its_tag(sandbox):
+    """The login uid a command is tagged with, which it cannot set again (docker_driver.py)."""
+    driver, sandbox_id = sandbox
+    output = await driver.exec(sandbox_id, 'cat /proc/$$/loginuid; echo; echo 0 >/proc/$$/loginuid', 10)
+    assert output.stdout.strip().isdigit() and 0 < int(output.stdout) < 65534
+    assert "Operation not permitted" in output.stderr and output.exit_code != 0
+
+
+@pytest.mark.parametrize("sandbox", ["socket"], indirect=True)
+async def test_an_untagged_command_is_killed_by_its_marker_with_a_warning(sandbox, caplog):
+    """Where processes cannot be tagged (their login uid was set before: a Docker daemon started from a
+    login session), a kill still finds those that kept the command's environment marker."""
+    driver, sandbox_id = sandbox
+    client = docker_client()
+    try:
+        untagged = "echo 9 >/proc/$$/loginuid; exec sh -c 'sleep 307 & wait'"
+        client.containers.get(sandbox_id).exec_run(["sh", "-c", untagged], environment=["BAE_EXEC_ID=00077"],
+                                                   detach=True)
+    finally:
+        client.close()
+    for _ in range(500):
+        if (await driver.exec(sandbox_id, "ps -o args | grep -c '^[s]leep 307' || true", 10)).stdout == "1\n":
+            break
+        await asyncio.sleep(0.01)
+    await driver._kill_tagged(await driver._api(), sandbox_id, "00077")
+    assert (await driver.exec(sandbox_id, "ps -o args | grep -c '^[s]leep 307' || true", 10)).stdout == "0\n"
+    assert "carried no login uid tag" in caplog.text
+
+
 async def test_a_missing_sandbox_is_not_found(sandbox):
     driver, _ = sandbox
     with pytest.raises(NotFound) as caught:
