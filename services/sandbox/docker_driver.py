@@ -340,6 +340,10 @@ class DockerDriver:
             cap_add=list(SHELL_CAPABILITIES),
             security_opt=["no-new-privileges:true"],
             init=True,  # reaps the zombies of exec'd commands; forwards signals
+            # Commands' output comes over their execs, never through the container's own stdout (the
+            # keepalive's, which says nothing): no log is kept, so no command can fill the disk by
+            # writing there (/proc/1/fd/1).
+            log_config=docker.types.LogConfig(type=docker.types.LogConfig.types.NONE),
             read_only=config.read_only,
             tmpfs=writable if config.read_only else None,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
+import docker.errors
 import grpc
 import pytest
 
@@ -49,9 +50,20 @@ def test_sandboxes_of_the_stack_run_hardened_with_the_deployment_options(start_s
     assert (config["ReadonlyRootfs"], sorted(config["Tmpfs"]), config["NetworkMode"]) == (
         True, ["/tmp", "/workspace"], "none"
     )
+    # No log is kept of the container's own output, which a command can write to as well.
+    assert (config["LogConfig"], attrs["LogPath"]) == ({"Type": "none", "Config": {}}, "")
     ran = driver.ok("session.execRemoteSandbox", {"command": "echo kept > note && cat note; touch /etc/x; ip -o link"})
     assert ran["stdout"].startswith("kept\n") and "Read-only file system" in ran["stderr"]
     assert [line.split(":")[1].strip() for line in ran["stdout"].splitlines()[1:]] == ["lo"]  # network none
+    flood = driver.ok("session.execRemoteSandbox", {"command": "head -c 64000000 /dev/zero >/proc/1/fd/1 && echo written"})
+    assert flood["stdout"] == "written\n"
+    client = docker_client()
+    try:
+        assert client.containers.get(sandbox_id).attrs["LogPath"] == ""
+        with pytest.raises(docker.errors.APIError, match="does not support reading"):
+            client.containers.get(sandbox_id).logs()
+    finally:
+        client.close()
     driver.close()
     assert driver.containers() == []
 
