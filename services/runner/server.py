@@ -14,6 +14,7 @@ from bae.common.config import Config
 from bae.common.errors import InvalidInput
 from bae.common.jsontext import RawJson, dump, load
 from bae.common.protos import runner_pb2, runner_pb2_grpc
+from bae.common.redact import register_config
 from services.runner.canonical import History
 from services.runner.clients import ProviderClients
 from services.runner.walk import StepEvent, StepOutcome, StepSpec, run_step
@@ -33,6 +34,7 @@ _OUTCOMES = {
 class RunnerService(runner_pb2_grpc.RunnerServicer):
     def __init__(self, config: Config, clients: ProviderClients, retry_after_limit: float) -> None:
         self.config = config
+        register_config(config)  # a provider's error text may echo a piece of its token
         self.clients = clients
         # The longest `Retry-After` a walk waits for before trying an entry again (BAE_RPC_TIMEOUT).
         self.retry_after_limit = retry_after_limit

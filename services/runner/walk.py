@@ -16,9 +16,10 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import AsyncIterator, Callable
 
-from bae.common.config import REDACTED, Config, EnvResolutionError, ProviderEntry, primary_not_configured, resolve_env
+from bae.common.config import Config, EnvResolutionError, ProviderEntry, primary_not_configured, resolve_env
 from bae.common import telemetry
 from bae.common.jsontext import RawJson, load
+from bae.common.redact import redact, redact_whole
 from services.runner import anthropic_wire, openai_wire
 from services.runner.attempt_span import end_attempt, start_attempt
 from services.runner.canonical import History, JsonObject, Message, Usage, WireFormatError
@@ -31,9 +32,6 @@ PROVIDER_LATENCY = "bae.provider.latency"
 
 COMPACTION = "compaction"
 PROVIDER_REQUEST = "provider.request"
-# Shorter "tokens" (test placeholders like "x") would match ordinary text, and
-# redacting them would corrupt every body without protecting a real secret.
-MIN_REDACTED_TOKEN_LENGTH = 8
 # A provider that answers a turn's call within this long has its provider.request sent to the
 # session service with its answer, to be written in one commit with it: a message each way, a
 # commit and a broadcast fewer per call. A slower provider's request event goes out when this has
@@ -330,32 +328,28 @@ async def _attempt(
     try:
         response = await clients.post(entry.provider, entry.effective_base_url, token, body)
     except TransportError as exc:
-        return _Failure(None, _redact(str(exc), token), None)
+        return _Failure(None, redact(str(exc), token), None)
     except Exception as exc:  # an SDK-side failure must fail the attempt, not the stream
         log.exception("provider %r: unexpected client error", entry.name)
-        return _Failure(None, _redact(f"{type(exc).__name__}: {exc}", token), None)
+        return _Failure(None, redact(f"{type(exc).__name__}: {exc}", token), None)
     finally:
         telemetry.record(PROVIDER_LATENCY, (time.perf_counter() - started) * 1000, {"provider": entry.provider})
 
-    text = _redact(response.text, token)
-    if not 200 <= response.status < 300:
+    # A failure's text is what echoes a piece of the key (`invalid x-api-key sk-ant-…`); an answer,
+    # maybe megabytes of output, is searched for whole secrets (bae.common.redact says why).
+    ok = 200 <= response.status < 300
+    text = redact_whole(response.text, token) if ok else redact(response.text, token)
+    if not ok:
         retry_after = response.retry_after if response.status in RATE_LIMITED else None
         return _Failure(response.status, f"provider returned HTTP {response.status}", text, retry_after)
     try:
         parsed = load(text)
     except ValueError as exc:
-        return _Failure(response.status, f"provider returned non-JSON body: {exc}", text)
+        return _Failure(response.status, f"provider returned non-JSON body: {exc}", redact(text, token))
     if not isinstance(parsed, dict):
-        return _Failure(response.status, "provider returned non-JSON body: expected an object", text)
+        return _Failure(response.status, "provider returned non-JSON body: expected an object", redact(text, token))
     try:
         message = wire.assistant_message(parsed)
     except WireFormatError as exc:
-        return _Failure(None, str(exc), text)
+        return _Failure(None, redact(str(exc), token), redact(text, token))
     return _Success(response.status, parsed, message, wire.usage(parsed), wire.truncation(parsed))
-
-
-def _redact(text: str, token: str) -> str:
-    """`text` with the auth token, should a provider echo it back, replaced by REDACTED."""
-    if len(token) < MIN_REDACTED_TOKEN_LENGTH or token not in text:
-        return text
-    return text.replace(token, REDACTED)

@@ -90,3 +90,27 @@ def test_an_answer_too_large_for_the_internal_plane_reaches_no_one_as_grpc_text(
     assert session_state(stack, sid) == "open"
     mock.enqueue(Reply.text("smaller"))
     assert result(send(stack, sid, skey, "less, please"))["message"]["content"] == [{"type": "text", "text": "smaller"}]
+
+
+# --- secrets stay inside -------------------------------------------------------------------
+
+def test_a_provider_error_that_echoes_part_of_its_key_shows_none_of_it(start_stack, mock):
+    # The provider's 401 repeats the first 20 characters of the key it was sent; whatever reaches
+    # the client, the events or a log holds no 8 characters of it in a row.
+    key = "sk-mock-SECRET-9f3Kq2Zx7Lw4Vb8Nc1Rt6Hy"
+    mock.reset()
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=key)
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    error = {"type": "error", "error": {"type": "authentication_error", "message": f"invalid x-api-key: {key[:20]}"}}
+    mock.enqueue(Reply.error(401, json.dumps(error)))
+    frames = send(stack, sid, skey, "hello")
+    assert result(frames)["events"][-1]["payload"] == {"reason": "all_providers_failed", "attempts": 1}
+    assert mock.requests[-1]["headers"]["x-api-key"] == key
+    events = stack.client.get(f"/api/v1/sessions/{sid}/events", params={"limit": 200},
+                              headers={"Authorization": f"Bearer {skey}"}).json()["items"]
+    [failed] = [event for event in events if event["event_type"] == "provider.response"]
+    assert json.loads(failed["payload"]["body"])["error"]["message"] == "invalid x-api-key: ••••••••"
+    logs = "".join(log.read_text() for log in (stack.tmp / "logs").glob("*.log"))
+    seen = json.dumps(frames, ensure_ascii=False) + json.dumps(events, ensure_ascii=False) + logs
+    assert [key[start:start + 8] for start in range(len(key) - 7) if key[start:start + 8] in seen] == []

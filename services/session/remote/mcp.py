@@ -48,6 +48,7 @@ from pydantic import TypeAdapter
 
 from bae import __version__
 from bae.common.config import Config, McpServer, resolve_env
+from bae.common.redact import redact, register_config
 from bae.common.settings import DEFAULT_MCP_OUTPUT_LIMIT
 from services.session.engine.ports import McpCallResult, McpTool
 from services.session.remote.mcp_http import CappedTransport
@@ -187,6 +188,7 @@ class McpConnector:
         self, config: Config, *, call_timeout: float = DEFAULT_CALL_TIMEOUT, output_limit: int = DEFAULT_MCP_OUTPUT_LIMIT
     ) -> None:
         self._config = config
+        register_config(config)  # its credential headers are redacted from what a server answers
         self._call_timeout = call_timeout
         self._output_limit = output_limit
 
@@ -356,8 +358,8 @@ class _Connection:
         while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
             exc = exc.exceptions[0]
         if isinstance(exc, (MCPError, RequestTimeout)):
-            return _describe(exc)
-        log.warning("MCP call failed mcp_server=%s error=%r", self.server_name, _describe(exc))
+            return redact(_describe(exc))  # a server may repeat part of its credential header
+        log.warning("MCP call failed mcp_server=%s error=%r", self.server_name, redact(_describe(exc)))
         return f"the call to MCP server '{self.server_name}' failed ({type(exc).__name__}); see the server log"
 
     async def _bounded(self, method: str, request: Awaitable[T]) -> T:
