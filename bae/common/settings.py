@@ -218,6 +218,19 @@ class Settings:
         return make_url(self.sqlalchemy_url).render_as_string(hide_password=True)
 
 
+def _demo_provider_addr(value: str) -> Address | None:
+    """BAE_DEMO_PROVIDER_ADDR, loopback only: the demo model answers whoever reaches it, with no key."""
+    if not value:
+        return None
+    address = parse_address("BAE_DEMO_PROVIDER_ADDR", value)
+    if not address.is_loopback:
+        raise UsageError(
+            f"BAE_DEMO_PROVIDER_ADDR: {address} is not a loopback address; the demo provider answers anyone "
+            "who reaches it, so it binds to localhost only (e.g. 127.0.0.1:8089)"
+        )
+    return address
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     get = env.get
@@ -259,8 +272,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         provider_timeout=parse_timeout("BAE_PROVIDER_TIMEOUT", get("BAE_PROVIDER_TIMEOUT", "300")),
         mcp_timeout=parse_timeout("BAE_MCP_TIMEOUT", get("BAE_MCP_TIMEOUT", "30")),
         mcp_output_limit=parse_mcp_output_limit(get("BAE_MCP_OUTPUT_LIMIT", str(DEFAULT_MCP_OUTPUT_LIMIT))),
-        demo_provider_addr=parse_address("BAE_DEMO_PROVIDER_ADDR", get("BAE_DEMO_PROVIDER_ADDR", ""))
-        if get("BAE_DEMO_PROVIDER_ADDR") else None,
+        demo_provider_addr=_demo_provider_addr(get("BAE_DEMO_PROVIDER_ADDR", "")),
         sqlite_synchronous=parse_sqlite_synchronous(get("BAE_SQLITE_SYNCHRONOUS", "FULL")),
         sandbox_idle_timeout=parse_seconds("BAE_SANDBOX_IDLE_TIMEOUT", get("BAE_SANDBOX_IDLE_TIMEOUT", "0")),
         max_body_bytes=parse_body_limit(get("BAE_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES))),

@@ -1,6 +1,6 @@
 """The demo provider: a scripted echo model, so a first session needs no API key.
 
-DEMO ONLY, never a real model. The runner serves it on BAE_DEMO_PROVIDER_ADDR,
+DEMO ONLY, never a real model. The runner serves it on BAE_DEMO_PROVIDER_ADDR (loopback only),
 and only when that is set (`make demo` / `bae run --demo` set it, with a
 bae-config.toml entry pointing at it). It speaks the Anthropic Messages wire
 (`POST /v1/messages`), so the runner reaches it through the same SDK client and
@@ -78,10 +78,26 @@ def reply_blocks(messages: list[JsonObject], tools: list[JsonObject]) -> list[Js
     return [{"type": "text", "text": f"{PREFIX} you said: {text}"}]
 
 
+async def _bounded_body(request: Request) -> bytes | None:
+    """The body, or None as soon as it is known to be over MAX_BODY_BYTES (announced, or counted
+    as it arrives): the rest is never read, so a huge body costs no more memory than the limit."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def messages_endpoint(request: Request) -> JSONResponse:
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        return _error(413, "request too large")
+    body = await _bounded_body(request)
+    if body is None:
+        return _error(413, f"request too large (over {MAX_BODY_BYTES} bytes)")
     try:
         parsed = json.loads(body)
         messages, tools = parsed.get("messages") or [], parsed.get("tools") or []

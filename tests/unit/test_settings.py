@@ -49,6 +49,9 @@ def test_values_are_trimmed_and_lists_split() -> None:
      'BAE_SANDBOX_DRIVER: "podman" is not a supported sandbox driver (expected "docker" or "apple-container")'),
     ({"BAE_ADMIN_ADDR": "0.0.0.0:8081"},
      "BAE_ADMIN_ADDR: 0.0.0.0:8081 is not a loopback address; the admin port must bind to localhost only"),
+    ({"BAE_DEMO_PROVIDER_ADDR": "10.1.2.3:8089"},
+     "BAE_DEMO_PROVIDER_ADDR: 10.1.2.3:8089 is not a loopback address; the demo provider answers anyone who "
+     "reaches it, so it binds to localhost only (e.g. 127.0.0.1:8089)"),
     ({"BAE_ADDR": "localhost:8080"},
      'BAE_ADDR: "localhost:8080" is not a valid host:port address '
      "(Expected 4 octets in 'localhost')"),
