@@ -47,6 +47,8 @@ class Route:
     query_fields: tuple[str, ...]
     summary: str
     problems: tuple[int, ...]
+    # The reply comes as a stream: a page of events, then its last item's payload in pieces (session.proto).
+    streaming: bool = False
 
     @property
     def session_scoped(self) -> bool:
@@ -104,6 +106,7 @@ def _route(method: MethodDescriptor, option: Any) -> Route:
         query_fields=query,
         summary=option.summary,
         problems=tuple(option.problems),
+        streaming=method.server_streaming,
     )
 
 

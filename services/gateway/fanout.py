@@ -8,7 +8,9 @@ comes after that position, as a watcher joining the feed in the session
 service would (SERVER-SPEC §6.4). Word that streams end, a revoked key or
 `session.unsubscribe`, travels in the relay's order, so no event published
 after it reaches a stream it ended. Each observer has its own bounded queue:
-a slow one is cut off as lagged and never slows the others.
+a slow one is cut off as lagged and never slows the others. An event that
+comes in pieces (client_api.proto, EventBatch) is made whole first: each
+observer gets its line whole, at its place.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import AsyncIterator
 import grpc
 
 from bae.common.protos import client_api_pb2, session_pb2
-from services.gateway.frames import event_lines
+from services.gateway.frames import event_lines, whole
 from services.gateway.upstream import Upstream
 
 log = logging.getLogger("bae.gateway")
@@ -135,14 +137,21 @@ class _Relay:
                 return
             call, position = opened
             self.opened.set_result(True)
+            pieces: list[client_api_pb2.EventBatch] = []  # the batches of an event in pieces, so far
             while (frame := await call.read()) is not grpc.aio.EOF:
                 kind = frame.WhichOneof("kind")
                 if kind == "lagged":  # the relay itself lagged in the session service
                     ending = Ending.LAGGED
                     return
                 events = kind == "events"
-                lines = event_lines(frame.events) if events else []
-                entry = _Entry(position + 1, frame, [event.id for event in frame.events.events] if events else [], lines)
+                batch = frame.events
+                if events and (pieces or batch.continued):
+                    pieces.append(batch)
+                    if batch.continued:
+                        continue
+                    batch, pieces = whole(pieces), []
+                lines = event_lines(batch) if events else []
+                entry = _Entry(position + 1, frame, [event.id for event in batch.events] if events else [], lines)
                 position += len(lines) or 1
                 for observer in list(self.observers):
                     observer.push(entry)

@@ -1,7 +1,9 @@
 """NDJSON frames of the /rpc response (SERVER-SPEC §6.1), one complete JSON object per line.
 
 Frames are written from the session service's typed replies (services/gateway/proto_to_json.py);
-an event's payload is spliced in as the stored text.
+an event's payload is spliced in as the stored text. A stream's frames go through its own
+`StreamLines`, which writes an event in pieces (client_api.proto, EventBatch) as its pieces come,
+and a turn's result whose events go on in `result_events` frames as those come: nothing is joined.
 """
 
 from __future__ import annotations
@@ -19,14 +21,26 @@ NDJSON = "application/x-ndjson"
 INTERNAL_ERROR = RpcCode.INTERNAL_ERROR
 
 _event_json = writer_of(client_api_pb2.Event.DESCRIPTOR)
+_NOTIFICATION = '{"jsonrpc":"2.0","method":"session.event","params":'
+# An event's last key, after its payload: where an event in pieces is cut until its last piece.
+_CREATED_AT = ',"created_at":'
 
 
 def event_frame(event: client_api_pb2.Event) -> bytes:
-    return ('{"jsonrpc":"2.0","method":"session.event","params":' + _event_json(event) + "}\n").encode()
+    return (_NOTIFICATION + _event_json(event) + "}\n").encode()
 
 
 def event_lines(batch: client_api_pb2.EventBatch) -> list[bytes]:
     return [event_frame(event) for event in batch.events]
+
+
+def whole(batches: list[client_api_pb2.EventBatch]) -> client_api_pb2.EventBatch:
+    """The batches of an event in pieces as one batch that holds it whole."""
+    first = batches[0]
+    event = first.events[-1]
+    event.payload.json = "".join([event.payload.json, *(batch.events[0].payload.json for batch in batches[1:])])
+    first.continued = False
+    return first
 
 
 def result_frame(id_json: str, result_json: str) -> bytes:
@@ -71,3 +85,71 @@ def reply_frame(reply: Message, request_id_json: str | None) -> bytes | None:
     if kind == "error":
         return rpc_error_frame(request_id_json, reply.error)  # type: ignore[attr-defined]
     return None
+
+
+class StreamLines:
+    """The lines of one stream's frames, in order (a stream has one). An event in pieces is written
+    piece by piece, its line ended by its last; a turn's result is ended by whatever follows it
+    (more of its events in `result_events` frames, the stream's end), as only then is it whole."""
+
+    def __init__(self, request_id_json: str | None) -> None:
+        self.request_id_json = request_id_json
+        self._event_end: str | None = None  # what ends the event whose payload goes on
+        # What ends the open result; None when none is (or it is not written: no id), and then
+        # its `result_events` are not written either.
+        self._result_end: str | None = None
+        self._result_items = 0  # events written in the open result
+
+    def frame(self, reply: Message) -> bytes | None:
+        """The bytes of one frame, None when the client gets none."""
+        kind = reply.WhichOneof("kind")
+        if kind == "result_events":
+            return self._events(reply.result_events, in_result=True).encode() if self._result_end else None  # type: ignore[attr-defined]
+        closing = self.end()
+        if kind == "events":
+            return (closing + self._events(reply.events, in_result=False)).encode()  # type: ignore[attr-defined]
+        if kind == "result" and "result_events" in reply.DESCRIPTOR.fields_by_name:
+            result = reply.result  # type: ignore[attr-defined]
+            if self.request_id_json is None:
+                return closing.encode() or None
+            text = to_json(result)  # {"message":…,"events":[…]}: it stays open until it is whole
+            self._result_end, self._result_items = text[-2:] + "}\n", len(result.events)
+            return (closing + f'{{"jsonrpc":"2.0","id":{self.request_id_json},"result":' + text[:-2]).encode()
+        line = reply_frame(reply, self.request_id_json)
+        return closing.encode() + line if line else closing.encode() or None
+
+    def end(self) -> str:
+        """What ends the open result, if any (an event in pieces is ended by its last piece)."""
+        closing, self._result_end = self._result_end or "", None
+        return closing
+
+    def broken(self) -> bytes:
+        """The stream failed: a line left open is ended as it is, so the error frame has a line of its own."""
+        open_line = self._event_end is not None or self._result_end is not None
+        self._event_end = self._result_end = None
+        return b"\n" if open_line else b""
+
+    def _events(self, batch: client_api_pb2.EventBatch, *, in_result: bool) -> str:
+        events = batch.events
+        if self._event_end is not None:  # the next piece of an event's payload
+            text = events[0].payload.json
+            if batch.continued:
+                return text
+            end, self._event_end = self._event_end, None
+            return text + end
+        parts = []
+        last = len(events) - 1
+        for index, event in enumerate(events):
+            if in_result:
+                head, end = ("," if self._result_items else ""), ""
+                self._result_items += 1
+            else:
+                head, end = _NOTIFICATION, "}\n"
+            text = _event_json(event)
+            if index == last and batch.continued:
+                cut = text.rindex(_CREATED_AT)
+                parts.append(head + text[:cut])
+                self._event_end = text[cut:] + end
+            else:
+                parts.append(head + text + end)
+        return "".join(parts)

@@ -4,16 +4,24 @@ Each request becomes its route's typed request: the credential as it came, the `
 the query fields as given, and the JSON body read into its field. A body that does not read is a
 400 with the translator's text, answered after the credential was checked (authentication always
 comes first). The reply is written as JSON with the route's status.
+
+A page of events comes as a stream (session.proto, ListEvents): the page, then, when its last
+item is large, the rest of that item's payload in pieces, which are written out as they come
+(never joined here), each read within the call's deadline.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from typing import AsyncIterator, Callable, TypeAlias
+
 import grpc
 from google.protobuf.message import Message
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
-from bae.common.errors import BaeError, InvalidInput
+from bae.common.errors import BaeError, Internal, InvalidInput
 from bae.common.protos import session_pb2_grpc
 from services.gateway.body import BodyReader
 from services.gateway.declaration import Route
@@ -22,6 +30,11 @@ from services.gateway.problems import JSON, error_response
 from services.gateway.proto_to_json import writer_of
 from services.gateway.router import Endpoint
 from services.gateway.upstream import Metadata, Upstream, credential_of
+
+log = logging.getLogger("bae.gateway")
+
+# Where the last item of a page ends, after its payload (an event's last key).
+_CREATED_AT = ',"created_at":'
 
 
 class RestEndpoint:
@@ -42,6 +55,8 @@ class RestEndpoint:
                 return error_response(error)
             session_id = getattr(message, route.id_field) if route.session_scoped else None
             timeout = upstream.timeout
+            if route.streaming:
+                return await self._page(route, message, session_id, write)
 
             async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> Message:
                 reply: Message = await getattr(stub, route.rpc)(message, timeout=timeout, metadata=metadata)
@@ -56,6 +71,33 @@ class RestEndpoint:
             return Response(write(reply), route.status, media_type=JSON)
 
         return handle
+
+    async def _page(
+        self, route: Route, message: Message, session_id: str | None, write: Callable[[Message], str]
+    ) -> Response:
+        """A page of events: one message, or the page and its last item's payload in pieces."""
+        upstream = self.upstream
+        timeout = upstream.timeout
+
+        async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> tuple[Call, Read, Read]:
+            call = getattr(stub, route.rpc)(message, metadata=metadata)
+            try:
+                first = await _read(call, timeout)
+                return call, first, await _read(call, timeout)
+            except BaseException:
+                call.cancel()
+                raise
+
+        try:
+            call, page, then = await upstream.call(session_id, invoke)
+        except grpc.aio.AioRpcError as error:
+            return error_response(upstream.failure(error))
+        if not isinstance(page, Message):  # EOF: ended without its page
+            log.error("session service ended %s without a page", route.rpc)
+            return error_response(Internal("internal server error"))
+        if then is grpc.aio.EOF:
+            return Response(write(page), route.status, media_type=JSON)
+        return StreamingResponse(_pieces(route.rpc, call, write(page), then, timeout), route.status, media_type=JSON)
 
     async def _request(self, route: Route, request: Request) -> Message:
         """The route's typed request; raises the refusal to answer instead."""
@@ -74,3 +116,36 @@ class RestEndpoint:
                 await self.bodies.check(request, route.credential, path_id)
                 raise InvalidInput(failure.text) from None
         return message
+
+
+Call: TypeAlias = grpc.aio.UnaryStreamCall
+Read: TypeAlias = Message | object  # a message, or grpc.aio.EOF
+
+
+async def _read(call: Call, timeout: float) -> Read:
+    """The call's next message (or EOF), within `timeout`: as a call's deadline would end it."""
+    try:
+        async with asyncio.timeout(timeout):
+            message: Read = await call.read()
+            return message
+    except TimeoutError:
+        raise grpc.aio.AioRpcError(
+            grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "Deadline Exceeded"
+        ) from None
+
+
+async def _pieces(rpc: str, call: Call, page: str, piece: Read, timeout: float) -> AsyncIterator[bytes]:
+    """The page's JSON with its last item's payload written piece by piece. A call that fails now
+    breaks the response off (no complete body)."""
+    cut = page.rindex(_CREATED_AT)
+    try:
+        yield page[:cut].encode()
+        while isinstance(piece, Message):
+            yield piece.items[0].payload.json.encode()  # type: ignore[attr-defined]
+            piece = await _read(call, timeout)
+        yield page[cut:].encode()
+    except grpc.aio.AioRpcError as error:
+        log.warning("%s stream failed: %s %s", rpc, error.code().name, error.details())
+        raise
+    finally:
+        call.cancel()

@@ -26,7 +26,7 @@ from bae.common.protos import client_api_pb2, edge_pb2, session_pb2, session_pb2
 from services.gateway.body import BodyReader
 from services.gateway.envelope import Call, Rejected, parse_envelope
 from services.gateway.fanout import Ending, Fanout, Observer
-from services.gateway.frames import LAGGED_FRAME, NDJSON, internal_error_frame, reply_frame
+from services.gateway.frames import LAGGED_FRAME, NDJSON, StreamLines, internal_error_frame, reply_frame
 from services.gateway.json_to_proto import read_params
 from services.gateway.observe import link_session_span
 from services.gateway.problems import error_response
@@ -68,13 +68,18 @@ class LiveStream(StreamingResponse):
 
     async def _frames(self, rpc_name: str, first: Message, request_id_json: str | None) -> AsyncIterator[bytes]:
         frame = first
+        lines = StreamLines(request_id_json)
         try:
             while frame is not grpc.aio.EOF:
-                if line := reply_frame(frame, request_id_json):
+                if line := lines.frame(frame):
                     yield line
                 frame = await self.grpc_call.read()
+            if closing := lines.end():
+                yield closing.encode()
         except grpc.aio.AioRpcError as error:
             log.warning("%s stream failed: %s %s", rpc_name, error.code().name, error.details())
+            if cut := lines.broken():
+                yield cut
             if request_id_json is not None:
                 yield internal_error_frame(request_id_json)
 
@@ -119,6 +124,7 @@ class ObserverStream(StreamingResponse):
     async def _frames(self, request_id_json: str | None) -> AsyncIterator[bytes]:
         observer = self.observer
         replayed: set[str] = set()
+        replay = StreamLines(request_id_json)
         try:
             while (frame := await self.replay_call.read()) is not grpc.aio.EOF:
                 kind = frame.WhichOneof("kind")
@@ -127,7 +133,7 @@ class ObserverStream(StreamingResponse):
                         observer.admit(frame.observer)
                     continue
                 replayed.update(event.id for event in frame.events.events)
-                if line := reply_frame(frame, request_id_json):
+                if line := replay.frame(frame):
                     yield line
                 if kind == "error":  # the replay failed: the stream ends with it
                     return
@@ -140,6 +146,8 @@ class ObserverStream(StreamingResponse):
         except grpc.aio.AioRpcError as error:
             if not self.ended_by_gateway:
                 log.warning("Subscribe stream failed: %s %s", error.code().name, error.details())
+                if cut := replay.broken():
+                    yield cut
                 if request_id_json is not None:
                     yield internal_error_frame(request_id_json)
             return

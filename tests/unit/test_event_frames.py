@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bae.common.protos import client_api_pb2
@@ -47,3 +49,41 @@ def test_a_frame_carries_each_event_as_stored():
 
 def test_nothing_to_send_is_no_frame():
     assert batches([]) == []
+
+
+def test_an_event_over_a_piece_goes_in_pieces_and_the_gateway_writes_its_line_whole(monkeypatch):
+    from services.gateway.frames import StreamLines
+    from services.session.api import event_messages
+
+    monkeypatch.setattr(event_messages, "EVENT_PIECE_CHARS", 100)
+    small, large = event(1, 10), event(2, 350)
+    frames = list(live.event_frames([small, large, small], client_api_pb2.TurnFrame))
+    assert [(len(f.events.events), f.events.continued) for f in frames] == [
+        (1, False), (1, True), (1, True), (1, True), (1, False), (1, False)
+    ]
+    assert all(len(f.events.events[0].payload.json) <= 100 for f in frames)
+    lines = StreamLines('"1"')
+    written = b"".join(line for f in frames if (line := lines.frame(f)))
+    notification = '{"jsonrpc":"2.0","method":"session.event","params":'
+    assert written == "".join(notification + e.json + "}\n" for e in (small, large, small)).encode()
+    assert lines.end() == ""
+
+
+def test_a_result_whose_events_go_on_is_one_line(monkeypatch):
+    from services.gateway.frames import StreamLines
+    from services.session.api import event_messages
+
+    monkeypatch.setattr(event_messages, "EVENT_PIECE_CHARS", 100)
+    small, large = event(1, 10), event(2, 350)
+    first = client_api_pb2.TurnFrame(result=client_api_pb2.SendMessageResult(
+        message=client_api_pb2.Message(role="assistant", content={"json": "[]"}),
+        events=[event_messages.event_of_view(small)]))
+    rest = list(live.event_frames([large, small], lambda events: client_api_pb2.TurnFrame(result_events=events)))
+    lines = StreamLines("7")
+    written = b"".join(line for f in [first, *rest] if (line := lines.frame(f))) + lines.end().encode()
+    assert written.endswith(b"\n") and written.count(b"\n") == 1
+    parsed = json.loads(written)
+    assert parsed["id"] == 7
+    assert [json.dumps(e, separators=(",", ":")) for e in parsed["result"]["events"]] == [
+        small.json, large.json, small.json
+    ]

@@ -6,7 +6,7 @@ one of bae.common.errors' kinds.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 from sqlalchemy import Connection, Row
 
@@ -17,8 +17,8 @@ from bae.common.protos import admin_api_pb2, client_api_pb2, edge_pb2, session_p
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
 from services.session.api.calls import Credential
-from services.session.api.event_messages import event_of_row
-from services.session.api.pagination import page_request
+from services.session.api.event_messages import page_messages, payload_chars
+from services.session.api.pagination import PAGE_PAYLOAD_CHARS, page_request
 from services.session.engine.revocation import Revocations
 from services.session.engine.sandboxes import SessionSandboxes
 from services.session.remote.peers import revocation_of
@@ -54,7 +54,7 @@ def _existing_session_events(conn: Connection, session_id: str, after_seq: int, 
     """A page of a session's events, or None when there is no such session (one store call)."""
     if sessions.get(conn, session_id) is None:
         return None
-    return events.page(conn, session_id, after_seq, limit)
+    return events.page(conn, session_id, after_seq, limit, PAGE_PAYLOAD_CHARS)
 
 
 class AdminApi:
@@ -185,15 +185,17 @@ class AdminApi:
             raise NotFound(f"no session {echo(request.session_id)}")
         return session_summary(session)
 
-    async def list_session_events(self, request: admin_api_pb2.ListSessionEventsRequest) -> client_api_pb2.EventPage:
+    async def list_session_events(
+        self, request: admin_api_pb2.ListSessionEventsRequest
+    ) -> Iterator[client_api_pb2.EventPage]:
+        """The page's messages (event_messages.page_messages)."""
         await self._admin(request.credential)
         page = page_request(request.cursor, request.limit)
         session_id = request.session_id
         rows = await self.store.read(_existing_session_events, session_id, page.after_seq, page.fetch)
         if rows is None:
             raise NotFound(f"no session {echo(session_id)}")
-        items, next_cursor = page.page([(row.seq, row) for row in rows])
-        return client_api_pb2.EventPage(items=[event_of_row(row) for row in items], next_cursor=next_cursor)
+        return page_messages(*page.page([(row.seq, row) for row in rows], payload_chars))
 
     # Registries and config (§4.5): startup snapshots.
 

@@ -21,9 +21,10 @@ from bae.common.errors import echo
 from bae.common.jsontext import dump, load
 from bae.common.protos import client_api_pb2, edge_pb2, session_pb2
 from bae.common.rpc_codes import LAGGED_MESSAGE, RpcCode
-from services.session.api.event_messages import EventBatch, event_of_view
+from services.session.api.event_messages import EventBatch, event_of_view, in_pieces, view_pieces
 from services.session.api.faults import RpcError, RpcFault
 from services.session.api.jsonrpc import RpcCall, message_of, require_driver
+from services.session.api.pagination import PAGE_PAYLOAD_CHARS, fitting
 from services.session.engine.domain import CompactRequest, SessionState, TurnRequest
 from services.session.engine.engine import TurnEngine
 from services.session.engine.errors import KeyRevoked, SessionNotOpen
@@ -157,12 +158,14 @@ class LiveApi:
         try:
             seq = await self.store.event_seq(call.session_id, since) or 0
             while True:
-                page = await self.store.list_events(call.session_id, seq, REPLAY_PAGE)
+                # Pages as the events listing reads them, so a large event never holds many in memory.
+                rows = await self.store.list_events(call.session_id, seq, REPLAY_PAGE + 1, PAGE_PAYLOAD_CHARS)
+                page = rows[: fitting(rows[:REPLAY_PAGE], _text_chars)]
                 for frame in event_frames((event for _, event in page), SubscriptionFrame):
                     yield frame
-                seq = page[-1][0] if page else seq
-                if len(page) < REPLAY_PAGE:
+                if len(page) == len(rows):
                     break
+                seq = page[-1][0]
         except Exception:
             log.exception("replay for %s failed", call.session_id)
             raise RpcFault(RpcCode.APPLICATION_ERROR, "replay failed", id_mode=RpcError.NULL_ID) from None
@@ -195,8 +198,12 @@ class LiveApi:
         reply = client_api_pb2.Message(
             role=result.message["role"], content=edge_pb2.JsonValue(json=dump(result.message["content"]))
         )
-        events = [event_of_view(view) for view in result.events]
+        # The events that fit one frame go with the message; the others follow it (client_api.proto, TurnFrame).
+        first = _fitting_frame(result.events)
+        events = [event_of_view(view) for view in result.events[:first]]
         yield TurnFrame(result=client_api_pb2.SendMessageResult(message=reply, events=events))
+        for frame in event_frames(result.events[first:], _result_events):
+            yield frame
 
     async def compact(self, call: RpcCall[client_api_pb2.CompactParams]) -> AsyncIterator[CompactionFrame]:
         require_driver(self.sessions, call, "session.compact")
@@ -301,15 +308,42 @@ def relay_frames(items: list[EventView | Notice]) -> Iterator[RelayFrame]:
     yield from event_frames(events, RelayFrame)
 
 
+def _text_chars(row: tuple[int, EventView]) -> int:
+    return len(row[1].json)
+
+
+def _result_events(events: EventBatch) -> TurnFrame:
+    return TurnFrame(result_events=events)
+
+
+def _fitting_frame(events: list[EventView]) -> int:
+    """How many of a result's first events go in its frame: up to FRAME_EVENTS_CHARS, none in pieces."""
+    size = 0
+    for count, event in enumerate(events):
+        size += len(event.json)
+        if size > FRAME_EVENTS_CHARS or in_pieces(event):
+            return count
+    return len(events)
+
+
 def event_frames(events: Iterable[EventView], frame: Callable[..., F]) -> Iterator[F]:
     """`events` in as few frames as fit, in order: up to FRAME_EVENTS_CHARS of event text each,
-    an event larger than that alone (gRPC bounds one message, not a stream)."""
+    an event larger than that alone, and one over EVENT_PIECE_CHARS in pieces, a frame each
+    (gRPC bounds one message, not a stream)."""
     batch: list[EventView] = []
     size = 0
     for event in events:
-        if batch and size + len(event.json) > FRAME_EVENTS_CHARS:
+        if batch and (size + len(event.json) > FRAME_EVENTS_CHARS or in_pieces(event)):
             yield frame(events=EventBatch(events=[event_of_view(view) for view in batch]))
             batch, size = [], 0
+        if in_pieces(event):
+            pieces = view_pieces(event)
+            piece = next(pieces)
+            for after in pieces:
+                yield frame(events=EventBatch(events=[piece], continued=True))
+                piece = after
+            yield frame(events=EventBatch(events=[piece]))
+            continue
         batch.append(event)
         size += len(event.json)
     if batch:

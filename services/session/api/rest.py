@@ -8,6 +8,7 @@ as one store call; events are published to the live feed only after their transa
 from __future__ import annotations
 
 import logging
+from typing import Iterator
 
 from bae.common.config import Config
 from bae.common.errors import Conflict, Forbidden, InvalidInput, NotFound, Unprocessable, echo
@@ -16,8 +17,8 @@ from services.session.api import bodies
 from services.session.api.auth import Authenticator
 from services.session.api.bodies import RESERVED_TOOL
 from services.session.api.calls import Credential
-from services.session.api.event_messages import event_of_row
-from services.session.api.pagination import page_request
+from services.session.api.event_messages import page_messages, payload_chars
+from services.session.api.pagination import PAGE_PAYLOAD_CHARS, page_request
 from services.session.engine.closing import SessionCloser
 from services.session.engine.mcp_sessions import SessionMcp
 from services.session.engine.registry import SessionRegistry
@@ -159,7 +160,8 @@ class ClientRestApi:
 
     # GET /api/v1/sessions/{id}/events (§5.4)
 
-    async def events(self, request: client_api_pb2.ListEventsRequest) -> client_api_pb2.EventPage:
+    async def events(self, request: client_api_pb2.ListEventsRequest) -> Iterator[client_api_pb2.EventPage]:
+        """The page's messages (event_messages.page_messages)."""
         session_id = request.session_id
         credential = Credential.of(request.credential)
         try:
@@ -169,10 +171,10 @@ class ClientRestApi:
             await self.auth.session_principal(credential, session_id)
             raise
         rows = await self.auth.with_session_key(
-            credential, session_id, events.page, session_id, page.after_seq, page.fetch, writes=False
+            credential, session_id, events.page, session_id, page.after_seq, page.fetch, PAGE_PAYLOAD_CHARS,
+            writes=False,
         )
-        items, next_cursor = page.page([(row.seq, row) for row in rows])
-        return client_api_pb2.EventPage(items=[event_of_row(row) for row in items], next_cursor=next_cursor)
+        return page_messages(*page.page([(row.seq, row) for row in rows], payload_chars))
 
     # DELETE /api/v1/sessions/{id} (§5.5)
 

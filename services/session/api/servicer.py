@@ -105,8 +105,9 @@ class SessionServicer:
 
     async def list_events(
         self, request: client_api_pb2.ListEventsRequest, incoming: Incoming
-    ) -> client_api_pb2.EventPage:
-        return await _answer(self.rest.events(request))
+    ) -> AsyncIterator[client_api_pb2.EventPage]:
+        for page in await _answer(self.rest.events(request)):
+            yield page
 
     async def close_session(
         self, request: client_api_pb2.CloseSessionRequest, incoming: Incoming
@@ -160,8 +161,9 @@ class SessionServicer:
 
     async def list_session_events(
         self, request: admin_api_pb2.ListSessionEventsRequest, incoming: Incoming
-    ) -> client_api_pb2.EventPage:
-        return await _answer(self.admin.list_session_events(request))
+    ) -> AsyncIterator[client_api_pb2.EventPage]:
+        for page in await _answer(self.admin.list_session_events(request)):
+            yield page
 
     async def list_mcp_servers(
         self, request: admin_api_pb2.AdminRequest, incoming: Incoming

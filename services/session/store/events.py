@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Row, Select, and_, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Result, Row, Select, and_, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from bae.common.errors import Unavailable
@@ -263,8 +263,23 @@ def subagent_rows(conn: Connection, session_id: str) -> list[Row[Any]]:
     return list(conn.execute(_SUBAGENT_EVENTS, {"session_id": session_id}))
 
 
-def page(conn: Connection, session_id: str, after_seq: int, limit: int) -> list[Row[Any]]:
-    return list(conn.execute(_PAGE, {"session_id": session_id, "after": after_seq, "limit": limit}))
+def page(conn: Connection, session_id: str, after_seq: int, limit: int, budget: int | None = None) -> list[Row[Any]]:
+    """Up to `limit` events after `after_seq`, in order. With a `budget`, the reading stops at the
+    second event by which their payload text is over `budget` characters: a page of that budget
+    is among them, and one event more says whether more exist (pagination.fitting). SQLite hands
+    rows over one at a time, so the events after it are never read."""
+    result: Result[Any] = conn.execute(_PAGE, {"session_id": session_id, "after": after_seq, "limit": limit})
+    if budget is None:
+        return list(result)
+    rows: list[Row[Any]] = []
+    total = 0
+    with result:
+        for row in result:
+            rows.append(row)
+            total += len(row.payload)
+            if total > budget and len(rows) > 1:
+                break
+    return rows
 
 
 def page_items(conn: Connection, session_id: str, after_seq: int, limit: int) -> list[tuple[int, str]]:

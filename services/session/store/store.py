@@ -374,9 +374,12 @@ class Store:
     async def latest_turn_usage(self, session_id: str) -> dict[str, Any] | None:
         return await self.read(events.latest_turn_usage, session_id)
 
-    async def list_events(self, session_id: str, after_seq: int, limit: int) -> list[tuple[int, events.EventView]]:
-        """A page of events for sending (payloads unparsed), with their sequence numbers."""
-        rows = await self.read(events.page, session_id, after_seq, limit)
+    async def list_events(
+        self, session_id: str, after_seq: int, limit: int, budget: int | None = None
+    ) -> list[tuple[int, events.EventView]]:
+        """A page of events for sending (payloads unparsed), with their sequence numbers; with a
+        `budget`, read as `events.page` reads it."""
+        rows = await self.read(events.page, session_id, after_seq, limit, budget)
         return [(row.seq, events.unparsed_view(row)) for row in rows]
 
     async def event_seq(self, session_id: str, event_id: str) -> int | None:
