@@ -70,6 +70,24 @@ def _warm(env: Mapping[str, str]) -> int:
     return warm
 
 
+_NETWORK_CHOICES = ('use "bridge", "none" (no network), or the name of a Docker network '
+                   "(e.g. one made with `docker network create --internal`)")
+
+
+def _network(network: str) -> str:
+    """BAE_SANDBOX_NETWORK: not the host's network nor another container's, which would hand a sandbox
+    the host's loopback services (the internal plane included) or that container's connections."""
+    if not network:
+        raise UsageError("BAE_SANDBOX_NETWORK: must not be empty")
+    if network.lower() == "host":
+        raise UsageError(f'BAE_SANDBOX_NETWORK: "{network}" would give sandboxes the host\'s network, its loopback '
+                         f"services included; {_NETWORK_CHOICES}")
+    if network.lower().startswith("container:"):
+        raise UsageError(f'BAE_SANDBOX_NETWORK: "{network}" would put sandboxes in another container\'s network; '
+                         f"{_NETWORK_CHOICES}")
+    return network
+
+
 def _switch(env: Mapping[str, str], var: str, default: str) -> bool:
     value = env.get(var, default)
     setting = value.strip().lower()
@@ -89,9 +107,7 @@ def load_sandbox_config(settings: Settings, env: Mapping[str, str] | None = None
     memory = get("BAE_SANDBOX_MEMORY", "512m").strip().lower()
     if not _MEMORY.match(memory) or int(memory.rstrip("bkmg")) == 0:
         raise UsageError(f'BAE_SANDBOX_MEMORY: "{memory}" is not a memory size like 512m or 2g')
-    network = get("BAE_SANDBOX_NETWORK", "bridge").strip()
-    if not network:
-        raise UsageError("BAE_SANDBOX_NETWORK: must not be empty")
+    network = _network(get("BAE_SANDBOX_NETWORK", "bridge").strip())
     return SandboxConfig(
         driver=settings.sandbox_driver,
         listen_addr=listen_addr,

@@ -44,3 +44,11 @@ def test_bae_command() -> None:
     assert run("-m", "bae", "migrate", "--help").stdout.startswith("usage:")
     # Settings are read only once serving: a bad one is then a usage error (exit 2).
     assert run("-m", "bae", "gateway").returncode == 2
+
+
+def test_a_sandbox_host_refuses_the_hosts_network_at_start() -> None:
+    env = service_env(BAE_SANDBOX_LISTEN_ADDR="127.0.0.1:1", BAE_SANDBOX_NETWORK="host")
+    result = subprocess.run([sys.executable, "-m", "services.sandbox"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith('error: BAE_SANDBOX_NETWORK: "host" would give sandboxes the host\'s network')

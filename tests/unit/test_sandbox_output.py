@@ -81,3 +81,19 @@ def test_the_host_resident_shell_setting() -> None:
     with pytest.raises(UsageError) as caught:
         load_sandbox_config(settings, {**env, "BAE_SANDBOX_RESIDENT_RUNNER": "yes"})
     assert str(caught.value) == 'BAE_SANDBOX_RESIDENT_RUNNER: "yes" is not one of 1, true, 0, false'
+
+
+def test_the_host_network_setting_refuses_the_hosts_and_another_containers() -> None:
+    settings = load_settings({})
+    env = {"BAE_SANDBOX_LISTEN_ADDR": "127.0.0.1:50053"}
+    assert load_sandbox_config(settings, env).network == "bridge"
+    for network in ("none", "bae-sandboxes"):
+        assert load_sandbox_config(settings, {**env, "BAE_SANDBOX_NETWORK": network}).network == network
+    choices = ('use "bridge", "none" (no network), or the name of a Docker network '
+               "(e.g. one made with `docker network create --internal`)")
+    for network, why in (("host", "would give sandboxes the host's network, its loopback services included"),
+                         (" HOST ", "would give sandboxes the host's network, its loopback services included"),
+                         ("container:bae-session-1", "would put sandboxes in another container's network")):
+        with pytest.raises(UsageError) as caught:
+            load_sandbox_config(settings, {**env, "BAE_SANDBOX_NETWORK": network})
+        assert str(caught.value) == f'BAE_SANDBOX_NETWORK: "{network.strip()}" {why}; {choices}'
