@@ -134,38 +134,40 @@ class SandboxHostProcess(ServiceProcess):
         remove_containers(self.label)
 
 
-HARNESS_IMAGE = "bae-harness:test"
 HARNESS_SCRIPT = ROOT / "tests" / "harness" / "fake-harness"
 
 
 def ensure_harness_image() -> str:
-    """TEST_IMAGE plus /bin/fake-harness (the subagent tests' CLI), built once from local images."""
+    """TEST_IMAGE plus /bin/fake-harness (the subagent tests' CLI), built once from local images; tagged
+    by the script's content, so that a changed script is built anew."""
+    import hashlib
     import io
     import tarfile
 
     import docker.errors
 
+    data = HARNESS_SCRIPT.read_bytes()
+    image = f"bae-harness:{hashlib.sha256(data).hexdigest()[:12]}"
     client = docker_client()
     try:
         try:
-            client.images.get(HARNESS_IMAGE)
-            return HARNESS_IMAGE
+            client.images.get(image)
+            return image
         except docker.errors.ImageNotFound:
             pass
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w") as tar:
-            data = HARNESS_SCRIPT.read_bytes()
             info = tarfile.TarInfo("fake-harness")
             info.size, info.mode = len(data), 0o755
             tar.addfile(info, io.BytesIO(data))
         container = client.containers.create(TEST_IMAGE, ["true"])
         try:
             container.put_archive("/bin", archive.getvalue())
-            repository, tag = HARNESS_IMAGE.split(":")
+            repository, tag = image.split(":")
             container.commit(repository, tag)
         finally:
             container.remove(force=True)
-        return HARNESS_IMAGE
+        return image
     finally:
         client.close()
 

@@ -417,11 +417,14 @@ def test_the_hosts_output_limit_and_exec_timeout_reach_clients(start_stack, mock
                                              "detail": timed_out, "dispatch": "remote", "unsandboxed": False})
     before = len(driver.events())
     began = time.monotonic()
-    assert driver.error("session.execRemoteSandbox", {"command": "sleep 30"}) == {
+    # Killed at the timeout with what it started, even a child that dropped its environment.
+    hiding = "env -i sh -c 'while :; do sleep 1; done' & sleep 30"
+    assert driver.error("session.execRemoteSandbox", {"command": hiding}) == {
         "code": -32000, "message": f"sandbox exec failed: {timed_out}"}
     assert 2 <= time.monotonic() - began < 20
     assert typed_payloads(driver.events_after(before)) == [error_event]
-    assert_no_process(driver, "sleep 30")  # killed at the timeout, not left running
+    assert_no_process(driver, "sleep 30")
+    assert_no_process(driver, "while :")
 
     mock.enqueue(Reply.tool_use([("tu_2", "sh", {"command": "sleep 31"})]), Reply.text("too slow"))
     outcome = driver.ok("session.sendMessage", {"message": {"content": "wait"}})

@@ -350,6 +350,24 @@ def test_cancel_kills_the_whole_process_tree(stack, mock, image):
     driver.close()
 
 
+def test_cancel_kills_a_child_that_dropped_its_environment_and_session(stack, mock, image):
+    """What the command started is killed however it hid: `env -i` drops the environment, setsid the
+    process group and session, and the subshell's exit leaves it to PID 1."""
+    driver = Driver(stack, image)
+    loops = "spawn env -i sh -c 'while :; do sleep 1; done'\nspawn (setsid env -i sh -c 'while :; do sleep 2; done' &)"
+    started = launch(driver, mock, f"{loops}\nsleep 300")["result"]
+    [container] = containers_with(f"bae.session_id={driver.sid}")
+    deadline = time.monotonic() + 10
+    while (running := container.exec_run(["ps", "-o", "args"]).output.decode()).count("\nsh -c while :") < 2:
+        assert time.monotonic() < deadline, running
+        time.sleep(0.1)
+    reply = driver.ok("session.cancelSubagent", {"subagent_id": started["subagent_id"]})
+    assert reply["was_running"] is True
+    assert_stopped(driver, "while :")
+    assert_stopped(driver, "sleep 300")
+    driver.close()
+
+
 def test_output_is_capped_at_64_kib(stack, mock, image):
     driver = Driver(stack, image)
     started = launch(driver, mock, "flood 300000")["result"]
