@@ -86,7 +86,8 @@ class Reply:
     @classmethod
     def held(cls, release: threading.Event, then: "Reply | None" = None) -> "Reply":
         """Answer `then` (default "ok") only once `release` is set: a provider call in flight for as
-        long as the test needs, with no timing to guess."""
+        long as the test needs, with no timing to guess. A client that closes the connection
+        before then gets nothing, and the request is listed in `aborted`."""
         return replace(then or cls.text("ok"), release=release)
 
     @classmethod
@@ -162,6 +163,9 @@ class MockLLM:
 
     def __post_init__(self) -> None:
         self._queue: deque[Reply] = deque()
+        # The requests of held replies whose client closed the connection before the release
+        # (never answered): a provider call aborted by its caller.
+        self.aborted: list[dict] = []
         self._serial = itertools.count(1)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -175,6 +179,7 @@ class MockLLM:
         """Forget scripted replies and received requests (a server shared by several tests)."""
         self._queue.clear()
         self.requests.clear()
+        self.aborted.clear()
 
     @property
     def base_url(self) -> str:
@@ -249,9 +254,10 @@ class MockLLM:
         except ValueError:
             body = raw.decode(errors="replace")
         headers = {key.decode().lower(): value.decode() for key, value in scope["headers"]}
+        request = {"path": path, "headers": headers, "body": body, "received": time.monotonic()}
         if self.keep_requests:
             # Runs on the server thread; a list append is atomic, so readers need no lock.
-            self.requests.append({"path": path, "headers": headers, "body": body, "received": time.monotonic()})
+            self.requests.append(request)
 
         if scope["method"] != "POST" or path not in (ANTHROPIC_PATH, OPENAI_PATH):
             await respond(send, 404, b'{"error":"not found"}')
@@ -260,8 +266,9 @@ class MockLLM:
         status, payload = self._render(reply, path, body)
         if reply.seconds:
             await asyncio.sleep(reply.seconds)
-        if reply.release is not None:
-            await asyncio.to_thread(reply.release.wait, 120)
+        if reply.release is not None and not await released(reply.release, receive):
+            self.aborted.append(request)
+            return
         await respond(send, status, payload, reply.headers)
 
     def _render(self, reply: Reply, path: str, body: Any) -> tuple[int, bytes]:
@@ -282,6 +289,23 @@ async def read_body(receive) -> bytes:
         chunks.append(message.get("body", b""))
         if not message.get("more_body"):
             return b"".join(chunks)
+
+
+async def released(release: threading.Event, receive) -> bool:
+    """Wait for `release` (at most 120 s); False when the client closed the connection first."""
+    waiting = asyncio.ensure_future(asyncio.to_thread(release.wait, 120))
+    gone = asyncio.ensure_future(disconnected(receive))
+    done, _ = await asyncio.wait((waiting, gone), return_when=asyncio.FIRST_COMPLETED)
+    if gone in done:
+        return False  # the thread waits on until the test releases it
+    gone.cancel()
+    return True
+
+
+async def disconnected(receive) -> None:
+    """Returns once the client has closed the connection (the request's body was read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def respond(send, status: int, payload: bytes, headers: tuple[tuple[str, str], ...] = ()) -> None:

@@ -29,6 +29,7 @@ class RpcCode(IntEnum):
     SUBAGENT_NOT_FOUND = -32014
     TOOL_NOT_ALLOWED = -32015
     TURN_IN_PROGRESS = -32020
+    TURN_CANCELLED = -32052
 
 
 class ApiError(Exception):

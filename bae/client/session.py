@@ -114,6 +114,14 @@ class Session:
             return {**block, "content": f"{type(exc).__name__}: {exc}", "is_error": True}
         return {**block, "content": output if isinstance(output, (str, list)) else json.dumps(output)}
 
+    def cancel_turn(self) -> bool:
+        """`session.cancelTurn`: stop the session's running or paused turn (registers the driver first
+        if this object has not). True when a turn was stopped; its `send_message` raises RpcError -32052."""
+        if not self.registered:
+            self.register_driver()
+        cancelled: bool = self.call("session.cancelTurn")["cancelled"]
+        return cancelled
+
     def subscribe(self, since_event_id: str | None = None, timeout: float | None = None) -> Iterator[Event]:
         """Live events (after replaying those following `since_event_id`), until the stream ends."""
         params = {"since_event_id": since_event_id} if since_event_id else {}

@@ -24,3 +24,5 @@ class RpcCode(IntEnum):
     SUBAGENT_NOT_FOUND = -32014
     TOOL_NOT_ALLOWED = -32015
     TURN_IN_PROGRESS = -32020
+    # session.cancelTurn stopped the turn this sendMessage ran (`turn cancelled`).
+    TURN_CANCELLED = -32052

@@ -10,7 +10,9 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from testkit.live import at, join, new_session, notifications, register, result, rpc, send, terminal, types
+from testkit.live import (
+    all_events, at, join, new_session, notifications, register, result, rpc, send, terminal, turn_in_background, types,
+)
 from testkit.inprocess import launch_inprocess_stack
 from testkit.mockllm import Reply
 from testkit.stack import mock_provider_toml
@@ -295,3 +297,141 @@ def test_missing_env_var_fails_the_attempt_without_leaking(start_inprocess_stack
     assert response["ok"] is False and response["status"] is None
     assert "NOT_SET_ANYWHERE" in response["error"]
     assert mock.requests == []
+
+
+# -- session.cancelTurn ----------------------------------------------------------------------
+
+
+def cancel_turn(stack, sid: str, skey: str) -> dict:
+    """The terminal frame of one session.cancelTurn."""
+    return terminal(rpc(stack.client, sid, skey, "session.cancelTurn", {}))
+
+
+def wait_until(condition, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def key_of(stack, sid: str, skey: str, event_type: str) -> str:
+    """The client key id that recorded the session's first `event_type` event."""
+    return next(e["client_key_id"] for e in all_events(stack, sid, skey) if e["event_type"] == event_type)
+
+
+def test_cancel_during_a_provider_call_aborts_it_and_the_session_goes_on(stack, mock):
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    since = all_events(stack, sid, skey)[0]["id"]
+    watched: list[dict] = []
+    body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe", "params": {"since_event_id": since}}
+
+    def watch() -> None:  # an observer: replay, then live, so it misses nothing whenever it attaches
+        with httpx.Client(base_url=stack.client.base_url, timeout=30) as client:
+            headers = {"Authorization": f"Bearer {skey}"}
+            with client.stream("POST", f"/api/v1/sessions/{sid}/rpc", json=body, headers=headers) as response:
+                watched.extend(json.loads(line) for line in response.iter_lines())
+
+    observer = threading.Thread(target=watch)
+    observer.start()
+    release = threading.Event()
+    mock.enqueue(Reply.held(release))
+    try:
+        thread, outcome = turn_in_background(stack, sid, skey, "take your time")
+        wait_until(lambda: len(mock.requests) == 1, "the provider call never started")
+        assert cancel_turn(stack, sid, skey)["result"] == {"cancelled": True}
+        thread.join(10)
+        # The runner closed the provider connection: the held request is aborted, never answered.
+        wait_until(lambda: mock.aborted == mock.requests, "the provider request was not aborted")
+    finally:
+        release.set()
+    assert terminal(outcome["frames"])["error"] == {"code": -32052, "message": "turn cancelled"}
+    assert types(notifications(outcome["frames"])) == ["provider.request", "session.turn.cancelled"]
+    events = all_events(stack, sid, skey)
+    assert types(events)[-3:] == ["client.message.send", "provider.request", "session.turn.cancelled"]
+    me = key_of(stack, sid, skey, "session.open")
+    assert events[-1]["payload"] == {"cancelled_by": me, "tool_use_ids": []}
+    assert len(mock.requests) == 1  # nothing was sent again
+
+    mock.enqueue(Reply.text("starting over"))
+    follow = result(send(stack, sid, skey, "start over"))
+    assert follow["message"]["content"] == [{"type": "text", "text": "starting over"}]
+    sent = mock.requests[-1]["body"]["messages"]  # the two user messages, folded into one for Anthropic
+    assert [m["role"] for m in sent] == ["user"]
+    assert [block["text"] for block in sent[0]["content"]] == ["take your time", "start over"]
+    assert result(rpc(stack.client, sid, skey, "session.unsubscribe")) == {"unsubscribed": True}
+    observer.join(10)
+    assert "session.turn.cancelled" in types(notifications(watched))
+
+
+def test_cancel_while_paused_answers_the_calls_and_the_history_stays_valid(stack, mock):
+    sid, skey, profile = new_session(stack)
+    register(stack, sid, skey)
+    other = join(stack, sid, profile)
+    register(stack, sid, other)  # any registered driver may cancel the turn, whoever's it is
+    mock.enqueue(Reply.tool_use([("tu_1", "get_time", {}), ("tu_2", "get_time", {"zone": "utc"})]))
+    paused = result(send(stack, sid, skey, "time?"))
+    assert cancel_turn(stack, sid, other)["result"] == {"cancelled": True}
+
+    events = all_events(stack, sid, skey)
+    owner, canceller = key_of(stack, sid, skey, "session.open"), key_of(stack, sid, skey, "session.join")
+    text = "Tool call was cancelled before returning a result."
+    synthetic = [{"type": "tool_result", "tool_use_id": i, "content": text, "is_error": True} for i in ("tu_1", "tu_2")]
+    assert [(e["event_type"], e["payload"]) for e in events[-4:]] == [
+        ("server.message.send", {"role": "user", "content": synthetic, "synthetic": "cancelled_tool_results"}),
+        *[("tool.result", {"tool_use_id": i, "dispatch": "client", "server_name": None, "is_error": True, "content": text})
+          for i in ("tu_1", "tu_2")],
+        ("session.turn.cancelled", {"cancelled_by": canceller, "tool_use_ids": ["tu_1", "tu_2"]}),
+    ]
+    assert {e["client_key_id"] for e in events[-4:]} == {owner}  # the turn's events, as the pause's were
+    assert events[-5]["id"] == paused["events"][-1]["id"]
+
+    # Its owner's late results find no paused turn; the session is open and its history valid.
+    late = terminal(send(stack, sid, skey, [{"type": "tool_result", "tool_use_id": "tu_1", "content": "12:00"}]))
+    assert late["error"]["message"].startswith("tool result merge invalid: no paused turn is awaiting tool results")
+    mock.enqueue(Reply.text("fine"))
+    assert result(send(stack, sid, skey, "never mind"))["message"]["content"][0]["text"] == "fine"
+    sent = mock.requests[-1]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+    assert [b["tool_use_id"] for b in sent[2]["content"] if b["type"] == "tool_result"] == ["tu_1", "tu_2"]
+    assert sent[2]["content"][-1] == {"type": "text", "text": "never mind"}
+    assert cancel_turn(stack, sid, skey)["result"] == {"cancelled": False}
+
+
+def test_cancel_with_no_turn_and_who_may_cancel(stack, mock):
+    sid, skey, profile = new_session(stack)
+    observer = join(stack, sid, profile)
+    refused = {"code": -32001, "message": "call session.registerDriver before session.cancelTurn"}
+    assert cancel_turn(stack, sid, skey)["error"] == refused  # not registered yet
+    register(stack, sid, skey)
+    before = all_events(stack, sid, skey)
+    assert cancel_turn(stack, sid, skey)["result"] == {"cancelled": False}
+    assert cancel_turn(stack, sid, observer)["error"] == refused  # an observer never may
+    mock.enqueue(Reply.text("done"))
+    result(send(stack, sid, skey, "hi"))
+    assert cancel_turn(stack, sid, skey)["result"] == {"cancelled": False}  # that turn has ended
+    after = all_events(stack, sid, skey)
+    assert len(after) == len(before) + 4 and "session.turn.cancelled" not in types(after)
+
+
+def test_a_cancel_racing_the_turns_end_has_one_outcome(stack, mock):
+    """Each cancel is sent once the provider has the request, which it answers at once: a round ends
+    either as a normal turn and cancelled:false, or as a cancelled turn; never as both."""
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    cancels = 0
+    for round_number in range(6):
+        mock.enqueue(Reply.text(f"answer {round_number}"))
+        thread, outcome = turn_in_background(stack, sid, skey, f"question {round_number}")
+        wait_until(lambda asked=round_number + 1: len(mock.requests) == asked, "the provider call never started")
+        cancelled = cancel_turn(stack, sid, skey)["result"]["cancelled"]
+        thread.join(10)
+        last, recorded = terminal(outcome["frames"]), types(all_events(stack, sid, skey))
+        if cancelled:
+            cancels += 1
+            assert last["error"] == {"code": -32052, "message": "turn cancelled"}
+            assert recorded[-1] == "session.turn.cancelled"
+        else:
+            assert last["result"]["message"]["content"][0]["text"] == f"answer {round_number}"
+            assert recorded[-1] == "server.message.send"
+        assert recorded.count("session.turn.cancelled") == cancels

@@ -75,12 +75,12 @@ def test_event_types_are_an_enum_and_each_rpc_method_has_its_schemas() -> None:
     schemas = DOCUMENTS["client"]["components"]["schemas"]
     assert "session.compaction.completed" in schemas["Event"]["properties"]["event_type"]["enum"]
     calls = [option["$ref"].rsplit("/", 1)[1] for option in schemas["RpcCall"]["oneOf"]]
-    assert len(calls) == 12
+    assert len(calls) == 13
     assert {schemas[call]["properties"]["method"]["const"] for call in calls} == {
         "session.registerDriver", "session.sendMessage", "session.compact", "session.subscribe",
         "session.unsubscribe", "session.startRemoteSandbox", "session.stopRemoteSandbox",
         "session.execRemoteSandbox", "session.reportLocalSandbox", "session.reportLocalSubagent",
-        "session.cancelSubagent", "session.updateClientTools"}
+        "session.cancelSubagent", "session.updateClientTools", "session.cancelTurn"}
     assert "SendMessageResultFrame" in [frame["$ref"].rsplit("/", 1)[1] for frame in schemas["RpcFrame"]["anyOf"]]
 
 

@@ -21,12 +21,12 @@ pytestmark = pytest.mark.unit
 RpcError = client_api_pb2.RpcError
 
 
-def test_the_declaration_names_the_twelve_spec_methods():
+def test_the_declaration_names_the_twelve_spec_methods_and_cancel_turn():
     assert sorted(RPC_METHODS) == sorted([
         "session.registerDriver", "session.sendMessage", "session.compact", "session.subscribe",
         "session.unsubscribe", "session.startRemoteSandbox", "session.stopRemoteSandbox",
         "session.execRemoteSandbox", "session.reportLocalSandbox", "session.reportLocalSubagent",
-        "session.cancelSubagent", "session.updateClientTools",
+        "session.cancelSubagent", "session.updateClientTools", "session.cancelTurn",
     ])
     assert {method.rpc for method in RPC_METHODS.values() if method.streaming} == {"SendMessage", "Compact", "Subscribe"}
     assert {name for name, method in RPC_METHODS.items() if method.unbounded} == {

@@ -11,7 +11,7 @@ import logging
 
 from bae.common.protos import client_api_pb2
 from bae.common.rpc_codes import RpcCode
-from services.session.engine.errors import EngineError, LoopFailed, TurnInProgress
+from services.session.engine.errors import EngineError, LoopFailed, TurnCancelled, TurnInProgress
 
 log = logging.getLogger("bae.session.rpc")
 
@@ -35,7 +35,10 @@ def invalid_params(detail: str) -> RpcFault:
 
 
 # Engine refusals are application errors (-32000) unless listed here.
-ENGINE_CODES: dict[type[EngineError], RpcCode] = {TurnInProgress: RpcCode.TURN_IN_PROGRESS}
+ENGINE_CODES: dict[type[EngineError], RpcCode] = {
+    TurnInProgress: RpcCode.TURN_IN_PROGRESS,
+    TurnCancelled: RpcCode.TURN_CANCELLED,
+}
 
 
 def rpc_error(exc: Exception, method: str) -> client_api_pb2.RpcError:

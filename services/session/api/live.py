@@ -223,6 +223,13 @@ class LiveApi:
             return  # as for sendMessage: revoked while it queued, it ran nothing
         yield CompactionFrame(result=event_of_view(outcome.completed))
 
+    async def cancel_turn(self, call: RpcCall[client_api_pb2.CancelTurnParams]) -> client_api_pb2.CancelTurnResult:
+        """Stop the session's running or paused turn: any registered driver may, whoever's turn it is."""
+        require_driver(self.sessions, call, "session.cancelTurn")
+        call.params()
+        cancelled = await self.turns.cancel_turn(call.session_id, call.actor)
+        return client_api_pb2.CancelTurnResult(cancelled=cancelled)
+
     # -- subagents (§11.5, §11.6) --------------------------------------------------
 
     async def cancel_subagent(

@@ -285,6 +285,11 @@ class SessionServicer:
     ) -> client_api_pb2.CancelSubagentReply:
         return await self._unary(request, self.live.cancel_subagent, client_api_pb2.CancelSubagentReply)
 
+    async def cancel_turn(
+        self, request: client_api_pb2.CancelTurnRequest, incoming: Incoming
+    ) -> client_api_pb2.CancelTurnReply:
+        return await self._unary(request, self.live.cancel_turn, client_api_pb2.CancelTurnReply)
+
     # JSON-RPC plumbing: authenticate once (a failure is Unauthenticated: HTTP 401 before
     # any streaming), then map every fault to its error in one place.
 

@@ -28,6 +28,7 @@ from services.session.engine.domain import (
     TurnOutcome,
     TurnRequest,
 )
+from services.session.engine.cancel import TurnCancel
 from services.session.engine.errors import (
     CompactionFailed,
     LoopFailed,
@@ -36,16 +37,18 @@ from services.session.engine.errors import (
     ProfileUnavailable,
     SessionNotOpen,
     ShuttingDown,
+    TurnCancelled,
 )
 from services.session.engine.feed import Watcher
 from services.session.engine.gate import Claim, ParkedTurn
 from services.session.engine.merge import (
+    ABANDONED_TEXT,
     MergeInvalid,
     has_tool_result,
     is_continuation,
     merge_abandonment,
     merge_continuation,
-    synthesize_abandoned,
+    synthesize,
 )
 from services.session.engine.live import LiveSession
 from services.session.engine.loop import TurnLoop
@@ -59,6 +62,16 @@ from services.session.store.records import ProfileRecord, SessionRecord
 log = logging.getLogger("bae.session.engine")
 
 Records = tuple[SessionRecord | None, ProfileRecord | None]
+
+# `server.message.send`'s `synthetic` marker on the results that answer the calls of a turn that
+# ended without their own, and the error text of each call left unanswered.
+SYNTHETIC_ABANDONED = "abandoned_tool_results"
+SYNTHETIC_CANCELLED = "cancelled_tool_results"
+SYNTHETIC_TEXTS = {
+    SYNTHETIC_ABANDONED: ABANDONED_TEXT,
+    SYNTHETIC_CANCELLED: "Tool call was cancelled before returning a result.",
+}
+
 T = TypeVar("T")
 
 
@@ -97,17 +110,37 @@ class TurnEngine:
         is ended when the turn is; the input the turn records is not echoed to it.
         `records` are the session and profile the caller already read, reused
         when the turn did not have to queue.
-        Cancelling while queued records nothing; after that the turn runs on.
+        Cancelling while queued records nothing; after that the turn runs on, until its end or a
+        `cancel_turn`.
         """
         live = await self._admit(request.session_id)
         claim = await live.gate.acquire(request.actor)
-        return await self._owned(self._turn(live, request, claim, watcher, records), request.session_id, watcher)
+        live.cancel = TurnCancel()  # with the gate held, before any await: a cancel from now on finds it
+        return await self._owned(
+            self._turn(live, request, claim, watcher, records, live.cancel), request.session_id, watcher
+        )
 
     async def compact(self, request: CompactRequest, *, watcher: Watcher | None = None) -> CompactionOutcome:
         """Run one `session.compact` (§12.3): waits for a running turn, never for a paused one."""
         live = await self._admit(request.session_id)
         claim = await live.gate.acquire_for_compaction(request.actor)
         return await self._owned(self._compaction(live, request, claim, watcher), request.session_id, watcher)
+
+    async def cancel_turn(self, session_id: str, actor: str) -> bool:
+        """`session.cancelTurn` by `actor`: stop the session's running turn, or end its paused one.
+
+        A running turn stops at its next wait for outside work and records its cancellation
+        itself; True once it did, False when it ended on its own first. A paused turn's calls
+        are answered here, holding the gate as a turn would. False when no turn runs or waits:
+        a queued `sendMessage` or a `session.compact` is not cancelled.
+        """
+        live = await self._admit(session_id)
+        if live.cancel is not None:
+            return await asyncio.shield(live.cancel.request(actor))
+        parked = live.gate.take_parked()
+        if parked is None:
+            return False
+        return await self._owned(self._cancel_paused(live, parked, actor), session_id, None)
 
     async def drain(self, timeout: float) -> None:
         """Shutdown phases 1 and 2: take no new work, let running work finish within `timeout`."""
@@ -140,15 +173,23 @@ class TurnEngine:
             await asyncio.shield(loading)
         return live
 
-    def _turn_of(self, live: LiveSession, actor: str, watcher: Watcher | None) -> Turn:
-        return Turn(live, actor, self._store, self._registry, self._steps, echo=watcher)
+    def _turn_of(
+        self, live: LiveSession, actor: str, watcher: Watcher | None, cancel: TurnCancel | None = None
+    ) -> Turn:
+        return Turn(live, actor, self._store, self._registry, self._steps, echo=watcher, cancel=cancel)
 
     # -- a turn -----------------------------------------------------------------
 
     async def _turn(
-        self, live: LiveSession, request: TurnRequest, claim: Claim, watcher: Watcher | None, records: Records | None
+        self,
+        live: LiveSession,
+        request: TurnRequest,
+        claim: Claim,
+        watcher: Watcher | None,
+        records: Records | None,
+        cancel: TurnCancel,
     ) -> TurnOutcome:
-        turn = self._turn_of(live, request.actor, watcher)
+        turn = self._turn_of(live, request.actor, watcher, cancel)
         parked: ParkedTurn | None = None
         try:
             if records is None or claim.waited:  # the session may have changed while queued
@@ -161,6 +202,9 @@ class TurnEngine:
             await self._flush_quietly(turn)
             if watcher is not None:
                 live.feed.forget(watcher)
+            # With no await between: a cancel that comes now finds the pause, or no turn at all.
+            cancel.close()
+            live.cancel = None
             if parked is not None:
                 live.gate.park(parked)
             else:
@@ -221,7 +265,14 @@ class TurnEngine:
         with turn_trace(self._spans, live.session_id, request.actor, previous is not None, paused) as traced:
             if watcher is not None:
                 watcher.when_left(traced.client_left)
-            result = await self._loop.run(turn, session, profile)
+            try:
+                result = await self._loop.run(turn, session, profile)
+            except TurnCancelled as cancelled:
+                traced.cancelled()
+                await self._cancelled(turn, cancelled)
+                raise
+            if turn.cancel is not None:
+                turn.cancel.close()  # the loop ended on its own: a cancel from now on is answered False
             span_context = traced.ended(result.end)
             pending = previous.pending_compaction if previous is not None else None
             if result.end == TurnEnd.PAUSED and result.parked is not None:
@@ -231,6 +282,49 @@ class TurnEngine:
             if result.end == TurnEnd.COMPLETED:
                 await self._auto_compact(turn, session, profile, pending)
             return TurnOutcome(result.end, result.message, turn.events), None
+
+    # -- cancelling a turn ---------------------------------------------------------------
+
+    async def _cancelled(self, turn: Turn, cancelled: TurnCancelled) -> None:
+        """A running turn stopped by `session.cancelTurn`: the tool calls it was running, if any,
+        recorded as a paused turn's would be and answered with synthetic results, then
+        `session.turn.cancelled`; all in one write, after what the turn had carried."""
+        cancel = turn.cancel
+        assert cancel is not None and cancel.by is not None
+        items: list[EventItem] = []
+        tool_uses: list[JsonObject] = []
+        if cancelled.message is not None:
+            content = cancelled.message["content"]
+            tool_uses = [block for block in content if isinstance(block, dict) and block.get("type") == "tool_use"]
+            try:
+                items = [
+                    ("server.message.send", cancelled.message),
+                    *synthetic_results(tool_uses, cancelled.answered, SYNTHETIC_CANCELLED),
+                ]
+            except MergeInvalid:  # calls that cannot be answered (an id twice) stay out of the history
+                items = []
+        items.append(turn_cancelled(tool_uses, cancelled.answered, cancel.by))
+        try:
+            await turn.emit(items)
+        except BaseException as exc:
+            cancel.failed(exc)
+            raise
+        cancel.honoured()
+
+    async def _cancel_paused(self, live: LiveSession, parked: ParkedTurn, actor: str) -> bool:
+        """End a paused turn, for which the gate is held: its unanswered calls get synthetic results,
+        then `session.turn.cancelled`, in one write attributed to the turn's owner."""
+        turn = self._turn_of(live, parked.owner, watcher=None)
+        try:
+            try:
+                items = synthetic_results(parked.tool_uses, parked.server_results, SYNTHETIC_CANCELLED)
+            except MergeInvalid as exc:  # as when a compaction retires it (§12.3)
+                await self._merge_refused(turn, exc)
+            items.append(turn_cancelled(parked.tool_uses, parked.server_results, actor))
+            await turn.emit(items)
+        finally:
+            live.gate.release()
+        return True
 
     async def _abandoned(self, turn: Turn, parked: ParkedTurn) -> None:
         """An expired pause was taken from its owner: say so, attributed to the owner (§7.3)."""
@@ -339,17 +433,9 @@ class TurnEngine:
     async def _retire(self, turn: Turn, parked: ParkedTurn) -> None:
         """Answer a reclaimed pause's calls so the history stays valid (§12.3 step 7)."""
         try:
-            results = synthesize_abandoned(parked.tool_uses, parked.server_results)
+            items = synthetic_results(parked.tool_uses, parked.server_results, SYNTHETIC_ABANDONED)
         except MergeInvalid as exc:
             await self._merge_refused(turn, exc)
-        items: list[EventItem] = [
-            ("server.message.send", {"role": "user", "content": results, "synthetic": "abandoned_tool_results"})
-        ]
-        items += [
-            ("tool.result", client_result(block))
-            for block in results
-            if block["tool_use_id"] not in parked.server_results
-        ]
         await turn.emit(items)
 
     @staticmethod
@@ -358,6 +444,29 @@ class TurnEngine:
             await turn.flush()
         except Exception:
             log.exception("writing the last events of %s's turn failed", turn.session_id)
+
+
+def synthetic_results(tool_uses: list[JsonObject], answered: dict[str, JsonObject], marker: str) -> list[EventItem]:
+    """The events that answer every call of `tool_uses`, an assistant message already in the
+    history, so that the next provider call sees a valid one: one synthetic user message (the
+    `answered` result of each call, else an error result saying why: `marker`), then a
+    `tool.result` for each error result, so every `tool.call` stays paired. Raises MergeInvalid
+    when the calls cannot be answered (no ids, or one twice)."""
+    results = synthesize(tool_uses, answered, SYNTHETIC_TEXTS[marker])
+    dispatch = {block.get("id"): block.get("dispatch", "client") for block in tool_uses}
+    items: list[EventItem] = [("server.message.send", {"role": "user", "content": results, "synthetic": marker})]
+    items += [
+        ("tool.result", {**client_result(block), "dispatch": dispatch[block["tool_use_id"]]})
+        for block in results
+        if block["tool_use_id"] not in answered
+    ]
+    return items
+
+
+def turn_cancelled(tool_uses: list[JsonObject], answered: dict[str, JsonObject], actor: str) -> EventItem:
+    """`session.turn.cancelled`: who cancelled, and the calls of `tool_uses` left without a result of their own."""
+    unanswered = [block.get("id") for block in tool_uses if block.get("id") not in answered]
+    return "session.turn.cancelled", {"cancelled_by": actor, "tool_use_ids": unanswered}
 
 
 def client_result(block: JsonObject) -> JsonObject:

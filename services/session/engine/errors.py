@@ -6,6 +6,8 @@ maps the classes to JSON-RPC codes in one place (`api.faults`).
 
 from __future__ import annotations
 
+from bae.common.jsontext import JsonObject
+
 
 class EngineError(Exception):
     """A request the engine refused or could not finish; `str(error)` is the client text."""
@@ -46,6 +48,17 @@ class TurnInProgress(EngineError):
 
     def __init__(self) -> None:
         super().__init__("turn in progress: resolve the paused turn before compacting")
+
+
+class TurnCancelled(EngineError):
+    """`session.cancelTurn` stopped the turn. Raised inside the turn where it stopped; on its way
+    out it picks up what the turn was doing then: the assistant message whose tool calls were
+    running (None when it stopped in a provider call) and the results they had already."""
+
+    def __init__(self) -> None:
+        super().__init__("turn cancelled")
+        self.message: JsonObject | None = None
+        self.answered: dict[str, JsonObject] = {}
 
 
 class KeyRevoked(EngineError):

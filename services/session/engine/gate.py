@@ -135,6 +135,15 @@ class TurnGate:
             turn.deadline = time.monotonic()
         self._notify()
 
+    def take_parked(self) -> ParkedTurn | None:
+        """Take the parked turn to end it (session.cancelTurn), live or expired: the gate is then held
+        as by a running turn until `release`. None when no turn is parked."""
+        parked = self.parked
+        if parked is not None:
+            self.parked = None
+            self._running = True
+        return parked
+
     def restore(self, turn: ParkedTurn) -> None:
         """Hold a pause recovered from the log (the gate must be free)."""
         self.parked = turn

@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from bae.common.jsontext import JsonObject
+from services.session.engine.cancel import TurnCancel
 from services.session.engine.feed import SessionFeed
 from services.session.engine.gate import TurnGate
 from services.session.engine.history import History
@@ -35,6 +36,8 @@ class LiveSession:
     drivers: set[str] = field(default_factory=set)
     feed: SessionFeed = field(default_factory=SessionFeed)
     gate: TurnGate = field(default_factory=TurnGate)
+    # The running turn's cancellation while a `sendMessage` turn holds the gate (session.cancelTurn).
+    cancel: TurnCancel | None = None
     history: History | None = None  # loaded from the log on first use
     mcp: McpSession | None = None
     mcp_task: asyncio.Task[McpSession | None] | None = None

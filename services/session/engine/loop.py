@@ -13,6 +13,7 @@ from typing import Any
 
 from bae.common.jsontext import JsonObject, load
 from services.session.engine.domain import Dispatch, SessionState, TurnEnd
+from services.session.engine.errors import TurnCancelled
 from services.session.engine.gate import ParkedTurn
 from services.session.engine.mcp_sessions import SessionMcp
 from services.session.engine.ports import EventStore, StepOutcome
@@ -49,7 +50,7 @@ class TurnLoop:
         for iteration in range(MAX_ITERATIONS):
             if iteration:  # re-read: updateClientTools applies from the next provider call
                 session = await self._store.get_session(turn.session_id) or session
-            mcp = await self._mcp.ensure(live, profile)
+            mcp = await turn.interruptible(self._mcp.ensure(live, profile))
             declared = ActingTools.of(session, turn.actor, mcp, status_tool=bool(live.subagents.entries))
             result = await turn.step(profile, turn.step_messages(extensions), declared.advertised())
             if result.outcome != StepOutcome.OK:
@@ -90,17 +91,21 @@ class TurnLoop:
                 if kind == Dispatch.CLIENT:
                     open_dispatch(block, kind)  # the server only records it: its span ends at once
             server_calls: list[tuple[JsonObject, Dispatch]] = [(block, kind) for block, kind in zip(tool_uses, kinds) if kind != Dispatch.CLIENT]
-            results = await self._tools.answer(turn, server_calls, declared)
+            kind_of = iter(kinds)
+            tagged = [
+                {**block, "dispatch": str(next(kind_of))}
+                if isinstance(block, dict) and block.get("type") == "tool_use"
+                else block
+                for block in content
+            ]
+            message = {"role": "assistant", "content": tagged}
+            try:
+                results = await self._tools.answer(turn, server_calls, declared)
+            except TurnCancelled as cancelled:
+                cancelled.message = message  # its calls get results, so the history stays valid
+                raise
 
             if Dispatch.CLIENT in kinds:
-                kind_of = iter(kinds)
-                tagged = [
-                    {**block, "dispatch": str(next(kind_of))}
-                    if isinstance(block, dict) and block.get("type") == "tool_use"
-                    else block
-                    for block in content
-                ]
-                message = {"role": "assistant", "content": tagged}
                 await turn.emit([("server.message.send", message)])
                 parked = ParkedTurn(
                     owner=turn.actor,

@@ -71,15 +71,17 @@ def merge_continuation(tool_uses: list[JsonObject], server_results: dict[str, Js
     return merged + rest
 
 
-def abandoned_result(tool_use_id: str) -> JsonObject:
-    return {"type": "tool_result", "tool_use_id": tool_use_id, "content": ABANDONED_TEXT, "is_error": True}
+def error_result(tool_use_id: str, text: str = ABANDONED_TEXT) -> JsonObject:
+    return {"type": "tool_result", "tool_use_id": tool_use_id, "content": text, "is_error": True}
 
 
-def synthesize_abandoned(tool_uses: list[JsonObject], server_results: dict[str, JsonObject]) -> list[JsonObject]:
-    """Server results plus a synthetic error result for every unanswered id, in tool_use order."""
+def synthesize(
+    tool_uses: list[JsonObject], server_results: dict[str, JsonObject], text: str = ABANDONED_TEXT
+) -> list[JsonObject]:
+    """Server results plus a synthetic error result saying `text` for every unanswered id, in tool_use order."""
     ids = _paused_ids(tool_uses)
     server = _checked_server_results(server_results)
-    return [server.get(tool_use_id) or abandoned_result(tool_use_id) for tool_use_id in ids]
+    return [server.get(tool_use_id) or error_result(tool_use_id, text) for tool_use_id in ids]
 
 
 def merge_abandonment(
@@ -94,4 +96,4 @@ def merge_abandonment(
         extra = list(content)
     else:
         raise MergeInvalid("abandonment message content must be a string or content-block array")
-    return synthesize_abandoned(tool_uses, server_results) + extra
+    return synthesize(tool_uses, server_results) + extra

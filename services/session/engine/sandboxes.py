@@ -152,7 +152,8 @@ class SessionSandboxes:
             }
         else:
             try:
-                result = await self._exec(handle, command)
+                # A cancelled turn ends the call, and the host then kills the command.
+                result = await turn.interruptible(self._exec(handle, command))
             except BaeError as exc:
                 await turn.emit([_error(handle.image, handle.sandbox_id, "exec", exc.detail)])
                 response = {"sandbox_id": handle.sandbox_id, "ok": False, "error": exc.detail}

@@ -120,6 +120,13 @@ class TurnTrace:
             self.span.end()
             self.span = None
 
+    def cancelled(self) -> None:
+        """session.cancelTurn stopped the turn: as on a disconnect, the span ends with no outcome
+        and the turn is not counted (TELEMETRY has no `cancelled` turn outcome)."""
+        if self.span is not None and self.outcome is None:
+            self.span.end()
+            self.span = None
+
     def ended(self, end: TurnEnd) -> SpanContext | None:
         """The loop returned: outcome, counter and, when all providers failed, the session span's end.
 

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 from bae.common.errors import echo
 from bae.common.jsontext import JsonObject
 from services.session.engine.domain import Dispatch
+from services.session.engine.errors import TurnCancelled
 from services.session.engine.ports import McpSession
 from services.session.engine.sandboxes import SessionSandboxes
 from services.session.engine.spans import DispatchTrace, mcp_call_failed, mcp_call_span, open_dispatch
@@ -119,13 +120,16 @@ class ToolDispatch:
                 if kind == Dispatch.MCP
             ]
         pending_mcp = iter(mcp_calls)
+        results: list[JsonObject] = []
         try:
-            results = []
             for (block, kind), traced in zip(calls, traces):
                 with traced.active():
                     results.append(await self._answer(turn, block, kind, pending_mcp, declared))
                 traced.answered(results[-1])
             return results
+        except TurnCancelled as cancelled:
+            cancelled.answered = {result["tool_use_id"]: result for result in results}
+            raise
         finally:
             # A turn that failed or was cancelled part-way leaves no MCP call running behind it.
             for call in mcp_calls:
@@ -143,7 +147,7 @@ class ToolDispatch:
     ) -> JsonObject:
         """Record one server-side block's outcome; its tool_result block. MCP calls are taken in order."""
         if kind == Dispatch.MCP:
-            response, result = await next(pending_mcp)
+            response, result = await turn.interruptible(next(pending_mcp))
             await turn.emit([("mcp.response", response), ("tool.result", result)])
             return _as_result_block(result)
         if kind == Dispatch.SANDBOX:

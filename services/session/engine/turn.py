@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from bae.common.jsontext import JsonObject, dump
+from services.session.engine.cancel import TurnCancel
 from services.session.engine.domain import SessionState, Usage
 from services.session.engine.feed import Watcher
 from services.session.engine.history import MESSAGE_EVENTS
@@ -28,12 +30,15 @@ from services.session.engine.ports import (
     StepOutcome,
     StepRequest,
     StepResult,
+    StepUpdate,
 )
 from services.session.engine.registry import SessionRegistry
 from services.session.store.events import EventView
 from services.session.store.records import ProfileRecord
 
 log = logging.getLogger("bae.session.turn")
+
+T = TypeVar("T")
 
 # A step may walk several providers, each bounded by the runner's own per-attempt timeout.
 STEP_DEADLINE = 900.0
@@ -48,6 +53,8 @@ class Turn:
     steps: ProviderSteps
     # The caller's own stream, if any: the input it recorded is not echoed back to it (§6.4).
     echo: Watcher | None = None
+    # A `sendMessage` turn's cancellation (session.cancelTurn); None for work nobody cancels.
+    cancel: TurnCancel | None = None
     events: list[EventView] = field(default_factory=list)
     # Usage of the last successful provider call of this turn (§12.2); None when unreported.
     last_usage: Usage | None = None
@@ -69,6 +76,13 @@ class Turn:
         """The history a provider step sends: the session's, then the messages of a write still
         under way, then `extensions` (this turn's messages not yet logged)."""
         return self.live.loaded_history.step_messages([*self._unwritten, *extensions])
+
+    async def interruptible(self, work: Awaitable[T]) -> T:
+        """Outside work the turn waits for (a provider step, a tool call): stopped, and TurnCancelled
+        raised, when the turn is cancelled meanwhile (engine/cancel.py)."""
+        if self.cancel is None:
+            return await work
+        return await self.cancel.interruptible(work)
 
     async def emit(
         self,
@@ -172,7 +186,7 @@ class Turn:
         result = None
         updates = self.steps.run_step(request, messages, timeout=STEP_DEADLINE)
         try:
-            async for update in updates:
+            while result is None and (update := await self._next_update(updates)) is not None:
                 if update.result is not None:
                     result = update.result
                     self.carried += [(self.actor, kind, payload) for kind, payload in update.events]
@@ -183,9 +197,16 @@ class Turn:
             log.error("runner step for session %s failed: %s", self.session_id, exc)
             raise
         finally:
-            await updates.aclose()  # stops the step when an emit failed; nothing to do once it ended
+            await updates.aclose()  # stops the step when an emit failed or the turn was cancelled
         if result is None:
             raise StepFailed("the step ended without a result")
         if result.outcome == StepOutcome.OK:
             self.last_usage = result.usage
         return result
+
+    async def _next_update(self, updates: AsyncIterator[StepUpdate]) -> StepUpdate | None:
+        """The step's next update, None after its last: a cancelled turn stops waiting for it here."""
+        try:
+            return await self.interruptible(anext(updates))
+        except StopAsyncIteration:
+            return None
