@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ from bae.client import ApiError, Client, RpcError, ToolDef
 from bae.launcher.stack import demo_config
 from testkit import ROOT
 from testkit.ports import free_port
+from testkit.processes import service_env
 from testkit.stack import RunningStack, launch_stack, stack_env
 
 pytestmark = pytest.mark.stack
@@ -151,3 +153,39 @@ def test_client_errors(demo: RunningStack) -> None:
         with pytest.raises(ApiError) as closed:
             session.close()
         assert closed.value.type == "session_closed"
+
+
+def demo_answer(demo: RunningStack, head: str, parts: Iterator[bytes]) -> bytes:
+    """The status line the demo provider answers a POST /v1/messages with `head` and body `parts`,
+    sent until it answers (a provider that reads the whole body first never would)."""
+    address = demo.settings.demo_provider_addr
+    assert address is not None
+    with socket.create_connection((address.host, address.port), timeout=30) as sock:
+        sock.sendall(f"POST /v1/messages HTTP/1.1\r\nHost: demo\r\nContent-Type: application/json\r\n{head}\r\n"
+                     .encode())
+        try:
+            for part in parts:
+                sock.sendall(part)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it answered and closed before the rest
+        return sock.makefile("rb").readline()
+
+
+def test_the_demo_provider_refuses_a_large_body_without_reading_it(demo: RunningStack) -> None:
+    mib = b" " * (1024 * 1024)
+    # Announced: 300 MB, of which 1 MiB is sent.
+    assert demo_answer(demo, f"Content-Length: {300 * 1024 * 1024}\r\n", iter([mib])).startswith(b"HTTP/1.1 413")
+    # Unannounced: chunks, cut once over 16 MiB, while the client would send more.
+    chunk = b"%x\r\n" % len(mib) + mib + b"\r\n"
+    assert demo_answer(demo, "Transfer-Encoding: chunked\r\n", iter([chunk] * 300)).startswith(b"HTTP/1.1 413")
+
+
+def test_a_demo_provider_address_that_is_not_loopback_is_refused_at_start() -> None:
+    env = service_env(BAE_DEMO_PROVIDER_ADDR="0.0.0.0:8089", BAE_RUNNER_GRPC_ADDR=f"127.0.0.1:{free_port()}")
+    result = subprocess.run([sys.executable, "-m", "services.runner"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: BAE_DEMO_PROVIDER_ADDR: 0.0.0.0:8089 is not a loopback address; the demo provider answers anyone "
+        "who reaches it, so it binds to localhost only (e.g. 127.0.0.1:8089)"
+    ]

@@ -20,7 +20,7 @@ from testkit.docker_support import (
     sandboxes_of_hosts,
     stack_with_sandbox_hosts,
 )
-from testkit.live import types
+from testkit.live import terminal, types
 from testkit.mockllm import Reply
 from testkit.ports import free_port
 from testkit.sandboxes import Driver, typed_payloads, wait_provisioned
@@ -545,3 +545,51 @@ def test_stopping_the_stack_leaves_no_container(start_stack, mock):
     assert len(driver.containers()) == 1
     assert stack.close() == {"gateway": 0, "runner": 0, "sandbox": 0, "session": 0}
     assert driver.containers() == []
+
+
+def test_cancel_turn_kills_the_command_the_turn_runs(stack, mock):
+    """session.cancelTurn during an Auto-dispatched command: the command and what it started are
+    killed, the turn's calls get synthetic results, and the next turn sends a valid history."""
+    require_docker()
+    driver = Driver(stack, stack.create_profile("cancel", available_sandboxes=[TEST_IMAGE]), sandbox_tools=[SHELL])
+    driver.register()
+    driver.ok("session.startRemoteSandbox", {"image": TEST_IMAGE})
+    (container,) = driver.containers()
+    command = "sleep 300 & sleep 301; echo never"
+    mock.enqueue(Reply.tool_use([("tu_1", "sh", {"command": command}), ("tu_2", "sh", {"command": "echo next"})]))
+    with ThreadPoolExecutor(1) as pool:
+        turn = pool.submit(driver.call, "session.sendMessage", {"message": {"content": "wait for it"}})
+        deadline = time.monotonic() + 30
+        while "sleep 301" not in container.exec_run(["ps", "-o", "args"]).output.decode():
+            assert time.monotonic() < deadline and not turn.done(), "the command never started"
+            time.sleep(0.1)
+        assert driver.ok("session.cancelTurn") == {"cancelled": True}
+        frames = turn.result(timeout=30)
+    assert terminal(frames)["error"] == {"code": -32052, "message": "turn cancelled"}
+    assert_no_process(driver, "sleep 30")  # the command and the child it started
+
+    events = driver.events()
+    actor = events[0]["client_key_id"]
+    assert types(events)[-10:] == [
+        "provider.request", "provider.response", "tool.call", "tool.call", "sandbox.request",
+        "server.message.send", "server.message.send", "tool.result", "tool.result", "session.turn.cancelled",
+    ]
+    calls = [{"type": "tool_use", "id": "tu_1", "name": "sh", "input": {"command": command}},
+             {"type": "tool_use", "id": "tu_2", "name": "sh", "input": {"command": "echo next"}}]
+    text = "Tool call was cancelled before returning a result."
+    assert typed_payloads(events[-5:]) == [
+        ("server.message.send", {"role": "assistant", "content": [{**call, "dispatch": "sandbox"} for call in calls]}),
+        ("server.message.send", {"role": "user", "synthetic": "cancelled_tool_results", "content": [
+            {"type": "tool_result", "tool_use_id": call["id"], "content": text, "is_error": True} for call in calls]}),
+        *[("tool.result", {"tool_use_id": call["id"], "dispatch": "sandbox", "server_name": None, "is_error": True,
+                           "content": text}) for call in calls],
+        ("session.turn.cancelled", {"cancelled_by": actor, "tool_use_ids": ["tu_1", "tu_2"]}),
+    ]
+
+    mock.enqueue(Reply.text("stopped"))
+    reply = driver.ok("session.sendMessage", {"message": {"content": "never mind"}})
+    assert reply["message"]["content"] == [{"type": "text", "text": "stopped"}]
+    sent = mock.requests[-1]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"] and sent[1]["content"] == calls
+    driver.close()
+
