@@ -127,6 +127,17 @@ def parse_mcp_output_limit(value: str) -> int:
     return limit
 
 
+DEFAULT_HTTP_MAX_CONNECTIONS = 4096
+HTTP_MAX_CONNECTIONS_LIMIT = 1_000_000
+
+
+def parse_max_connections(value: str) -> int:
+    limit = parse_count("BAE_HTTP_MAX_CONNECTIONS", value)
+    if not 1 <= limit <= HTTP_MAX_CONNECTIONS_LIMIT:
+        raise UsageError(f'BAE_HTTP_MAX_CONNECTIONS: "{value}" must be between 1 and {HTTP_MAX_CONNECTIONS_LIMIT}')
+    return limit
+
+
 MIN_INTERNAL_TOKEN_CHARS = 32
 
 
@@ -186,6 +197,12 @@ class Settings:
     sandbox_idle_timeout: int = 0
     # Largest request body the gateway reads (BAE_MAX_BODY_BYTES).
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Seconds a request head may take to arrive, and a request body may go without a byte (BAE_HTTP_HEADER_TIMEOUT).
+    http_header_timeout: float = 10.0
+    # Seconds a gateway connection may stay idle between requests (BAE_HTTP_KEEPALIVE_TIMEOUT).
+    http_keepalive_timeout: float = 5.0
+    # Connections each gateway port holds at once; more are answered 503 (BAE_HTTP_MAX_CONNECTIONS).
+    http_max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS
     # The shared token of the internal gRPC plane (bae.common.internal); None: not configured.
     internal_token: str | None = None
     # Seconds between keepalive pings on internal connections (BAE_GRPC_KEEPALIVE_INTERVAL).
@@ -276,6 +293,11 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         sqlite_synchronous=parse_sqlite_synchronous(get("BAE_SQLITE_SYNCHRONOUS", "FULL")),
         sandbox_idle_timeout=parse_seconds("BAE_SANDBOX_IDLE_TIMEOUT", get("BAE_SANDBOX_IDLE_TIMEOUT", "0")),
         max_body_bytes=parse_body_limit(get("BAE_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES))),
+        http_header_timeout=parse_timeout("BAE_HTTP_HEADER_TIMEOUT", get("BAE_HTTP_HEADER_TIMEOUT", "10")),
+        http_keepalive_timeout=parse_timeout("BAE_HTTP_KEEPALIVE_TIMEOUT", get("BAE_HTTP_KEEPALIVE_TIMEOUT", "5")),
+        http_max_connections=parse_max_connections(
+            get("BAE_HTTP_MAX_CONNECTIONS", str(DEFAULT_HTTP_MAX_CONNECTIONS))
+        ),
         internal_token=parse_internal_token(get("BAE_INTERNAL_TOKEN")),
         grpc_keepalive=parse_timeout("BAE_GRPC_KEEPALIVE_INTERVAL", get("BAE_GRPC_KEEPALIVE_INTERVAL", "30")),
         session_replicas=_replicas(get("BAE_SESSION_REPLICAS", "1")),

@@ -31,6 +31,7 @@ TITLES = {
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    408: "Request Timeout",
     409: "Conflict",
     413: "Payload Too Large",
     422: "Unprocessable Entity",
@@ -52,9 +53,12 @@ def status_of(error: errors.BaeError) -> int:
 def problem_response(
     status: int, reason: str, detail: str, headers: Mapping[str, str] | None = None
 ) -> Response:
-    body = {"type": reason, "title": TITLES.get(status, "Error"), "status": status, "detail": detail}
     # The spec shows RFC 7807 bodies as application/json, not application/problem+json.
-    return Response(json.dumps(body), status, headers, media_type=JSON)
+    return Response(problem_body(status, reason, detail), status, headers, media_type=JSON)
+
+
+def problem_body(status: int, reason: str, detail: str) -> str:
+    return json.dumps({"type": reason, "title": TITLES.get(status, "Error"), "status": status, "detail": detail})
 
 
 def error_response(error: errors.BaeError) -> Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 import socket
 
@@ -17,6 +18,7 @@ from bae.common.internal import InternalPlane
 from bae.common.settings import Address, Settings
 from services.gateway.app import admin_app, client_app
 from services.gateway.body import BodyReader
+from services.gateway.connections import PortLimits, protocol_for
 from services.gateway.observe import Observed
 from services.gateway.prometheus import MetricsEndpoint
 from services.gateway.readiness import Readiness
@@ -44,12 +46,19 @@ def bind(address: Address) -> socket.socket:
     return sock
 
 
-def _uvicorn(app: ASGIApp, settings: Settings) -> uvicorn.Server:
+def _uvicorn(app: ASGIApp, settings: Settings, port: str) -> uvicorn.Server:
+    limits = PortLimits(
+        port,
+        header_timeout=settings.http_header_timeout,
+        keepalive_timeout=settings.http_keepalive_timeout,
+        max_connections=settings.http_max_connections,
+    )
     config = uvicorn.Config(
         app,
         lifespan="off",
         ws="none",
-        http="auto",  # httptools when installed, h11 otherwise
+        http=protocol_for(limits),  # httptools, with the waits it leaves open bounded
+        timeout_keep_alive=int(settings.http_keepalive_timeout),
         access_log=False,
         server_header=False,
         proxy_headers=False,  # nothing reads the client address or scheme: skip the per-request rewrite
@@ -82,8 +91,8 @@ class Gateway:
             enabled=config.telemetry.enabled and config.telemetry.metrics_enabled,
             timeout=settings.rpc_timeout,
         )
-        self.client = _uvicorn(Observed(client_app(rest, self.rpc, self.readyz)), settings)
-        self.admin = _uvicorn(Observed(admin_app(rest, self.readyz, self.metrics)), settings)
+        self.client = _uvicorn(Observed(client_app(rest, self.rpc, self.readyz)), settings, "client")
+        self.admin = _uvicorn(Observed(admin_app(rest, self.readyz, self.metrics)), settings, "admin")
         self._sockets: list[socket.socket] = []
 
     async def start(self, *, client_socket: socket.socket, admin_socket: socket.socket) -> None:
@@ -100,8 +109,31 @@ class Gateway:
         await asyncio.gather(self.upstream.close(), self.readyz.close(), self.metrics.close())
 
 
+# Descriptors the gateway needs besides its HTTP connections: its listeners, gRPC channels, logs.
+SPARE_DESCRIPTORS = 1024
+
+
+def _make_room_for_connections(max_connections: int) -> None:
+    """Raise the soft descriptor limit (often 1024; the hard one is far more) to what both ports'
+    connections need, so that the connection limit is reached before the descriptors run out."""
+    needed = 2 * max_connections + SPARE_DESCRIPTORS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    room = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if room > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (room, hard))
+    if room < needed:
+        log.warning(
+            "gateway: %d file descriptors allowed, %d needed for BAE_HTTP_MAX_CONNECTIONS=%d on both ports; "
+            "raise the limit (ulimit -n) or lower the setting",
+            room, needed, max_connections,
+        )
+
+
 async def serve(settings: Settings, config: Config) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code."""
+    _make_room_for_connections(settings.http_max_connections)
     sockets: list[socket.socket] = []
     try:
         for address in (settings.addr, settings.admin_addr):
