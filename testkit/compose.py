@@ -48,9 +48,13 @@ def wait_until(what: str, check, timeout: float = 120.0, every: float = 1.0):
 class Project:
     """One compose project: its files, its name and the variables its commands get on top of run.sh's."""
 
-    def __init__(self, name: str, files: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, name: str, files: list[str], env: dict[str, str] | None = None,
+                 env_file: str | None = None) -> None:
+        """`env_file` stands for the .env beside docker-compose.yml (compose's `--env-file`)."""
         self.name = name
         self.command = [*shlex.split(os.environ.get("COMPOSE", "docker-compose")), "-p", name]
+        if env_file is not None:
+            self.command += ["--env-file", env_file]
         for file in files:
             self.command += ["-f", file]
         self.env = {**os.environ, **(env or {})}

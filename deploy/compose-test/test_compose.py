@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 import threading
+from pathlib import Path
 
 import docker
 import httpx
@@ -26,7 +29,12 @@ if "BAE_E2E_PROJECT" not in os.environ:
 from testkit.compose import IMAGE, STOP_SECONDS, Deployment, Project, progress, wait_until  # noqa: E402
 from testkit.live import notifications, result, rpc, types  # noqa: E402
 
-PROJECT = Project(os.environ["BAE_E2E_PROJECT"], ["docker-compose.yml", "deploy/compose-test/docker-compose.test.yml"])
+# A setting given only in the project's .env (run.sh does not set it) reaches the service that reads it.
+BODY_LIMIT = 100_000
+ENV_FILE = Path(tempfile.mkdtemp(prefix="bae-e2e-")) / ".env"
+ENV_FILE.write_text(f"BAE_MAX_BODY_BYTES={BODY_LIMIT}\n")
+PROJECT = Project(os.environ["BAE_E2E_PROJECT"], ["docker-compose.yml", "deploy/compose-test/docker-compose.test.yml"],
+                  env_file=str(ENV_FILE))
 GATEWAY_URL = f"http://{os.environ['BAE_PUBLISH_ADDR']}"
 compose, containers, all_healthy = PROJECT.compose, PROJECT.containers, PROJECT.all_healthy
 
@@ -51,6 +59,7 @@ def stack(request):
             print(compose("logs", "--no-color", "--tail", "150", check=False).stdout, file=sys.stderr)
         compose("down", "-v", "--remove-orphans", "-t", STOP_SECONDS, check=False)
         deployment.close()
+        shutil.rmtree(ENV_FILE.parent, ignore_errors=True)
 
 
 def test_admin_cli_in_the_gateway_creates_a_profile_and_a_key(stack):
@@ -96,6 +105,13 @@ async def main():
 asyncio.run(main())
 """
 REFUSED = "UNAUTHENTICATED: missing or invalid internal token"
+
+
+def test_a_setting_in_the_env_file_reaches_its_service(stack):
+    response = stack.client.post("/api/v1/sessions", content=b" " * (BODY_LIMIT + 1),
+                                 headers={"Content-Type": "application/json"})
+    assert response.status_code == 413, response.text
+    assert response.json()["detail"] == f"request body exceeds the limit of {BODY_LIMIT} bytes (BAE_MAX_BODY_BYTES)"
 
 
 def test_internal_services_refuse_calls_without_the_token(stack):
