@@ -2,7 +2,8 @@
 
     make bench                 # everything
     make bench ARGS="rest"     # only the REST figures; also "turns", "observers", "compaction",
-                               # "replicas", "sandbox" (bench/sandbox.py), "cpu" or "telemetry"
+                               # "replicas", "sandbox" (bench/sandbox.py), "limits" (bench/limits.py),
+                               # "cpu" or "telemetry"
     .venv/bin/python -m bench.run rest     # the same, from the repository root
 
 The load generator shares the stack's cores, so the client side is kept lean: REST GETs,
@@ -531,6 +532,14 @@ async def main(which: list[str]) -> None:
                                  load=load, percentile=percentile)
     finally:
         mock.stop()
+    if not which or "limits" in which:
+        from bench.limits import bench_limits
+
+        mock = MockProcess()
+        try:
+            await bench_limits(mock)
+        finally:
+            mock.stop()
     if not which or "sandbox" in which:
         from bench.sandbox import bench_all
 

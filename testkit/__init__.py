@@ -10,3 +10,9 @@ from pathlib import Path
 
 # The repository.
 ROOT = Path(__file__).resolve().parent.parent
+
+# The store's migration revisions, oldest first ("0001", "0002", ...): what a new store applies.
+REVISIONS = sorted(
+    path.name.split("_", 1)[0]
+    for path in (ROOT / "services" / "session" / "store" / "migrations" / "versions").glob("[0-9]*_*.py")
+)

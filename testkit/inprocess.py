@@ -33,7 +33,7 @@ from services.session.__main__ import admin_key_options, parse_args
 from services.session.wiring import SessionService, session_service
 from testkit.processes import TEST_PLANE
 from testkit.session_service import CONFIG, Service
-from testkit.stack import StackClients, stack_env
+from testkit.stack import StackClients, stack_env, with_test_limits
 
 T = TypeVar("T")
 LOOPBACK = "127.0.0.1"
@@ -118,8 +118,8 @@ class InProcessStack(StackClients):
         self._saved_env = {name: os.environ.get(name) for name in self._set_env}
         # Provider tokens and MCP variables are read from this process's environment (${NAME}).
         os.environ.update(self._set_env)
-        if config_toml is not None:
-            (tmp / "bae-config.toml").write_text(config_toml)
+        if "BAE_CONFIG" not in env:
+            (tmp / "bae-config.toml").write_text(with_test_limits(config_toml))
             env["BAE_CONFIG"] = str(tmp / "bae-config.toml")
         service_env = stack_env(tmp, BAE_SANDBOX_GRPC_ADDRS="", **env)
         self.loop = ServiceLoop(f"stack-{tmp.name}")

@@ -45,7 +45,9 @@ class Reply:
     # (not `text`: that name is the constructor Reply.text)
     reply_text: str = ""
     tool_uses: tuple[tuple[str, str, Any], ...] = ()
-    usage: tuple[int, int] | None = DEFAULT_USAGE
+    # (input, output) or (input, output, cache read, cache creation), as Anthropic counts them:
+    # `input` is the part of the prompt neither read from nor written to the cache.
+    usage: tuple[int, ...] | None = DEFAULT_USAGE
     status: int = 200
     body: Any = None
     seconds: float = 0.0
@@ -117,6 +119,8 @@ def render_anthropic(reply: Reply, model: str, serial: int) -> dict:
     }
     if reply.usage is not None:
         body["usage"] = {"input_tokens": reply.usage[0], "output_tokens": reply.usage[1]}
+        if len(reply.usage) == 4:
+            body["usage"].update(cache_read_input_tokens=reply.usage[2], cache_creation_input_tokens=reply.usage[3])
     return body
 
 
@@ -140,12 +144,15 @@ def render_openai(reply: Reply, model: str, serial: int) -> dict:
         "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
     }
     if reply.usage is not None:
-        prompt, completion = reply.usage
+        fresh, completion, cache_read, cache_creation = (*reply.usage, 0, 0)[:4]
+        prompt = fresh + cache_read + cache_creation  # OpenAI's prompt count includes the cached part
         body["usage"] = {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
         }
+        if len(reply.usage) == 4:
+            body["usage"]["prompt_tokens_details"] = {"cached_tokens": cache_read}
     return body
 
 

@@ -17,7 +17,7 @@ from services.gateway.json_to_proto import Unreadable, read_body
 from services.gateway.problems import status_of
 from services.gateway.proto_to_json import to_json
 from testkit.processes import TEST_PLANE, ServiceProcess
-from testkit.stack import stack_env
+from testkit.stack import TEST_LIMITS, stack_env
 
 CONFIG = """
 [[providers.entries]]
@@ -37,6 +37,7 @@ name = "alpha"
 transport = "stdio"
 command = "true"
 """
+CONFIG += TEST_LIMITS
 
 
 class Refused(Exception):

@@ -115,13 +115,31 @@ class RunningStack(StackClients):
 BIND_ATTEMPTS = 3
 
 
+# The [limits] of a test stack whose config sets none: quotas and the rate limit far above what any
+# test does with one key (the tests of limits set their own table).
+TEST_LIMITS = """
+[limits]
+max_open_sessions_per_key = 100000
+max_sandboxes_per_key = 1000
+max_subscribers_per_session = 10000
+requests_per_second_per_key = 1000000.0
+burst = 1000000
+"""
+
+
+def with_test_limits(config_toml: str | None) -> str:
+    """`config_toml` (none: an empty config) with TEST_LIMITS unless it has a [limits] table."""
+    config_toml = config_toml or ""
+    return config_toml if "[limits]" in config_toml else config_toml + TEST_LIMITS
+
+
 def launch_stack(tmp: Path, config_toml: str | None = None, session_args: list[str] | None = None,
                  **env: str) -> RunningStack:
     """Start a stack whose files live in `tmp`; its logs are printed if it fails to start."""
     overrides = dict(env)
-    if config_toml is not None:
+    if "BAE_CONFIG" not in overrides:
         config = tmp / "bae-config.toml"
-        config.write_text(config_toml)
+        config.write_text(with_test_limits(config_toml))
         overrides["BAE_CONFIG"] = str(config)
     attempts = BIND_ATTEMPTS
     while True:

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from bae.common import serde
 from bae.common.errors import UsageError, echo
+from bae.common.limits import DEFAULT_LIMITS, Limits, LimitsError, read_limits
 
 REDACTED = "\u2022" * 8
 
@@ -109,6 +110,8 @@ class Config:
     mcp_servers: tuple[McpServer, ...] = ()
     providers: tuple[ProviderEntry, ...] = ()
     telemetry: Telemetry = Telemetry()
+    # [limits]: the defaults of quotas, rate limits and budgets (bae.common.limits).
+    limits: Limits = DEFAULT_LIMITS
 
     def provider(self, name: str) -> ProviderEntry | None:
         return next((entry for entry in self.providers if entry.name == name), None)
@@ -174,13 +177,14 @@ def load_config(path: str | None, env: Mapping[str, str] | None = None) -> Confi
         mcp_servers = _parse_mcp(document.get("mcp"))
         providers = _parse_providers(document.get("providers"))
         telemetry = _parse_telemetry(document.get("telemetry"))
-    except (tomllib.TOMLDecodeError, _SchemaError) as exc:
+        limits = _parse_limits(document.get("limits"))
+    except (tomllib.TOMLDecodeError, _SchemaError, LimitsError) as exc:
         raise UsageError(f'invalid config file "{path}": {exc}') from None
     # Startup order (§1.2): telemetry first, then the MCP and provider registries.
     _check_telemetry(telemetry, os.environ if env is None else env)
     _check_mcp_registry(mcp_servers)
     _check_provider_registry(providers)
-    return Config(mcp_servers=mcp_servers, providers=providers, telemetry=telemetry)
+    return Config(mcp_servers=mcp_servers, providers=providers, telemetry=telemetry, limits=limits)
 
 
 def _os_error_text(exc: OSError) -> str:
@@ -351,6 +355,12 @@ def _max_tokens(entry: dict[str, Any], where: str) -> int:
             f"{where}.max_tokens: invalid value: integer `{value}`, expected a positive integer"
         )
     return value
+
+
+def _parse_limits(section: Any) -> Limits:
+    if section is None:
+        return DEFAULT_LIMITS
+    return DEFAULT_LIMITS.overridden(read_limits(_table(section, "limits"), "limits"))
 
 
 def _parse_telemetry(section: Any) -> Telemetry:

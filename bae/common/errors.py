@@ -87,6 +87,25 @@ class TooManyRequests(BaeError):
     default_reason = "too_many_requests"
 
 
+class QuotaExceeded(TooManyRequests):
+    """A quota of bae.common.limits is reached (open sessions, sandboxes, subscribers, commands).
+
+    The detail is the JSON-RPC message too: `quota_exceeded: <key> <limit> reached`."""
+
+    default_reason = "quota_exceeded"
+
+    def __init__(self, key: str, limit: int) -> None:
+        super().__init__(f"quota_exceeded: {key} {limit} reached")
+        self.key = key
+        self.limit = limit
+
+
+class RateLimited(TooManyRequests):
+    """A key's requests per second on one gateway process went over its bucket (Retry-After set)."""
+
+    default_reason = "rate_limited"
+
+
 class Unavailable(BaeError):
     """A dependency is down or busy; trying again later may succeed (see `retry_after`)."""
 

@@ -24,5 +24,8 @@ class RpcCode(IntEnum):
     SUBAGENT_NOT_FOUND = -32014
     TOOL_NOT_ALLOWED = -32015
     TURN_IN_PROGRESS = -32020
+    # Limits: a quota reached (`quota_exceeded: <key> <limit> reached`), a budget used up.
+    QUOTA_EXCEEDED = -32050
+    BUDGET_EXHAUSTED = -32051
     # session.cancelTurn stopped the turn this sendMessage ran (`turn cancelled`).
     TURN_CANCELLED = -32052

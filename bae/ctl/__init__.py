@@ -135,6 +135,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     b.leaf(("delete", "key"), "revoke a client key and its session keys", commands.delete_key,
            json_flag=False).add_argument("id")
 
+    usage = b.leaf(("usage",), "show token, call, turn and cost totals per client key, profile or UTC day",
+                   commands.usage)
+    usage.add_argument("--group-by", choices=list(commands.USAGE_GROUPS), default="day",
+                       help="one row per client key, profile or UTC day (default: day)")
+    usage.add_argument("--since", metavar="YYYY-MM-DD", help="first UTC day counted")
+    usage.add_argument("--until", metavar="YYYY-MM-DD", help="last UTC day counted (included)")
+    paging(usage)
     b.leaf(("config",), "show the server's loaded bae-config.toml, secrets redacted", commands.config)
     b.leaf(("providers",), "list the provider registry", commands.providers)
     b.leaf(("mcp-servers",), "list the MCP server registry", commands.mcp_servers)

@@ -19,6 +19,11 @@ EVENT_COLUMNS = [("ID", "id"), ("EVENT_TYPE", "event_type"), ("CLIENT_KEY_ID", "
 PROVIDER_COLUMNS = [("NAME", "name"), ("PROVIDER", "provider"), ("MODEL", "model"), ("BASE_URL", "base_url")]
 MCP_COLUMNS = [("NAME", "name"), ("TRANSPORT", "transport")]
 IMAGE_COLUMNS = [("PROFILE_ID", "profile_id"), ("IMAGE", "name"), ("STATUS", "status"), ("DETAIL", "detail")]
+# Each usage group's key column, then its totals.
+USAGE_GROUPS = {"key": ("CLIENT_KEY_ID", "client_key_id"), "profile": ("PROFILE_ID", "profile_id"), "day": ("DAY", "day")}
+USAGE_COLUMNS = [("INPUT", "input_tokens"), ("OUTPUT", "output_tokens"), ("CACHE_READ", "cache_read_input_tokens"),
+                 ("CACHE_WRITE", "cache_creation_input_tokens"), ("CALLS", "provider_calls"), ("TURNS", "turns"),
+                 ("COST_USD", "cost_usd")]
 PAYLOAD_WIDTH = 80  # event payloads are cut to keep the table readable; --json shows them whole
 COPY_KEY_NOW = "baectl: copy the key now — it cannot be retrieved again"
 
@@ -125,6 +130,15 @@ def list_sessions(api: AdminApi, args: argparse.Namespace) -> None:
 
 def list_events(api: AdminApi, args: argparse.Namespace) -> None:
     listing(api, args, f"/sessions/{args.session_id}/events", EVENT_COLUMNS, "no events found")
+
+
+# --- usage ------------------------------------------------------------------------------------------
+
+def usage(api: AdminApi, args: argparse.Namespace) -> None:
+    """Usage totals per client key, profile or UTC day (GET /admin/v1/usage), listed as every list is."""
+    params = {"group_by": args.group_by, **({"since": args.since} if args.since else {}),
+              **({"until": args.until} if args.until else {})}
+    listing(api, args, "/usage", [USAGE_GROUPS[args.group_by], *USAGE_COLUMNS], "no usage recorded", params)
 
 
 # --- registries, config, sandbox images ----------------------------------------------------------

@@ -165,9 +165,10 @@ def _problem_responses(statuses: list[int]) -> dict[str, Schema]:
         for status in sorted(set(statuses))}
 
 
-def _error_statuses(port: Port, declared: tuple[int, ...]) -> list[int]:
+def _error_statuses(declared: tuple[int, ...]) -> list[int]:
     """A route's problems: its own, and what every authenticated route may answer."""
-    return [*declared, 401, 413, 500, 503, 504, *((429,) if port is Port.ADMIN else ())]
+    # 429: the admin port throttles Argon2id checks; the client port has per-key rate limits.
+    return [*declared, 401, 413, 429, 500, 503, 504]
 
 
 def _route_operation(route: Route, schemas: Schemas) -> Schema:
@@ -191,7 +192,7 @@ def _route_operation(route: Route, schemas: Schemas) -> Schema:
         "tags": [route.port.value],
         "summary": route.summary,
         "security": [{SECURITY[route.credential][0]: []}],
-        "responses": {str(route.status): ok, **_problem_responses(_error_statuses(route.port, route.problems))},
+        "responses": {str(route.status): ok, **_problem_responses(_error_statuses(route.problems))},
     }
     if parameters:
         operation["parameters"] = parameters
@@ -250,7 +251,7 @@ def _rpc_operation(schemas: Schemas) -> Schema:
         "requestBody": {"required": True, "content": {JSON: {"schema": ref("RpcCall"), "example": example}}},
         "responses": {"200": {
             "description": "NDJSON: zero or more `session.event` notifications, then the frame with the request id",
-            "content": {NDJSON: {"schema": ref("RpcFrame")}}}, **_problem_responses([401, 413, 500, 503, 504])},
+            "content": {NDJSON: {"schema": ref("RpcFrame")}}}, **_problem_responses([401, 413, 429, 500, 503, 504])},
     }
 
 

@@ -15,11 +15,13 @@ from bae.common import telemetry
 from bae.common.config import Config
 from bae.common.entry import freeze_startup_heap
 from bae.common.internal import InternalPlane
+from bae.common.protos import edge_pb2, session_pb2
 from bae.common.settings import Address, Settings
 from services.gateway.app import admin_app, client_app
 from services.gateway.body import BodyReader
 from services.gateway.connections import PortLimits, protocol_for
 from services.gateway.observe import Observed
+from services.gateway.rate_limit import RateLimit
 from services.gateway.prometheus import MetricsEndpoint
 from services.gateway.readiness import Readiness
 from services.gateway.rest import RestEndpoint
@@ -91,9 +93,17 @@ class Gateway:
             enabled=config.telemetry.enabled and config.telemetry.metrics_enabled,
             timeout=settings.rpc_timeout,
         )
-        self.client = _uvicorn(Observed(client_app(rest, self.rpc, self.readyz)), settings, "client")
+        self.rate_limit = RateLimit(client_app(rest, self.rpc, self.readyz), config.limits, self._ask_rate_policy)
+        self.client = _uvicorn(Observed(self.rate_limit), settings, "client")
         self.admin = _uvicorn(Observed(admin_app(rest, self.readyz, self.metrics)), settings, "admin")
         self._sockets: list[socket.socket] = []
+
+    async def _ask_rate_policy(self, authorization: str) -> session_pb2.RatePolicy:
+        request = session_pb2.RatePolicyRequest(credential=edge_pb2.Credential(authorization=authorization, present=True))
+        timeout = self.upstream.timeout
+        return await self.upstream.call(
+            None, lambda stub, metadata: stub.GetRatePolicy(request, timeout=timeout, metadata=metadata)
+        )
 
     async def start(self, *, client_socket: socket.socket, admin_socket: socket.socket) -> None:
         self.upstream.start()
@@ -106,6 +116,7 @@ class Gateway:
         client_socket, admin_socket = self._sockets
         await asyncio.gather(self.client.shutdown(sockets=[client_socket]), self.admin.shutdown(sockets=[admin_socket]))
         await self.rpc.fanout.close()
+        await self.rate_limit.close()
         await asyncio.gather(self.upstream.close(), self.readyz.close(), self.metrics.close())
 
 

@@ -108,9 +108,9 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
         auth=auth,
         live=LiveApi(
             store=store, sessions=engine.registry, turns=engine.turns, sandboxes=engine.sandboxes,
-            subagents=engine.subagents,
+            subagents=engine.subagents, limits=config.limits,
         ),
-        sandboxes=SandboxMethods(sessions=engine.registry, sandboxes=engine.sandboxes),
+        sandboxes=SandboxMethods(sessions=engine.registry, sandboxes=engine.sandboxes, limits=config.limits),
         ownership=engine.ownership,
         spans=engine.spans,
     )

@@ -187,7 +187,7 @@ class HeldFirstWrite:
         self.sent_before = len(harness.steps.sent)
         self.overlapped = False  # the provider had the request while the write was held
 
-    async def __call__(self, session_id, items, new_state=None):
+    async def __call__(self, session_id, items, new_state=None, charge=None):
         self.held += 1
         if self.held == 1:
             for _ in range(300):
@@ -197,7 +197,7 @@ class HeldFirstWrite:
                 await asyncio.sleep(0.01)
             if self.failure is not None:
                 raise self.failure
-        return await self.append(session_id, items, new_state)
+        return await self.append(session_id, items, new_state, charge)
 
 
 async def test_the_provider_call_starts_while_the_client_message_is_written(
@@ -356,7 +356,9 @@ async def test_mcp_calls_of_one_step_run_side_by_side_and_answer_in_the_models_o
 async def test_a_sandbox_tool_runs_in_the_sessions_sandbox(harness: EngineHarness):
     harness.sandboxes.on_exec = lambda command: ExecResult("out\n", "warn\n", 3)
     session_id = await harness.open_session(sandbox_tools=[SHELL])
-    handle, _ = await harness.service.sandboxes.start(harness.live(session_id), ACTOR, IMAGE)
+    handle, _ = await harness.service.sandboxes.start(
+        harness.live(session_id), ACTOR, IMAGE, owner_key=ACTOR, max_per_key=10
+    )
     harness.steps.enqueue(Step.tool_use(("tu_1", "shell", {"command": "make"})), Step.text("built"))
     outcome = await harness.turn(session_id, "build it")
     assert outcome.end == TurnEnd.COMPLETED
@@ -376,7 +378,9 @@ async def test_a_sandbox_tool_without_a_sandbox_and_a_failing_exec_answer_errors
     result = next(view["payload"] for view in outcome.events if view["event_type"] == "tool.result")
     assert result["is_error"] and "call session.startRemoteSandbox first" in result["content"][0]["text"]
 
-    handle, _ = await harness.service.sandboxes.start(harness.live(session_id), ACTOR, IMAGE)
+    handle, _ = await harness.service.sandboxes.start(
+        harness.live(session_id), ACTOR, IMAGE, owner_key=ACTOR, max_per_key=10
+    )
     harness.sandboxes.fail_next("exec", Unavailable("the sandbox host is unavailable"))
     harness.steps.enqueue(Step.tool_use(("tu_2", "shell", {"command": "ls"})), Step.text("host down"))
     outcome = await harness.turn(session_id, "ls again")
@@ -388,7 +392,7 @@ async def test_a_sandbox_tool_without_a_sandbox_and_a_failing_exec_answer_errors
 
 async def test_a_subagent_launched_by_a_turn_reports_through_the_status_tool(harness: EngineHarness):
     session_id = await harness.open_session(subagent_tools=[SPAWN])
-    await harness.service.sandboxes.start(harness.live(session_id), ACTOR, IMAGE)
+    await harness.service.sandboxes.start(harness.live(session_id), ACTOR, IMAGE, owner_key=ACTOR, max_per_key=10)
     harness.steps.enqueue(
         Step.tool_use(("tu_1", "spawn", {"harness": "echoer", "model": "small", "prompt": "hello"})), Step.text("launched")
     )
@@ -417,7 +421,7 @@ async def test_a_sandbox_start_the_host_refuses_is_logged_and_raised(harness: En
     session_id = await harness.open_session()
     harness.sandboxes.fail_next("start", BaeError("no sandbox host is available"))
     with pytest.raises(SandboxFailed, match="no sandbox host is available"):
-        await harness.service.sandboxes.start(harness.live(session_id), ACTOR, IMAGE)
+        await harness.service.sandboxes.start(harness.live(session_id), ACTOR, IMAGE, owner_key=ACTOR, max_per_key=10)
     events = await harness.events(session_id)
     assert [e["event_type"] for e in events] == ["session.sandbox.start", "session.sandbox.error"]
     assert events[-1]["payload"]["detail"] == "no sandbox host is available"
@@ -507,7 +511,7 @@ async def test_a_session_closed_after_its_check_gets_no_live_state_again(harness
 async def test_a_close_cancels_subagents_then_stops_the_sandbox(harness: EngineHarness):
     session_id = await harness.open_session(subagent_tools=[SPAWN], mcp_servers=["tools"])
     live = harness.live(session_id)
-    handle, _ = await harness.service.sandboxes.start(live, ACTOR, IMAGE)
+    handle, _ = await harness.service.sandboxes.start(live, ACTOR, IMAGE, owner_key=ACTOR, max_per_key=10)
     harness.steps.enqueue(
         Step.tool_use(("tu_1", "spawn", {"harness": "echoer", "model": "m", "prompt": "p"})), Step.text("ok")
     )
@@ -545,7 +549,7 @@ async def test_drain_lets_a_running_turn_finish_and_refuses_new_ones(harness: En
 async def test_stop_drops_live_state_and_leaves_sandboxes_to_the_next_start(harness: EngineHarness, store_url):  # noqa: F811
     session_id = await harness.open_session(mcp_servers=["tools"], client_tools=["lookup"])
     live = harness.live(session_id)
-    handle, _ = await harness.service.sandboxes.start(live, ACTOR, IMAGE)
+    handle, _ = await harness.service.sandboxes.start(live, ACTOR, IMAGE, owner_key=ACTOR, max_per_key=10)
     harness.steps.enqueue(Step.tool_use(("tu_1", "lookup", {})))
     assert (await harness.turn(session_id, "pause")).end == TurnEnd.PAUSED
     await harness.service.drain(1)
@@ -573,7 +577,7 @@ async def test_an_idle_sandbox_is_stopped(store_url):  # noqa: F811
     await engine.start()
     try:
         session_id = await harness.open_session()
-        await engine.sandboxes.start(harness.live(session_id), ACTOR, IMAGE)
+        await engine.sandboxes.start(harness.live(session_id), ACTOR, IMAGE, owner_key=ACTOR, max_per_key=10)
         await eventually(lambda: _has(harness, session_id, "session.sandbox.stopped"))
         stop = next(e for e in await harness.events(session_id) if e["event_type"] == "session.sandbox.stop")
         assert (stop["payload"]["reason"], stop["client_key_id"]) == ("idle_timeout", None)

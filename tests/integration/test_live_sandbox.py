@@ -20,7 +20,7 @@ from testkit.docker_support import (
     sandboxes_of_hosts,
     stack_with_sandbox_hosts,
 )
-from testkit.live import terminal, types
+from testkit.live import rpc, terminal, types
 from testkit.mockllm import Reply
 from testkit.ports import free_port
 from testkit.sandboxes import Driver, typed_payloads, wait_provisioned
@@ -593,3 +593,29 @@ def test_cancel_turn_kills_the_command_the_turn_runs(stack, mock):
     assert [m["role"] for m in sent] == ["user", "assistant", "user"] and sent[1]["content"] == calls
     driver.close()
 
+
+def test_a_keys_sandboxes_stop_at_its_quota_whichever_session_starts_them(stack):
+    require_docker()
+    profile = stack.create_profile("quota", available_sandboxes=[TEST_IMAGE], limits={"max_sandboxes_per_key": 1})
+    wait_provisioned(stack)
+    key = stack.create_key(profile["id"])["key"]
+    sessions = [stack.open_session(key) for _ in range(2)]
+
+    def call(opened: dict, method: str, params: dict | None = None) -> dict:
+        return terminal(rpc(stack.client, opened["session_id"], opened["session_key"], method, params))
+
+    for opened in sessions:
+        assert call(opened, "session.registerDriver")["result"] == {"registered": True}
+    first, second = sessions
+    assert "result" in call(first, "session.startRemoteSandbox", {"image": TEST_IMAGE})
+    assert call(second, "session.startRemoteSandbox", {"image": TEST_IMAGE})["error"] == {
+        "code": -32050, "message": "quota_exceeded: max_sandboxes_per_key 1 reached"}
+    log = stack.client.get(f"/api/v1/sessions/{second['session_id']}/events",
+                           headers={"Authorization": f"Bearer {second['session_key']}"}).json()["items"]
+    assert not [e for e in types(log) if e.startswith("session.sandbox.") and e != "session.sandbox.available"]
+    assert call(first, "session.stopRemoteSandbox")["result"]["stopped"] is True
+    assert "result" in call(second, "session.startRemoteSandbox", {"image": TEST_IMAGE})  # the place is free again
+    for opened in sessions:
+        closed = stack.client.delete(f"/api/v1/sessions/{opened['session_id']}",
+                                     headers={"Authorization": f"Bearer {opened['session_key']}"})
+        assert closed.status_code == 200

@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import asyncpg
 import httpx
@@ -157,6 +158,25 @@ def test_sessions_spread_over_replicas_and_either_gateway_reaches_them(replicate
         assert_each_event_once(events)
         assert types(events).count("server.message.send") == 2
     assert owners(stack) == held  # nothing moved: every call reached the owner
+
+
+def test_a_keys_open_session_quota_holds_across_replicas_and_gateways(replicated, gateway2):
+    """The count comes from the store, under a lock on the key's row: racing opens on both
+    replicas, through both gateways, never take the key past its quota."""
+    stack = replicated
+    profile = stack.create_profile("quota", allowed_tools=[], limits={"max_open_sessions_per_key": 3})
+    key = stack.create_key(profile["id"])["key"]
+    clients = [stack.client, gateway2.client] * 4
+
+    def open_one(client: httpx.Client) -> httpx.Response:
+        return client.post("/api/v1/sessions", json={}, headers={"Authorization": f"Bearer {key}"})
+
+    with ThreadPoolExecutor(len(clients)) as pool:
+        answers = list(pool.map(open_one, clients))
+    assert sorted(a.status_code for a in answers) == [201] * 3 + [429] * 5, [a.text for a in answers]
+    assert {a.json()["detail"] for a in answers if a.status_code == 429} == {
+        "quota_exceeded: max_open_sessions_per_key 3 reached"}
+    assert open_one(gateway2.client).status_code == 429
 
 
 def test_two_drivers_on_two_gateways_take_turns_in_arrival_order(replicated, gateway2, mock):

@@ -21,6 +21,7 @@ from bae.common.config import (
     resolve_env,
 )
 from bae.common.errors import UsageError
+from bae.common.limits import Limits
 
 pytestmark = pytest.mark.unit
 
@@ -552,3 +553,28 @@ def test_prices_cost_and_show_in_the_views(tmp_path: Path) -> None:
 def test_bad_prices_are_refused(tmp_path: Path, lines: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         load_text(tmp_path, PROVIDER + lines)
+
+
+def test_limits_table_sets_the_defaults_a_profile_overrides(tmp_path: Path) -> None:
+    config = load_text(tmp_path, "[limits]\nmax_open_sessions_per_key = 5\nsession_cost_usd = 2\nburst = 7\n")
+    assert (config.limits.max_open_sessions_per_key, config.limits.burst) == (5, 7)
+    assert config.limits.session_cost_usd == 2.0 and config.limits.session_tokens is None
+    assert config.limits.max_sandboxes_per_key == 10  # untouched keys keep their defaults
+    profile = config.limits.overridden({"burst": 3, "session_tokens": 1000, "max_open_sessions_per_key": None})
+    assert (profile.burst, profile.session_tokens, profile.max_open_sessions_per_key) == (3, 1000, 5)
+    assert load_text(tmp_path, "").limits == Limits()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[limits]\nmax_open_sessions_per_kye = 5\n", "limits: unknown key `max_open_sessions_per_kye`"),
+    ("[limits]\nburst = 0\n", "limits.burst must be between 1 and"),
+    ("[limits]\nburst = 1.5\n", "limits.burst must be an integer"),
+    ("[limits]\nrequests_per_second_per_key = 0\n", "limits.requests_per_second_per_key must be above 0"),
+    ("[limits]\nkey_daily_cost_usd = -1\n", "limits.key_daily_cost_usd must be at least 0"),
+    ("[limits]\nsession_tokens = true\n", "limits.session_tokens must be an integer"),
+    ("limits = 3\n", "limits: invalid type: integer `3`, expected a table"),
+])
+def test_bad_limits_are_usage_errors(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(UsageError, match="invalid config file") as raised:
+        load_text(tmp_path, text)
+    assert message in str(raised.value)

@@ -16,12 +16,13 @@ from services.gateway.proto_to_json import to_json
 from services.session.api.event_messages import event_of_row, event_of_view
 from services.session.store import Store, access, events, keys, profiles, sessions
 from services.session.store.schema import session_events
+from testkit import REVISIONS
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 
 # Each test on a SQLite file (unit) and on PostgreSQL (postgres).
 pytestmark = pytest.mark.parametrize("store_url", STORES, indirect=True)
 
-HEAD = "0003"
+HEAD = REVISIONS[-1]
 
 
 @pytest.fixture
@@ -82,7 +83,7 @@ async def test_event_json_equals_serialized_view(store):
 
 async def test_migrations_are_idempotent_and_data_survives(store_url):  # noqa: F811 - the fixture
     store = await Store.open(store_url)
-    assert store.migrations_applied == ["0001", "0002", "0003"]
+    assert store.migrations_applied == REVISIONS
     sid = await new_session(store)
     await store.close()
     store = await Store.open(store_url)

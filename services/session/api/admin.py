@@ -19,10 +19,11 @@ from services.session.api.auth import Authenticator
 from services.session.api.calls import Credential
 from services.session.api.event_messages import page_messages, payload_chars
 from services.session.api.pagination import PAGE_PAYLOAD_CHARS, page_request
+from services.session.api.usage import usage_page, usage_query
 from services.session.engine.revocation import Revocations
 from services.session.engine.sandboxes import SessionSandboxes
 from services.session.remote.peers import revocation_of
-from services.session.store import events, keys, profiles, revocation, sessions
+from services.session.store import events, keys, profiles, revocation, sessions, usage
 from services.session.store.records import KeyRecord, ProfileRecord, SessionRecord
 from services.session.store.store import Store
 
@@ -39,7 +40,9 @@ def key_message(key: KeyRecord) -> admin_api_pb2.ClientKey:
 
 
 def profile_message(profile: ProfileRecord) -> admin_api_pb2.Profile:
-    return admin_api_pb2.Profile(**profiles.view(profile))
+    view = profiles.view(profile)
+    limits = view.pop("limits")
+    return admin_api_pb2.Profile(**view, limits=None if limits is None else admin_api_pb2.Limits(**limits))
 
 
 def session_summary(row: Row[Any] | SessionRecord) -> admin_api_pb2.SessionSummary:
@@ -196,6 +199,14 @@ class AdminApi:
         if rows is None:
             raise NotFound(f"no session {echo(session_id)}")
         return page_messages(*page.page([(row.seq, row) for row in rows], payload_chars))
+
+    # Usage (store/usage.py).
+
+    async def list_usage(self, request: admin_api_pb2.ListUsageRequest) -> admin_api_pb2.UsagePage:
+        await self._admin(request.credential)
+        query = usage_query(request)
+        groups = await self.store.read(usage.grouped, query.group_by, query.since, query.until, query.after, query.limit + 1)
+        return usage_page(query, groups)
 
     # Registries and config (§4.5): startup snapshots.
 

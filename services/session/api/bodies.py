@@ -7,9 +7,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from bae.common.errors import Unprocessable
+from bae.common.errors import InvalidInput, Unprocessable
 from bae.common.jsontext import JsonObject
 from bae.common.jsontext import load
+from bae.common.limits import LimitsError, read_limits
 from bae.common.protos import admin_api_pb2, client_api_pb2, edge_pb2
 
 RESERVED_TOOL = "remote_subagent_status"
@@ -139,7 +140,17 @@ def validate_subagent_tools(tools: list[JsonObject]) -> None:
 
 
 def profile_fields(body: admin_api_pb2.ProfileBody) -> JsonObject:
-    fields: dict[str, str | list[str]] = {"name": body.name, "primary_provider": body.primary_provider}
+    fields: JsonObject = {"name": body.name, "primary_provider": body.primary_provider}
     for field in PROFILE_LISTS:
         fields[field] = list(getattr(body, field))
+    fields["limits"] = profile_limits(body.limits) if body.HasField("limits") else None
     return fields
+
+
+def profile_limits(limits: admin_api_pb2.Limits) -> dict[str, int | float] | None:
+    """The keys a profile's `limits` sets, checked as [limits] is; None when it sets none."""
+    given = {field.name: value for field, value in limits.ListFields()}
+    try:
+        return read_limits(given, "limits") or None
+    except LimitsError as exc:
+        raise InvalidInput(f"invalid request body: {exc}") from None

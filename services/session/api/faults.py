@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from bae.common.errors import QuotaExceeded
 from bae.common.protos import client_api_pb2
 from bae.common.rpc_codes import RpcCode
 from services.session.engine.errors import EngineError, LoopFailed, TurnCancelled, TurnInProgress
@@ -45,6 +46,8 @@ def rpc_error(exc: Exception, method: str) -> client_api_pb2.RpcError:
     """The error a method's failure is answered with."""
     if isinstance(exc, RpcFault):
         return RpcError(code=exc.code, message=exc.message, id_mode=exc.id_mode)
+    if isinstance(exc, QuotaExceeded):
+        return RpcError(code=RpcCode.QUOTA_EXCEEDED, message=exc.detail)
     if isinstance(exc, EngineError):
         if isinstance(exc, LoopFailed):  # the client hears "session loop failed"; the log says why
             log.error("%s failed: %s", method, exc.reason)

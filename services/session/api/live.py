@@ -17,8 +17,9 @@ from typing import Any, AsyncIterator, Callable, Iterable, Iterator, TypeVar
 
 from google.protobuf.message import Message as ProtoMessage
 
-from bae.common.errors import echo
+from bae.common.errors import QuotaExceeded, echo
 from bae.common.jsontext import dump, load
+from bae.common.limits import Limits
 from bae.common.protos import client_api_pb2, edge_pb2, session_pb2
 from bae.common.rpc_codes import LAGGED_MESSAGE, RpcCode
 from services.session.api.event_messages import EventBatch, event_of_view, in_pieces, view_pieces
@@ -62,7 +63,9 @@ class LiveApi:
         turns: TurnEngine,
         sandboxes: SessionSandboxes,
         subagents: SessionSubagents,
+        limits: Limits,
     ) -> None:
+        self.limits = limits  # the [limits] defaults; a profile's own override them
         self.store = store
         self.sessions = sessions
         self.turns = turns
@@ -118,13 +121,26 @@ class LiveApi:
         live = await self._attach_observed(call)
         if live is None:
             observer = client_api_pb2.Observer(key=call.actor, live=False)
-        else:
+            yield SubscriptionFrame(observer=observer)
+            async for frame in self._replay(call):
+                yield frame
+            return
+        overrides = call.profile.limits if call.profile is not None else None  # None: the profile was deleted
+        limit = self.limits.overridden(overrides).max_subscribers_per_session
+        if not live.feed.admit_subscriber(limit):
+            raise RpcFault(RpcCode.QUOTA_EXCEEDED, QuotaExceeded("max_subscribers_per_session", limit).detail)
+        try:
             observer = client_api_pb2.Observer(
                 key=call.actor, live=call.actor not in live.feed.revoked, position=live.feed.position
             )
-        yield SubscriptionFrame(observer=observer)
-        async for frame in self._replay(call):
-            yield frame
+            yield SubscriptionFrame(observer=observer)
+            async for frame in self._replay(call):
+                yield frame
+            # Held open, counted, while the observer watches; the gateway cancels it when it stops.
+            yield SubscriptionFrame(replayed=True)
+            await live.feed.until_let_go()
+        finally:
+            live.feed.leave_subscriber()
 
     async def feed_relay(self, session_id: str) -> AsyncIterator[RelayFrame]:
         """The session's feed for one gateway's observers: the position it starts after, then every

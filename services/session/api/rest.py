@@ -11,19 +11,22 @@ import logging
 from typing import Iterator
 
 from bae.common.config import Config
-from bae.common.errors import Conflict, Forbidden, InvalidInput, NotFound, Unprocessable, echo
-from bae.common.protos import client_api_pb2
+from bae.common.limits import Limits
+from bae.common.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated, Unprocessable, echo
+from bae.common.ids import token_digest
+from bae.common.protos import client_api_pb2, session_pb2
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
 from services.session.api.bodies import RESERVED_TOOL
 from services.session.api.calls import Credential
 from services.session.api.event_messages import page_messages, payload_chars
 from services.session.api.pagination import PAGE_PAYLOAD_CHARS, page_request
+from services.session.api.usage import session_usage
 from services.session.engine.closing import SessionCloser
 from services.session.engine.mcp_sessions import SessionMcp
 from services.session.engine.registry import SessionRegistry
 from services.session.engine.spans import SessionSpans
-from services.session.store import events, opening, sessions
+from services.session.store import events, opening, quotas, sessions, usage
 from services.session.store.opening import Declarations, Opened, Refusal, Refused
 from services.session.store.records import KeyRecord, ProfileRecord, SessionRecord
 from services.session.store.store import Store
@@ -88,6 +91,20 @@ class ClientRestApi:
             raise session_closed(session.state)
         if key.profile_id != session.profile_id:
             raise Forbidden("the client key's profile does not match this session's profile", reason="profile_mismatch")
+
+    def limits_of(self, profile: ProfileRecord) -> Limits:
+        return self.config.limits.overridden(profile.limits)
+
+    # The gateway's rate limit for a credential (internal plane).
+
+    async def rate_policy(self, request: session_pb2.RatePolicyRequest) -> session_pb2.RatePolicy:
+        try:
+            digest = token_digest(Credential.of(request.credential).token())
+        except Unauthenticated:
+            digest = None  # not a bearer token: the defaults
+        overrides = await self.store.read(quotas.limits_of_key, digest) if digest is not None else None
+        limits = self.config.limits.overridden(overrides)
+        return session_pb2.RatePolicy(requests_per_second=limits.requests_per_second_per_key, burst=limits.burst)
 
     # Shared by open and join: checks 4-8 of §5.1 (5-8 of §5.2). A join has
     # already checked that the key's profile is the session's.
@@ -175,6 +192,15 @@ class ClientRestApi:
             writes=False,
         )
         return page_messages(*page.page([(row.seq, row) for row in rows], payload_chars))
+
+    # GET /api/v1/sessions/{id}/usage (store/usage.py)
+
+    async def usage(self, request: client_api_pb2.GetSessionUsageRequest) -> client_api_pb2.SessionUsage:
+        session_id = request.session_id
+        totals = await self.auth.with_session_key(
+            Credential.of(request.credential), session_id, usage.session_totals, session_id, writes=False
+        )
+        return session_usage(session_id, totals)
 
     # DELETE /api/v1/sessions/{id} (§5.5)
 

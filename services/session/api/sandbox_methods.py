@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from bae.common.limits import Limits
 from bae.common.protos import client_api_pb2
 from bae.common.rpc_codes import RpcCode
 from services.session.api.faults import RpcFault, invalid_params
@@ -23,9 +24,10 @@ SANDBOX_NOT_RUNNING = "sandbox_not_running: no remote sandbox is running for thi
 
 
 class SandboxMethods:
-    def __init__(self, *, sessions: SessionRegistry, sandboxes: SessionSandboxes) -> None:
+    def __init__(self, *, sessions: SessionRegistry, sandboxes: SessionSandboxes, limits: Limits) -> None:
         self.sessions = sessions
         self.sandboxes = sandboxes
+        self.limits = limits  # the [limits] defaults; a profile's own override them
 
     async def start_remote_sandbox(
         self, call: RpcCall[client_api_pb2.StartRemoteSandboxParams]
@@ -47,7 +49,11 @@ class SandboxMethods:
                     "a remote sandbox is already running for this session; call session.stopRemoteSandbox first",
                 )
             try:
-                handle, running = await self.sandboxes.start(live, call.actor, image)
+                owner_key = call.open_session().client_key_id
+                max_per_key = self.limits.overridden(call.profile.limits).max_sandboxes_per_key
+                handle, running = await self.sandboxes.start(
+                    live, call.actor, image, owner_key=owner_key, max_per_key=max_per_key
+                )
             except SandboxFailed as exc:
                 raise RpcFault(RpcCode.SANDBOX_START_FAILED, f"sandbox_start_failed: {exc.detail}") from None
         return client_api_pb2.StartRemoteSandboxResult(

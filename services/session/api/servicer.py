@@ -109,6 +109,11 @@ class SessionServicer:
         for page in await _answer(self.rest.events(request)):
             yield page
 
+    async def get_session_usage(
+        self, request: client_api_pb2.GetSessionUsageRequest, incoming: Incoming
+    ) -> client_api_pb2.SessionUsage:
+        return await _answer(self.rest.usage(request))
+
     async def close_session(
         self, request: client_api_pb2.CloseSessionRequest, incoming: Incoming
     ) -> client_api_pb2.SessionClosed:
@@ -165,6 +170,9 @@ class SessionServicer:
         for page in await _answer(self.admin.list_session_events(request)):
             yield page
 
+    async def list_usage(self, request: admin_api_pb2.ListUsageRequest, incoming: Incoming) -> admin_api_pb2.UsagePage:
+        return await _answer(self.admin.list_usage(request))
+
     async def list_mcp_servers(
         self, request: admin_api_pb2.AdminRequest, incoming: Incoming
     ) -> admin_api_pb2.McpServers:
@@ -182,6 +190,11 @@ class SessionServicer:
         return await _answer(self.admin.sandbox_status(request))
 
     # The internal plane.
+
+    async def get_rate_policy(
+        self, request: session_pb2.RatePolicyRequest, incoming: Incoming
+    ) -> session_pb2.RatePolicy:
+        return await _answer(self.rest.rate_policy(request))
 
     async def check_credential(
         self, request: session_pb2.CredentialCheck, incoming: Incoming

@@ -190,6 +190,7 @@ class TurnEngine:
         cancel: TurnCancel,
     ) -> TurnOutcome:
         turn = self._turn_of(live, request.actor, watcher, cancel)
+        turn.counts_turn = True  # in the usage totals, with its first provider response
         parked: ParkedTurn | None = None
         try:
             if records is None or claim.waited:  # the session may have changed while queued
@@ -265,6 +266,7 @@ class TurnEngine:
         with turn_trace(self._spans, live.session_id, request.actor, previous is not None, paused) as traced:
             if watcher is not None:
                 watcher.when_left(traced.client_left)
+            turn.limits = self._config.limits.overridden(profile.limits)
             try:
                 result = await self._loop.run(turn, session, profile)
             except TurnCancelled as cancelled:

@@ -137,6 +137,9 @@ class SessionFeed:
     relays: set[Relay] = field(default_factory=set)
     # How many events and notices this feed has carried: where a relay or an observer joins.
     position: int = 0
+    # `session.subscribe` calls held open while their observers watch (max_subscribers_per_session).
+    subscribers: int = 0
+    _let_go: asyncio.Event = field(default_factory=asyncio.Event)
 
     def join(self, watcher: Watcher) -> None:
         """Send `watcher` the session's events from now on (unless its key was revoked meanwhile)."""
@@ -183,7 +186,25 @@ class SessionFeed:
         for relay in list(self.relays):
             relay.push(notice)
 
+    def admit_subscriber(self, limit: int) -> bool:
+        """Count one more subscriber, unless `limit` are counted already."""
+        if self.subscribers >= limit:
+            return False
+        self.subscribers += 1
+        return True
+
+    def leave_subscriber(self) -> None:
+        self.subscribers -= 1
+
+    async def until_let_go(self) -> None:
+        """Until the feed lets go of its subscribers' calls: it closes, or the replica drains."""
+        await self._let_go.wait()
+
+    def let_go(self) -> None:
+        self._let_go.set()
+
     def close(self) -> None:
+        self.let_go()
         for relay in list(self.relays):
             self.forget(relay)
         for watcher in list(self.watchers):

@@ -22,6 +22,7 @@ from bae.common.jsontext import JsonObject, RawJson
 from services.session.engine.domain import Usage
 from services.session.store.events import EventView
 from services.session.store.records import ProfileRecord, SessionRecord
+from services.session.store.usage import Charge, Totals
 
 # -- provider steps -------------------------------------------------------------------------
 
@@ -271,8 +272,10 @@ class EventStore(Protocol):
     async def live_profiles(self) -> list[ProfileRecord]: ...
 
     async def append_events(
-        self, session_id: str, items: list[NewEvent], new_state: str | None = None
-    ) -> list[EventView]: ...
+        self, session_id: str, items: list[NewEvent], new_state: str | None = None, charge: Charge | None = None
+    ) -> list[EventView]:
+        """`charge`: the usage of the provider responses among `items`, added in the same transaction."""
+        ...
 
     async def append_compaction(
         self,
@@ -282,6 +285,7 @@ class EventStore(Protocol):
         preamble: JsonObject,
         summary: JsonObject,
         completed: JsonObject,
+        charge: Charge | None = None,
     ) -> list[EventView]: ...
 
     async def message_events(self, session_id: str) -> list[EventView]: ...
@@ -295,6 +299,16 @@ class EventStore(Protocol):
     async def list_events(self, session_id: str, after_seq: int, limit: int) -> list[tuple[int, EventView]]: ...
 
     async def event_seq(self, session_id: str, event_id: str) -> int | None: ...
+
+    async def budget_usage(
+        self, session_id: str, client_key_id: str, *, session: bool, key: bool
+    ) -> tuple[Totals | None, Totals | None]:
+        """The session's usage totals and the key's of the current UTC day, each only when asked for."""
+
+    async def claim_sandbox(self, session_id: str, client_key_id: str, limit: int) -> None:
+        """Count a sandbox of the session against its creator's max_sandboxes_per_key (QuotaExceeded)."""
+
+    async def release_sandbox(self, session_id: str) -> None: ...
 
 
 # -- other replicas ---------------------------------------------------------------------------------

@@ -75,13 +75,21 @@ class SessionSandboxes:
 
     # -- a session's sandbox ----------------------------------------------------------------
 
-    async def start(self, live: LiveSession, actor: str, image: str) -> tuple[SandboxHandle, EventView]:
-        """Start the session's sandbox; returns its handle and `running` event. Raises SandboxFailed."""
+    async def start(
+        self, live: LiveSession, actor: str, image: str, *, owner_key: str, max_per_key: int
+    ) -> tuple[SandboxHandle, EventView]:
+        """Start the session's sandbox; returns its handle and `running` event. Raises SandboxFailed,
+        or QuotaExceeded (nothing recorded) when the session's creator `owner_key` already holds
+        `max_per_key` sandboxes."""
         session_id = live.session_id
+        # A slot a failure below leaves behind is this session's own: its next start takes it over,
+        # and it stops counting once the session closes.
+        await self._store.claim_sandbox(session_id, owner_key, max_per_key)
         await self._registry.append(session_id, actor, [("session.sandbox.start", {"image": image, "dispatch": "remote"})])
         try:
             handle = await self._sandboxes.start(session_id, image)
         except BaeError as exc:
+            await self._store.release_sandbox(session_id)
             await self._registry.append(session_id, actor, [_error(image, None, "start", exc.detail)])
             raise SandboxFailed(exc.detail) from exc
         live.sandbox = handle
@@ -115,10 +123,12 @@ class SessionSandboxes:
         try:
             await self._sandboxes.stop(handle)
         except BaeError as exc:
+            await self._store.release_sandbox(live.session_id)
             await self._registry.append(
                 live.session_id, actor, [_error(handle.image, handle.sandbox_id, "stop", exc.detail)]
             )
             return exc.detail
+        await self._store.release_sandbox(live.session_id)
         await self._registry.append(live.session_id, actor, [("session.sandbox.stopped", _remote(stop))])
         return None
 

@@ -88,6 +88,8 @@ class SessionEngine:
     async def drain(self, timeout: float) -> None:
         """Shutdown phases 1 and 2: take no new turn; running turns and the sandbox stops of
         sessions closed just before end within `timeout`."""
+        for live in self.registry.all():
+            live.feed.let_go()  # held session.subscribe calls end, or they would hold up the drain
         await asyncio.gather(self.turns.drain(timeout), self.closer.drain(timeout))
 
     async def stop(self) -> None:

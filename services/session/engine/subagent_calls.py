@@ -13,7 +13,7 @@ import logging
 
 from opentelemetry.trace import Span
 
-from bae.common.errors import BaeError, Unavailable
+from bae.common.errors import BaeError, QuotaExceeded, Unavailable
 from bae.common.jsontext import JsonObject
 from services.session.engine.domain import Dispatch
 from services.session.engine.live import LiveSession
@@ -79,6 +79,10 @@ class SessionSubagents:
         refusal, config = launch_refusal(declaration, block.get("input"), live.subagents, self._limit, live.sandbox)
         if refusal is not None or config is None or live.sandbox is None:
             return await _answer(turn, block, error_payload(refusal or "subagent launch refused"), True)
+        # Each subagent is one background command in the session's sandbox.
+        most = turn.limits.max_background_commands_per_sandbox
+        if len(live.subagents.running()) >= most:
+            return await _answer(turn, block, error_payload(QuotaExceeded("max_background_commands_per_sandbox", most).detail), True)
 
         tool_input = block["input"]
         harness, model, prompt = tool_input["harness"], tool_input["model"], tool_input["prompt"]

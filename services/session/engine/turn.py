@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from bae.common.jsontext import JsonObject, dump
+from bae.common.limits import DEFAULT_LIMITS, Limits
 from services.session.engine.cancel import TurnCancel
 from services.session.engine.domain import SessionState, Usage
 from services.session.engine.feed import Watcher
@@ -35,11 +36,13 @@ from services.session.engine.ports import (
 from services.session.engine.registry import SessionRegistry
 from services.session.store.events import EventView
 from services.session.store.records import ProfileRecord
+from services.session.store.usage import Charge
 
 log = logging.getLogger("bae.session.turn")
 
 T = TypeVar("T")
 
+PROVIDER_RESPONSE = "provider.response"
 # A step may walk several providers, each bounded by the runner's own per-attempt timeout.
 STEP_DEADLINE = 900.0
 
@@ -62,6 +65,13 @@ class Turn:
     # when the provider answered at once), held back to be written in one store call with the
     # events that follow them.
     carried: list[NewEvent] = field(default_factory=list)
+    # The usage of the provider responses among `carried`, added to the totals when they are written.
+    carried_charge: Charge | None = None
+    # A `session.sendMessage` turn, not yet counted in the usage totals: its first provider
+    # response counts it.
+    counts_turn: bool = False
+    # The session's limits as its profile sets them when the turn starts (bae.common.limits).
+    limits: Limits = DEFAULT_LIMITS
     # A write emit_soon started and nothing has waited for yet.
     _pending: asyncio.Future[list[EventView]] | None = field(default=None, init=False, repr=False)
     # Its messages, which the history gets only when the write is broadcast: a step that starts
@@ -92,13 +102,21 @@ class Turn:
         new_state: SessionState | None = None,
         attribute_to: str | None = None,
         in_result: bool = True,
+        charge: Charge | None = None,
     ) -> list[EventView]:
-        """Persist (after any carried event), then broadcast. `echo` marks the caller's own input."""
+        """Persist (after any carried event), then broadcast. `echo` marks the caller's own input;
+        `charge` is the usage of the provider responses among `items`."""
         await self.settle()
-        carried, self.carried = self.carried, []
+        carried, charge = self._take_carried(charge)
         return await self._write(
-            carried, items, echo=echo, new_state=new_state, attribute_to=attribute_to, in_result=in_result
+            carried, items, echo=echo, new_state=new_state, attribute_to=attribute_to, in_result=in_result, charge=charge
         )
+
+    def _take_carried(self, charge: Charge | None = None) -> tuple[list[NewEvent], Charge | None]:
+        """The carried events to write now, and their charge with `charge`."""
+        carried, self.carried = self.carried, []
+        carried_charge, self.carried_charge = self.carried_charge, None
+        return carried, charge.plus(carried_charge) if charge is not None else carried_charge
 
     def emit_soon(self, items: list[tuple[str, JsonObject]], *, echo: bool = False) -> None:
         """Start persisting and broadcasting `items` while the turn goes on to its provider call.
@@ -109,8 +127,8 @@ class Turn:
         carries meanwhile is written after these, however soon it comes.
         """
         self._unwritten = [payload for kind, payload in items if kind in MESSAGE_EVENTS]
-        carried, self.carried = self.carried, []
-        self._pending = asyncio.ensure_future(self._write(carried, list(items), echo=echo))
+        carried, charge = self._take_carried()
+        self._pending = asyncio.ensure_future(self._write(carried, list(items), echo=echo, charge=charge))
 
     async def _write(
         self,
@@ -121,11 +139,13 @@ class Turn:
         new_state: SessionState | None = None,
         attribute_to: str | None = None,
         in_result: bool = True,
+        charge: Charge | None = None,
     ) -> list[EventView]:
         views = await self.store.append_events(
             self.session_id,
             carried + [(attribute_to or self.actor, kind, payload) for kind, payload in items],
             new_state=new_state,
+            charge=charge,
         )
         own = views[len(carried):]
         if echo and self.echo is not None:  # before publishing, so the caller's stream never sees them
@@ -144,15 +164,16 @@ class Turn:
         try:
             await pending
         except BaseException:
-            self.carried = []  # they follow a write that did not succeed: nothing after it is recorded
+            # They follow a write that did not succeed: nothing after it is recorded, or counted.
+            self.carried, self.carried_charge = [], None
             raise
 
     async def emit_compaction(self, *, preamble: JsonObject, summary: JsonObject, completed: JsonObject) -> list[EventView]:
         """A compaction's preamble, summary and `completed` marker, written together, then broadcast."""
         await self.settle()
-        carried, self.carried = self.carried, []
+        carried, charge = self._take_carried()
         views = await self.store.append_compaction(
-            self.session_id, self.actor, carried, preamble, summary, completed
+            self.session_id, self.actor, carried, preamble, summary, completed, charge=charge
         )
         self.events.extend(views)
         self.registry.publish(self.session_id, views)
@@ -187,11 +208,13 @@ class Turn:
         updates = self.steps.run_step(request, messages, timeout=STEP_DEADLINE)
         try:
             while result is None and (update := await self._next_update(updates)) is not None:
+                charge = self._charge(profile, update)
                 if update.result is not None:
                     result = update.result
                     self.carried += [(self.actor, kind, payload) for kind, payload in update.events]
+                    self.carried_charge = charge.plus(self.carried_charge) if charge is not None else self.carried_charge
                 elif update.events:
-                    await self.emit(update.events)
+                    await self.emit(update.events, charge=charge)
         except StepFailed as exc:
             await self.settle()  # a failed write of what came before is the turn's error, not this
             log.error("runner step for session %s failed: %s", self.session_id, exc)
@@ -210,3 +233,27 @@ class Turn:
             return await self.interruptible(anext(updates))
         except StopAsyncIteration:
             return None
+
+    def _charge(self, profile: ProfileRecord, update: StepUpdate) -> Charge | None:
+        """The usage of the provider responses among a step update's events: each is a call, and
+        the step's result has the usage of the one that succeeded (a failed one reports none)."""
+        calls = sum(1 for event in update.events if event.event_type == PROVIDER_RESPONSE)
+        if not calls:
+            return None
+        turns, self.counts_turn = int(self.counts_turn), False
+        result = update.result
+        usage = result.usage if result is not None and result.outcome == StepOutcome.OK else None
+        if usage is None:
+            return Charge(self.actor, profile.id, provider_calls=calls, turns=turns)
+        read, created = usage.cache_read_input_tokens, usage.cache_creation_input_tokens
+        return Charge(
+            self.actor,
+            profile.id,
+            input_tokens=max(usage.input_tokens - read - created, 0),
+            output_tokens=usage.output_tokens,
+            cache_read_input_tokens=read,
+            cache_creation_input_tokens=created,
+            provider_calls=calls,
+            turns=turns,
+            cost_usd=result.cost_usd if result is not None else None,
+        )

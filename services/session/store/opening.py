@@ -13,7 +13,8 @@ from typing import Any, Protocol
 from sqlalchemy import Connection
 
 from bae.common.errors import BaeError
-from services.session.store import events, keys, profiles, sessions
+from bae.common.limits import Limits
+from services.session.store import events, keys, profiles, quotas, sessions
 from services.session.store.events import EventView
 from services.session.store.records import KeyRecord, ProfileRecord, SessionRecord
 
@@ -51,6 +52,9 @@ class Vetting(Protocol):
     def vet_profile(self, key: KeyRecord, profile: ProfileRecord | None, body: Declarations) -> Refusal | None:
         """A refusal to audit, or None; or raise the error that refuses it (nothing is written)."""
 
+    def limits_of(self, profile: ProfileRecord) -> Limits:
+        """The limits of the keys bound to `profile`."""
+
 
 @dataclass(frozen=True)
 class Opened:
@@ -83,6 +87,8 @@ def open_session(conn: Connection, key: KeyRecord, body: Declarations, vetting: 
     profile = _vetted_profile(conn, key, body, vetting)
     if isinstance(profile, Refused):
         return profile
+    # Over the quota nothing is written: the refusal is the caller's to retry, not an audit row.
+    quotas.check_open_sessions(conn, key.id, vetting.limits_of(profile).max_open_sessions_per_key)
     session_id = sessions.create(
         conn,
         client_key_id=key.id,

@@ -47,6 +47,7 @@ def record(row: Row[Any]) -> ProfileRecord:
         created_at=row.created_at,
         updated_at=row.updated_at,
         deleted_at=row.deleted_at,
+        limits=row.limits,
     )
 
 
@@ -60,6 +61,7 @@ def view(profile: ProfileRecord) -> dict[str, Any]:
         "mcp_servers": profile.mcp_servers,
         "allowed_tools": profile.allowed_tools,
         "available_sandboxes": profile.available_sandboxes,
+        "limits": profile.limits,
         "created_at": profile.created_at,
         "updated_at": profile.updated_at,
     }
@@ -78,7 +80,8 @@ def _name_taken(conn: Connection, name: str, other_than: str | None = None) -> b
 
 
 def create(conn: Connection, fields: dict[str, Any]) -> ProfileRecord:
-    """Insert a profile from validated fields (name, primary_provider and the LIST_FIELDS)."""
+    """Insert a profile from validated fields (name, primary_provider, the LIST_FIELDS and, optionally,
+    `limits`)."""
     if _name_taken(conn, fields["name"]):
         raise DuplicateName(fields["name"])
     stamp = now()
@@ -87,6 +90,7 @@ def create(conn: Connection, fields: dict[str, Any]) -> ProfileRecord:
         "name": fields["name"],
         "primary_provider": fields["primary_provider"],
         **{name: fields[name] for name in LIST_FIELDS},
+        "limits": fields.get("limits"),
         "created_at": stamp,
         "updated_at": stamp,
         "deleted_at": None,
@@ -110,10 +114,11 @@ def replace(conn: Connection, profile_id: str, fields: dict[str, Any]) -> Profil
             name=fields["name"],
             primary_provider=fields["primary_provider"],
             updated_at=stamp,
+            limits=fields.get("limits"),
             **{name: fields[name] for name in LIST_FIELDS},
         )
     )
-    return dataclasses.replace(current, **fields, updated_at=stamp)
+    return dataclasses.replace(current, **{"limits": None, **fields}, updated_at=stamp)
 
 
 def soft_delete(conn: Connection, profile_id: str) -> None:

@@ -32,6 +32,8 @@ class ProfileRecord:
     created_at: str
     updated_at: str
     deleted_at: str | None
+    # The bae.common.limits keys it overrides; None: the [limits] defaults.
+    limits: dict[str, int | float] | None = None
 
 
 @dataclass(frozen=True)

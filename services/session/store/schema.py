@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Column, Dialect, Float, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import BigInteger, Column, Dialect, Float, Index, Integer, MetaData, String, Table, Text
 from sqlalchemy.types import TypeDecorator
 
 from bae.common.jsontext import dump, load
@@ -72,6 +72,8 @@ profiles = Table(
     Column("created_at", String(32), nullable=False),
     Column("updated_at", String(32), nullable=False),
     Column("deleted_at", String(32)),
+    # The keys of bae.common.limits this profile overrides; NULL: the [limits] defaults.
+    Column("limits", JsonText),
 )
 
 sessions = Table(
@@ -91,6 +93,7 @@ sessions = Table(
     Column("closed_at", String(32)),
 )
 Index("sessions_state_seq", sessions.c.state, sessions.c.seq)
+Index("sessions_key_state", sessions.c.client_key_id, sessions.c.state)
 
 session_events = Table(
     "session_events",
@@ -130,3 +133,37 @@ session_leases = Table(
     Column("epoch", Integer, nullable=False),
 )
 Index("session_leases_replica", session_leases.c.replica_id)
+
+# The sessions that hold a sandbox (started or starting), by the client key that created the
+# session: a key's count here is what max_sandboxes_per_key bounds, the same for every replica.
+sandbox_slots = Table(
+    "sandbox_slots",
+    metadata,
+    Column("session_id", ID, primary_key=True),
+    Column("client_key_id", ID, nullable=False),
+    Column("created_at", String(32), nullable=False),
+)
+Index("sandbox_slots_key", sandbox_slots.c.client_key_id)
+
+# Usage accounting (store/usage.py): what a session's provider responses used, per UTC day and
+# acting client key, with the session's profile. Each response adds to its row in the transaction
+# that records it; reads sum rows (a session's, a key's day, the admin's groups).
+usage_totals = Table(
+    "usage_totals",
+    metadata,
+    Column("session_id", ID, primary_key=True),
+    Column("day", String(10), primary_key=True),  # UTC, YYYY-MM-DD
+    Column("client_key_id", ID, primary_key=True),
+    Column("profile_id", ID, nullable=False),
+    Column("input_tokens", BigInteger, nullable=False),
+    Column("output_tokens", BigInteger, nullable=False),
+    Column("cache_read_input_tokens", BigInteger, nullable=False),
+    Column("cache_creation_input_tokens", BigInteger, nullable=False),
+    Column("provider_calls", BigInteger, nullable=False),
+    Column("turns", BigInteger, nullable=False),
+    # In billionths of a US dollar, so sums are exact; NULL while no response counted here had a price.
+    Column("cost_nanousd", BigInteger),
+)
+Index("usage_totals_key_day", usage_totals.c.client_key_id, usage_totals.c.day)
+Index("usage_totals_profile_day", usage_totals.c.profile_id, usage_totals.c.day)
+Index("usage_totals_day", usage_totals.c.day)

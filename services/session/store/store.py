@@ -44,7 +44,7 @@ from sqlalchemy.exc import OperationalError
 
 from bae.common.errors import UsageError
 from bae.common.jsontext import RawJson
-from services.session.store import events, profiles, sessions
+from services.session.store import events, profiles, quotas, sessions, usage
 from services.session.store.checkpoint import WalCheckpointer
 from services.session.store.migrations import current, migrate
 from services.session.store.postgres import PostgresBackend, is_postgres, make_postgres_db
@@ -340,13 +340,17 @@ class Store:
         session_id: str,
         items: list[tuple[str | None, str, dict[str, Any] | RawJson]],
         new_state: str | None = None,
+        charge: usage.Charge | None = None,
     ) -> list[events.EventView]:
         """Append (client_key_id, event_type, payload) events in one transaction.
 
         `new_state` ("closed"/"error") also stamps `closed_at`, and applies only
         while the session is still open; the events are written regardless.
-        Returns their EventViews; publish them after this returns.
+        `charge` is the usage of the provider responses among them, added in the
+        same transaction. Returns their EventViews; publish them after this returns.
         """
+        if charge is not None:
+            return await self.write(usage.append_charged, session_id, items, new_state, charge)
         return await self.write(events.append, session_id, items, new_state)
 
     async def append_compaction(
@@ -357,8 +361,14 @@ class Store:
         preamble: dict[str, Any],
         summary: dict[str, Any],
         completed: dict[str, Any],
+        charge: usage.Charge | None = None,
     ) -> list[events.EventView]:
-        """A compaction's records in one transaction, after `leading` (carried) events."""
+        """A compaction's records in one transaction, after `leading` (carried) events and with
+        the usage `charge` of the provider responses among them."""
+        if charge is not None:
+            return await self.write(
+                usage.append_compaction_charged, session_id, client_key_id, leading, preamble, summary, completed, charge
+            )
         return await self.write(
             events.append_compaction, session_id, client_key_id, leading, preamble, summary, completed
         )
@@ -384,6 +394,18 @@ class Store:
 
     async def event_seq(self, session_id: str, event_id: str) -> int | None:
         return await self.read(events.seq_of, session_id, event_id)
+
+    async def budget_usage(
+        self, session_id: str, client_key_id: str, *, session: bool, key: bool
+    ) -> tuple[usage.Totals | None, usage.Totals | None]:
+        """What budgets are spent against: the session's totals and the key's of today, as asked."""
+        return await self.read(usage.budget_usage, session_id, client_key_id, session, key)
+
+    async def claim_sandbox(self, session_id: str, client_key_id: str, limit: int) -> None:
+        await self.write(quotas.claim_sandbox, session_id, client_key_id, limit)
+
+    async def release_sandbox(self, session_id: str) -> None:
+        await self.write(quotas.release_sandbox, session_id)
 
     async def message_events(self, session_id: str) -> list[events.EventView]:
         """client.message.send / server.message.send / session.compaction.completed, in order."""
