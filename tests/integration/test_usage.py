@@ -244,3 +244,61 @@ def test_baectl_usage(stack, mock):
     refused = baectl(stack, "usage", "--since", "yesterday")
     assert refused.returncode == 1
     assert refused.stderr == 'baectl: invalid since "yesterday"; expected a UTC day, YYYY-MM-DD\n'
+
+
+def budget_profile(stack: RunningStack, **limits) -> dict:
+    return stack.create_profile(f"b{time.monotonic_ns()}", allowed_tools=["get_time"], mcp_servers=["local"],
+                                limits=limits)
+
+
+def test_a_used_up_budget_refuses_the_next_message_and_records_nothing(stack, mock):
+    sid, skey, profile = open_session(stack, profile=budget_profile(stack, session_tokens=100))
+    mock.enqueue(Reply.text("first", usage=(90, 30)))
+    result(send(stack, sid, skey, "hi"))  # 0 used before the call: it runs, and uses 120
+    before = all_events(stack, sid, skey)
+    frames = send(stack, sid, skey, "more")
+    assert frames[-1]["error"] == {"code": -32051, "message": "budget_exhausted: session_tokens 120/100"}
+    assert all_events(stack, sid, skey) == before and len(mock.requests) == 1
+    assert rpc(stack.client, sid, skey, "session.compact")[-1]["error"] == {
+        "code": -32051, "message": "budget_exhausted: session_tokens 120/100"}  # a compaction is a call too
+    # Raising the budget lets the session go on.
+    body = {"name": profile["name"], "primary_provider": "mock", "allowed_tools": ["get_time"],
+            "mcp_servers": ["local"], "limits": {"session_tokens": 1000}}
+    assert stack.admin.put(f"/admin/v1/profiles/{profile['id']}", json=body).status_code == 200
+    mock.enqueue(Reply.text("again"))
+    assert result(send(stack, sid, skey, "more"))["message"]["content"][0]["text"] == "again"
+
+
+def test_a_budget_used_up_inside_a_tool_loop_ends_the_turn_with_a_valid_history(stack, mock):
+    sid, skey, _ = open_session(stack, profile=budget_profile(stack, session_cost_usd=0.001))
+    # 1000 input tokens at $3/Mtok and 100 output at $15/Mtok: $0.0045, over the $0.001 budget.
+    mock.enqueue(Reply.tool_use([("tu_1", "echo", {"text": "x"})], usage=(1000, 100)))
+    frames = send(stack, sid, skey, "use the tool")
+    assert frames[-1]["error"] == {"code": -32051, "message": "budget_exhausted: session_cost_usd 0.0045/0.001"}
+    assert len(mock.requests) == 1  # the loop's second call was never made
+    events = all_events(stack, sid, skey)
+    error = events[-1]
+    assert error["event_type"] == "session.error"
+    assert error["payload"] == {"reason": "budget_exhausted", "budget": "session_cost_usd", "used": 0.0045,
+                                "limit": 0.001}
+    kinds = [e["event_type"] for e in events]
+    assert kinds[-3:-1] == ["server.message.send", "server.message.send"]  # the tool call, then its result
+    call, answer = (e["payload"] for e in events[-3:-1])
+    assert [b["id"] for b in call["content"] if b["type"] == "tool_use"] == ["tu_1"]
+    assert answer["synthetic"] == "budget_exhausted_tool_results"
+    assert [b["tool_use_id"] for b in answer["content"]] == ["tu_1"]
+    assert stack.admin.get(f"/admin/v1/sessions/{sid}").json()["state"] == "open"
+
+
+def test_a_keys_daily_budget_spans_its_sessions(stack, mock):
+    profile = budget_profile(stack, key_daily_tokens=100)
+    key = stack.create_key(profile["id"])["key"]
+    first, first_key, _ = open_session(stack, key=key, profile=profile)
+    second, second_key, _ = open_session(stack, key=key, profile=profile)
+    mock.enqueue(Reply.text("first", usage=(100, 20)))
+    result(send(stack, first, first_key, "hi"))
+    assert send(stack, second, second_key, "hi")[-1]["error"] == {
+        "code": -32051, "message": "budget_exhausted: key_daily_tokens 120/100"}
+    other, other_key, _ = open_session(stack, profile=profile)  # another key of the profile has its own day
+    mock.enqueue(Reply.text("mine"))
+    assert result(send(stack, other, other_key, "hi"))["message"]["content"][0]["text"] == "mine"

@@ -12,7 +12,7 @@ import logging
 from bae.common.errors import QuotaExceeded
 from bae.common.protos import client_api_pb2
 from bae.common.rpc_codes import RpcCode
-from services.session.engine.errors import EngineError, LoopFailed, TurnCancelled, TurnInProgress
+from services.session.engine.errors import BudgetExhausted, EngineError, LoopFailed, TurnCancelled, TurnInProgress
 
 log = logging.getLogger("bae.session.rpc")
 
@@ -39,6 +39,7 @@ def invalid_params(detail: str) -> RpcFault:
 ENGINE_CODES: dict[type[EngineError], RpcCode] = {
     TurnInProgress: RpcCode.TURN_IN_PROGRESS,
     TurnCancelled: RpcCode.TURN_CANCELLED,
+    BudgetExhausted: RpcCode.BUDGET_EXHAUSTED,
 }
 
 

@@ -26,6 +26,7 @@ from services.session.api.event_messages import EventBatch, event_of_view, in_pi
 from services.session.api.faults import RpcError, RpcFault
 from services.session.api.jsonrpc import RpcCall, message_of, require_driver
 from services.session.api.pagination import PAGE_PAYLOAD_CHARS, fitting
+from services.session.engine.budgets import exhausted
 from services.session.engine.domain import CompactRequest, SessionState, TurnRequest
 from services.session.engine.engine import TurnEngine
 from services.session.engine.errors import KeyRevoked, SessionNotOpen
@@ -198,6 +199,7 @@ class LiveApi:
         require_driver(self.sessions, call, "session.sendMessage")
         call.open_session()
         message = message_of(call.params())
+        await self._within_budgets(call)
         request = TurnRequest(call.session_id, call.actor, message)
         watcher = Watcher(key=call.actor)
         work = asyncio.ensure_future(
@@ -226,6 +228,7 @@ class LiveApi:
         call.open_session()
         params = call.params()
         prompt = params.prompt if params.HasField("prompt") else None
+        await self._within_budgets(call)
         request = CompactRequest(call.session_id, call.actor, prompt)
         watcher = Watcher(key=call.actor)
         work = asyncio.ensure_future(self.turns.compact(request, watcher=watcher))
@@ -238,6 +241,14 @@ class LiveApi:
         except KeyRevoked:
             return  # as for sendMessage: revoked while it queued, it ran nothing
         yield CompactionFrame(result=event_of_view(outcome.completed))
+
+    async def _within_budgets(self, call: RpcCall[Any]) -> None:
+        """-32051 before anything is recorded when a budget of the caller is already used up (the
+        turn checks again before each of its provider calls)."""
+        limits = self.limits.overridden(call.profile.limits if call.profile is not None else None)
+        spent = await exhausted(self.store, limits, call.session_id, call.actor)
+        if spent is not None:
+            raise RpcFault(RpcCode.BUDGET_EXHAUSTED, spent.message)
 
     async def cancel_turn(self, call: RpcCall[client_api_pb2.CancelTurnParams]) -> client_api_pb2.CancelTurnResult:
         """Stop the session's running or paused turn: any registered driver may, whoever's turn it is."""

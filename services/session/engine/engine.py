@@ -28,6 +28,7 @@ from services.session.engine.domain import (
     TurnOutcome,
     TurnRequest,
 )
+from services.session.engine.budgets import exhausted
 from services.session.engine.cancel import TurnCancel
 from services.session.engine.errors import (
     CompactionFailed,
@@ -38,6 +39,7 @@ from services.session.engine.errors import (
     SessionNotOpen,
     ShuttingDown,
     TurnCancelled,
+    BudgetExhausted,
 )
 from services.session.engine.feed import Watcher
 from services.session.engine.gate import Claim, ParkedTurn
@@ -67,9 +69,11 @@ Records = tuple[SessionRecord | None, ProfileRecord | None]
 # ended without their own, and the error text of each call left unanswered.
 SYNTHETIC_ABANDONED = "abandoned_tool_results"
 SYNTHETIC_CANCELLED = "cancelled_tool_results"
+SYNTHETIC_BUDGET = "budget_exhausted_tool_results"
 SYNTHETIC_TEXTS = {
     SYNTHETIC_ABANDONED: ABANDONED_TEXT,
     SYNTHETIC_CANCELLED: "Tool call was cancelled before returning a result.",
+    SYNTHETIC_BUDGET: "Tool call ended without a result: a budget of this session ran out.",
 }
 
 T = TypeVar("T")
@@ -273,6 +277,10 @@ class TurnEngine:
                 traced.cancelled()
                 await self._cancelled(turn, cancelled)
                 raise
+            except BudgetExhausted as stopped:
+                traced.cancelled()
+                await self._budget_exhausted(turn, stopped)
+                raise
             if turn.cancel is not None:
                 turn.cancel.close()  # the loop ended on its own: a cancel from now on is answered False
             span_context = traced.ended(result.end)
@@ -312,6 +320,24 @@ class TurnEngine:
             cancel.failed(exc)
             raise
         cancel.honoured()
+
+    async def _budget_exhausted(self, turn: Turn, stopped: BudgetExhausted) -> None:
+        """A turn stopped before a provider call by a used-up budget: the tool calls it had
+        answered, if any, recorded with their results (as a cancelled turn's are), then
+        `session.error` {reason: budget_exhausted, budget, used, limit}; the session stays open."""
+        items: list[EventItem] = []
+        if stopped.message is not None:
+            content = stopped.message["content"]
+            tool_uses = [block for block in content if isinstance(block, dict) and block.get("type") == "tool_use"]
+            try:
+                items = [
+                    ("server.message.send", stopped.message),
+                    *synthetic_results(tool_uses, stopped.answered, SYNTHETIC_BUDGET),
+                ]
+            except MergeInvalid:  # calls that cannot be answered (an id twice) stay out of the history
+                items = []
+        items.append(("session.error", stopped.payload))
+        await turn.emit(items)
 
     async def _cancel_paused(self, live: LiveSession, parked: ParkedTurn, actor: str) -> bool:
         """End a paused turn, for which the gate is held: its unanswered calls get synthetic results,
@@ -367,6 +393,10 @@ class TurnEngine:
             token_count = pending  # crossed on the paused call, honoured at this boundary
         reason = compaction.auto_reason(turn.live, token_count, size)
         if reason is None or token_count is None:
+            return
+        spent = await exhausted(self._store, turn.limits, turn.session_id, turn.actor)
+        if spent is not None:  # a compaction is a provider call too: not made on a used-up budget
+            log.info("auto compaction of %s skipped: %s", turn.session_id, spent.message)
             return
         try:
             await compaction.run_compaction(

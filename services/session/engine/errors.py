@@ -61,6 +61,19 @@ class TurnCancelled(EngineError):
         self.answered: dict[str, JsonObject] = {}
 
 
+class BudgetExhausted(EngineError):
+    """A budget (bae.common.limits) was used up before a provider call of the turn: the text is
+    `budget_exhausted: <budget> <used>/<limit>`, `payload` the `session.error` event's. Like
+    TurnCancelled, it picks up the assistant message whose tool calls the turn had answered
+    (None before the turn's first call) and their results."""
+
+    def __init__(self, text: str, payload: dict[str, object]) -> None:
+        super().__init__(text)
+        self.payload = payload
+        self.message: JsonObject | None = None
+        self.answered: dict[str, JsonObject] = {}
+
+
 class KeyRevoked(EngineError):
     """The caller's client key was revoked while its call waited for the gate: it records nothing."""
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from bae.common.jsontext import JsonObject, load
 from services.session.engine.domain import Dispatch, SessionState, TurnEnd
-from services.session.engine.errors import TurnCancelled
+from services.session.engine.budgets import exhausted
+from services.session.engine.errors import BudgetExhausted, TurnCancelled
 from services.session.engine.gate import ParkedTurn
 from services.session.engine.mcp_sessions import SessionMcp
 from services.session.engine.ports import EventStore, StepOutcome
@@ -47,7 +48,15 @@ class TurnLoop:
     async def run(self, turn: Turn, session: SessionRecord, profile: ProfileRecord) -> LoopResult:
         live = turn.live
         extensions: list[JsonObject] = []
+        # The assistant message whose tool calls the previous iteration answered, and their results.
+        answered_message: JsonObject | None = None
+        answered: dict[str, JsonObject] = {}
         for iteration in range(MAX_ITERATIONS):
+            spent = await exhausted(self._store, turn.limits, turn.session_id, turn.actor)
+            if spent is not None:  # checked before every provider call
+                stop = BudgetExhausted(spent.message, spent.payload())
+                stop.message, stop.answered = answered_message, answered
+                raise stop
             if iteration:  # re-read: updateClientTools applies from the next provider call
                 session = await self._store.get_session(turn.session_id) or session
             mcp = await turn.interruptible(self._mcp.ensure(live, profile))
@@ -115,6 +124,7 @@ class TurnLoop:
                 )
                 return LoopResult(TurnEnd.PAUSED, message, parked)
             extensions += [{"role": "assistant", "content": content}, {"role": "user", "content": results}]
+            answered_message, answered = message, {result["tool_use_id"]: result for result in results}
 
         await turn.emit(
             [("session.error", {"reason": "loop_limit", "max_iterations": MAX_ITERATIONS})],
