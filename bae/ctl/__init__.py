@@ -93,6 +93,11 @@ def profile_lists(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allowed-tool", action="append", default=[], metavar="NAME", help="repeatable")
     parser.add_argument("--sandbox", "--sandbox-image", action="append", metavar="IMAGE",
                         help="sandbox image (repeatable); update keeps the current images without it")
+    parser.add_argument("--set-limit", action="append", metavar="KEY=VALUE", type=commands.limit_setting,
+                        help="override a [limits] default for the profile's keys, e.g. max_open_sessions_per_key=20 "
+                             "(repeatable); update keeps the current limits without it")
+    parser.add_argument("--default-limits", action="store_true",
+                        help="update: drop the profile's overrides (the [limits] defaults apply)")
 
 
 def paging(parser: argparse.ArgumentParser) -> None:

@@ -61,11 +61,30 @@ def listing(api: AdminApi, args: argparse.Namespace, path: str, columns: list[tu
 
 # --- profiles ----------------------------------------------------------------------------------
 
-def profile_body(args: argparse.Namespace, name: str, sandboxes: list[Any] | None) -> dict[str, Any]:
-    body = {"name": name, "primary_provider": args.primary_provider, "fallback_providers": args.fallback,
-            "mcp_servers": args.mcp_server, "allowed_tools": args.allowed_tool}
+def limit_setting(text: str) -> tuple[str, int | float]:
+    """`--set-limit KEY=VALUE`: a [limits] key and its number (the server checks both)."""
+    key, sep, value = text.partition("=")
+    try:
+        number: int | float = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected KEY=NUMBER, got {text!r}") from None
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=NUMBER, got {text!r}")
+    return key, number
+
+
+def profile_body(
+    args: argparse.Namespace, name: str, sandboxes: list[Any] | None, limits: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": name, "primary_provider": args.primary_provider,
+                            "fallback_providers": args.fallback, "mcp_servers": args.mcp_server,
+                            "allowed_tools": args.allowed_tool}
     if sandboxes is not None:
         body["available_sandboxes"] = sandboxes
+    if args.set_limit:
+        body["limits"] = dict(args.set_limit)
+    elif limits is not None:
+        body["limits"] = limits
     return body
 
 
@@ -84,10 +103,14 @@ def get_profile(api: AdminApi, args: argparse.Namespace) -> None:
 
 
 def update_profile(api: AdminApi, args: argparse.Namespace) -> None:
-    """A full PUT; the name and the sandbox images are kept from the current profile unless given."""
-    name, sandboxes = args.name, args.sandbox
-    if name is None or sandboxes is None:
+    """A full PUT; the name, the sandbox images and the limits are kept from the current profile
+    unless given."""
+    name, sandboxes, limits = args.name, args.sandbox, None
+    if name is None or sandboxes is None or not (args.set_limit or args.default_limits):
         current = _object(api.call("GET", f"/profiles/{args.id}"))
+        if not args.default_limits:
+            kept_limits = current.get("limits")
+            limits = kept_limits if isinstance(kept_limits, dict) else None
         if name is None:
             name = current.get("name")
             if not isinstance(name, str):
@@ -95,7 +118,7 @@ def update_profile(api: AdminApi, args: argparse.Namespace) -> None:
         if sandboxes is None:
             kept = current.get("available_sandboxes")
             sandboxes = kept if isinstance(kept, list) else []
-    reply = _object(api.call("PUT", f"/profiles/{args.id}", body=profile_body(args, name, sandboxes)))
+    reply = _object(api.call("PUT", f"/profiles/{args.id}", body=profile_body(args, name, sandboxes, limits)))
     _emit(args, reply, profile(reply))
 
 

@@ -39,6 +39,9 @@ def profile(item: dict[str, Any]) -> str:
     lines = labelled(item, ["id", "name", "primary_provider"], 18)
     lines += [f"{label}: {joined(item.get(label))}"
               for label in ("fallback_providers", "mcp_servers", "allowed_tools")]
+    limits = item.get("limits")
+    if isinstance(limits, dict) and limits:  # shown only when the profile overrides a [limits] default
+        lines.append("limits: " + ", ".join(f"{key}={value}" for key, value in limits.items()))
     lines += labelled(item, ["created_at", "updated_at"], 18)
     return "\n".join(lines)
 

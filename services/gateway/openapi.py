@@ -33,8 +33,8 @@ SECURITY = {
     edge_pb2.SESSION_KEY: ("sessionKey", "a session key, `bae_ses_…`, bound to the session in the path"),
     edge_pb2.ADMIN_KEY: ("adminKey", "an admin key, `bae_admin_…`"),
 }
-PROBLEM_SLUGS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 409: "conflict",
-                 413: "payload_too_large", 422: "unprocessable", 429: "too_many_requests", 500: "internal",
+PROBLEM_SLUGS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 408: "request_timeout",
+                 409: "conflict", 413: "payload_too_large", 422: "unprocessable", 429: "too_many_requests", 500: "internal",
                  503: "service_unavailable", 504: "gateway_timeout"}
 _SCALARS: dict[int, Schema] = {
     FieldDescriptor.TYPE_STRING: {"type": "string"},
@@ -167,8 +167,9 @@ def _problem_responses(statuses: list[int]) -> dict[str, Schema]:
 
 def _error_statuses(declared: tuple[int, ...]) -> list[int]:
     """A route's problems: its own, and what every authenticated route may answer."""
-    # 429: the admin port throttles Argon2id checks; the client port has per-key rate limits.
-    return [*declared, 401, 413, 429, 500, 503, 504]
+    # 408: a request head or body that stalls (BAE_HTTP_HEADER_TIMEOUT); 429: the admin port
+    # throttles Argon2id checks, the client port has per-key rate limits.
+    return [*declared, 401, 408, 413, 429, 500, 503, 504]
 
 
 def _route_operation(route: Route, schemas: Schemas) -> Schema:
@@ -251,7 +252,7 @@ def _rpc_operation(schemas: Schemas) -> Schema:
         "requestBody": {"required": True, "content": {JSON: {"schema": ref("RpcCall"), "example": example}}},
         "responses": {"200": {
             "description": "NDJSON: zero or more `session.event` notifications, then the frame with the request id",
-            "content": {NDJSON: {"schema": ref("RpcFrame")}}}, **_problem_responses([401, 413, 429, 500, 503, 504])},
+            "content": {NDJSON: {"schema": ref("RpcFrame")}}}, **_problem_responses([401, 408, 413, 429, 500, 503, 504])},
     }
 
 

@@ -147,6 +147,24 @@ def test_full_lifecycle(stack: StackClients) -> None:
     assert fails(baectl(stack, "get", "profile", profile_id)) == f"no profile {profile_id}"
 
 
+def test_profile_limits(stack: StackClients) -> None:
+    created = ok(baectl(stack, "create", "profile", "limited", "mock", "--set-limit", "max_open_sessions_per_key=3",
+                        "--set-limit", "session_cost_usd=2.5"))
+    profile_id = field(created, "id")
+    shown = ok(baectl(stack, "get", "profile", profile_id))
+    assert "limits: max_open_sessions_per_key=3, session_cost_usd=2.5" in shown.splitlines()
+    # An update keeps them unless told otherwise; --set-limit replaces them; --default-limits drops them.
+    kept = json.loads(ok(baectl(stack, "update", "profile", profile_id, "mock", "--json")))
+    assert kept["limits"] == {"max_open_sessions_per_key": 3, "session_cost_usd": 2.5}
+    replaced = json.loads(ok(baectl(stack, "update", "profile", profile_id, "mock", "--set-limit", "burst=7", "--json")))
+    assert replaced["limits"] == {"burst": 7}
+    dropped = json.loads(ok(baectl(stack, "update", "profile", profile_id, "mock", "--default-limits", "--json")))
+    assert dropped["limits"] is None
+    assert fails(baectl(stack, "create", "profile", "bad", "mock", "--set-limit", "burst=0")) == \
+        "limits.burst must be at least 1"
+    assert "expected KEY=NUMBER" in baectl(stack, "create", "profile", "bad", "mock", "--set-limit", "burst").stderr
+
+
 def test_create_key_json_still_warns(stack: StackClients) -> None:
     profile_id = stack.create_profile("warned")["id"]
     result = baectl(stack, "create", "key", "k", profile_id, "--json")
