@@ -83,7 +83,8 @@ class BoundedHttp(HttpToolsProtocol):
     _phase = IDLE
     _deadline = 0.0
     _timer: asyncio.TimerHandle | None = None
-    _unsent = 0  # bytes waiting to be sent at the last check; 0: none, or not watched
+    _unsent = 0  # bytes waiting to be sent at the last look; 0: none, or not watched
+    _unsent_at = 0.0  # when that look was
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -129,8 +130,17 @@ class BoundedHttp(HttpToolsProtocol):
     def pause_writing(self) -> None:
         super().pause_writing()
         # The client takes its answer slower than it is written: watch that it takes some.
-        self._unsent = self.transport.get_write_buffer_size()
-        self._arm(self.loop.time() + self.limits.header_timeout)
+        self._look_at_unsent(self.transport.get_write_buffer_size())
+
+    def _look_at_unsent(self, unsent: int) -> None:
+        self._unsent, self._unsent_at = unsent, self.loop.time()
+        self._arm(self._unsent_at + self.limits.header_timeout)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        # The client took enough for writing to go on: that is progress. (What is written from now
+        # on adds to the unsent bytes, so they are compared again only from the next look.)
+        self._unsent = 0
 
     def _idle(self) -> None:
         # Also when the connection is closing: its last answer may still be waiting to be sent.
@@ -153,12 +163,16 @@ class BoundedHttp(HttpToolsProtocol):
         now = self.loop.time()
         unsent = self.transport.get_write_buffer_size()
         if unsent and (self.flow.write_paused or (self.cycle is not None and self.cycle.response_complete)):
-            # Nothing is added meanwhile, so what waits to be sent must have shrunk since the last look.
-            if 0 < self._unsent <= unsent:
+            # Nothing is added meanwhile, so what waits to be sent must have shrunk since a look a
+            # whole period ago (a timer set for another deadline may come sooner: then look later).
+            if not self._unsent:
+                self._look_at_unsent(unsent)
+            elif now < self._unsent_at + self.limits.header_timeout:
+                self._arm(self._unsent_at + self.limits.header_timeout)
+            elif self._unsent <= unsent:
                 self.transport.abort()
             else:
-                self._unsent = unsent
-                self._arm(now + self.limits.header_timeout)
+                self._look_at_unsent(unsent)
             return
         self._unsent = 0
         if self._phase is BUSY or self.transport.is_closing():
