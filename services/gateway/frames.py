@@ -112,7 +112,10 @@ class StreamLines:
             result = reply.result  # type: ignore[attr-defined]
             if self.request_id_json is None:
                 return closing.encode() or None
-            text = to_json(result)  # {"message":…,"events":[…]}: it stays open until it is whole
+            text = to_json(result)  # {"message":…,"events":[…]}
+            if not reply.result_continues:  # type: ignore[attr-defined]  # whole: one line, written now
+                return (closing + f'{{"jsonrpc":"2.0","id":{self.request_id_json},"result":' + text + "}\n").encode()
+            # More of its events follow: it stays open until they are in.
             self._result_end, self._result_items = text[-2:] + "}\n", len(result.events)
             return (closing + f'{{"jsonrpc":"2.0","id":{self.request_id_json},"result":' + text[:-2]).encode()
         line = reply_frame(reply, self.request_id_json)

@@ -77,7 +77,7 @@ def test_a_result_whose_events_go_on_is_one_line(monkeypatch):
     small, large = event(1, 10), event(2, 350)
     first = client_api_pb2.TurnFrame(result=client_api_pb2.SendMessageResult(
         message=client_api_pb2.Message(role="assistant", content={"json": "[]"}),
-        events=[event_messages.event_of_view(small)]))
+        events=[event_messages.event_of_view(small)]), result_continues=True)
     rest = list(live.event_frames([large, small], lambda events: client_api_pb2.TurnFrame(result_events=events)))
     lines = StreamLines("7")
     written = b"".join(line for f in [first, *rest] if (line := lines.frame(f))) + lines.end().encode()

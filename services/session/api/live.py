@@ -219,7 +219,10 @@ class LiveApi:
         # The events that fit one frame go with the message; the others follow it (client_api.proto, TurnFrame).
         first = _fitting_frame(result.events)
         events = [event_of_view(view) for view in result.events[:first]]
-        yield TurnFrame(result=client_api_pb2.SendMessageResult(message=reply, events=events))
+        yield TurnFrame(
+            result=client_api_pb2.SendMessageResult(message=reply, events=events),
+            result_continues=first < len(result.events),
+        )
         for frame in event_frames(result.events[first:], _result_events):
             yield frame
 
