@@ -114,22 +114,14 @@ class ObserverStream(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.registry.add(self)
-        # An observer with nothing to write would not notice its client leave (Starlette watches
-        # for the disconnect only on ASGI < 2.4), and its held call would count against the
-        # session's max_subscribers_per_session until the next event.
-        client_left = asyncio.ensure_future(self._end_when_client_leaves(receive))
         try:
+            # Starlette ends the response when the client leaves (uvicorn speaks ASGI 2.3), idle or not:
+            # the replay call, which the replica counts against max_subscribers_per_session, ends then.
             await super().__call__(scope, receive, send)
         finally:
-            client_left.cancel()
             self.registry.discard(self)
             self.replay_call.cancel()
             self.leave()
-
-    async def _end_when_client_leaves(self, receive: Receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        self.end()
 
     async def _frames(self, request_id_json: str | None) -> AsyncIterator[bytes]:
         observer = self.observer
