@@ -61,8 +61,8 @@ async def test_connects_stdio_and_http_and_merges_their_tools(http_url):
     connections = await connect(["local", "web"], stdio("local"), http("web", http_url))
     try:
         names = [tool.name for tool in connections.tools]
-        assert names[:7] == ["echo", "fail", "sleep", "request_header", "argv", "handshake", "environment"]
-        assert names[7:] == ["web_" + name for name in names[:7]]
+        assert names[:8] == ["echo", "fail", "sleep", "request_header", "argv", "handshake", "environment", "output"]
+        assert names[8:] == ["web_" + name for name in names[:8]]
         echo = connections.tools[0]
         assert echo.server_name == "local"
         assert echo.description == "Return the given text unchanged."

@@ -634,7 +634,8 @@ async def test_token_never_reaches_events(runner, llm):
     llm.enqueue(Reply.error(401, f'{{"error":"invalid x-api-key {TOKEN}"}}'))
     llm.enqueue(Reply.raw({"choices": [{"message": {"role": "assistant", "content": TOKEN}}]}))
     events, result = await run_step(runner, "mock", USER_HELLO, fallbacks=("mock-openai",))
-    assert events[1][1]["body"] == f'{{"error":"invalid x-api-key {REDACTED}"}}'
+    # The space goes too: " sk-test-…" is a run of another entry's secret ("Bearer-less ${TOKEN}").
+    assert events[1][1]["body"] == f'{{"error":"invalid x-api-key{REDACTED}"}}'
     assert events[4][1]["body"]["choices"][0]["message"]["content"] == REDACTED
     assert llm.requests[0]["headers"]["x-api-key"] == TOKEN
     assert llm.requests[1]["headers"]["authorization"] == f"Bearer {TOKEN}"
