@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import threading
 
+from bae.common.truncation import marker, utf8_prefix
+
 
 class CappedOutput:
     def __init__(self, limit: int) -> None:
@@ -42,16 +44,4 @@ class CappedOutput:
             return kept.decode("utf-8", "replace")
         kept = utf8_prefix(kept)
         omitted = total - len(kept)
-        return kept.decode("utf-8", "replace") + f"\n[output truncated: {omitted} byte{'' if omitted == 1 else 's'} omitted]\n"
-
-
-def utf8_prefix(data: bytes) -> bytes:
-    """`data` without a UTF-8 sequence cut short at its end."""
-    # A sequence is at most 4 bytes: only the last 3 can start an incomplete one.
-    for back in range(1, min(4, len(data) + 1)):
-        byte = data[-back]
-        if byte & 0xC0 == 0x80:  # a continuation byte: keep looking for the lead byte
-            continue
-        length = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4 if byte >> 3 == 0b11110 else 1
-        return data if back >= length else data[:-back]
-    return data
+        return kept.decode("utf-8", "replace") + marker(omitted)

@@ -11,7 +11,8 @@ import pytest
 
 from bae.common.errors import UsageError
 from bae.common.settings import load_settings
-from services.session.remote.mcp_output import LineReader, Shortener, marker, rebuild
+from bae.common.truncation import marker
+from services.session.remote.mcp_output import LineReader, Shortener, rebuild
 
 pytestmark = pytest.mark.unit
 

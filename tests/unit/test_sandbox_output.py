@@ -7,7 +7,8 @@ import pytest
 from bae.common.errors import UsageError
 from bae.common.settings import load_settings
 from services.sandbox.config import load_sandbox_config
-from services.sandbox.output import CappedOutput, utf8_prefix
+from bae.common.truncation import utf8_prefix
+from services.sandbox.output import CappedOutput
 
 pytestmark = pytest.mark.unit
 

@@ -301,18 +301,7 @@ class TurnEngine:
         `session.turn.cancelled`; all in one write, after what the turn had carried."""
         cancel = turn.cancel
         assert cancel is not None and cancel.by is not None
-        items: list[EventItem] = []
-        tool_uses: list[JsonObject] = []
-        if cancelled.message is not None:
-            content = cancelled.message["content"]
-            tool_uses = [block for block in content if isinstance(block, dict) and block.get("type") == "tool_use"]
-            try:
-                items = [
-                    ("server.message.send", cancelled.message),
-                    *synthetic_results(tool_uses, cancelled.answered, SYNTHETIC_CANCELLED),
-                ]
-            except MergeInvalid:  # calls that cannot be answered (an id twice) stay out of the history
-                items = []
+        tool_uses, items = stopped_calls(cancelled.message, cancelled.answered, SYNTHETIC_CANCELLED)
         items.append(turn_cancelled(tool_uses, cancelled.answered, cancel.by))
         try:
             await turn.emit(items)
@@ -325,17 +314,7 @@ class TurnEngine:
         """A turn stopped before a provider call by a used-up budget: the tool calls it had
         answered, if any, recorded with their results (as a cancelled turn's are), then
         `session.error` {reason: budget_exhausted, budget, used, limit}; the session stays open."""
-        items: list[EventItem] = []
-        if stopped.message is not None:
-            content = stopped.message["content"]
-            tool_uses = [block for block in content if isinstance(block, dict) and block.get("type") == "tool_use"]
-            try:
-                items = [
-                    ("server.message.send", stopped.message),
-                    *synthetic_results(tool_uses, stopped.answered, SYNTHETIC_BUDGET),
-                ]
-            except MergeInvalid:  # calls that cannot be answered (an id twice) stay out of the history
-                items = []
+        _, items = stopped_calls(stopped.message, stopped.answered, SYNTHETIC_BUDGET)
         items.append(("session.error", stopped.payload))
         await turn.emit(items)
 
@@ -493,6 +472,23 @@ def synthetic_results(tool_uses: list[JsonObject], answered: dict[str, JsonObjec
         if block["tool_use_id"] not in answered
     ]
     return items
+
+
+def stopped_calls(
+    message: JsonObject | None, answered: dict[str, JsonObject], marker: str
+) -> tuple[list[JsonObject], list[EventItem]]:
+    """A running turn stopped between its tool calls and its next provider call: the calls of
+    `message` (the assistant message they came in; None before the first call), and the events
+    that record it as a paused turn's would be, answered (`synthetic_results`). Calls that cannot
+    be answered (an id twice) stay out of the history: no events then."""
+    if message is None:
+        return [], []
+    content = message["content"]
+    tool_uses = [block for block in content if isinstance(block, dict) and block.get("type") == "tool_use"]
+    try:
+        return tool_uses, [("server.message.send", message), *synthetic_results(tool_uses, answered, marker)]
+    except MergeInvalid:
+        return tool_uses, []
 
 
 def turn_cancelled(tool_uses: list[JsonObject], answered: dict[str, JsonObject], actor: str) -> EventItem:

@@ -37,6 +37,8 @@ import pydantic_core
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
+from bae.common.truncation import marker, utf8_prefix
+
 log = logging.getLogger("bae.session.mcp")
 
 # Strings up to this long (keys, ids, types, MIME types) are copied as they are.
@@ -55,11 +57,6 @@ _BODY = re.compile(rb'(?:[^"\\]++|\\u[0-9a-fA-F]{4}|\\[^u])*+', re.S)
 # The top-level object's last member, when it is the id (TypeScript servers write it last).
 _TRAILING_ID = re.compile(rb'[,{]\s*"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")\s*\}\s*$', re.S)
 _HIGH_SURROGATES = range(0xD800, 0xDC00)
-
-
-def marker(omitted: int) -> str:
-    """The line that ends cut output, as the sandbox writes it."""
-    return f"\n[output truncated: {omitted} byte{'' if omitted == 1 else 's'} omitted]\n"
 
 
 def over_limit_text(total: int, limit: int) -> str:
@@ -377,15 +374,3 @@ class LineReader:
         line = b"".join(self._parts)
         self._parts, self._length = [], 0
         return shortener if shortener is not None else line
-
-
-def utf8_prefix(data: bytes) -> bytes:
-    """`data` without a UTF-8 sequence cut short at its end."""
-    # A sequence is at most 4 bytes: only the last 3 can start an incomplete one.
-    for back in range(1, min(4, len(data) + 1)):
-        byte = data[-back]
-        if byte & 0xC0 == 0x80:  # a continuation byte: keep looking for the lead byte
-            continue
-        length = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4 if byte >> 3 == 0b11110 else 1
-        return data if back >= length else data[:-back]
-    return data
