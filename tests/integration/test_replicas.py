@@ -418,3 +418,26 @@ def test_a_sandbox_moves_with_its_session_when_the_owner_dies(tmp_path, mock, po
         assert ran["exit_code"] == 0 and ran["stdout"].strip() == "kept", ran
         assert [c.id for c in sandboxes_of_hosts(host)] and started["sandbox_id"]
         assert stack.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"}).status_code == 200
+
+
+def test_a_keys_daily_budget_spent_on_one_replica_holds_on_the_other(replicated, mock):
+    """Each replica follows a key's day as it records its charges and reads it again once a second
+    old (engine/budgets.py): what one replica spent stops the key's session on the other."""
+    stack = replicated
+    mock.reset()
+    profile = stack.create_profile("daily", allowed_tools=[], limits={"key_daily_tokens": 100})
+    key = stack.create_key(profile["id"])["key"]
+    opened = [stack.open_session(key, tools=[]) for _ in range(2)]  # the second goes to the other replica
+    (first, first_key), (second, second_key) = ((o["session_id"], o["session_key"]) for o in opened)
+    held = owners(stack)
+    assert held[first] != held[second]
+    register(stack, first, first_key)
+    register(stack, second, second_key)
+    mock.enqueue(Reply.text("on the second", usage=(10, 10)))
+    assert result(send(stack, second, second_key, "hi"))["message"]["content"][0]["text"] == "on the second"
+    mock.enqueue(Reply.text("on the first", usage=(100, 20)))
+    assert result(send(stack, first, first_key, "hi"))["message"]["content"][0]["text"] == "on the first"
+    time.sleep(1.1)  # the second replica read the key's day (20) less than a second ago
+    assert send(stack, second, second_key, "more")[-1]["error"] == {
+        "code": -32051, "message": "budget_exhausted: key_daily_tokens 140/100"}
+    assert len(mock.requests) == 2

@@ -94,3 +94,20 @@ async def test_compaction_charges_with_its_records(store):
     )
     assert [view["event_type"] for view in views][-1] == "session.compaction.completed"
     assert await store.read(usage.session_totals, sid) == Totals(40, 8, 0, 0, 1, 0, None)
+
+
+async def test_totals_plus_adds_a_charge_as_the_store_does(store):
+    # What a live session keeps in memory (engine/budgets.py) must equal what the store sums.
+    sid = await new_session(store)
+    kept = await store.session_usage(sid)
+    charges = [
+        Charge("key_a", "pro_a", provider_calls=1, turns=1),  # a failed call: no usage, no price
+        Charge("key_a", "pro_a", input_tokens=3, output_tokens=4, cache_read_input_tokens=5,
+               cache_creation_input_tokens=6, provider_calls=1, cost_usd=0.0000001234),
+        Charge("key_b", "pro_a", output_tokens=9, provider_calls=1, cost_usd=1 / 3),
+        Charge("key_a", "pro_a", input_tokens=1, provider_calls=1),
+    ]
+    for charge in charges:
+        await store.append_events(sid, [RESPONSE], charge=charge)
+        kept = kept.plus(charge)
+        assert kept == await store.session_usage(sid)

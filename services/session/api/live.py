@@ -249,7 +249,11 @@ class LiveApi:
         """-32051 before anything is recorded when a budget of the caller is already used up (the
         turn checks again before each of its provider calls)."""
         limits = self.limits.overridden(call.profile.limits if call.profile is not None else None)
-        spent = await exhausted(self.store, limits, call.session_id, call.actor)
+        live = self.sessions.get(call.session_id)
+        spent = await exhausted(
+            self.store, limits, call.session_id, call.actor,
+            session_spend=live.spend if live is not None else None, key_spend=self.sessions.key_spends.of(call.actor),
+        )
         if spent is not None:
             raise RpcFault(RpcCode.BUDGET_EXHAUSTED, spent.message)
 

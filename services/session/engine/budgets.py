@@ -4,14 +4,28 @@ A budget is spent by what the store has counted (store/usage.py): the session's 
 `session_tokens` and `session_cost_usd`, the acting client key's totals of the current UTC day
 for `key_daily_tokens` and `key_daily_cost_usd`. A call is allowed while the amount used is
 below the limit; the call that crosses it is the last one. With no budget set nothing is read.
+
+What is spent is read from the store once and then followed in memory (`Spend`): the replica
+adds each charge it records. A session's totals are exact that way, since the replica that owns
+a session records every charge of it. A key's day spans sessions on every replica, so it is read
+again once KEY_TOTALS_MAX_AGE old: with one replica it is exact, with several a key may go over
+by what its sessions elsewhere used in the last second, besides the calls already under way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass
+from typing import Awaitable, Callable, Iterator
 
 from bae.common.limits import Limits
+from bae.common.timefmt import now
 from services.session.engine.ports import EventStore
+from services.session.store.usage import Charge, Totals
+
+# Seconds a key's day totals are used before they are read again (KeySpends).
+KEY_TOTALS_MAX_AGE = 1.0
 
 
 @dataclass(frozen=True)
@@ -43,13 +57,94 @@ def has_budget(limits: Limits) -> bool:
     )
 
 
-async def exhausted(store: EventStore, limits: Limits, session_id: str, client_key_id: str) -> Exhausted | None:
-    """The first budget already used up for a provider call of `client_key_id` in `session_id`, or None."""
+class Spend:
+    """Usage totals read from the store once, then kept up to date by the charges this replica
+    records (`charging`); read again when older than `max_age` seconds (None: never).
+
+    Totals read while a charged write was under way serve that check only: the read may or may
+    not have seen the write, so adding its charge later could count it twice or not at all. A
+    write that fails leaves it unknown whether its charge was recorded: the next check reads.
+    """
+
+    def __init__(self, max_age: float | None = None) -> None:
+        self._max_age = max_age
+        self._totals: Totals | None = None
+        self._read_at = 0.0
+        self._writing = 0  # charged writes under way
+        self._started = 0  # charged writes ever started
+
+    async def totals(self, read: Callable[[], Awaitable[Totals]]) -> Totals:
+        if self._totals is not None and (self._max_age is None or time.monotonic() - self._read_at < self._max_age):
+            return self._totals
+        writing, started, read_at = self._writing, self._started, time.monotonic()
+        totals = await read()
+        if not writing and self._started == started:  # no charged write overlapped the read
+            self._totals, self._read_at = totals, read_at
+        return totals
+
+    @contextlib.contextmanager
+    def charging(self, charge: Charge | None) -> Iterator[None]:
+        """Around the write that records `charge` (with its events)."""
+        if charge is None:
+            yield
+            return
+        self._writing += 1
+        self._started += 1
+        try:
+            yield
+        except BaseException:
+            self._totals = None
+            raise
+        else:
+            if self._totals is not None:
+                self._totals = self._totals.plus(charge)
+        finally:
+            self._writing -= 1
+
+
+class KeySpends:
+    """Each client key's totals of the current UTC day, as this replica sees them: its own
+    charges counted at once, the other replicas' when the key's day is read again, at most
+    KEY_TOTALS_MAX_AGE later. A day's spends are dropped when the next day begins."""
+
+    def __init__(self, max_age: float = KEY_TOTALS_MAX_AGE) -> None:
+        self._max_age = max_age
+        self._day = ""
+        self._spends: dict[str, Spend] = {}
+
+    def of(self, client_key_id: str) -> Spend:
+        day = now()[:10]
+        if day != self._day:
+            self._day, self._spends = day, {}
+        spend = self._spends.get(client_key_id)
+        if spend is None:
+            spend = self._spends[client_key_id] = Spend(self._max_age)
+        return spend
+
+    def charging(self, charge: Charge | None) -> contextlib.AbstractContextManager[None]:
+        """Around the write that records `charge`, for the key it is charged to."""
+        return contextlib.nullcontext() if charge is None else self.of(charge.client_key_id).charging(charge)
+
+
+async def exhausted(
+    store: EventStore,
+    limits: Limits,
+    session_id: str,
+    client_key_id: str,
+    *,
+    session_spend: Spend | None = None,
+    key_spend: Spend | None = None,
+) -> Exhausted | None:
+    """The first budget already used up for a provider call of `client_key_id` in `session_id`, or
+    None. The spends are the session's and the key's totals this replica keeps; without them the
+    store is read."""
     if not has_budget(limits):
         return None
-    by_session = limits.session_tokens is not None or limits.session_cost_usd is not None
-    by_key = limits.key_daily_tokens is not None or limits.key_daily_cost_usd is not None
-    session, key = await store.budget_usage(session_id, client_key_id, session=by_session, key=by_key)
+    session = key = None
+    if limits.session_tokens is not None or limits.session_cost_usd is not None:
+        session = await (session_spend or Spend()).totals(lambda: store.session_usage(session_id))
+    if limits.key_daily_tokens is not None or limits.key_daily_cost_usd is not None:
+        key = await (key_spend or Spend()).totals(lambda: store.key_usage_today(client_key_id))
     checks = (
         ("session_tokens", limits.session_tokens, session.tokens if session else 0),
         ("session_cost_usd", limits.session_cost_usd, (session.cost_usd or 0.0) if session else 0.0),

@@ -28,7 +28,6 @@ from services.session.engine.domain import (
     TurnOutcome,
     TurnRequest,
 )
-from services.session.engine.budgets import exhausted
 from services.session.engine.cancel import TurnCancel
 from services.session.engine.errors import (
     CompactionFailed,
@@ -373,7 +372,7 @@ class TurnEngine:
         reason = compaction.auto_reason(turn.live, token_count, size)
         if reason is None or token_count is None:
             return
-        spent = await exhausted(self._store, turn.limits, turn.session_id, turn.actor)
+        spent = await turn.exhausted()
         if spent is not None:  # a compaction is a provider call too: not made on a used-up budget
             log.info("auto compaction of %s skipped: %s", turn.session_id, spent.message)
             return

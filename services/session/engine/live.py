@@ -2,8 +2,8 @@
 
 Everything here is memory only (SERVER-SPEC §0.1): the drivers, the turn gate and
 parked turn, the live feed, the cached provider history, MCP connections, the remote
-sandbox handle, the subagents and the auto-compaction backoff. The log is enough to
-rebuild it (`SessionRegistry.load_history`, `SessionSandboxes.reconcile`).
+sandbox handle, the subagents, the auto-compaction backoff and the usage totals. The log
+is enough to rebuild it (`SessionRegistry.load_history`, `SessionSandboxes.reconcile`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from bae.common.jsontext import JsonObject
+from services.session.engine.budgets import Spend
 from services.session.engine.cancel import TurnCancel
 from services.session.engine.feed import SessionFeed
 from services.session.engine.gate import TurnGate
@@ -43,6 +44,7 @@ class LiveSession:
     mcp_task: asyncio.Task[McpSession | None] | None = None
     sandbox: SandboxHandle | None = None  # the remote sandbox, one per session
     compaction_backoff: CompactionBackoff | None = None
+    spend: Spend = field(default_factory=Spend)  # the session's usage totals, read on first use
     subagents: SubagentTracker = field(default_factory=SubagentTracker)
     # Background work of this session (MCP connects, subagents); cancelled when it closes.
     tasks: TaskOwner = field(default_factory=lambda: TaskOwner("session"))

@@ -13,7 +13,6 @@ from typing import Any
 
 from bae.common.jsontext import JsonObject, load
 from services.session.engine.domain import Dispatch, SessionState, TurnEnd
-from services.session.engine.budgets import exhausted
 from services.session.engine.errors import BudgetExhausted, TurnCancelled
 from services.session.engine.gate import ParkedTurn
 from services.session.engine.mcp_sessions import SessionMcp
@@ -52,7 +51,7 @@ class TurnLoop:
         answered_message: JsonObject | None = None
         answered: dict[str, JsonObject] = {}
         for iteration in range(MAX_ITERATIONS):
-            spent = await exhausted(self._store, turn.limits, turn.session_id, turn.actor)
+            spent = await turn.exhausted()
             if spent is not None:  # checked before every provider call
                 stop = BudgetExhausted(spent.message, spent.payload())
                 stop.message, stop.answered = answered_message, answered

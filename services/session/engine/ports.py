@@ -300,10 +300,13 @@ class EventStore(Protocol):
 
     async def event_seq(self, session_id: str, event_id: str) -> int | None: ...
 
-    async def budget_usage(
-        self, session_id: str, client_key_id: str, *, session: bool, key: bool
-    ) -> tuple[Totals | None, Totals | None]:
-        """The session's usage totals and the key's of the current UTC day, each only when asked for."""
+    async def session_usage(self, session_id: str) -> Totals:
+        """The session's usage totals, over every day and key."""
+        ...
+
+    async def key_usage_today(self, client_key_id: str) -> Totals:
+        """The client key's usage totals of the current UTC day, over all its sessions."""
+        ...
 
     async def claim_sandbox(self, session_id: str, client_key_id: str, limit: int) -> None:
         """Count a sandbox of the session against its creator's max_sandboxes_per_key (QuotaExceeded)."""

@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
+from services.session.engine.budgets import KeySpends
 from services.session.engine.domain import SessionState
 from services.session.engine.errors import SessionNotOpen
 from services.session.engine.gate import ParkedTurn
@@ -33,6 +34,8 @@ class SessionRegistry:
         # Sessions being torn down: no longer live for new calls, but their subscribers still
         # get the close's own events (§14 item 13: cancelled*, stop, stopped; then streams end).
         self._closing: dict[str, LiveSession] = {}
+        # The client keys' usage of today, followed as this replica records it (budgets.py).
+        self.key_spends = KeySpends()
 
     def get(self, session_id: str) -> LiveSession | None:
         """The session's live state, if this replica holds it."""

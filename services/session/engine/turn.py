@@ -9,13 +9,15 @@ stream is only a `Watcher` whose own input echo the turn marks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from bae.common.jsontext import JsonObject, dump
 from bae.common.limits import DEFAULT_LIMITS, Limits
+from services.session.engine.budgets import Exhausted, exhausted
 from services.session.engine.cancel import TurnCancel
 from services.session.engine.domain import SessionState, Usage
 from services.session.engine.feed import Watcher
@@ -112,6 +114,19 @@ class Turn:
             carried, items, echo=echo, new_state=new_state, attribute_to=attribute_to, in_result=in_result, charge=charge
         )
 
+    @contextlib.contextmanager
+    def _charging(self, charge: Charge | None) -> Iterator[None]:
+        """Around the write that records `charge`: the session's and the key's totals follow it."""
+        with self.live.spend.charging(charge), self.registry.key_spends.charging(charge):
+            yield
+
+    async def exhausted(self) -> Exhausted | None:
+        """The budget already used up for this turn's next provider call, if any (budgets.py)."""
+        return await exhausted(
+            self.store, self.limits, self.session_id, self.actor,
+            session_spend=self.live.spend, key_spend=self.registry.key_spends.of(self.actor),
+        )
+
     def _take_carried(self, charge: Charge | None = None) -> tuple[list[NewEvent], Charge | None]:
         """The carried events to write now, and their charge with `charge`."""
         carried, self.carried = self.carried, []
@@ -141,12 +156,13 @@ class Turn:
         in_result: bool = True,
         charge: Charge | None = None,
     ) -> list[EventView]:
-        views = await self.store.append_events(
-            self.session_id,
-            carried + [(attribute_to or self.actor, kind, payload) for kind, payload in items],
-            new_state=new_state,
-            charge=charge,
-        )
+        with self._charging(charge):
+            views = await self.store.append_events(
+                self.session_id,
+                carried + [(attribute_to or self.actor, kind, payload) for kind, payload in items],
+                new_state=new_state,
+                charge=charge,
+            )
         own = views[len(carried):]
         if echo and self.echo is not None:  # before publishing, so the caller's stream never sees them
             self.echo.echo_ids.update(view["id"] for view in own)
@@ -172,9 +188,10 @@ class Turn:
         """A compaction's preamble, summary and `completed` marker, written together, then broadcast."""
         await self.settle()
         carried, charge = self._take_carried()
-        views = await self.store.append_compaction(
-            self.session_id, self.actor, carried, preamble, summary, completed, charge=charge
-        )
+        with self._charging(charge):
+            views = await self.store.append_compaction(
+                self.session_id, self.actor, carried, preamble, summary, completed, charge=charge
+            )
         self.events.extend(views)
         self.registry.publish(self.session_id, views)
         return views

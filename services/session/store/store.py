@@ -395,11 +395,11 @@ class Store:
     async def event_seq(self, session_id: str, event_id: str) -> int | None:
         return await self.read(events.seq_of, session_id, event_id)
 
-    async def budget_usage(
-        self, session_id: str, client_key_id: str, *, session: bool, key: bool
-    ) -> tuple[usage.Totals | None, usage.Totals | None]:
-        """What budgets are spent against: the session's totals and the key's of today, as asked."""
-        return await self.read(usage.budget_usage, session_id, client_key_id, session, key)
+    async def session_usage(self, session_id: str) -> usage.Totals:
+        return await self.read(usage.session_totals, session_id)
+
+    async def key_usage_today(self, client_key_id: str) -> usage.Totals:
+        return await self.read(usage.key_day_totals, client_key_id)
 
     async def claim_sandbox(self, session_id: str, client_key_id: str, limit: int) -> None:
         await self.write(quotas.claim_sandbox, session_id, client_key_id, limit)

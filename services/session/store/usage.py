@@ -17,8 +17,8 @@ The counts, for each response recorded:
 - `cost_usd`: at the prices of the registry entry that answered, cache tokens at its input
   price; a response from an entry without prices adds none. Kept in billionths of a dollar.
 
-Reads sum the rows: a session's totals and a key's day are one indexed read each (what a budget
-checks before a provider call); the admin's groups are one grouped read per page.
+Reads sum the rows: a session's totals and a key's day are one indexed read each (what budgets
+are spent against: engine/budgets.py); the admin's groups are one grouped read per page.
 """
 
 from __future__ import annotations
@@ -93,6 +93,14 @@ class Totals:
 
     def as_dict(self) -> dict[str, Any]:
         return {field.name: getattr(self, field.name) for field in fields(self)}
+
+    def plus(self, charge: Charge) -> Totals:
+        """These totals with `charge` added, as the store adds it (its cost in whole billionths)."""
+        cost = self.cost_usd
+        if charge.cost_usd is not None:
+            nanos = round((cost or 0.0) * NANOS_PER_USD) + round(charge.cost_usd * NANOS_PER_USD)
+            cost = nanos / NANOS_PER_USD
+        return replace(self, **{name: getattr(self, name) + getattr(charge, name) for name in COUNTS}, cost_usd=cost)
 
 
 # -- writing -----------------------------------------------------------------------------------
@@ -178,14 +186,6 @@ def session_totals(conn: Connection, session_id: str) -> Totals:
 def key_day_totals(conn: Connection, client_key_id: str, day: str | None = None) -> Totals:
     """A client key's totals of one UTC day (YYYY-MM-DD; today by default), over all its sessions."""
     return _totals(conn.execute(_OF_KEY_DAY, {"client_key_id": client_key_id, "day": day or now()[:10]}).one())
-
-
-def budget_usage(
-    conn: Connection, session_id: str, client_key_id: str, session: bool, key: bool
-) -> tuple[Totals | None, Totals | None]:
-    """The session's totals and the key's of today, each only when asked for (one read each)."""
-    return (session_totals(conn, session_id) if session else None,
-            key_day_totals(conn, client_key_id) if key else None)
 
 
 def grouped(
