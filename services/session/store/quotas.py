@@ -3,12 +3,13 @@ go over them, so every replica sees the same count.
 
 A count and the write it guards run in one transaction. On PostgreSQL the transaction first locks
 the client key's row, so two replicas opening sessions (or starting sandboxes) for one key take
-turns and the second sees the first's row; SQLite has a single writer anyway.
+turns and the second sees the first's row; SQLite has a single writer anyway, so there is no lock
+to take. A count stops at the limit: it never reads more than `limit` index entries.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, delete, func, insert, select
+from sqlalchemy import Connection, bindparam, delete, func, insert, select
 
 from bae.common.errors import QuotaExceeded
 from bae.common.timefmt import now
@@ -18,17 +19,23 @@ from services.session.store.schema import keys, sandbox_slots, sessions
 
 
 def _lock_key(conn: Connection, client_key_id: str) -> None:
-    conn.execute(select(keys.c.id).where(keys.c.id == client_key_id).with_for_update())
+    if conn.dialect.name == "postgresql":  # SQLite's one writer already takes them one at a time
+        conn.execute(select(keys.c.id).where(keys.c.id == client_key_id).with_for_update())
+
+
+# A key's open sessions, counted up to the limit only (the index's entries, at most `limit` of them).
+_OPEN_OF_KEY = select(func.count()).select_from(
+    select(sessions.c.id)
+    .where(sessions.c.client_key_id == bindparam("client_key_id"), sessions.c.state == "open")
+    .limit(bindparam("limit"))
+    .subquery()
+)
 
 
 def check_open_sessions(conn: Connection, client_key_id: str, limit: int) -> None:
     """Raise QuotaExceeded when the key already created `limit` sessions that are still open."""
     _lock_key(conn, client_key_id)
-    count = conn.execute(
-        select(func.count()).select_from(sessions).where(
-            sessions.c.client_key_id == client_key_id, sessions.c.state == "open"
-        )
-    ).scalar_one()
+    count = conn.execute(_OPEN_OF_KEY, {"client_key_id": client_key_id, "limit": limit}).scalar_one()
     if count >= limit:
         raise QuotaExceeded("max_open_sessions_per_key", limit)
 
