@@ -48,7 +48,7 @@ async def _budget_samples(store: Store, session_id: str, key_id: str, count: int
     for _ in range(count):
         started = time.perf_counter()
         spent = await exhausted(store, BUDGETS, session_id, key_id,
-                                session_spend=session_spend, key_spend=key_spends.of(key_id))
+                                session_spend=session_spend, key_spends=key_spends)
         assert spent is None
         samples.append(time.perf_counter() - started)
     return samples

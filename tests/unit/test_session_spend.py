@@ -87,7 +87,7 @@ async def test_exhausted_reads_only_what_the_budgets_set_need():
     store = CountingStore(Totals(input_tokens=100))
     spend = Spend()
     keys = KeySpends(max_age=3600)
-    spends = {"session_spend": spend, "key_spend": keys.of("key_a")}
+    spends = {"session_spend": spend, "key_spends": keys}
     assert await exhausted(store, Limits(), "ses_a", "key_a", **spends) is None
     assert (store.reads, store.key_reads) == (0, 0)  # no budget set: nothing read
     stop = await exhausted(store, Limits(session_tokens=100), "ses_a", "key_a", **spends)

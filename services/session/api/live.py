@@ -252,7 +252,7 @@ class LiveApi:
         live = self.sessions.get(call.session_id)
         spent = await exhausted(
             self.store, limits, call.session_id, call.actor,
-            session_spend=live.spend if live is not None else None, key_spend=self.sessions.key_spends.of(call.actor),
+            session_spend=live.spend if live is not None else None, key_spends=self.sessions.key_spends,
         )
         if spent is not None:
             raise RpcFault(RpcCode.BUDGET_EXHAUSTED, spent.message)

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable, Iterator
 
 from bae.common.limits import Limits
-from bae.common.timefmt import now
 from services.session.engine.ports import EventStore
 from services.session.store.usage import Charge, Totals
 
 # Seconds a key's day totals are used before they are read again (KeySpends).
 KEY_TOTALS_MAX_AGE = 1.0
+SECONDS_PER_DAY = 86_400
 
 
 @dataclass(frozen=True)
@@ -109,11 +109,11 @@ class KeySpends:
 
     def __init__(self, max_age: float = KEY_TOTALS_MAX_AGE) -> None:
         self._max_age = max_age
-        self._day = ""
+        self._day = -1
         self._spends: dict[str, Spend] = {}
 
     def of(self, client_key_id: str) -> Spend:
-        day = now()[:10]
+        day = int(time.time() // SECONDS_PER_DAY)  # the UTC day, as a number
         if day != self._day:
             self._day, self._spends = day, {}
         spend = self._spends.get(client_key_id)
@@ -133,10 +133,10 @@ async def exhausted(
     client_key_id: str,
     *,
     session_spend: Spend | None = None,
-    key_spend: Spend | None = None,
+    key_spends: KeySpends | None = None,
 ) -> Exhausted | None:
     """The first budget already used up for a provider call of `client_key_id` in `session_id`, or
-    None. The spends are the session's and the key's totals this replica keeps; without them the
+    None. `session_spend` and `key_spends` are the totals this replica follows; without them the
     store is read."""
     if not has_budget(limits):
         return None
@@ -144,7 +144,8 @@ async def exhausted(
     if limits.session_tokens is not None or limits.session_cost_usd is not None:
         session = await (session_spend or Spend()).totals(lambda: store.session_usage(session_id))
     if limits.key_daily_tokens is not None or limits.key_daily_cost_usd is not None:
-        key = await (key_spend or Spend()).totals(lambda: store.key_usage_today(client_key_id))
+        key_spend = key_spends.of(client_key_id) if key_spends is not None else Spend()
+        key = await key_spend.totals(lambda: store.key_usage_today(client_key_id))
     checks = (
         ("session_tokens", limits.session_tokens, session.tokens if session else 0),
         ("session_cost_usd", limits.session_cost_usd, (session.cost_usd or 0.0) if session else 0.0),

@@ -124,7 +124,7 @@ class Turn:
         """The budget already used up for this turn's next provider call, if any (budgets.py)."""
         return await exhausted(
             self.store, self.limits, self.session_id, self.actor,
-            session_spend=self.live.spend, key_spend=self.registry.key_spends.of(self.actor),
+            session_spend=self.live.spend, key_spends=self.registry.key_spends,
         )
 
     def _take_carried(self, charge: Charge | None = None) -> tuple[list[NewEvent], Charge | None]:
