@@ -1,22 +1,26 @@
 """Limits: what the checks cost on the turn path, and what one key at its quotas costs the others.
 
 Checks: a request spends its key's token bucket in the gateway (services/gateway/rate_limit.py);
-a provider call of a session with budgets first checks the session's usage totals, kept by its
-live state, and the key's of today, one indexed store read (services/session/engine/budgets.py).
+a provider call of a session with budgets first checks the session's usage totals and the key's
+of today as the replica follows them (services/session/engine/budgets.py: read once, then kept
+by the charges it records; the key's day read again once KEY_TOTALS_MAX_AGE old).
 Both are timed here in this process, on a real SQLite store with a month of usage rows: the p50
 of each and of the two together, per provider call; and, apart, a check that reads the key's
 day (a key's first call after KEY_TOTALS_MAX_AGE).
 
 Isolation: on a stack with the [limits] defaults (50 requests per second per key, burst 100; two
-open sessions per key here), another key's authenticated GET p50 while idle, then while one key
-sends 10 times its rate over 8 connections (most answered 429 `rate_limited`) and opens
-sessions past its quota (429 `quota_exceeded`); rounds alternate, idle first.
+open sessions per key here), another key's authenticated GET p50 while idle, then while one key,
+from a process of its own (`python -m bench.limits hammer`), sends 10 times its rate over 8
+connections (most answered 429 `rate_limited`) and opens sessions past its quota (429
+`quota_exceeded`); rounds alternate, idle first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -123,28 +127,20 @@ async def bench_isolation(mock) -> None:
             for _ in range(ROUNDS):
                 samples, _ = await load(polite_get, 1, 300, running.client_url, lean=True)
                 idle += samples
-                stop = asyncio.Event()
-
-                async def hammer(kind: str, stop: asyncio.Event) -> None:
-                    connection = await Connection.open(running.client_url)
-                    try:
-                        while not stop.is_set():
-                            await asyncio.sleep(1 / HAMMER_RATE)
-                            if kind == "rest":
-                                status, body = await connection.request("GET", path, token=greedy)
-                            else:
-                                status, body = await connection.request("POST", "/api/v1/sessions", token=greedy, body={})
-                            if status == 429:
-                                refused["quota_exceeded" if b"quota_exceeded" in body else "rate_limited"] += 1
-                    finally:
-                        await connection.close()
-
-                hammers = [asyncio.create_task(hammer("rest" if index % 4 else "open", stop)) for index in range(8)]
+                # The greedy key's client is a process of its own, as it would be another machine's
+                # (it still shares this host's cores): its work never delays this loop's timing.
+                hammering = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "bench.limits", "hammer", running.client_url, path, greedy,
+                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                )
+                assert hammering.stdout is not None
+                assert await hammering.stdout.readline() == b"hammering\n"
                 await asyncio.sleep(0.5)
                 samples, _ = await load(polite_get, 1, 300, running.client_url, lean=True)
                 loaded += samples
-                stop.set()
-                await asyncio.gather(*hammers)
+                counted, _ = await hammering.communicate(b"stop\n")
+                for kind, count in json.loads(counted).items():
+                    refused[kind] += count
         finally:
             running.close()
     ratio = percentile(loaded, 0.5) / percentile(idle, 0.5)
@@ -159,3 +155,37 @@ async def bench_isolation(mock) -> None:
 async def bench_limits(mock) -> None:
     await bench_checks()
     await bench_isolation(mock)
+
+
+async def hammer(url: str, path: str, token: str) -> None:
+    """The greedy key: 8 connections at HAMMER_RATE each, six reading events and two opening
+    sessions; says "hammering" once they are open, stops when a line arrives on stdin, and
+    prints the refusals it got, as JSON."""
+    refused = {"rate_limited": 0, "quota_exceeded": 0}
+    stop = asyncio.Event()
+
+    async def one(kind: str, connection: Connection) -> None:
+        try:
+            while not stop.is_set():
+                await asyncio.sleep(1 / HAMMER_RATE)
+                if kind == "rest":
+                    status, body = await connection.request("GET", path, token=token)
+                else:
+                    status, body = await connection.request("POST", "/api/v1/sessions", token=token, body={})
+                if status == 429:
+                    refused["quota_exceeded" if b"quota_exceeded" in body else "rate_limited"] += 1
+        finally:
+            await connection.close()
+
+    connections = [await Connection.open(url) for _ in range(8)]
+    hammers = [asyncio.create_task(one("rest" if index % 4 else "open", connection))
+               for index, connection in enumerate(connections)]
+    print("hammering", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    stop.set()
+    await asyncio.gather(*hammers)
+    print(json.dumps(refused))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["hammer"]:
+    asyncio.run(hammer(*sys.argv[2:5]))
