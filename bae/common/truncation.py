@@ -3,17 +3,17 @@ UTF-8 character boundary, ended by one marker line that counts what was left out
 
 from __future__ import annotations
 
+import codecs
+
 
 def utf8_prefix(data: bytes) -> bytes:
     """`data` without a UTF-8 sequence cut short at its end."""
-    # A sequence is at most 4 bytes: only the last 3 can start an incomplete one.
-    for back in range(1, min(4, len(data) + 1)):
-        byte = data[-back]
-        if byte & 0xC0 == 0x80:  # a continuation byte: keep looking for the lead byte
-            continue
-        length = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4 if byte >> 3 == 0b11110 else 1
-        return data if back >= length else data[:-back]
-    return data
+    # A sequence is at most 4 bytes, so one cut short starts within the last 3: the incremental
+    # decoder holds back exactly that start, complete sequences and stray bytes before it pass.
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    decoder.decode(data[-3:])
+    pending, _ = decoder.getstate()
+    return data[: len(data) - len(pending)]
 
 
 def marker(omitted: int) -> str:

@@ -15,6 +15,7 @@ by what its sessions elsewhere used in the last second, besides the calls alread
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Iterator
@@ -142,10 +143,11 @@ async def exhausted(
         return None
     session = key = None
     if limits.session_tokens is not None or limits.session_cost_usd is not None:
-        session = await (session_spend or Spend()).totals(lambda: store.session_usage(session_id))
+        read_session = functools.partial(store.session_usage, session_id)
+        session = await (session_spend.totals(read_session) if session_spend is not None else read_session())
     if limits.key_daily_tokens is not None or limits.key_daily_cost_usd is not None:
-        key_spend = key_spends.of(client_key_id) if key_spends is not None else Spend()
-        key = await key_spend.totals(lambda: store.key_usage_today(client_key_id))
+        read_key = functools.partial(store.key_usage_today, client_key_id)
+        key = await (key_spends.of(client_key_id).totals(read_key) if key_spends is not None else read_key())
     checks = (
         ("session_tokens", limits.session_tokens, session.tokens if session else 0),
         ("session_cost_usd", limits.session_cost_usd, (session.cost_usd or 0.0) if session else 0.0),
