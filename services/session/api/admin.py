@@ -53,7 +53,9 @@ def duplicate_name() -> Conflict:
     return Conflict("a profile with that name already exists", reason="duplicate_name")
 
 
-def _existing_session_events(conn: Connection, session_id: str, after_seq: int, limit: int) -> list[Row[Any]] | None:
+def _existing_session_events(
+    conn: Connection, session_id: str, after_seq: int, limit: int
+) -> list[events.StoredEvent] | None:
     """A page of a session's events, or None when there is no such session (one store call)."""
     if sessions.get(conn, session_id) is None:
         return None

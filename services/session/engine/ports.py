@@ -21,6 +21,7 @@ from bae.common import errors
 from bae.common.jsontext import JsonObject, RawJson
 from services.session.engine.domain import Usage
 from services.session.store.events import EventView
+from services.session.store.live_state import LiveState
 from services.session.store.records import ProfileRecord, SessionRecord
 from services.session.store.usage import Charge, Totals
 
@@ -266,6 +267,10 @@ class EventStore(Protocol):
     now raises errors.Unavailable."""
 
     async def get_session(self, session_id: str) -> SessionRecord | None: ...
+
+    async def live_state(self, session_id: str) -> LiveState:
+        """The session, and what its log says a replica serving it holds in memory."""
+        ...
 
     async def session_and_profile(self, session_id: str) -> tuple[SessionRecord | None, ProfileRecord | None]: ...
 

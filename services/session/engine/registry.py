@@ -18,12 +18,23 @@ from services.session.engine.domain import SessionState
 from services.session.engine.errors import SessionNotOpen
 from services.session.engine.gate import ParkedTurn
 from services.session.engine.history import History
-from services.session.engine.live import LiveSession, paused_tool_uses
+from services.session.engine.live import CompactionBackoff, LiveSession, paused_tool_uses
 from services.session.engine.ownership import Ownership
 from services.session.engine.ports import EventStore
 from services.session.store.events import EventView
+from services.session.store.live_state import LiveState
 
 log = logging.getLogger("bae.session.registry")
+
+
+def rebuild(live: LiveSession, state: LiveState) -> None:
+    """What the log says a replica serving the session holds (a takeover, a restart): the drivers
+    registered before keep driving without registering again, and a failed auto compaction keeps
+    its backoff. Added to what callers did meanwhile (a registration that raced the read)."""
+    live.drivers.update(state.drivers)
+    failed = state.failed_compaction
+    if failed is not None and live.compaction_backoff is None:
+        live.compaction_backoff = CompactionBackoff(failed.token_count, failed.turns_since)
 
 
 class SessionRegistry:
@@ -68,11 +79,13 @@ class SessionRegistry:
         if live is not None:
             return live
         live = self._sessions[session_id] = LiveSession(session_id)
-        session = await self._store.get_session(session_id)
+        state = await self._store.live_state(session_id)
+        session = state.session
         if session is None or session.state != SessionState.OPEN:
             if self._sessions.get(session_id) is live:
                 del self._sessions[session_id]
             raise SessionNotOpen.of(session.state if session else None)
+        rebuild(live, state)
         return live
 
     async def opened(self, session_id: str) -> LiveSession:

@@ -24,7 +24,7 @@ import contextvars
 import itertools
 import logging
 from collections import OrderedDict
-from typing import AsyncGenerator, NamedTuple
+from typing import AsyncGenerator, NamedTuple, Sequence
 
 import grpc
 
@@ -34,6 +34,7 @@ from bae.common.jsontext import RawJson
 from bae.common.protos import runner_pb2, runner_pb2_grpc
 from bae.common.stream_writer import StreamWriter
 from services.session.engine.domain import Usage
+from services.session.store.requests import RequestJson
 from services.session.engine.ports import StepEvent, StepFailed, StepMessages, StepOutcome, StepRequest, StepResult, StepUpdate
 
 log = logging.getLogger("bae.session.runner")
@@ -104,11 +105,11 @@ class RunnerClient:
                 update = reply.update
                 events = []
                 for event in update.events:
-                    payload = event.payload_json
+                    payload: RawJson = RawJson(event.payload_json)
                     if event.messages_as_sent:
                         messages_json = messages_json or "[" + ",".join(messages.texts) + "]"
-                        payload = _with_messages(payload, messages_json)
-                    events.append(StepEvent(event.event_type, RawJson(payload)))
+                        payload = _with_messages(event.payload_json, messages_json, messages.texts)
+                    events.append(StepEvent(event.event_type, payload))
                 ended = update.HasField("result")
                 yield StepUpdate(events, _step_result(update.result) if ended else None)
         finally:
@@ -176,10 +177,11 @@ def _utf8_size(texts: list[str], chars: int) -> int:
     return chars
 
 
-def _with_messages(payload_json: str, messages_json: str) -> str:
-    """A JSON object's text with a `messages` member added last."""
-    separator = "" if payload_json == "{}" else ","
-    return f'{payload_json[:-1]}{separator}"messages":{messages_json}}}'
+def _with_messages(payload_json: str, messages_json: str, texts: Sequence[str]) -> RequestJson:
+    """A JSON object's text with a `messages` member added last (`messages_json`, the `texts` joined),
+    as the store keeps it apart (store/requests.py)."""
+    head = payload_json[:-1] + ("" if payload_json == "{}" else ",") + '"messages":'
+    return RequestJson(head + messages_json + "}", messages=tuple(texts), at=len(head))
 
 
 class _HeldHistory(NamedTuple):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Result, Row, Select, and_, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -11,7 +11,9 @@ from bae.common.errors import Unavailable
 from bae.common.ids import new_id
 from bae.common.timefmt import now
 from bae.common.jsontext import RawJson, dump, load
+from services.session.store import requests
 from services.session.store.locks import hold_session
+from services.session.store.requests import PreviousRequests, Texts
 from services.session.store.schema import session_events, sessions
 
 MESSAGE_EVENT_TYPES = ("client.message.send", "server.message.send", "session.compaction.completed")
@@ -26,8 +28,26 @@ _EVENT_COLUMNS = (
     session_events.c.created_at,
 )
 
+
+class StoredEvent(NamedTuple):
+    """A stored event as it was appended (a provider request's messages spliced back in)."""
+
+    seq: int
+    id: str
+    session_id: str
+    client_key_id: str | None
+    event_type: str
+    payload: str
+    created_at: str
+
+
+def _stored(rows: Result[Any]) -> list[StoredEvent]:
+    """Rows of _EVENT_COLUMNS, none of them a request stored by reference (those go through `page`)."""
+    return [StoredEvent._make(row) for row in rows]
+
+
 _PAGE = (
-    select(*_EVENT_COLUMNS)
+    select(*_EVENT_COLUMNS, session_events.c.messages_at, session_events.c.messages_runs)
     .where(
         and_(
             session_events.c.session_id == bindparam("session_id"),
@@ -62,6 +82,10 @@ _FINISH = (
     .where(and_(sessions.c.id == bindparam("session_id"), sessions.c.state == "open"))
     .values(state=bindparam("new_state"), closed_at=bindparam("closed_at"))
 )
+
+
+# What the database names when another process numbered an event or a request message first.
+_ORDER_CONSTRAINTS = ("session_seq", "session_events_session_order", "request_messages")
 
 
 class OrderConflict(Unavailable):
@@ -106,7 +130,7 @@ def _wire_text(fields: dict[str, Any], payload_text: str) -> str:
     )
 
 
-def _row_fields(row: Row[Any], payload: object) -> dict[str, Any]:
+def _row_fields(row: StoredEvent, payload: object) -> dict[str, Any]:
     return {
         "id": row.id,
         "session_id": row.session_id,
@@ -117,17 +141,17 @@ def _row_fields(row: Row[Any], payload: object) -> dict[str, Any]:
     }
 
 
-def event_view(row: Row[Any]) -> EventView:
+def event_view(row: StoredEvent) -> EventView:
     """The EventView of a stored event row, payload parsed."""
     return EventView(_row_fields(row, load(row.payload)), row.payload)
 
 
-def unparsed_view(row: Row[Any]) -> EventView:
+def unparsed_view(row: StoredEvent) -> EventView:
     """The EventView of a stored event row, for sending only: its payload stays text."""
     return EventView(_row_fields(row, RawJson(row.payload)), row.payload)
 
 
-def event_json(row: Row[Any]) -> str:
+def event_json(row: StoredEvent) -> str:
     """The wire text of a stored event row, without parsing its payload."""
     return _wire_text(_row_fields(row, None), row.payload)
 
@@ -137,6 +161,7 @@ def append(
     session_id: str,
     events: list[tuple[str | None, str, dict[str, Any] | RawJson]],
     new_state: str | None = None,
+    previous: PreviousRequests | None = None,
 ) -> list[EventView]:
     """Insert events in order; `new_state` (closed/error) applies only to an open session.
 
@@ -144,6 +169,8 @@ def append(
     concurrent writer that took a number first makes this raise OrderConflict (and the
     caller's transaction roll back) instead of interleaving. The Store serializes a
     process's own appends to a session (see store.py), so only another process conflicts.
+    A `provider.request` is stored by reference (requests.py), with `previous` remembering
+    the session's last one.
     """
     hold_session(conn, session_id)
     views = []
@@ -160,12 +187,16 @@ def append(
         }
         payload_text = dump(payload)
         views.append(EventView(fields, payload_text))
-        rows.append({**fields, "payload": payload_text, "session_seq": next_seq + offset})
+        row = {**fields, "payload": payload_text, "session_seq": next_seq + offset, "messages_at": None, "messages_runs": None}
+        parts = requests.split(payload, payload_text) if event_type == requests.PROVIDER_REQUEST else None
+        if parts is not None:
+            row.update(requests.store(conn, session_id, parts, previous)._asdict())
+        rows.append(row)
     if rows:
         try:
             conn.execute(_INSERT, rows)
         except IntegrityError as exc:
-            if "session_seq" not in str(exc.orig) and "session_events_session_order" not in str(exc.orig):
+            if not any(name in str(exc.orig) for name in _ORDER_CONSTRAINTS):
                 raise
             raise OrderConflict(session_id) from None
     if new_state is not None:
@@ -183,6 +214,7 @@ def append_compaction(
     preamble: dict[str, Any],
     summary: dict[str, Any],
     completed: dict[str, Any],
+    previous: PreviousRequests | None = None,
 ) -> list[EventView]:
     """`leading` events, then a compaction's preamble, summary and `completed` marker (§12.4 step 8).
 
@@ -193,6 +225,7 @@ def append_compaction(
         conn,
         session_id,
         [*leading, (client_key_id, "server.message.send", preamble), (client_key_id, "server.message.send", summary)],
+        previous=previous,
     )
     marker = {"preamble_event_id": messages[-2]["id"], "summary_event_id": messages[-1]["id"], **completed}
     return messages + append(conn, session_id, [(client_key_id, "session.compaction.completed", marker)])
@@ -259,27 +292,35 @@ _SUBAGENT_EVENTS = (
 )
 
 
-def subagent_rows(conn: Connection, session_id: str) -> list[Row[Any]]:
-    return list(conn.execute(_SUBAGENT_EVENTS, {"session_id": session_id}))
+def subagent_rows(conn: Connection, session_id: str) -> list[StoredEvent]:
+    return _stored(conn.execute(_SUBAGENT_EVENTS, {"session_id": session_id}))
 
 
-def page(conn: Connection, session_id: str, after_seq: int, limit: int, budget: int | None = None) -> list[Row[Any]]:
-    """Up to `limit` events after `after_seq`, in order. With a `budget`, the reading stops at the
-    second event by which their payload text is over `budget` characters: a page of that budget
-    is among them, and one event more says whether more exist (pagination.fitting). SQLite hands
-    rows over one at a time, so the events after it are never read."""
+def page(
+    conn: Connection, session_id: str, after_seq: int, limit: int, budget: int | None = None
+) -> list[StoredEvent]:
+    """Up to `limit` events after `after_seq`, in order, as they were appended. With a `budget`, the
+    reading stops at the second event by which their payload text is over `budget` characters: a
+    page of that budget is among them, and one event more says whether more exist
+    (pagination.fitting). SQLite hands rows over one at a time, so the events after it are never read."""
     result: Result[Any] = conn.execute(_PAGE, {"session_id": session_id, "after": after_seq, "limit": limit})
-    if budget is None:
-        return list(result)
-    rows: list[Row[Any]] = []
+    texts = Texts(conn, session_id)
+    events: list[StoredEvent] = []
     total = 0
     with result:
         for row in result:
-            rows.append(row)
-            total += len(row.payload)
-            if total > budget and len(rows) > 1:
+            events.append(_as_appended(row, texts))
+            total += len(events[-1].payload)
+            if budget is not None and total > budget and len(events) > 1:
                 break
-    return rows
+    return events
+
+
+def _as_appended(row: Row[Any], texts: Texts) -> StoredEvent:
+    payload = row.payload
+    if row.messages_runs is not None:
+        payload = texts.payload(payload, row.messages_at, row.messages_runs)
+    return StoredEvent(row.seq, row.id, row.session_id, row.client_key_id, row.event_type, payload, row.created_at)
 
 
 def page_items(conn: Connection, session_id: str, after_seq: int, limit: int) -> list[tuple[int, str]]:
@@ -300,5 +341,5 @@ def seq_of(conn: Connection, session_id: str, event_id: str) -> int | None:
     return conn.execute(_SEQ_OF, {"session_id": session_id, "event_id": event_id}).scalar()
 
 
-def message_rows(conn: Connection, session_id: str) -> list[Row[Any]]:
-    return list(conn.execute(_MESSAGES, {"session_id": session_id}))
+def message_rows(conn: Connection, session_id: str) -> list[StoredEvent]:
+    return _stored(conn.execute(_MESSAGES, {"session_id": session_id}))

@@ -109,9 +109,23 @@ session_events = Table(
     # (events.EventView), and a payload is parsed only where this service reads it.
     Column("payload", Text, nullable=False),
     Column("created_at", String(32), nullable=False),
+    # A provider.request stored by reference (store/requests.py): where its `messages` array was cut
+    # out of `payload`, and the ordinals of request_messages it held, as JSON [[first, last], ...].
+    # NULL for every other event, and for a request stored whole.
+    Column("messages_at", Integer),
+    Column("messages_runs", Text),
 )
 Index("session_events_session_seq", session_events.c.session_id, session_events.c.seq)
 Index("session_events_session_order", session_events.c.session_id, session_events.c.session_seq, unique=True)
+
+# The message texts of a session's provider requests, each stored once (store/requests.py).
+request_messages = Table(
+    "request_messages",
+    metadata,
+    Column("session_id", ID, primary_key=True),
+    Column("ordinal", Integer, primary_key=True, autoincrement=False),  # 1, 2, ... within the session, in the order first stored
+    Column("text", Text, nullable=False),
+)
 
 # Session ownership across replicas (see services/session/ownership.py). A replica's row is its
 # heartbeat: every lease it holds is valid while `expires_at` (epoch seconds) lies ahead.

@@ -44,11 +44,12 @@ from sqlalchemy.exc import OperationalError
 
 from bae.common.errors import UsageError
 from bae.common.jsontext import RawJson
-from services.session.store import events, profiles, quotas, sessions, usage
+from services.session.store import events, live_state, profiles, quotas, sessions, usage
 from services.session.store.checkpoint import WalCheckpointer
 from services.session.store.migrations import current, migrate
 from services.session.store.postgres import PostgresBackend, is_postgres, make_postgres_db
 from services.session.store.records import ProfileRecord, SessionRecord
+from services.session.store.requests import PreviousRequests
 from services.session.store.sqlite import (
     BUSY_TIMEOUT_MS,
     LOCKED_BUSY_TIMEOUT_MS,
@@ -273,6 +274,8 @@ class Store:
     def __init__(self, backend: _SqliteBackend | PostgresBackend) -> None:
         self._backend = backend
         self.migrations_applied: list[str] = []  # by `open`, oldest first
+        # Each session's last provider request as stored, so the next finds what it shares at once.
+        self._previous_requests = PreviousRequests()
 
     @classmethod
     async def open(cls, url: str, synchronous: str = "FULL") -> "Store":
@@ -331,6 +334,9 @@ class Store:
     async def get_session(self, session_id: str) -> SessionRecord | None:
         return await self.read(sessions.get, session_id)
 
+    async def live_state(self, session_id: str) -> live_state.LiveState:
+        return await self.read(live_state.read, session_id)
+
     async def session_and_profile(self, session_id: str) -> tuple[SessionRecord | None, ProfileRecord | None]:
         """The session and its profile (None when missing or soft-deleted), in one store call."""
         return await self.read(session_and_profile, session_id)
@@ -349,9 +355,10 @@ class Store:
         `charge` is the usage of the provider responses among them, added in the
         same transaction. Returns their EventViews; publish them after this returns.
         """
+        previous = self._previous_requests
         if charge is not None:
-            return await self.write(usage.append_charged, session_id, items, new_state, charge)
-        return await self.write(events.append, session_id, items, new_state)
+            return await self.write(usage.append_charged, session_id, items, new_state, charge, previous)
+        return await self.write(events.append, session_id, items, new_state, previous)
 
     async def append_compaction(
         self,
@@ -367,10 +374,12 @@ class Store:
         the usage `charge` of the provider responses among them."""
         if charge is not None:
             return await self.write(
-                usage.append_compaction_charged, session_id, client_key_id, leading, preamble, summary, completed, charge
+                usage.append_compaction_charged,
+                session_id, client_key_id, leading, preamble, summary, completed, charge, self._previous_requests,
             )
         return await self.write(
-            events.append_compaction, session_id, client_key_id, leading, preamble, summary, completed
+            events.append_compaction,
+            session_id, client_key_id, leading, preamble, summary, completed, self._previous_requests,
         )
 
     async def server_tool_results(self, session_id: str, tool_use_ids: list[str]) -> dict[str, dict[str, Any]]:

@@ -32,6 +32,7 @@ from bae.common.jsontext import JsonObject, RawJson
 from bae.common.timefmt import now
 from services.session.store import events
 from services.session.store.events import EventView
+from services.session.store.requests import PreviousRequests
 from services.session.store.schema import usage_totals as table
 
 NANOS_PER_USD = 1_000_000_000
@@ -137,10 +138,15 @@ def add(conn: Connection, session_id: str, charge: Charge) -> None:
 
 
 def append_charged(
-    conn: Connection, session_id: str, items: list[NewEvent], new_state: str | None, charge: Charge
+    conn: Connection,
+    session_id: str,
+    items: list[NewEvent],
+    new_state: str | None,
+    charge: Charge,
+    previous: PreviousRequests | None = None,
 ) -> list[EventView]:
     """`events.append`, and the charge of the provider responses among the events, in one transaction."""
-    views = events.append(conn, session_id, items, new_state)
+    views = events.append(conn, session_id, items, new_state, previous)
     add(conn, session_id, charge)
     return views
 
@@ -154,9 +160,10 @@ def append_compaction_charged(
     summary: JsonObject,
     completed: JsonObject,
     charge: Charge,
+    previous: PreviousRequests | None = None,
 ) -> list[EventView]:
     """`events.append_compaction`, and the charge of the responses among `leading`, in one transaction."""
-    views = events.append_compaction(conn, session_id, client_key_id, leading, preamble, summary, completed)
+    views = events.append_compaction(conn, session_id, client_key_id, leading, preamble, summary, completed, previous)
     add(conn, session_id, charge)
     return views
 
