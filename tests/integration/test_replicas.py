@@ -10,6 +10,7 @@ takes its sessions, with every event kept once and a parked turn abandoned.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -243,12 +244,18 @@ class Subscription:
         return self.lines
 
 
-def test_a_replica_killed_mid_turn_loses_no_session(replicated, mock):
+def test_a_replica_killed_mid_turn_loses_no_session_and_its_driver_keeps_driving(replicated, gateway2, mock):
+    """kill -9 the owner during a turn: the same client sends its next message through the other gateway,
+    with no new registration, and gets its turn; the tools it declared before the kill (the last
+    updateClientTools included) are the ones offered to the provider after it."""
     stack = replicated
-    sid, skey, _ = new_session(stack)
+    sid, skey, _ = new_session(stack, tools=("get_time", "lookup"))
     register(stack, sid, skey)
+    updated = rpc(stack.client, sid, skey, "session.updateClientTools", {"tools": declared(("lookup",))})
+    assert result(updated) == {"updated": True}
     mock.enqueue(Reply.text("first"))
     assert result(send(stack, sid, skey, "one"))["message"]["content"][0]["text"] == "first"
+    offered = [tool["name"] for tool in mock.requests[-1]["body"]["tools"]]
     owner = replica_addresses(stack)[owners(stack)[sid]]
     mock.enqueue(Reply.hang(3))
     thread, outcome = turn_in_background(stack, sid, skey, "two")
@@ -265,27 +272,32 @@ def test_a_replica_killed_mid_turn_loses_no_session(replicated, mock):
 
     # The survivor takes the session once the lease lapses; until then calls are refused (503), never lost.
     mock.enqueue(Reply.text("after the failover"))
+    other = Via(stack, gateway2)
     while True:
-        response = stack.client.post(
+        response = other.client.post(
             f"/api/v1/sessions/{sid}/rpc", headers={"Authorization": f"Bearer {skey}"},
-            json={"jsonrpc": "2.0", "id": 1, "method": "session.registerDriver"},
+            json={"jsonrpc": "2.0", "id": 1, "method": "session.sendMessage",
+                  "params": {"message": {"role": "user", "content": "three"}}},
         )
         if response.status_code == 200:
             break
         assert response.status_code == 503, response.text
         assert time.monotonic() - killed_at < LEASE_SECONDS + 10, "no replica took the session over"
         time.sleep(0.1)
-    after = result(send(stack, sid, skey, "three"))
     failover = time.monotonic() - killed_at
-    assert after["message"]["content"][0]["text"] == "after the failover"
+    after = [json.loads(line) for line in response.text.splitlines()][-1]
+    assert after["result"]["message"]["content"][0]["text"] == "after the failover", after
     assert failover < LEASE_SECONDS + 10
+    assert [tool["name"] for tool in mock.requests[-1]["body"]["tools"]] == offered == ["lookup"]
+    participants = other.client.get(f"/api/v1/sessions/{sid}/participants",
+                                    headers={"Authorization": f"Bearer {skey}"}).json()
+    assert participants["drivers"] == [before[0]["client_key_id"]]
 
     events = event_log(stack, sid, skey)
     assert_each_event_once(events)
     assert events[: len(before)] == before
     assert types(events[len(before):]) == [
-        "session.driver.register", "client.message.send", "provider.request", "provider.response",
-        "server.message.send",
+        "client.message.send", "provider.request", "provider.response", "server.message.send",
     ]
     survivor = next(address for address, name in replica_addresses(stack).items() if name != owner)
     assert owners(stack)[sid] == survivor

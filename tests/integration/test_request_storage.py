@@ -73,13 +73,19 @@ def test_every_answer_about_an_upgraded_log_is_byte_for_byte_what_the_old_code_g
                          for e in json.loads(body)["items"] if e["event_type"] == "provider.request"]
     # The migration stored every request of the fixture by reference.
     assert by_reference == requests == len(recorded_requests) == 17
+    # The open session's driver, registered before the restart, still is (rebuilt from the log).
+    first = RECORDED["sessions"][0]
+    registered = [e["client_key_id"] for body in first["client_pages"]["200"] for e in json.loads(body)["items"]
+                  if e["event_type"] == "session.driver.register"]
+    participants = stack.client.get(f"/api/v1/sessions/{first['id']}/participants",
+                                    headers={"Authorization": f"Bearer {first['session_key']}"})
+    assert participants.json() == {"drivers": registered}
     for recorded in RECORDED["sessions"]:
         sid, auth = recorded["id"], {"Authorization": f"Bearer {recorded['session_key']}"}
         for limit, bodies in recorded["client_pages"].items():
             assert pages(stack.client, f"/api/v1/sessions/{sid}/events", auth, int(limit)) == bodies
         for limit, bodies in recorded["admin_pages"].items():
             assert pages(stack.admin, f"/admin/v1/sessions/{sid}/events", {}, int(limit)) == bodies
-    first = RECORDED["sessions"][0]
     since = json.loads(first["client_pages"]["200"][0])["items"][0]["id"]
     lines = replay(stack.client_url, first["id"], first["session_key"], since, len(first["replay"]))
     assert lines == first["replay"]

@@ -7,13 +7,17 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, make_url, text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from bae.common.ids import token_digest
 from services.session.store import Store, events, keys
+from services.session.store.migrations import migrate
+from services.session.store.postgres import asyncpg_url
+from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 from testkit import REVISIONS
 from fixtures.make_store_0e5055c import ADMIN, CLIENT, SESSION
 
-pytestmark = pytest.mark.unit
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "store-0e5055c.db"
 TABLES = ("keys", "profiles", "sessions", "session_events")
@@ -29,6 +33,7 @@ def rows(path: Path) -> dict[str, list[dict]]:
         db.close()
 
 
+@pytest.mark.unit
 async def test_an_old_database_upgrades_with_every_row_intact(tmp_path):
     path = tmp_path / "bae.db"
     shutil.copy(FIXTURE, path)
@@ -77,3 +82,56 @@ class _Row:
 
     def __init__(self, fields: dict) -> None:
         self.__dict__.update(fields)
+
+
+# -- provider requests stored by reference (revision 0006) ---------------------------------------
+
+REQUESTS_FIXTURE = Path(__file__).parent.parent / "fixtures" / "store-41dece5.db"
+
+
+@pytest.mark.parametrize("store_url", STORES, indirect=True)
+async def test_requests_written_whole_read_back_byte_for_byte_after_the_upgrade(store_url):  # noqa: F811
+    """A database written by 41dece5 (every request whole), on SQLite and copied into PostgreSQL at the
+    same revision, upgrades to requests stored by reference, every event's payload text unchanged."""
+    source = sqlite3.connect(REQUESTS_FIXTURE)
+    source.row_factory = sqlite3.Row
+    try:
+        tables = {table: [dict(row) for row in source.execute(f"SELECT * FROM {table}")]
+                  for table in ("keys", "profiles", "sessions", "session_events", "usage_totals")}
+        revision = source.execute("SELECT version_num FROM alembic_version").fetchone()[0]
+    finally:
+        source.close()
+    assert revision == "0005"
+    def at_0005_with_the_rows(conn) -> None:
+        migrate(conn, "0005")
+        with conn.begin():
+            for table, rows in tables.items():
+                if rows:
+                    columns = ", ".join(rows[0])
+                    values = ", ".join(f":{column}" for column in rows[0])
+                    conn.execute(text(f"INSERT INTO {table} ({columns}) VALUES ({values})"), rows)
+
+    if store_url.startswith("sqlite"):
+        Path(store_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(store_url)
+        with engine.connect() as conn:
+            at_0005_with_the_rows(conn)
+        engine.dispose()
+    else:
+        async_engine = create_async_engine(asyncpg_url(make_url(store_url)))
+        async with async_engine.connect() as conn:
+            await conn.run_sync(at_0005_with_the_rows)
+        await async_engine.dispose()
+    store = await Store.open(store_url)
+    try:
+        assert store.migrations_applied == ["0006"]
+        for session_id in {row["session_id"] for row in tables["session_events"]}:
+            listed = await store.list_events(session_id, 0, 1000)
+            old = sorted((row for row in tables["session_events"] if row["session_id"] == session_id),
+                         key=lambda row: row["seq"])
+            assert [view.json for _, view in listed] == [events.event_json(_Row(row)) for row in old]
+        by_reference = await store.read(lambda conn: conn.execute(text(
+            "SELECT count(*) FROM session_events WHERE messages_runs IS NOT NULL")).scalar_one())
+        assert by_reference == sum(row["event_type"] == "provider.request" for row in tables["session_events"]) > 0
+    finally:
+        await store.close()

@@ -63,9 +63,18 @@ class RpcCall(Generic[P]):
         return self.session
 
 
-def require_driver(sessions: SessionRegistry, call: RpcCall[P], method: str) -> LiveSession:
-    """The -32001 gate: the acting key must have registered on this session."""
+async def require_driver(sessions: SessionRegistry, call: RpcCall[P], method: str) -> LiveSession:
+    """The -32001 gate: the acting key must have registered on this session.
+
+    An open session this replica does not serve yet (it took it over, or restarted) is attached
+    first: its registrations come back from the log (registry.rebuild), so a driver registered
+    before keeps driving without registering again."""
     live = sessions.get(call.session_id)
+    if live is None and call.session is not None and call.session.state == SessionState.OPEN:
+        try:
+            live = await sessions.attach(call.session_id)
+        except SessionNotOpen:
+            live = None
     if live is None or call.actor not in live.drivers:
         raise RpcFault(RpcCode.DRIVER_NOT_REGISTERED, f"call session.registerDriver before {method}")
     return live

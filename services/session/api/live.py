@@ -92,7 +92,7 @@ class LiveApi:
     async def update_client_tools(
         self, call: RpcCall[client_api_pb2.UpdateClientToolsParams]
     ) -> client_api_pb2.UpdateClientToolsResult:
-        require_driver(self.sessions, call, "session.updateClientTools")
+        await require_driver(self.sessions, call, "session.updateClientTools")
         call.open_session()
         normalized = [
             {
@@ -196,7 +196,7 @@ class LiveApi:
     # -- turns and compaction ----------------------------------------------------
 
     async def send_message(self, call: RpcCall[client_api_pb2.SendMessageParams]) -> AsyncIterator[TurnFrame]:
-        require_driver(self.sessions, call, "session.sendMessage")
+        await require_driver(self.sessions, call, "session.sendMessage")
         call.open_session()
         message = message_of(call.params())
         await self._within_budgets(call)
@@ -227,7 +227,7 @@ class LiveApi:
             yield frame
 
     async def compact(self, call: RpcCall[client_api_pb2.CompactParams]) -> AsyncIterator[CompactionFrame]:
-        require_driver(self.sessions, call, "session.compact")
+        await require_driver(self.sessions, call, "session.compact")
         call.open_session()
         params = call.params()
         prompt = params.prompt if params.HasField("prompt") else None
@@ -259,7 +259,7 @@ class LiveApi:
 
     async def cancel_turn(self, call: RpcCall[client_api_pb2.CancelTurnParams]) -> client_api_pb2.CancelTurnResult:
         """Stop the session's running or paused turn: any registered driver may, whoever's turn it is."""
-        require_driver(self.sessions, call, "session.cancelTurn")
+        await require_driver(self.sessions, call, "session.cancelTurn")
         call.params()
         cancelled = await self.turns.cancel_turn(call.session_id, call.actor)
         return client_api_pb2.CancelTurnResult(cancelled=cancelled)
@@ -269,7 +269,7 @@ class LiveApi:
     async def cancel_subagent(
         self, call: RpcCall[client_api_pb2.CancelSubagentParams]
     ) -> client_api_pb2.CancelSubagentResult:
-        live = require_driver(self.sessions, call, "session.cancelSubagent")
+        live = await require_driver(self.sessions, call, "session.cancelSubagent")
         subagent_id = call.params().subagent_id
         entry = live.subagents.entries.get(subagent_id)
         if entry is None:
@@ -282,7 +282,7 @@ class LiveApi:
     async def report_local_subagent(
         self, call: RpcCall[client_api_pb2.ReportLocalSubagentParams]
     ) -> client_api_pb2.ReportResult:
-        require_driver(self.sessions, call, "session.reportLocalSubagent")
+        await require_driver(self.sessions, call, "session.reportLocalSubagent")
         params = call.params()
         state = params.state
         exit_code = params.exit_code if params.HasField("exit_code") else None

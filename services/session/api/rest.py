@@ -7,6 +7,7 @@ as one store call; events are published to the live feed only after their transa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Iterator
 
@@ -23,6 +24,8 @@ from services.session.api.event_messages import page_messages, payload_chars
 from services.session.api.pagination import PAGE_PAYLOAD_CHARS, page_request
 from services.session.api.usage import session_usage
 from services.session.engine.closing import SessionCloser
+from services.session.engine.domain import SessionState
+from services.session.engine.errors import SessionNotOpen
 from services.session.engine.mcp_sessions import SessionMcp
 from services.session.engine.registry import SessionRegistry
 from services.session.engine.spans import SessionSpans
@@ -173,6 +176,10 @@ class ClientRestApi:
         session = await self.auth.with_session_key(credential, session_id, sessions.get, session_id, writes=False)
         if session is None:
             raise NotFound(f"no session {echo(session_id)}")
+        if session.state == SessionState.OPEN and self.sessions.get(session_id) is None:
+            # Not served here yet (a restart, a takeover): served from now on, drivers rebuilt from the log.
+            with contextlib.suppress(SessionNotOpen):
+                await self.sessions.attach(session_id)
         return client_api_pb2.Participants(drivers=self.sessions.drivers(session_id))
 
     # GET /api/v1/sessions/{id}/events (§5.4)

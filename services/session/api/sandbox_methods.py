@@ -32,7 +32,7 @@ class SandboxMethods:
     async def start_remote_sandbox(
         self, call: RpcCall[client_api_pb2.StartRemoteSandboxParams]
     ) -> client_api_pb2.StartRemoteSandboxResult:
-        live = require_driver(self.sessions, call, "session.startRemoteSandbox")
+        live = await require_driver(self.sessions, call, "session.startRemoteSandbox")
         call.open_session()
         image = call.params().image
         if call.profile is None:
@@ -63,7 +63,7 @@ class SandboxMethods:
     async def stop_remote_sandbox(
         self, call: RpcCall[client_api_pb2.StopRemoteSandboxParams]
     ) -> client_api_pb2.StopRemoteSandboxResult:
-        live = require_driver(self.sessions, call, "session.stopRemoteSandbox")
+        live = await require_driver(self.sessions, call, "session.stopRemoteSandbox")
         handle = live.sandbox
         if handle is None:
             raise RpcFault(RpcCode.SANDBOX_NOT_RUNNING, SANDBOX_NOT_RUNNING)
@@ -75,7 +75,7 @@ class SandboxMethods:
     async def exec_remote_sandbox(
         self, call: RpcCall[client_api_pb2.ExecRemoteSandboxParams]
     ) -> client_api_pb2.ExecRemoteSandboxResult:
-        live = require_driver(self.sessions, call, "session.execRemoteSandbox")
+        live = await require_driver(self.sessions, call, "session.execRemoteSandbox")
         command = call.params().command
         handle = live.sandbox
         if handle is None:
@@ -91,7 +91,7 @@ class SandboxMethods:
     async def report_local_sandbox(
         self, call: RpcCall[client_api_pb2.ReportLocalSandboxParams]
     ) -> client_api_pb2.ReportResult:
-        require_driver(self.sessions, call, "session.reportLocalSandbox")
+        await require_driver(self.sessions, call, "session.reportLocalSandbox")
         params = call.params()
         unsandboxed = params.unsandboxed
         image = params.image if params.HasField("image") else None

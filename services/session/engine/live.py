@@ -3,7 +3,8 @@
 Everything here is memory only (SERVER-SPEC §0.1): the drivers, the turn gate and
 parked turn, the live feed, the cached provider history, MCP connections, the remote
 sandbox handle, the subagents, the auto-compaction backoff and the usage totals. The log
-is enough to rebuild it (`SessionRegistry.load_history`, `SessionSandboxes.reconcile`).
+is enough to rebuild it (`registry.rebuild`, `SessionRegistry.load_history`,
+`SessionSandboxes.reconcile`), so a restart or a takeover loses none of it but live streams.
 """
 
 from __future__ import annotations

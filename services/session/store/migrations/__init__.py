@@ -49,8 +49,9 @@ def _legacy_initial_schema(conn: Connection) -> bool:
     return versions == {1}
 
 
-def migrate(conn: Connection) -> list[str]:
-    """Upgrade to the newest revision in one transaction; returns the revisions applied, oldest first."""
+def migrate(conn: Connection, target: str = "head") -> list[str]:
+    """Upgrade to `target` (the newest revision) in one transaction; returns the revisions applied,
+    oldest first."""
     applied: list[str] = []
     with conn.begin():
         if conn.dialect.name == "postgresql":
@@ -59,7 +60,7 @@ def migrate(conn: Connection) -> list[str]:
             command.stamp(_config(conn, []), "0001")
             conn.execute(text(f"DROP TABLE {LEGACY_TABLE}"))
             log.info("database made before Alembic: stamped revision 0001")
-        command.upgrade(_config(conn, applied), "head")
+        command.upgrade(_config(conn, applied), target)
     for revision in applied:
         log.info("applied migration %s", revision)
     return applied
