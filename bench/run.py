@@ -3,6 +3,7 @@
     make bench                 # everything
     make bench ARGS="rest"     # only the REST figures; also "turns", "observers", "compaction",
                                # "replicas", "sandbox" (bench/sandbox.py), "limits" (bench/limits.py),
+                               # "retention" (bench/retention.py),
                                # "cpu" or "telemetry"
     .venv/bin/python -m bench.run rest     # the same, from the repository root
 
@@ -538,6 +539,14 @@ async def main(which: list[str]) -> None:
         mock = MockProcess()
         try:
             await bench_limits(mock)
+        finally:
+            mock.stop()
+    if not which or "retention" in which:
+        from bench.retention import bench_retention
+
+        mock = MockProcess()
+        try:
+            await bench_retention(mock)
         finally:
             mock.stop()
     if not which or "sandbox" in which:

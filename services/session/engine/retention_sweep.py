@@ -97,6 +97,10 @@ class RetentionSweep:
         """Archive (when asked) and delete one session; False when the lease was lost."""
         if self.retention.archive == "ndjson":
             assert self.retention.archive_dir is not None  # required with it ([retention] reading)
+            # Renewed first: a long archive must not outlast the lease another replica could then take.
+            if not await self.store.write(retention.take_lease, retention.SWEEP_LEASE, self.holder, time.time(),
+                                          self.lease_seconds):
+                return False
             await self._archive(session_id, Path(self.retention.archive_dir))
         size = 0
         while True:
