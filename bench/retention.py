@@ -16,6 +16,7 @@ import asyncio
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import httpx
 from sqlalchemy import Connection, func, insert, select
@@ -31,6 +32,7 @@ SESSIONS = 1000
 EVENTS_PER_SESSION = 1000
 CONCURRENT = 8
 TURNS_PER_SESSION = 40
+TurnHelpers = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]
 PAYLOAD = '{"text":"' + "x" * 190 + '"}'
 
 
@@ -63,9 +65,8 @@ async def _filled(url: str) -> None:
         await store.close()
 
 
-async def _turns(running, key: str) -> list[float]:
-    from bench.run import close_all, text_turns, turn_drivers
-
+async def _turns(running, key: str, helpers: TurnHelpers) -> list[float]:
+    turn_drivers, text_turns, close_all = helpers
     async with httpx.AsyncClient(base_url=running.client_url, timeout=60) as client:
         pairs = [await open_session(client, key) for _ in range(CONCURRENT)]
     drivers = await turn_drivers(running.client_url, pairs)
@@ -75,13 +76,13 @@ async def _turns(running, key: str) -> list[float]:
     return samples
 
 
-async def _phase(tmp: Path, mock, retention: str, **env: str) -> tuple[list[float], int]:
+async def _phase(tmp: Path, mock, helpers: TurnHelpers, retention: str, **env: str) -> tuple[list[float], int]:
     running = launch_stack(tmp, mock_provider_toml(mock.base_url) + retention, MOCK_LLM_TOKEN=TOKEN,
                            BAE_LOG="warning", **env)
     try:
         key = client_key(running)
         await asyncio.sleep(1.5)  # with the sweep: it has started
-        samples = await _turns(running, key)
+        samples = await _turns(running, key, helpers)
         store = await Store.open(f"sqlite:///{tmp / 'bae.db'}")
         try:
             left = await store.read(_count)
@@ -92,7 +93,8 @@ async def _phase(tmp: Path, mock, retention: str, **env: str) -> tuple[list[floa
     return samples, left
 
 
-async def bench_retention(mock) -> None:
+async def bench_retention(mock, helpers: TurnHelpers) -> None:
+    """`helpers`: bench.run's turn_drivers, text_turns and close_all (passed in: bench.run imports this module)."""
     print("\n== Retention sweep ==")
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
@@ -100,8 +102,8 @@ async def bench_retention(mock) -> None:
         await _filled(f"sqlite:///{tmp / 'bae.db'}")
         print(f"  filled {SESSIONS} closed sessions of {EVENTS_PER_SESSION} events in "
               f"{time.perf_counter() - started:.0f} s", flush=True)
-        quiet, kept = await _phase(tmp, mock, "")
-        swept, left = await _phase(tmp, mock, "\n[retention]\nclosed_session_days = 1\n", BAE_RETENTION_INTERVAL="1")
+        quiet, kept = await _phase(tmp, mock, helpers, "")
+        swept, left = await _phase(tmp, mock, helpers, "\n[retention]\nclosed_session_days = 1\n", BAE_RETENTION_INTERVAL="1")
     label = f"text turn, {CONCURRENT} sessions"
     print(f"{label + ', no sweep':<52} p50 {ms(quiet)}   p99 {ms(quiet, 0.99)}   (n={len(quiet)})")
     print(f"{label + ', sweeping':<52} p50 {ms(swept)}   p99 {ms(swept, 0.99)}   (n={len(swept)}; "

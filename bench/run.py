@@ -546,7 +546,7 @@ async def main(which: list[str]) -> None:
 
         mock = MockProcess()
         try:
-            await bench_retention(mock)
+            await bench_retention(mock, (turn_drivers, text_turns, close_all))
         finally:
             mock.stop()
     if not which or "sandbox" in which:

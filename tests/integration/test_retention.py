@@ -265,3 +265,37 @@ async def test_one_replica_at_a_time_holds_the_sweep(tmp_path):
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_new_sqlite_store_gives_deleted_pages_back(tmp_path):
+    """A database this version creates is in auto_vacuum=INCREMENTAL mode: after a session is deleted,
+    reclaiming leaves no free page and the file shrinks."""
+    from services.session.engine.session_files import delete_session
+    from services.session.store.events import ImportedEvent, insert_imported
+    from services.session.store.schema import sessions as sessions_table
+    from sqlalchemy import insert
+
+    path = tmp_path / "bae.db"
+    store = await Store.open(f"sqlite:///{path}")
+    try:
+        def fill(conn) -> None:
+            stamp = "2001-01-01T00:00:00.000Z"
+            conn.execute(insert(sessions_table), {
+                "id": "ses_big", "client_key_id": "key_x", "profile_id": "pro_x", "state": "closed",
+                "client_version": None, "client_tools": {}, "sandbox_tools": {}, "subagent_tools": {},
+                "compaction": None, "created_at": stamp, "closed_at": stamp})
+            insert_imported(conn, "ses_big", [ImportedEvent(f"evt_{index}", None, "t", '"' + "x" * 4000 + '"', stamp)
+                                              for index in range(2000)])
+
+        await store.write(fill)
+        await store.write(lambda conn: conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
+        full = path.stat().st_size
+        deleted = await delete_session(store, "ses_big", "admin")
+        assert deleted is not None and deleted.events == 2000 and deleted.bytes == 2000 * 4002
+        assert await store.write(lambda conn: conn.exec_driver_sql("PRAGMA auto_vacuum").scalar()) == 2
+        while await store.write(retention.reclaim, 1024):
+            pass
+        await store.write(lambda conn: conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
+        assert path.stat().st_size < full / 4
+    finally:
+        await store.close()

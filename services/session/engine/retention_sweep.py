@@ -20,6 +20,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import TextIO
 
 from bae.common.retention import Retention
 from services.session.engine.session_files import DELETE_STEP, count_deleted, cutoff, export_text
@@ -123,21 +124,15 @@ class RetentionSweep:
         pieces = await export_text(self.store, session_id)
         if pieces is None:
             return
-        directory.mkdir(parents=True, exist_ok=True)
-        final = directory / f"{session_id}.ndjson"
-        partial = directory / f".{session_id}.ndjson.partial"
         loop = asyncio.get_running_loop()
-        with open(partial, "w", encoding="utf-8") as file:
+        partial = directory / f".{session_id}.ndjson.partial"
+        file = await loop.run_in_executor(None, _open_partial, directory, partial)
+        try:
             async for piece in pieces:
                 await loop.run_in_executor(None, file.write, piece)
-            file.flush()
-            await loop.run_in_executor(None, os.fsync, file.fileno())
-        os.replace(partial, final)
-        handle = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(handle)  # the rename itself survives a crash
+            await loop.run_in_executor(None, _keep, file, partial, directory / f"{session_id}.ndjson")
         finally:
-            os.close(handle)
+            file.close()
 
     async def _reclaim(self) -> None:
         before: int | None = None
@@ -148,3 +143,20 @@ class RetentionSweep:
                 return
             before = left
             await asyncio.sleep(max(MIN_PAUSE, DUTY * (time.monotonic() - started)))
+
+
+def _open_partial(directory: Path, partial: Path) -> TextIO:
+    directory.mkdir(parents=True, exist_ok=True)
+    return open(partial, "w", encoding="utf-8")
+
+
+def _keep(file: TextIO, partial: Path, final: Path) -> None:
+    """The archive durable under its final name: its bytes fsynced, renamed, the rename fsynced."""
+    file.flush()
+    os.fsync(file.fileno())
+    os.replace(partial, final)
+    handle = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)

@@ -195,7 +195,7 @@ def reclaim(conn: Connection, pages: int) -> int:
     PostgreSQL, which autovacuum looks after)."""
     if conn.dialect.name != "sqlite":
         return 0
-    conn.exec_driver_sql(f"PRAGMA incremental_vacuum({int(pages)})").fetchall()
+    conn.exec_driver_sql(f"PRAGMA incremental_vacuum({int(pages)})")
     if conn.exec_driver_sql("PRAGMA auto_vacuum").scalar() != 2:  # 2: INCREMENTAL
         return 0
     return int(conn.exec_driver_sql("PRAGMA freelist_count").scalar() or 0)

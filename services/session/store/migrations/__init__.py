@@ -53,11 +53,6 @@ def migrate(conn: Connection) -> list[str]:
     """Upgrade to the newest revision in one transaction; returns the revisions applied, oldest first."""
     applied: list[str] = []
     with conn.begin():
-        if conn.dialect.name == "sqlite" and not inspect(conn).get_table_names():
-            # A new database gives deleted pages back (store/retention.py, reclaim). The mode is
-            # fixed when the first table is made; an existing one changes only with a VACUUM
-            # (docs/operations.md, Retention).
-            conn.exec_driver_sql("PRAGMA auto_vacuum=INCREMENTAL")
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
         if _legacy_initial_schema(conn):
