@@ -3,7 +3,7 @@
     make bench                 # everything
     make bench ARGS="rest"     # only the REST figures; also "turns", "observers", "compaction",
                                # "replicas", "sandbox" (bench/sandbox.py), "limits" (bench/limits.py),
-                               # "storage" (bench/storage.py),
+                               # "storage" (bench/storage.py), "retention" (bench/retention.py),
                                # "cpu" or "telemetry"
     .venv/bin/python -m bench.run rest     # the same, from the repository root
 
@@ -547,6 +547,14 @@ async def main(which: list[str]) -> None:
         mock = MockProcess()
         try:
             await bench_storage(mock)
+        finally:
+            mock.stop()
+    if not which or "retention" in which:
+        from bench.retention import bench_retention
+
+        mock = MockProcess()
+        try:
+            await bench_retention(mock, (turn_drivers, text_turns, close_all))
         finally:
             mock.stop()
     if not which or "sandbox" in which:

@@ -23,8 +23,9 @@ class OpenApiCheck:
 
     def __init__(self, port: str) -> None:
         self.document = DOCUMENTS[port]
+        # A literal path before the templates it also matches, as the gateway's router tries them.
         self.paths = [(re.compile("^" + re.sub(r"\{[^/]+\}", "[^/]+", path) + "$"), item)
-                      for path, item in self.document["paths"].items()]
+                      for path, item in sorted(self.document["paths"].items(), key=lambda entry: "{" in entry[0])]
 
     def validator(self, schema: dict) -> Draft202012Validator:
         # `#/components/...` references resolve against the wrapper, which carries the components.

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from bae.common import serde
 from bae.common.errors import UsageError, echo
 from bae.common.limits import DEFAULT_LIMITS, Limits, LimitsError, read_limits
+from bae.common.retention import DEFAULT_RETENTION, Retention, RetentionError, read_retention
 
 REDACTED = "\u2022" * 8
 
@@ -47,6 +48,9 @@ METRIC_NAMES = (
     "bae.provider.latency",
     "bae.tool.calls",
     "bae.tool.latency",
+    # Retention (docs/observability.md): beyond TELEMETRY §4's fifteen.
+    "bae.retention.sessions.deleted",
+    "bae.retention.bytes.deleted",
 )
 
 
@@ -112,6 +116,8 @@ class Config:
     telemetry: Telemetry = Telemetry()
     # [limits]: the defaults of quotas, rate limits and budgets (bae.common.limits).
     limits: Limits = DEFAULT_LIMITS
+    # [retention]: how long closed sessions are kept, and their archive (bae.common.retention).
+    retention: Retention = DEFAULT_RETENTION
 
     def provider(self, name: str) -> ProviderEntry | None:
         return next((entry for entry in self.providers if entry.name == name), None)
@@ -178,13 +184,15 @@ def load_config(path: str | None, env: Mapping[str, str] | None = None) -> Confi
         providers = _parse_providers(document.get("providers"))
         telemetry = _parse_telemetry(document.get("telemetry"))
         limits = _parse_limits(document.get("limits"))
-    except (tomllib.TOMLDecodeError, _SchemaError, LimitsError) as exc:
+        retention = read_retention(_table(document.get("retention", {}), "retention"))
+    except (tomllib.TOMLDecodeError, _SchemaError, LimitsError, RetentionError) as exc:
         raise UsageError(f'invalid config file "{path}": {exc}') from None
     # Startup order (§1.2): telemetry first, then the MCP and provider registries.
     _check_telemetry(telemetry, os.environ if env is None else env)
     _check_mcp_registry(mcp_servers)
     _check_provider_registry(providers)
-    return Config(mcp_servers=mcp_servers, providers=providers, telemetry=telemetry, limits=limits)
+    return Config(mcp_servers=mcp_servers, providers=providers, telemetry=telemetry, limits=limits,
+                  retention=retention)
 
 
 def _os_error_text(exc: OSError) -> str:
@@ -546,7 +554,8 @@ def config_view(config: Config) -> dict[str, Any]:
                     "name": entry.name,
                     "provider": entry.provider,
                     "model": entry.model,
-                    "base_url": entry.base_url,
+                    # The URL requests go to, as /admin/v1/providers shows it: the configured one, else the default.
+                    "base_url": entry.effective_base_url,
                     "auth_token": REDACTED,
                     **_price_view(entry),
                 }

@@ -216,6 +216,8 @@ class Settings:
     session_grpc_addrs: list[str] = field(default_factory=list)
     # How long a replica's hold on its sessions outlives its last heartbeat (BAE_SESSION_LEASE_SECONDS).
     session_lease_seconds: float = 10.0
+    # Seconds between retention sweeps (BAE_RETENTION_INTERVAL); [retention] says what they delete.
+    retention_interval: float = 300.0
     # The address other replicas and gateways reach this replica at (BAE_SESSION_ADVERTISE_ADDR);
     # None: BAE_SESSION_GRPC_ADDR, with a wildcard host replaced by this machine's address.
     session_advertise_addr: str | None = None
@@ -303,5 +305,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         session_replicas=_replicas(get("BAE_SESSION_REPLICAS", "1")),
         session_grpc_addrs=_grpc_targets(get("BAE_SESSION_GRPC_ADDRS", "")),
         session_lease_seconds=parse_timeout("BAE_SESSION_LEASE_SECONDS", get("BAE_SESSION_LEASE_SECONDS", "10")),
+        retention_interval=parse_timeout("BAE_RETENTION_INTERVAL", get("BAE_RETENTION_INTERVAL", "300")),
         session_advertise_addr=get("BAE_SESSION_ADVERTISE_ADDR", "").strip() or None,
     )

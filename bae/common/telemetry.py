@@ -67,7 +67,11 @@ COUNTERS = {
     "bae.turns.completed": "Turns that returned normally, by outcome",
     "bae.provider.requests": "Provider attempts, by provider kind and outcome",
     "bae.tool.calls": "tool_use blocks dispatched, by dispatch kind",
+    "bae.retention.sessions.deleted": "Ended sessions deleted, by trigger (sweep or admin)",
+    "bae.retention.bytes.deleted": "Stored event payload bytes of the sessions deleted, by trigger",
 }
+# Counters whose unit is not `1`.
+COUNTER_UNITS = {"bae.retention.bytes.deleted": "By"}
 HISTOGRAMS = {
     "bae.provider.latency": "Wall time of one provider HTTP call",
     "bae.tool.latency": "Server-side tool handling, until its tool.result is written",
@@ -232,7 +236,9 @@ def start(config: TelemetryConfig, role: str, env: Mapping[str, str] | None = No
             if name in _disabled:
                 continue
             if name in COUNTERS:
-                _instruments[name] = _meter.create_counter(name, unit="1", description=COUNTERS[name])
+                _instruments[name] = _meter.create_counter(
+                    name, unit=COUNTER_UNITS.get(name, "1"), description=COUNTERS[name]
+                )
             elif name in HISTOGRAMS:
                 _instruments[name] = _meter.create_histogram(name, unit="ms", description=HISTOGRAMS[name])
         log.info("telemetry: OTLP metric export enabled (endpoint=%s)", endpoint)
@@ -295,6 +301,13 @@ def count(name: str, attributes: Mapping[str, str]) -> None:
     instrument = _instruments.get(name)
     if instrument is not None:
         instrument.add(1, attributes)  # type: ignore[union-attr]
+
+
+def add(name: str, value: int, attributes: Mapping[str, str]) -> None:
+    """+value on a counter; nothing when metrics are off or the instrument is disabled."""
+    instrument = _instruments.get(name)
+    if instrument is not None:
+        instrument.add(value, attributes)  # type: ignore[union-attr]
 
 
 def record(name: str, value: float, attributes: Mapping[str, str]) -> None:

@@ -135,10 +135,27 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     update.add_argument("primary_provider")
     update.add_argument("--name", help="new name (default: keep the current one)")
     profile_lists(update)
-    b.group((), "delete", "delete a profile or revoke a client key")
+    b.group((), "delete", "delete a profile or a session, or revoke a client key")
     b.leaf(("delete", "profile"), "delete a profile", commands.delete_profile, json_flag=False).add_argument("id")
     b.leaf(("delete", "key"), "revoke a client key and its session keys", commands.delete_key,
            json_flag=False).add_argument("id")
+    b.leaf(("delete", "session"), "delete a closed or error session with its events and usage",
+           commands.delete_session, json_flag=False).add_argument("id")
+
+    b.group((), "export", "export a session as NDJSON")
+    export = b.leaf(("export", "session"), "write a session (any state) as NDJSON: its row, then its events",
+                    commands.export_session, json_flag=False)
+    export.add_argument("id")
+    export.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    b.group((), "import", "import an exported session")
+    b.leaf(("import", "session"), "recreate an exported session, closed, with its ids",
+           commands.import_session).add_argument("file", metavar="FILE")
+    b.group((), "purge", "delete ended sessions in bulk")
+    purge = b.leaf(("purge", "sessions"), "delete every closed or error session closed before a date",
+                   commands.purge_sessions)
+    purge.add_argument("--closed-before", required=True, type=commands.closed_before, metavar="DATE",
+                       help="YYYY-MM-DD (UTC, its start) or an RFC 3339 time")
+    purge.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
 
     usage = b.leaf(("usage",), "show token, call, turn and cost totals per client key, profile or UTC day",
                    commands.usage)

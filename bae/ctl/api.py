@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, BinaryIO, Iterator, Mapping
 
 import httpx
 
@@ -88,6 +88,15 @@ def problem_message(status: int, body: bytes) -> str:
     return detail
 
 
+# An export or an import may take long: no bound on the whole, only on each read and write.
+STREAM_TIMEOUT = httpx.Timeout(60.0)
+
+
+def _chunks(body: BinaryIO) -> Iterator[bytes]:
+    while chunk := body.read(64 * 1024):
+        yield chunk
+
+
 @dataclass
 class AdminApi:
     address: str  # as the user gave it, for messages
@@ -121,6 +130,33 @@ class AdminApi:
             if expect_body:
                 raise CtlError(UNEXPECTED)
             return None
+        try:
+            return response.json()
+        except ValueError:
+            raise CtlError(UNEXPECTED) from None
+
+    def stream_to(self, path: str, out: BinaryIO) -> None:
+        """GET `path` and copy its body to `out` as it arrives (an export)."""
+        try:
+            with self.http.stream("GET", f"{self.base}/admin/v1{path}", timeout=STREAM_TIMEOUT) as response:
+                if not response.is_success:
+                    raise CtlError(problem_message(response.status_code, response.read()))
+                for chunk in response.iter_bytes():
+                    out.write(chunk)
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError):
+            raise CtlError(f"could not read the answer from the admin API at {self.address}") from None
+
+    def upload(self, path: str, body: BinaryIO, media_type: str) -> Any:
+        """POST `body` (a file, sent as it is read) and answer the parsed 2xx body."""
+        try:
+            response = self.http.post(f"{self.base}/admin/v1{path}", content=_chunks(body), timeout=STREAM_TIMEOUT,
+                                      headers={"Content-Type": media_type})
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError):
+            raise CtlError(
+                f"could not connect to admin API at {self.address} — is baesrv running and is --admin-addr correct?"
+            ) from None
+        if not response.is_success:
+            raise CtlError(problem_message(response.status_code, response.content))
         try:
             return response.json()
         except ValueError:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 import time
 from typing import Any
@@ -153,6 +155,67 @@ def list_sessions(api: AdminApi, args: argparse.Namespace) -> None:
 
 def list_events(api: AdminApi, args: argparse.Namespace) -> None:
     listing(api, args, f"/sessions/{args.session_id}/events", EVENT_COLUMNS, "no events found")
+
+
+def closed_before(text: str) -> str:
+    """--closed-before: a UTC day (YYYY-MM-DD, its start) or a whole RFC 3339 time, sent as given."""
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+        return f"{text}T00:00:00Z"
+    return text
+
+
+def delete_session(api: AdminApi, args: argparse.Namespace) -> None:
+    api.call("DELETE", f"/sessions/{args.id}", expect_body=False)
+    print(f"deleted session {args.id}")
+
+
+def export_session(api: AdminApi, args: argparse.Namespace) -> None:
+    """The NDJSON export to a file (written whole, then renamed into place) or to stdout."""
+    path = f"/sessions/{args.id}/export"
+    if args.output in (None, "-"):
+        api.stream_to(path, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+        return
+    partial = f"{args.output}.partial"
+    try:
+        with open(partial, "wb") as out:
+            api.stream_to(path, out)
+        os.replace(partial, args.output)
+    except OSError as exc:
+        raise CtlError(f"cannot write {args.output}: {exc.strerror}") from None
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+    print(f"exported session {args.id} to {args.output}", file=sys.stderr)
+
+
+def import_session(api: AdminApi, args: argparse.Namespace) -> None:
+    try:
+        with open(args.file, "rb") as body:
+            reply = _object(api.upload("/sessions/import", body, "application/x-ndjson"))
+    except OSError as exc:
+        raise CtlError(f"cannot read {args.file}: {exc.strerror}") from None
+    _emit(args, reply, f"imported session {reply.get('id')} ({reply.get('events')} events, {reply.get('state')})")
+
+
+def purge_sessions(api: AdminApi, args: argparse.Namespace) -> None:
+    """Every closed or error session closed before the date; the server deletes a batch per call."""
+    body = {"closed_before": args.closed_before, "dry_run": args.dry_run}
+    ids: list[str] = []
+    while True:
+        reply = _object(api.call("POST", "/sessions/purge", body=body))
+        batch = reply.get("ids")
+        ids += batch if isinstance(batch, list) else []
+        if args.dry_run or not reply.get("more") or not batch:
+            break
+    more = bool(args.dry_run and reply.get("more"))
+    if args.json:
+        print(as_json({"dry_run": args.dry_run, "sessions": len(ids), "ids": ids, "more": more}))
+        return
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"{verb} {len(ids)} session(s)" + (" (more match; the first 1000 are listed)" if more else ""))
+    for session_id in ids:
+        print(f"  {session_id}")
 
 
 # --- usage ------------------------------------------------------------------------------------------

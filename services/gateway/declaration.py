@@ -49,6 +49,10 @@ class Route:
     problems: tuple[int, ...]
     # The reply comes as a stream: a page of events, then its last item's payload in pieces (session.proto).
     streaming: bool = False
+    # NDJSON through a streaming method (edge.proto, HttpRoute.ndjson): the reply's pieces of text
+    # (server streaming) or the body's lines (client streaming).
+    ndjson: bool = False
+    client_streaming: bool = False
 
     @property
     def session_scoped(self) -> bool:
@@ -87,7 +91,12 @@ def _route(method: MethodDescriptor, option: Any) -> Route:
     for name in taken - {""}:
         if name not in request.fields_by_name:
             raise ValueError(f"{method.name}: {request.full_name} has no field {name}")
-    query = tuple(f.name for f in request.fields if f.name not in taken)
+    # A client-streaming route's other fields carry its body, never query parameters.
+    query = () if method.client_streaming else tuple(f.name for f in request.fields if f.name not in taken)
+    if option.ndjson and not (method.client_streaming or method.server_streaming):
+        raise ValueError(f"{method.name}: an NDJSON route is a streaming method")
+    if method.client_streaming and not option.ndjson:
+        raise ValueError(f"{method.name}: a client-streaming route reads an NDJSON body")
     for name in query:
         if request.fields_by_name[name].type != FieldDescriptor.TYPE_STRING:
             raise ValueError(f"{method.name}: query parameter {name} is not a string field")
@@ -107,6 +116,8 @@ def _route(method: MethodDescriptor, option: Any) -> Route:
         summary=option.summary,
         problems=tuple(option.problems),
         streaming=method.server_streaming,
+        ndjson=option.ndjson,
+        client_streaming=method.client_streaming,
     )
 
 

@@ -26,6 +26,8 @@ Schema = dict[str, Any]
 Descriptor = Any
 
 NDJSON = "application/x-ndjson"
+EXPORT_TEXT = ('NDJSON: the session line {"bae_export":1,"session":{…},"usage":[…]}, then one line per event, '
+               "each its wire JSON as GET /admin/v1/sessions/{id}/events shows it, in order (docs/reference/rest.md)")
 RPC_PATH = "/api/v1/sessions/{id}/rpc"
 JSON_VALUE = edge_pb2.JsonValue.DESCRIPTOR.full_name
 SECURITY = {
@@ -186,7 +188,9 @@ def _route_operation(route: Route, schemas: Schemas) -> Schema:
         parameters.append(parameter)
     reply = route.reply.DESCRIPTOR
     ok: Schema = {"description": route.summary}
-    if route.status != 204:
+    if route.ndjson and not route.client_streaming:
+        ok["content"] = {NDJSON: {"schema": {"type": "string", "description": EXPORT_TEXT}}}
+    elif route.status != 204:
         ok["content"] = {JSON: _media(schemas.written(reply), schemas, reply.name)}
     operation: Schema = {
         "operationId": route.rpc,
@@ -197,7 +201,10 @@ def _route_operation(route: Route, schemas: Schemas) -> Schema:
     }
     if parameters:
         operation["parameters"] = parameters
-    if route.body_field:
+    if route.client_streaming:
+        operation["requestBody"] = {"required": True, "content": {NDJSON: {"schema": {
+            "type": "string", "description": EXPORT_TEXT}}}}
+    elif route.body_field:
         body: Descriptor = request.fields_by_name[route.body_field].message_type
         operation["requestBody"] = {"required": True, "content": {JSON: _media(schemas.read(body), schemas, body.name)}}
     return operation

@@ -26,6 +26,7 @@ from bae.common.protos import session_pb2_grpc
 from services.gateway.body import BodyReader
 from services.gateway.declaration import Route
 from services.gateway.json_to_proto import Unreadable, read_body
+from services.gateway.ndjson import ndjson_endpoint
 from services.gateway.problems import JSON, error_response
 from services.gateway.proto_to_json import writer_of
 from services.gateway.router import Endpoint
@@ -46,6 +47,8 @@ class RestEndpoint:
 
     def __call__(self, route: Route) -> Endpoint:
         upstream = self.upstream
+        if route.ndjson:
+            return ndjson_endpoint(route, upstream, self.bodies)
         write = writer_of(route.reply.DESCRIPTOR)
 
         async def handle(request: Request) -> Response:

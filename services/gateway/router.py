@@ -59,9 +59,12 @@ async def no_route(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def build_router(table: dict[str, dict[str, Endpoint]]) -> Router:
-    """An ASGI app serving {path template: {method: endpoint}}; `{id}` matches one non-empty segment."""
+    """An ASGI app serving {path template: {method: endpoint}}; `{id}` matches one non-empty segment.
+    A literal path is tried before the templates (`/admin/v1/sessions/import` before `/admin/v1/sessions/{id}`);
+    otherwise the table's order is kept."""
+    ordered = sorted(table.items(), key=lambda item: "{" in item[0])
     return Router(
-        [Route(path, MethodTable(path, endpoints)) for path, endpoints in table.items()],
+        [Route(path, MethodTable(path, endpoints)) for path, endpoints in ordered],
         redirect_slashes=False,  # a path is a route or a 404, never a redirect
         default=no_route,
     )

@@ -10,7 +10,7 @@ channel: a unary call is awaited for its reply, a streaming one is read to
 trailing metadata the replica answered (its `bae-error-bin`, its `bae-session-owner`).
 A streaming call's messages are credited back as they are read, so a client that
 stops reading holds back its own call only. Relay, which lasts as long as its
-session, stays a call of its own. A request always fits the stream: the gateway
+session, stays a call of its own, as does ImportSession (a client-streaming call). A request always fits the stream: the gateway
 bounds bodies (BAE_MAX_BODY_BYTES, at most 48 MiB) below what one message carries.
 
 The stream is opened on first use and again after it ended. A call whose stream

@@ -25,6 +25,7 @@ from services.session.api.servicer import SessionServicer
 from services.session.engine.gauges import register_gauges
 from services.session.engine.ownership import advertised_address
 from services.session.engine.ports import Sandboxes
+from services.session.engine.retention_sweep import RetentionSweep
 from services.session.engine.service import SessionEngine
 from services.session.engine.spans import SessionSpans
 from services.session.remote.mcp import McpConnector
@@ -69,6 +70,7 @@ class SessionService:
     servicer: SessionServicer
     operations: dict[str, Operation]  # the servicer's methods, however a call arrives
     gateway_calls: GatewayCalls
+    sweep: RetentionSweep
 
     def registrar(self) -> Callable[[grpc.aio.Server], list[str]]:
         """Registers SessionService on a gRPC server: its methods and the gateway's `Calls` stream."""
@@ -78,6 +80,7 @@ class SessionService:
         register_gauges(self.engine.registry, self.store)
         await self.engine.start()
         self.auth.start()
+        self.sweep.start()
 
     async def drain(self, budget: float) -> None:
         """Stop taking work; running turns and the sandbox stops of closed sessions end within `budget`."""
@@ -86,6 +89,7 @@ class SessionService:
 
     async def stop(self) -> None:
         """Tear down sessions, MCP, sandboxes and the store."""
+        await self.sweep.stop()
         await self.engine.stop()
         await self.auth.stop()  # writes the last coalesced last_used_at stamps
         await self.store.close()
@@ -115,6 +119,10 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
         spans=engine.spans,
     )
     served = operations(servicer)
+    sweep = RetentionSweep(
+        store, config.retention, engine.ownership.replica_id, settings.retention_interval, settings.session_lease_seconds
+    )
     return SessionService(
-        store=store, auth=auth, engine=engine, servicer=servicer, operations=served, gateway_calls=GatewayCalls(served)
+        store=store, auth=auth, engine=engine, servicer=servicer, operations=served, gateway_calls=GatewayCalls(served),
+        sweep=sweep,
     )

@@ -25,7 +25,7 @@ async def test_profile_crud(service):
     got = await service.admin("GetProfile", path_id=created["id"])
     assert got == {
         "id": created["id"], "name": "main", "primary_provider": "mock", "fallback_providers": [],
-        "mcp_servers": [], "allowed_tools": ["t"], "available_sandboxes": [], "limits": None,
+        "mcp_servers": [], "allowed_tools": ["t"], "available_sandboxes": [], "limits": None, "retention": None,
         "created_at": created["created_at"], "updated_at": created["created_at"],
     }
     replaced = await service.admin(

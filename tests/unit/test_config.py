@@ -476,12 +476,13 @@ def test_config_view_redacts_every_secret(tmp_path: Path) -> None:
         },
         "providers": {
             "entries": [  # sorted by name, as /admin/v1/providers lists them
+                # An entry without base_url shows the effective one, as /admin/v1/providers does.
                 {"name": "anthropic-sonnet", "provider": "anthropic", "model": "claude-sonnet-4-6",
-                 "base_url": None, "auth_token": REDACTED},
-                {"name": "filesystem", "provider": "anthropic", "model": "m", "base_url": None,
+                 "base_url": "https://api.anthropic.com", "auth_token": REDACTED},
+                {"name": "filesystem", "provider": "anthropic", "model": "m", "base_url": "https://api.anthropic.com",
                  "auth_token": REDACTED},
                 {"name": "openai-mini", "provider": "openai", "model": "gpt-4o-mini",
-                 "base_url": "http://127.0.0.1:9999/", "auth_token": REDACTED},
+                 "base_url": "http://127.0.0.1:9999", "auth_token": REDACTED},  # as requests use it
             ]
         },
         "telemetry": {

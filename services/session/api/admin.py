@@ -6,13 +6,16 @@ one of bae.common.errors' kinds.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import time
+from datetime import datetime, timezone
+from typing import Any, AsyncIterator, Iterator
 
 from sqlalchemy import Connection, Row
 
 from bae.common import config as config_views
 from bae.common.config import Config
 from bae.common.errors import Conflict, InvalidInput, NotFound, Unprocessable, echo
+from bae.common.timefmt import format_time
 from bae.common.protos import admin_api_pb2, client_api_pb2, edge_pb2, session_pb2
 from services.session.api import bodies
 from services.session.api.auth import Authenticator
@@ -23,7 +26,8 @@ from services.session.api.usage import usage_page, usage_query
 from services.session.engine.revocation import Revocations
 from services.session.engine.sandboxes import SessionSandboxes
 from services.session.remote.peers import revocation_of
-from services.session.store import events, keys, profiles, revocation, sessions, usage
+from services.session.engine.session_files import ImportReader, delete_session, export_text
+from services.session.store import events, keys, profiles, retention, revocation, sessions, usage
 from services.session.store.records import KeyRecord, ProfileRecord, SessionRecord
 from services.session.store.store import Store
 
@@ -42,11 +46,33 @@ def key_message(key: KeyRecord) -> admin_api_pb2.ClientKey:
 def profile_message(profile: ProfileRecord) -> admin_api_pb2.Profile:
     view = profiles.view(profile)
     limits = view.pop("limits")
-    return admin_api_pb2.Profile(**view, limits=None if limits is None else admin_api_pb2.Limits(**limits))
+    retention = view.pop("retention")
+    return admin_api_pb2.Profile(
+        **view,
+        limits=None if limits is None else admin_api_pb2.Limits(**limits),
+        retention=None if retention is None else admin_api_pb2.Retention(**retention),
+    )
 
 
 def session_summary(row: Row[Any] | SessionRecord) -> admin_api_pb2.SessionSummary:
     return admin_api_pb2.SessionSummary(**sessions.summary_view(row))
+
+
+# A purge call lists at most this many sessions, and deletes for about PURGE_SECONDS, well within
+# the gateway's deadline (BAE_RPC_TIMEOUT): `more` asks for another call.
+PURGE_LIMIT = 1000
+PURGE_SECONDS = 5.0
+
+
+def rfc3339(text: str, name: str) -> str:
+    """An RFC 3339 time with its offset, in the store's form (UTC, milliseconds, Z)."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise InvalidInput(f'invalid {name} "{echo(text)}"; expected an RFC 3339 time such as 2026-01-01T00:00:00Z')
+    return format_time(moment.astimezone(timezone.utc))
 
 
 def duplicate_name() -> Conflict:
@@ -201,6 +227,62 @@ class AdminApi:
         if rows is None:
             raise NotFound(f"no session {echo(session_id)}")
         return page_messages(*page.page([(row.seq, row) for row in rows], payload_chars))
+
+    # Deleting, exporting, importing and purging sessions (engine/session_files.py).
+
+    async def delete_session(self, request: admin_api_pb2.DeleteSessionRequest) -> admin_api_pb2.NoContent:
+        await self._admin(request.credential)
+        if await delete_session(self.store, request.session_id, "admin") is None:
+            raise NotFound(f"no session {echo(request.session_id)}")
+        return admin_api_pb2.NoContent()
+
+    async def export_session(self, request: admin_api_pb2.ExportSessionRequest) -> AsyncIterator[str]:
+        """The export's text in pieces; raises before the first when the session is unknown."""
+        await self._admin(request.credential)
+        pieces = await export_text(self.store, request.session_id)
+        if pieces is None:
+            raise NotFound(f"no session {echo(request.session_id)}")
+        return pieces
+
+    async def import_session(
+        self, requests: AsyncIterator[admin_api_pb2.ImportSessionRequest]
+    ) -> admin_api_pb2.SessionImported:
+        """The first message's credential is checked before any line is read."""
+        first = await anext(aiter(requests), None)
+        if first is None:
+            raise InvalidInput("the import is empty: expected the session line, then its events")
+        await self._admin(first.credential)
+        reader = ImportReader()
+        for line in first.lines:
+            reader.add(line)
+        async for message in requests:
+            for line in message.lines:
+                reader.add(line)
+        imported = reader.finish()
+        await self.store.write(retention.insert_imported, imported.session, imported.usage, imported.events)
+        return admin_api_pb2.SessionImported(
+            id=imported.session["id"], state=imported.session["state"], events=len(imported.events)
+        )
+
+    async def purge_sessions(self, request: admin_api_pb2.PurgeSessionsRequest) -> admin_api_pb2.PurgeResult:
+        await self._admin(request.credential)
+        body = request.body
+        before = rfc3339(body.closed_before, "closed_before")
+        limit = min(body.limit, PURGE_LIMIT) if body.HasField("limit") else PURGE_LIMIT
+        ids = await self.store.read(retention.ended_before, before, limit + 1)
+        more = len(ids) > limit
+        ids = ids[:limit]
+        if body.dry_run:
+            return admin_api_pb2.PurgeResult(dry_run=True, sessions=len(ids), ids=ids, more=more)
+        deleted: list[str] = []
+        deadline = time.monotonic() + PURGE_SECONDS
+        for session_id in ids:
+            if time.monotonic() > deadline:
+                more = True
+                break
+            if await delete_session(self.store, session_id, "admin") is not None:
+                deleted.append(session_id)
+        return admin_api_pb2.PurgeResult(dry_run=False, sessions=len(deleted), ids=deleted, more=more)
 
     # Usage (store/usage.py).
 

@@ -11,6 +11,7 @@ from bae.common.errors import InvalidInput, Unprocessable
 from bae.common.jsontext import JsonObject
 from bae.common.jsontext import load
 from bae.common.limits import LimitsError, read_limits
+from bae.common.retention import RetentionError, read_days
 from bae.common.protos import admin_api_pb2, client_api_pb2, edge_pb2
 
 RESERVED_TOOL = "remote_subagent_status"
@@ -144,7 +145,18 @@ def profile_fields(body: admin_api_pb2.ProfileBody) -> JsonObject:
     for field in PROFILE_LISTS:
         fields[field] = list(getattr(body, field))
     fields["limits"] = profile_limits(body.limits) if body.HasField("limits") else None
+    fields["retention"] = profile_retention(body.retention) if body.HasField("retention") else None
     return fields
+
+
+def profile_retention(retention: admin_api_pb2.Retention) -> dict[str, float] | None:
+    """A profile's `retention`, checked as [retention] is; None when it sets nothing."""
+    if not retention.HasField("closed_session_days"):
+        return None
+    try:
+        return {"closed_session_days": read_days(retention.closed_session_days, "retention.closed_session_days")}
+    except RetentionError as exc:
+        raise InvalidInput(f"invalid request body: {exc}") from None
 
 
 def profile_limits(limits: admin_api_pb2.Limits) -> dict[str, int | float] | None:

@@ -47,7 +47,10 @@ class Operation:
     reply: type[Message]
     streaming: bool
     # `serve(request, incoming)`: awaited for a unary method's reply, iterated for a streaming one's.
+    # A client-streaming method's `request` is the async iterator of its messages (a call of its
+    # own only: the gateway's `Calls` stream carries one request per call).
     serve: Callable[[Any, Incoming], Any]
+    client_streaming: bool = False
 
 
 def operations(servicer: object) -> dict[str, Operation]:
@@ -66,6 +69,7 @@ def operations(servicer: object) -> dict[str, Operation]:
         table[name] = Operation(
             method=method.name, name=name, request=GetMessageClass(method.input_type),
             reply=GetMessageClass(method.output_type), streaming=method.server_streaming, serve=serve,
+            client_streaming=method.client_streaming,
         )
     return table
 

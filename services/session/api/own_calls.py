@@ -61,6 +61,18 @@ def _handler(operation: Operation) -> grpc.RpcMethodHandler:
 
         return grpc.unary_stream_rpc_method_handler(stream, deserialize, serialize)
 
+    if operation.client_streaming:
+
+        async def collect(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+            incoming = Incoming(redirected=was_redirected(context))
+            try:
+                reply = await serve(requests, incoming)
+            except Exception as exc:
+                await _end(context, exc)
+            return reply
+
+        return grpc.stream_unary_rpc_method_handler(collect, deserialize, serialize)
+
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
         incoming = Incoming(redirected=was_redirected(context))
         try:

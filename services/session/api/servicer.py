@@ -170,6 +170,27 @@ class SessionServicer:
         for page in await _answer(self.admin.list_session_events(request)):
             yield page
 
+    async def delete_session(
+        self, request: admin_api_pb2.DeleteSessionRequest, incoming: Incoming
+    ) -> admin_api_pb2.NoContent:
+        return await _answer(self.admin.delete_session(request))
+
+    async def export_session(
+        self, request: admin_api_pb2.ExportSessionRequest, incoming: Incoming
+    ) -> AsyncIterator[admin_api_pb2.ExportChunk]:
+        async for text in await _answer(self.admin.export_session(request)):
+            yield admin_api_pb2.ExportChunk(text=text)
+
+    async def import_session(
+        self, requests: AsyncIterator[admin_api_pb2.ImportSessionRequest], incoming: Incoming
+    ) -> admin_api_pb2.SessionImported:
+        return await _answer(self.admin.import_session(requests))
+
+    async def purge_sessions(
+        self, request: admin_api_pb2.PurgeSessionsRequest, incoming: Incoming
+    ) -> admin_api_pb2.PurgeResult:
+        return await _answer(self.admin.purge_sessions(request))
+
     async def list_usage(self, request: admin_api_pb2.ListUsageRequest, incoming: Incoming) -> admin_api_pb2.UsagePage:
         return await _answer(self.admin.list_usage(request))
 

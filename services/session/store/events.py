@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, Result, Row, Select, and_, bindparam, func, insert, select, update
+from sqlalchemy import (
+    ColumnElement, Connection, LargeBinary, Result, Row, Select, and_, bindparam, cast, delete, func, insert, select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from bae.common.errors import Unavailable
@@ -343,3 +346,125 @@ def seq_of(conn: Connection, session_id: str, event_id: str) -> int | None:
 
 def message_rows(conn: Connection, session_id: str) -> list[StoredEvent]:
     return _stored(conn.execute(_MESSAGES, {"session_id": session_id}))
+
+
+# Export, import and deletion (store/retention.py): the only other code that reads or writes the
+# event rows' stored form besides the functions above.
+
+
+class ImportedEvent(NamedTuple):
+    """One event of an import, as its wire text gave it; `payload_text` is stored as it is."""
+
+    id: str
+    client_key_id: str | None
+    event_type: str
+    payload_text: str
+    created_at: str
+
+
+class UnreadableEvent(ValueError):
+    """An import line that is not an event's wire text; the message says why."""
+
+
+def imported_event(line: str, session_id: str) -> ImportedEvent:
+    """The event a line of an export holds (its wire text, as `event_json` writes it).
+
+    The payload keeps the line's own bytes when the line is exactly as exported (its keys in
+    the wire order, no spacing), so the event reads back byte for byte; a line written any
+    other way still reads, its payload then stored in this store's own JSON form."""
+    try:
+        fields = load(line)
+    except ValueError as exc:
+        raise UnreadableEvent(f"not JSON ({exc})") from None
+    if not isinstance(fields, dict):
+        raise UnreadableEvent("not a JSON object")
+    for key, bound in (("id", ID_CHARS), ("event_type", ID_CHARS), ("created_at", STAMP_CHARS)):
+        value = fields.get(key)
+        if not isinstance(value, str) or not value or len(value) > bound:
+            raise UnreadableEvent(f"`{key}` must be a string of 1 to {bound} characters")
+    client_key_id = fields.get("client_key_id")
+    if client_key_id is not None and (not isinstance(client_key_id, str) or len(client_key_id) > ID_CHARS):
+        raise UnreadableEvent(f"`client_key_id` must be null or a string of at most {ID_CHARS} characters")
+    if fields.get("session_id") != session_id:
+        raise UnreadableEvent(f"`session_id` must be the session line's id, {session_id}")
+    if "payload" not in fields:
+        raise UnreadableEvent("`payload` is missing")
+    head, tail = _wire_text({**fields, "payload": None}, "\0").split("\0")
+    exact = len(line) > len(head) + len(tail) and line.startswith(head) and line.endswith(tail)
+    payload_text = line[len(head):len(line) - len(tail)] if exact else ""
+    if not exact or not _reads_as(payload_text, fields["payload"]):
+        payload_text = dump(fields["payload"])
+    return ImportedEvent(fields["id"], client_key_id, fields["event_type"], payload_text, fields["created_at"])
+
+
+def _reads_as(text: str, value: Any) -> bool:
+    """Whether `text` is JSON for `value` (a line with a key given twice is not as exported)."""
+    try:
+        return bool(load(text) == value)
+    except ValueError:
+        return False
+
+
+# Column bounds (schema.py) an imported value must fit.
+ID_CHARS = 64
+STAMP_CHARS = 32
+
+
+def existing_ids(conn: Connection, event_ids: list[str]) -> list[str]:
+    """Those of `event_ids` some stored event already has."""
+    found: list[str] = []
+    for start in range(0, len(event_ids), 500):
+        chunk = event_ids[start:start + 500]
+        found += conn.execute(select(session_events.c.id).where(session_events.c.id.in_(chunk))).scalars()
+    return found
+
+
+def insert_imported(conn: Connection, session_id: str, imported: list[ImportedEvent]) -> None:
+    """Store an imported session's events as they were: their ids, authors, times and payload
+    text, numbered 1, 2, … in the order given, provider requests by reference as `append`
+    stores them. The session has no events yet."""
+    previous = PreviousRequests()
+    rows = []
+    for number, event in enumerate(imported, start=1):
+        row = {
+            "id": event.id,
+            "session_id": session_id,
+            "session_seq": number,
+            "client_key_id": event.client_key_id,
+            "event_type": event.event_type,
+            "payload": event.payload_text,
+            "created_at": event.created_at,
+            "messages_at": None,
+            "messages_runs": None,
+        }
+        if event.event_type == requests.PROVIDER_REQUEST:
+            parts = requests.split(RawJson(event.payload_text), event.payload_text)
+            if parts is not None:
+                row.update(requests.store(conn, session_id, parts, previous)._asdict())
+        rows.append(row)
+    for start in range(0, len(rows), 500):
+        conn.execute(_INSERT, rows[start:start + 500])
+
+
+def delete_some(conn: Connection, session_id: str, limit: int) -> tuple[int, int]:
+    """Delete up to `limit` of a session's oldest events; returns how many, and their stored bytes."""
+    chosen = (
+        select(session_events.c.seq)
+        .where(session_events.c.session_id == session_id)
+        .order_by(session_events.c.seq)
+        .limit(limit)
+    )
+    seqs = list(conn.execute(chosen).scalars())
+    if not seqs:
+        return 0, 0
+    which = session_events.c.seq.in_(seqs)
+    size = conn.execute(select(func.coalesce(func.sum(_stored_bytes(conn)), 0)).where(which)).scalar_one()
+    conn.execute(delete(session_events).where(which))
+    return len(seqs), int(size)
+
+
+def _stored_bytes(conn: Connection) -> ColumnElement[int]:
+    """The bytes an event's payload takes (UTF-8), in the connection's dialect."""
+    if conn.dialect.name == "postgresql":
+        return func.octet_length(session_events.c.payload)
+    return func.length(cast(session_events.c.payload, LargeBinary))

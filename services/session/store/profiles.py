@@ -48,6 +48,7 @@ def record(row: Row[Any]) -> ProfileRecord:
         updated_at=row.updated_at,
         deleted_at=row.deleted_at,
         limits=row.limits,
+        retention=row.retention,
     )
 
 
@@ -62,6 +63,7 @@ def view(profile: ProfileRecord) -> dict[str, Any]:
         "allowed_tools": profile.allowed_tools,
         "available_sandboxes": profile.available_sandboxes,
         "limits": profile.limits,
+        "retention": profile.retention,
         "created_at": profile.created_at,
         "updated_at": profile.updated_at,
     }
@@ -81,7 +83,7 @@ def _name_taken(conn: Connection, name: str, other_than: str | None = None) -> b
 
 def create(conn: Connection, fields: dict[str, Any]) -> ProfileRecord:
     """Insert a profile from validated fields (name, primary_provider, the LIST_FIELDS and, optionally,
-    `limits`)."""
+    `limits` and `retention`)."""
     if _name_taken(conn, fields["name"]):
         raise DuplicateName(fields["name"])
     stamp = now()
@@ -91,6 +93,7 @@ def create(conn: Connection, fields: dict[str, Any]) -> ProfileRecord:
         "primary_provider": fields["primary_provider"],
         **{name: fields[name] for name in LIST_FIELDS},
         "limits": fields.get("limits"),
+        "retention": fields.get("retention"),
         "created_at": stamp,
         "updated_at": stamp,
         "deleted_at": None,
@@ -115,10 +118,11 @@ def replace(conn: Connection, profile_id: str, fields: dict[str, Any]) -> Profil
             primary_provider=fields["primary_provider"],
             updated_at=stamp,
             limits=fields.get("limits"),
+            retention=fields.get("retention"),
             **{name: fields[name] for name in LIST_FIELDS},
         )
     )
-    return dataclasses.replace(current, **{"limits": None, **fields}, updated_at=stamp)
+    return dataclasses.replace(current, **{"limits": None, "retention": None, **fields}, updated_at=stamp)
 
 
 def soft_delete(conn: Connection, profile_id: str) -> None:

@@ -34,6 +34,8 @@ class ProfileRecord:
     deleted_at: str | None
     # The bae.common.limits keys it overrides; None: the [limits] defaults.
     limits: dict[str, int | float] | None = None
+    # {"closed_session_days": N}: overrides [retention] for its sessions; None: the default.
+    retention: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
-from sqlalchemy import Connection, and_, bindparam, insert, select
+from sqlalchemy import Connection, LargeBinary, and_, bindparam, cast, delete, func, insert, select
 
 from bae.common.jsontext import RawJson, dump, load
 from services.session.store.schema import request_messages, session_events
@@ -264,3 +264,16 @@ class Texts:
     def payload(self, stored: str, at: int, runs_text: str) -> str:
         """The request's payload text as it was appended."""
         return joined(Split(stored[:at], stored[at:], self.of(load(runs_text))))
+
+
+def delete_session(conn: Connection, session_id: str) -> int:
+    """Delete a session's request messages (its events are gone first); returns their bytes (UTF-8)."""
+    text_bytes = (
+        func.octet_length(request_messages.c.text)
+        if conn.dialect.name == "postgresql"
+        else func.length(cast(request_messages.c.text, LargeBinary))
+    )
+    mine = request_messages.c.session_id == session_id
+    size = conn.execute(select(func.coalesce(func.sum(text_bytes), 0)).where(mine)).scalar_one()
+    conn.execute(delete(request_messages).where(mine))
+    return int(size)

@@ -74,6 +74,8 @@ profiles = Table(
     Column("deleted_at", String(32)),
     # The keys of bae.common.limits this profile overrides; NULL: the [limits] defaults.
     Column("limits", JsonText),
+    # {"closed_session_days": N} overriding [retention] for this profile's sessions; NULL: the default.
+    Column("retention", JsonText),
 )
 
 sessions = Table(
@@ -94,6 +96,8 @@ sessions = Table(
 )
 Index("sessions_state_seq", sessions.c.state, sessions.c.seq)
 Index("sessions_key_state", sessions.c.client_key_id, sessions.c.state)
+# The retention sweep's search: closed and error sessions by when they ended (revision 0007).
+Index("sessions_state_closed_at", sessions.c.state, sessions.c.closed_at)
 
 session_events = Table(
     "session_events",
@@ -147,6 +151,16 @@ session_leases = Table(
     Column("epoch", Integer, nullable=False),
 )
 Index("session_leases_replica", session_leases.c.replica_id)
+
+# Work one replica at a time does (the retention sweep): its holder renews the row while it works,
+# and another replica takes it over only once `expires_at` (epoch seconds) has passed (revision 0007).
+task_leases = Table(
+    "task_leases",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("holder", ID, nullable=False),
+    Column("expires_at", Float, nullable=False),
+)
 
 # The sessions that hold a sandbox (started or starting), by the client key that created the
 # session: a key's count here is what max_sandboxes_per_key bounds, the same for every replica.

@@ -76,6 +76,11 @@ def make_sqlite_db(url: URL, synchronous: str) -> Engine:
     @event.listens_for(db, "connect")
     def _pragmas(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
         cursor = dbapi_connection.cursor()
+        # First: a new database gives deleted pages back (store/retention.py, reclaim). The mode is
+        # fixed once the file exists (journal_mode=WAL creates it); an existing database changes
+        # mode only with a VACUUM (docs/operations.md, Retention), so it is not asked to here.
+        if cursor.execute("PRAGMA page_count").fetchone()[0] == 0:
+            cursor.execute("PRAGMA auto_vacuum=INCREMENTAL")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         cursor.execute(f"PRAGMA synchronous={synchronous}")
