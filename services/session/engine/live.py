@@ -3,7 +3,7 @@
 Everything here is memory only (SERVER-SPEC §0.1): the drivers, the turn gate and
 parked turn, the live feed, the cached provider history, MCP connections, the remote
 sandbox handle, the subagents, the auto-compaction backoff and the usage totals. The log
-is enough to rebuild it (`SessionRegistry.load_history`, `SessionSandboxes.reconcile`).
+is enough to rebuild it (`SessionRegistry.load_history`, `Reconciler`).
 """
 
 from __future__ import annotations

@@ -134,6 +134,16 @@ session_leases = Table(
 )
 Index("session_leases_replica", session_leases.c.replica_id)
 
+# Periodic work one replica at a time does for all of them (e.g. "reconcile"): the holder of a duty's
+# row runs it until `expires_at` (epoch seconds); taking or renewing it is a compare-and-swap.
+duty_leases = Table(
+    "duty_leases",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("replica_id", ID, nullable=False),
+    Column("expires_at", Float, nullable=False),
+)
+
 # The sessions that hold a sandbox (started or starting), by the client key that created the
 # session: a key's count here is what max_sandboxes_per_key bounds, the same for every replica.
 sandbox_slots = Table(
