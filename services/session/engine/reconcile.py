@@ -157,8 +157,8 @@ class Reconciler:
             return  # stopped, replaced or closed meanwhile
         info = next((info for info in inventory.sandboxes if info.sandbox_id == handle.sandbox_id), None)
         if info is None or info.state != "running":
-            log.warning("sandbox %s of session %s is %s on host %s; stopping it", handle.sandbox_id, session_id,
-                        "gone" if info is None else info.state, handle.host)
+            log.warning("sandbox %s of session %s vanished: host %s %s; stopping it", handle.sandbox_id, session_id,
+                        handle.host, "no longer runs it" if info is None else f"reports it {info.state}")
             await self._sandboxes.stop(live, None, reason="vanished")
             return
         for command in inventory.commands:
