@@ -19,7 +19,8 @@ A pass asks every reachable host for its sandboxes (containers) and background c
   them, and a dead owner's sessions are taken over (with a pass for each) by the heartbeat.
 - Sandboxes of closed, failed or unknown sessions, and running commands whose sandbox the
   host no longer runs, are stopped by one replica at a time: whichever holds the store's
-  "reconcile" duty lease (store/leases.py). Nothing is written to a closed session's log.
+  "reconcile" duty lease (store/leases.py), taken before the hosts are asked. Nothing is
+  written to a closed session's log.
 
 Every step is safe to repeat, and a step that fails is logged and tried again by the next pass.
 """
@@ -97,12 +98,19 @@ class Reconciler:
         """One pass; `only_session`: take back the sandbox of that session only (a takeover, which
         does not wait for a whole pass under way: what it does is safe beside one)."""
         if only_session is not None:
-            await self._pass(only_session)
+            await self._pass(only_session, duty=False)
             return
         async with self._passes:
-            await self._pass(None)
+            # Taken before the hosts are asked: what they answer then already shows the stops of the
+            # replica that held the duty before, so no stray is stopped twice.
+            duty = await self._ownership.take_duty(DUTY, self._duty_hold)
+            try:
+                await self._pass(None, duty=duty)
+            finally:
+                if duty:
+                    await self._ownership.release_duty(DUTY)
 
-    async def _pass(self, only_session: str | None) -> None:
+    async def _pass(self, only_session: str | None, *, duty: bool) -> None:
         # The handles held before the hosts are asked: only those can be missing from the answers.
         held = {live.session_id: handle for live in self._registry.all() if (handle := live.sandbox) is not None}
         inventories = await self._hosts.inventory()
@@ -126,7 +134,11 @@ class Reconciler:
         if only_session is None:
             for session_id, handle in held.items():
                 await self._check(session_id, handle, inventories)
-            await self._sweep(strays, inventories)
+            if duty:
+                await self._sweep(strays, inventories)
+            elif strays:
+                log.debug("leaving %d sandboxes of sessions that are not open to the replica holding the duty",
+                          len(strays))
 
     async def _own(self, inventory: HostInventory, info: HostSandbox) -> None:
         """A sandbox of an open session this replica owns or may take: taken back, or stopped if unused."""
@@ -170,8 +182,9 @@ class Reconciler:
                     await self._kill(handle.host, command)
 
     async def _sweep(self, strays: list[tuple[str, HostSandbox, str]], inventories: list[HostInventory]) -> None:
-        """Under the duty lease: the sandboxes of sessions that are not open, and the running
-        commands whose sandbox is gone."""
+        """Holding the duty: the sandboxes of sessions that are not open, and the running commands
+        whose sandbox is gone. The duty is renewed before each call; a hold that lapsed meanwhile
+        (another replica has taken it) ends the sweep."""
         listed = {(inventory.host, info.sandbox_id) for inventory in inventories for info in inventory.sandboxes}
         orphans = [
             (inventory.host, command)
@@ -179,26 +192,17 @@ class Reconciler:
             for command in inventory.commands
             if command.running and (inventory.host, command.sandbox_id) not in listed
         ]
-        if not strays and not orphans:
-            return
-        if not await self._ownership.take_duty(DUTY, self._duty_hold):
-            log.debug("another replica holds the reconcile duty; leaving %d sandboxes and %d commands to it",
-                      len(strays), len(orphans))
-            return
-        try:
-            for host, info, state in strays:
-                if not await self._ownership.take_duty(DUTY, self._duty_hold):
-                    return  # the hold lapsed and another replica took it over
-                log.info("stopping sandbox %s of %s session %s", info.sandbox_id, state, info.session_id)
-                await self._stop(SandboxHandle(host=host, sandbox_id=info.sandbox_id, image=info.image))
-            for host, command in orphans:
-                if not await self._ownership.take_duty(DUTY, self._duty_hold):
-                    return
-                log.info("killing command %s on host %s: its sandbox %s is gone", command.command_id, host,
-                         command.sandbox_id)
-                await self._kill(host, command)
-        finally:
-            await self._ownership.release_duty(DUTY)
+        for host, info, state in strays:
+            if not await self._ownership.take_duty(DUTY, self._duty_hold):
+                return
+            log.info("stopping sandbox %s of %s session %s", info.sandbox_id, state, info.session_id)
+            await self._stop(SandboxHandle(host=host, sandbox_id=info.sandbox_id, image=info.image))
+        for host, command in orphans:
+            if not await self._ownership.take_duty(DUTY, self._duty_hold):
+                return
+            log.info("killing command %s on host %s: its sandbox %s is gone", command.command_id, host,
+                     command.sandbox_id)
+            await self._kill(host, command)
 
     async def _stop(self, handle: SandboxHandle) -> None:
         try:
