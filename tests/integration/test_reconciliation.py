@@ -19,6 +19,8 @@ from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
 from testkit.docker_support import containers_with, ensure_harness_image, require_docker
 from testkit.live import result, rpc, types
 from testkit.mockllm import Reply
+from testkit.ports import consecutive_ports
+from testkit.postgres_support import postgres, postgres_url  # noqa: F401 - fixtures
 from testkit.stack import mock_provider_toml
 
 pytestmark = [pytest.mark.stack, pytest.mark.docker]
@@ -45,10 +47,9 @@ def stack(start_stack, mock):
 class Session:
     """An open session with a registered driver and a running remote sandbox."""
 
-    def __init__(self, stack, image: str) -> None:
+    def __init__(self, stack, image: str, key: str | None = None) -> None:
         self.stack = stack
-        profile = stack.create_profile(f"p{time.monotonic_ns()}", available_sandboxes=[image])
-        key = stack.create_key(profile["id"])["key"]
+        key = key or new_key(stack, image)
         subagents = [{"harness": "fake", "command_template": "fake-harness --model {model}"}]
         opened = stack.open_session(key, subagent_tools=[
             {"name": TOOL, "description": "launch", "input_schema": {"type": "object"}, "image": image,
@@ -71,6 +72,24 @@ class Session:
     def close(self) -> None:
         reply = self.stack.client.delete(f"/api/v1/sessions/{self.sid}", headers={"Authorization": f"Bearer {self.skey}"})
         assert reply.status_code == 200, reply.text
+
+
+def opened_after_restart(stack, image: str, key: str) -> Session:
+    """A Session, once the gateway reaches the restarted replica that owns it (503 until then)."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return Session(stack, image, key)
+        except AssertionError as failure:
+            if '"status": 503' not in str(failure) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def new_key(stack, image: str) -> str:
+    """A client key on a new profile that allows `image`."""
+    profile = stack.create_profile(f"p{time.monotonic_ns()}", available_sandboxes=[image])
+    return stack.create_key(profile["id"])["key"]
 
 
 def wait_for_line(log: Path, text: str, start: int = 0, timeout: float = 20.0) -> None:
@@ -171,3 +190,41 @@ def test_a_vanished_sandbox_is_logged_stopped_once(stack, image):
     session.ok("session.startRemoteSandbox", {"image": image})
     assert session.ok("session.execRemoteSandbox", {"command": "echo again"})["stdout"] == "again\n"
     session.close()
+
+
+@pytest.mark.postgres
+def test_two_replicas_stop_each_stray_once_and_each_owner_logs_its_own_vanished_sandbox(start_stack, mock, image,
+                                                                                      postgres_url):  # noqa: F811
+    """Two replicas on one PostgreSQL store pass every interval: each container of an unknown session
+    is stopped by one of them, once; each session's vanished sandbox is logged by its owner, once."""
+    mock.reset()
+    stack = start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN="t0ken-for-tests",
+                        BAE_SANDBOX_HOST_ID=f"{RUN}-{next(_stacks)}", BAE_RECONCILE_INTERVAL=str(INTERVAL),
+                        BAE_DATABASE_URL=postgres_url, BAE_SESSION_REPLICAS="2",
+                        BAE_SESSION_GRPC_ADDR=f"127.0.0.1:{consecutive_ports(2)}")
+    keys = [new_key(stack, image) for _ in range(2)]
+    # A replica provisions the images of profiles created elsewhere only when it starts.
+    for replica in ("session", "session-1"):
+        stack.stack.restart(replica)
+    sessions = [opened_after_restart(stack, image, key) for key in keys]  # each on the replica holding fewest
+    befores = [len(session.events()) for session in sessions]
+    for session in sessions:
+        session.container.remove(force=True)
+    strays = [start_orphan(stack, image, f"ses_unknown_{n}") for n in range(3)]
+
+    for n in range(3):
+        assert gone_within(f"bae.session_id=ses_unknown_{n}", 2 * INTERVAL)
+    deadline = time.monotonic() + 2 * INTERVAL
+    while not all("session.sandbox.stopped" in types(s.events()[b:]) for s, b in zip(sessions, befores)):
+        assert time.monotonic() < deadline, "a vanished sandbox was not logged two intervals on"
+        time.sleep(0.1)
+    # Later passes of both replicas have run once a new stray is gone.
+    start_orphan(stack, image, "ses_unknown_later")
+    assert gone_within("bae.session_id=ses_unknown_later", 2 * INTERVAL)
+
+    logs = "".join(log.read_text() for log in (stack.tmp / "logs").glob("session*.log"))
+    for stray in strays:
+        assert logs.count(f"stopping sandbox {stray} of unknown session") == 1, stray
+    for session, before in zip(sessions, befores):
+        assert types(session.events()[before:]) == ["session.sandbox.stop", "session.sandbox.stopped"]
+        assert logs.count(f"sandbox {session.container.id} of session {session.sid} vanished") == 1
