@@ -700,3 +700,24 @@ async def test_the_stops_no_session_owns_run_on_one_replica_at_a_time(harness: E
         assert await other.ownership.take_duty("reconcile", 30)
     finally:
         await other.stop()
+
+
+async def test_a_sandbox_stopped_while_the_hosts_were_asked_is_not_taken_back(harness: EngineHarness):
+    """The hosts' lists show a sandbox the session stops before the pass reaches it: the stale
+    entry is left alone (the handle stays gone), and the log has the explicit stop only."""
+    session_id = await harness.open_session()
+    live = harness.live(session_id)
+    handle, _ = await harness.service.sandboxes.start(live, ACTOR, IMAGE, owner_key=ACTOR, max_per_key=10)
+    listed = harness.sandboxes.inventory
+
+    async def stopped_meanwhile() -> list[HostInventory]:
+        answer = await listed()
+        await harness.service.sandboxes.stop(live, ACTOR, reason="explicit")
+        return answer
+
+    harness.sandboxes.inventory = stopped_meanwhile  # type: ignore[method-assign]
+    await harness.service.reconciler.run()
+    assert live.sandbox is None and harness.sandboxes.adopted == []
+    tail = [(e["event_type"], e["payload"].get("reason")) for e in (await harness.events(session_id))[-2:]]
+    assert tail == [("session.sandbox.stop", "explicit"), ("session.sandbox.stopped", "explicit")]
+    assert handle.sandbox_id not in harness.sandboxes.running

@@ -43,6 +43,8 @@ class LiveSession:
     mcp: McpSession | None = None
     mcp_task: asyncio.Task[McpSession | None] | None = None
     sandbox: SandboxHandle | None = None  # the remote sandbox, one per session
+    # Starts and stops of its sandbox finished so far: a host's list read before one finished is stale.
+    sandbox_changes: int = 0
     compaction_backoff: CompactionBackoff | None = None
     spend: Spend = field(default_factory=Spend)  # the session's usage totals, read on first use
     subagents: SubagentTracker = field(default_factory=SubagentTracker)

@@ -113,6 +113,7 @@ class Reconciler:
     async def _pass(self, only_session: str | None, *, duty: bool) -> None:
         # The handles held before the hosts are asked: only those can be missing from the answers.
         held = {live.session_id: handle for live in self._registry.all() if (handle := live.sandbox) is not None}
+        changes = {live.session_id: live.sandbox_changes for live in self._registry.all()}
         inventories = await self._hosts.inventory()
         found = [
             (inventory, info)
@@ -130,7 +131,7 @@ class Reconciler:
             if state != SessionState.OPEN:
                 strays.append((inventory.host, info, state or "unknown"))
             elif holders.get(info.session_id, self._ownership.replica_id) == self._ownership.replica_id:
-                await self._own(inventory, info)
+                await self._own(inventory, info, changes.get(info.session_id, 0))
         if only_session is None:
             for session_id, handle in held.items():
                 await self._check(session_id, handle, inventories)
@@ -140,14 +141,15 @@ class Reconciler:
                 log.debug("leaving %d sandboxes of sessions that are not open to the replica holding the duty",
                           len(strays))
 
-    async def _own(self, inventory: HostInventory, info: HostSandbox) -> None:
-        """A sandbox of an open session this replica owns or may take: taken back, or stopped if unused."""
+    async def _own(self, inventory: HostInventory, info: HostSandbox, changes: int) -> None:
+        """A sandbox of an open session this replica owns or may take: taken back, or stopped if
+        unused. `changes`: the session's sandbox starts and stops finished before the hosts were asked."""
         try:
             live = await self._registry.attach(info.session_id)
         except (SessionNotOpen, NotOwner):
             return  # closed meanwhile (the next pass stops it), or another replica took it
-        if self._sandboxes.starting(info.session_id):
-            return  # the host may be listing the sandbox being started
+        if self._sandboxes.busy(info.session_id) or live.sandbox_changes != changes:
+            return  # a start or stop is under way or ended since: what the host listed is stale
         handle = SandboxHandle(host=inventory.host, sandbox_id=info.sandbox_id, image=info.image)
         if live.sandbox is not None and live.sandbox.sandbox_id == info.sandbox_id:
             return  # the session's own (if it stopped running, `_check` sees to it)

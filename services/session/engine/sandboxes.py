@@ -67,8 +67,8 @@ class SessionSandboxes:
         self._subagents = subagents
         # BAE_SANDBOX_IDLE_TIMEOUT: a sandbox no command used for that long is stopped.
         self._idle = IdleWatch(idle_timeout, self._stop_idle)
-        # Sessions whose sandbox start is under way: the reconciler leaves what their hosts list alone.
-        self._starting: set[str] = set()
+        # Sessions whose sandbox is being started or stopped: the reconciler leaves what hosts list for them alone.
+        self._busy: set[str] = set()
 
     # -- a session's sandbox ----------------------------------------------------------------
 
@@ -83,7 +83,7 @@ class SessionSandboxes:
         # and it stops counting once the session closes.
         await self._store.claim_sandbox(session_id, owner_key, max_per_key)
         await self._registry.append(session_id, actor, [("session.sandbox.start", {"image": image, "dispatch": "remote"})])
-        self._starting.add(session_id)
+        self._busy.add(session_id)
         try:
             handle = await self._sandboxes.start(session_id, image)
         except BaeError as exc:
@@ -91,7 +91,8 @@ class SessionSandboxes:
             await self._registry.append(session_id, actor, [_error(image, None, "start", exc.detail)])
             raise SandboxFailed(exc.detail) from exc
         finally:
-            self._starting.discard(session_id)
+            self._busy.discard(session_id)
+            live.sandbox_changes += 1
         live.sandbox = handle
         self._idle.started(session_id, handle)
         running = _remote({"image": image, "sandbox_id": handle.sandbox_id})
@@ -117,6 +118,14 @@ class SessionSandboxes:
         handle, live.sandbox = live.sandbox, None
         if handle is None:
             return None
+        self._busy.add(live.session_id)
+        try:
+            return await self._stop(live, actor, handle, reason)
+        finally:
+            self._busy.discard(live.session_id)
+            live.sandbox_changes += 1
+
+    async def _stop(self, live: LiveSession, actor: str | None, handle: SandboxHandle, reason: str) -> str | None:
         stop = {"image": handle.image, "sandbox_id": handle.sandbox_id, "reason": reason}
         await self._registry.append(live.session_id, actor, [("session.sandbox.stop", {**stop, "dispatch": "remote"})])
         self._idle.forget(handle)
@@ -219,9 +228,9 @@ class SessionSandboxes:
             if profile.available_sandboxes:
                 self.provision(profile)
 
-    def starting(self, session_id: str) -> bool:
-        """Whether a start of the session's sandbox is under way (a host may already list it)."""
-        return session_id in self._starting
+    def busy(self, session_id: str) -> bool:
+        """Whether a start or stop of the session's sandbox is under way (a host's list may be ahead of it)."""
+        return session_id in self._busy
 
     async def take_back(self, live: LiveSession, handle: SandboxHandle, command_ids: list[str]) -> None:
         """A sandbox a host runs for this replica's session, which holds none: it becomes the
