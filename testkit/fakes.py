@@ -251,12 +251,12 @@ class FakeSandboxes:
         command.status = status
         command.changed.set()
 
-    async def inventory(self, *, uninventoried_only: bool = False) -> list[HostInventory]:
+    async def inventory(self) -> list[HostInventory]:
+        self._check("inventory", self.HOST)
         sandboxes = [HostSandbox(h.sandbox_id, session_id, h.image, "running") for session_id, h in self.running.values()]
         commands = [
-            HostCommand(command_id, command.handle.sandbox_id)
+            HostCommand(command_id, command.handle.sandbox_id, command.status.state == CommandState.RUNNING)
             for command_id, command in self.commands.items()
-            if command.status.state == CommandState.RUNNING
         ]
         return [HostInventory(self.HOST, sandboxes, commands)]
 
@@ -369,6 +369,7 @@ def fake_engine(
     turn_timeout: float = 1.0,
     sandbox_idle_timeout: float = 0.0,
     max_subagents: int = 2,
+    reconcile_interval: float = 60.0,
 ) -> SessionEngine:
     return SessionEngine(
         store=store,
@@ -385,4 +386,5 @@ def fake_engine(
         max_subagents=max_subagents,
         subagent_timeout=60.0,
         sandbox_idle_timeout=sandbox_idle_timeout,
+        reconcile_interval=reconcile_interval,
     )

@@ -71,6 +71,18 @@ def parse_timeout(var: str, value: str) -> float:
     return float(seconds)
 
 
+# A day: a longer interval would leave a closed session's container running for days.
+MAX_RECONCILE_INTERVAL = 86_400
+
+
+def parse_reconcile_interval(value: str) -> float:
+    """BAE_RECONCILE_INTERVAL: whole seconds, 1 to a day."""
+    seconds = parse_timeout("BAE_RECONCILE_INTERVAL", value)
+    if seconds > MAX_RECONCILE_INTERVAL:
+        raise UsageError(f'BAE_RECONCILE_INTERVAL: "{value}" must be at most {MAX_RECONCILE_INTERVAL} seconds (a day)')
+    return seconds
+
+
 def parse_count(var: str, value: str) -> int:
     text = value.strip()
     if not text.isdigit():
@@ -218,6 +230,8 @@ class Settings:
     session_lease_seconds: float = 10.0
     # Seconds between retention sweeps (BAE_RETENTION_INTERVAL); [retention] says what they delete.
     retention_interval: float = 300.0
+    # Seconds between two passes comparing the sandbox hosts with the store (BAE_RECONCILE_INTERVAL).
+    reconcile_interval: float = 60.0
     # The address other replicas and gateways reach this replica at (BAE_SESSION_ADVERTISE_ADDR);
     # None: BAE_SESSION_GRPC_ADDR, with a wildcard host replaced by this machine's address.
     session_advertise_addr: str | None = None
@@ -307,4 +321,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         session_lease_seconds=parse_timeout("BAE_SESSION_LEASE_SECONDS", get("BAE_SESSION_LEASE_SECONDS", "10")),
         retention_interval=parse_timeout("BAE_RETENTION_INTERVAL", get("BAE_RETENTION_INTERVAL", "300")),
         session_advertise_addr=get("BAE_SESSION_ADVERTISE_ADDR", "").strip() or None,
+        reconcile_interval=parse_reconcile_interval(get("BAE_RECONCILE_INTERVAL", "60")),
     )

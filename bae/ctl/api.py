@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Iterator, Mapping
+from typing import Any, BinaryIO, Callable, Iterator, Mapping
 
 import httpx
 
@@ -118,12 +118,19 @@ class AdminApi:
     def call(self, method: str, path: str, *, body: Any = None, params: dict[str, str] | None = None,
              expect_body: bool = True) -> Any:
         """The parsed 2xx body (None when there is none and none is expected)."""
+        url = f"{self.base}/admin/v1{path}"
+        return self._answer(self._send(lambda: self.http.request(method, url, json=body, params=params)), expect_body)
+
+    def _send(self, request: Callable[[], httpx.Response]) -> httpx.Response:
         try:
-            response = self.http.request(method, f"{self.base}/admin/v1{path}", json=body, params=params)
+            return request()
         except (httpx.HTTPError, httpx.InvalidURL, ValueError):
             raise CtlError(
                 f"could not connect to admin API at {self.address} — is baesrv running and is --admin-addr correct?"
             ) from None
+
+    @staticmethod
+    def _answer(response: httpx.Response, expect_body: bool) -> Any:
         if not response.is_success:
             raise CtlError(problem_message(response.status_code, response.content))
         if response.status_code == 204 or not response.content.strip():
@@ -148,19 +155,9 @@ class AdminApi:
 
     def upload(self, path: str, body: BinaryIO, media_type: str) -> Any:
         """POST `body` (a file, sent as it is read) and answer the parsed 2xx body."""
-        try:
-            response = self.http.post(f"{self.base}/admin/v1{path}", content=_chunks(body), timeout=STREAM_TIMEOUT,
-                                      headers={"Content-Type": media_type})
-        except (httpx.HTTPError, httpx.InvalidURL, ValueError):
-            raise CtlError(
-                f"could not connect to admin API at {self.address} — is baesrv running and is --admin-addr correct?"
-            ) from None
-        if not response.is_success:
-            raise CtlError(problem_message(response.status_code, response.content))
-        try:
-            return response.json()
-        except ValueError:
-            raise CtlError(UNEXPECTED) from None
+        url = f"{self.base}/admin/v1{path}"
+        return self._answer(self._send(lambda: self.http.post(
+            url, content=_chunks(body), timeout=STREAM_TIMEOUT, headers={"Content-Type": media_type})), True)
 
     def page(self, path: str, params: dict[str, str]) -> dict[str, Any]:
         """One list page; its `items` must be an array."""

@@ -57,6 +57,7 @@ def session_engine(settings: Settings, config: Config, store: Store) -> SessionE
         max_subagents=settings.max_subagents_per_session,
         subagent_timeout=settings.subagent_timeout,
         sandbox_idle_timeout=settings.sandbox_idle_timeout,
+        reconcile_interval=settings.reconcile_interval,
     )
 
 

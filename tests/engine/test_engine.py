@@ -30,10 +30,11 @@ from services.session.engine.errors import (
 from services.session.engine.feed import Watcher
 from services.session.engine.live import LiveSession
 from services.session.engine.loop import MAX_ITERATIONS
-from services.session.engine.ports import CommandState, CommandStatus, ExecResult
+from services.session.engine.ports import CommandState, CommandStatus, ExecResult, HostInventory, SandboxHandle
 from services.session.engine.service import SessionEngine
 from services.session.store import Store, profiles, sessions
-from testkit.fakes import FakeMcp, FakeSandboxes, ScriptedSteps, Step, fake_engine
+from services.session.engine.subagents import Subagent
+from testkit.fakes import FakeCommand, FakeMcp, FakeSandboxes, ScriptedSteps, Step, fake_engine
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.engine, pytest.mark.parametrize("store_url", STORES, indirect=True)]
@@ -585,3 +586,156 @@ async def test_an_idle_sandbox_is_stopped(store_url):  # noqa: F811
     finally:
         await engine.stop()
         await store.close()
+
+
+# -- reconciliation (engine/reconcile.py) ---------------------------------------------------------
+
+
+async def test_a_vanished_sandbox_is_logged_stopped_once(harness: EngineHarness):
+    session_id = await harness.open_session()
+    live = harness.live(session_id)
+    handle, _ = await harness.service.sandboxes.start(live, ACTOR, IMAGE, owner_key=ACTOR, max_per_key=10)
+    before = len(await harness.events(session_id))
+    del harness.sandboxes.running[handle.sandbox_id]  # removed behind the server's back
+
+    await harness.service.reconciler.run()
+    logged = (await harness.events(session_id))[before:]
+    stop = {"image": IMAGE, "sandbox_id": handle.sandbox_id, "reason": "vanished", "dispatch": "remote"}
+    assert [(e["event_type"], e["payload"], e["client_key_id"]) for e in logged] == [
+        ("session.sandbox.stop", stop, None), ("session.sandbox.stopped", {**stop, "unsandboxed": False}, None)]
+    assert live.sandbox is None
+
+    await harness.service.reconciler.run()
+    assert (await harness.events(session_id))[before:] == logged
+
+
+async def test_a_vanished_sandbox_whose_stop_fails_is_logged_as_an_error(harness: EngineHarness):
+    session_id = await harness.open_session()
+    live = harness.live(session_id)
+    handle, _ = await harness.service.sandboxes.start(live, ACTOR, IMAGE, owner_key=ACTOR, max_per_key=10)
+    del harness.sandboxes.running[handle.sandbox_id]
+    harness.sandboxes.fail_next("stop")
+    await harness.service.reconciler.run()
+    events = await harness.events(session_id)
+    assert [e["event_type"] for e in events[-2:]] == ["session.sandbox.stop", "session.sandbox.error"]
+    assert events[-1]["payload"]["phase"] == "stop" and live.sandbox is None
+
+
+async def test_a_host_that_does_not_answer_tells_nothing_about_its_sandboxes(harness: EngineHarness):
+    session_id = await harness.open_session()
+    live = harness.live(session_id)
+    await harness.service.sandboxes.start(live, ACTOR, IMAGE, owner_key=ACTOR, max_per_key=10)
+    before = await harness.events(session_id)
+
+    async def no_host_answers() -> list[HostInventory]:
+        return []
+
+    harness.sandboxes.inventory = no_host_answers  # type: ignore[method-assign]
+    await harness.service.reconciler.run()
+    assert await harness.events(session_id) == before and live.sandbox is not None
+
+
+async def test_a_pass_stops_what_no_open_session_uses(harness: EngineHarness):
+    """Sandboxes of closed and unknown sessions, and commands whose sandbox is gone, are stopped;
+    a closed session's log is not written to."""
+    closed = await harness.open_session()
+    kept = harness.sandboxes.place(closed, IMAGE)
+    await harness.registry.append(closed, ACTOR, [("session.close", {"reason": "client_close"})], new_state="closed")
+    await harness.registry.drop([closed])
+    unknown = harness.sandboxes.place("ses_unknown", IMAGE)
+    gone = SandboxHandle(FakeSandboxes.HOST, "sbx_gone", IMAGE)
+    harness.sandboxes.commands["sba_orphan"] = FakeCommand(gone, "sleep 300", b"")
+    logged = await harness.events(closed)
+
+    await harness.service.reconciler.run()
+    assert {("stop", kept.sandbox_id), ("stop", unknown.sandbox_id), ("kill_command", "sba_orphan")} <= set(
+        harness.sandboxes.calls)
+    assert harness.sandboxes.running == {}
+    assert harness.sandboxes.commands["sba_orphan"].status.state == CommandState.KILLED
+    assert await harness.events(closed) == logged
+
+
+async def test_a_pass_kills_a_command_no_running_subagent_of_the_session_accounts_for(harness: EngineHarness):
+    session_id = await harness.open_session()
+    live = harness.live(session_id)
+    handle, _ = await harness.service.sandboxes.start(live, ACTOR, IMAGE, owner_key=ACTOR, max_per_key=10)
+    tracked = Subagent("sba_tracked", "echoer", "m1", launched_by=ACTOR, host=handle.host)
+    live.subagents.entries[tracked.subagent_id] = tracked
+    for command_id in ("sba_tracked", "sba_cancelled_while_the_host_was_down"):
+        harness.sandboxes.commands[command_id] = FakeCommand(handle, "sleep 300", b"")
+    before = await harness.events(session_id)
+
+    await harness.service.reconciler.run()
+    commands = harness.sandboxes.commands
+    assert commands["sba_cancelled_while_the_host_was_down"].status.state == CommandState.KILLED
+    assert commands["sba_tracked"].status.state == CommandState.RUNNING
+    assert live.sandbox == handle and await harness.events(session_id) == before
+
+
+async def test_the_stops_no_session_owns_run_on_one_replica_at_a_time(harness: EngineHarness):
+    """Two replicas pass at once: while one stops an unknown session's sandbox under the duty
+    lease, the other leaves it alone; once the first is done the duty is free again."""
+    other = fake_engine(harness.store, sandboxes=harness.sandboxes, address="127.0.0.1:50052")
+    await other.start()
+    try:
+        stray = harness.sandboxes.place("ses_unknown", IMAGE)
+        entered, release = asyncio.Event(), asyncio.Event()
+        stop, stops = harness.sandboxes.stop, []
+
+        async def held_stop(handle: SandboxHandle) -> None:
+            stops.append(handle)
+            if len(stops) == 1:  # the first stop waits until the test lets it go
+                entered.set()
+                await release.wait()
+            await stop(handle)
+
+        harness.sandboxes.stop = held_stop  # type: ignore[method-assign]
+        first = asyncio.create_task(harness.service.reconciler.run())
+        await entered.wait()
+        await other.reconciler.run()  # finds the duty held: stops nothing
+        assert stops == [stray]
+        release.set()
+        await first
+        assert stray.sandbox_id not in harness.sandboxes.running
+        assert await other.ownership.take_duty("reconcile", 30)
+    finally:
+        await other.stop()
+
+
+async def test_a_sandbox_stopped_while_the_hosts_were_asked_is_not_taken_back(harness: EngineHarness):
+    """The hosts' lists show a sandbox the session stops before the pass reaches it: the stale
+    entry is left alone (the handle stays gone), and the log has the explicit stop only."""
+    session_id = await harness.open_session()
+    live = harness.live(session_id)
+    handle, _ = await harness.service.sandboxes.start(live, ACTOR, IMAGE, owner_key=ACTOR, max_per_key=10)
+    listed = harness.sandboxes.inventory
+
+    async def stopped_meanwhile() -> list[HostInventory]:
+        answer = await listed()
+        await harness.service.sandboxes.stop(live, ACTOR, reason="explicit")
+        return answer
+
+    harness.sandboxes.inventory = stopped_meanwhile  # type: ignore[method-assign]
+    await harness.service.reconciler.run()
+    assert live.sandbox is None and harness.sandboxes.adopted == []
+    tail = [(e["event_type"], e["payload"].get("reason")) for e in (await harness.events(session_id))[-2:]]
+    assert tail == [("session.sandbox.stop", "explicit"), ("session.sandbox.stopped", "explicit")]
+    assert handle.sandbox_id not in harness.sandboxes.running
+
+
+async def test_profiles_changed_through_another_replica_reach_this_ones_image_set(harness: EngineHarness):
+    """Every pass follows the store's profiles, so each replica tells the hosts the same images."""
+    def create(conn, name: str, images: list[str]):
+        return profiles.create(conn, {"name": name, "primary_provider": "mock", "fallback_providers": [],
+                                      "mcp_servers": [], "allowed_tools": [], "available_sandboxes": images})
+    elsewhere = await harness.store.write(create, f"p_{secrets.token_hex(4)}", ["busybox:other", IMAGE])
+    assert harness.sandboxes.status_for(elsewhere.id) == []  # created through another replica
+    await harness.service.sandboxes.follow_profiles()
+    assert [image["name"] for image in harness.sandboxes.status_for(elsewhere.id)] == ["busybox:other", IMAGE]
+    await harness.store.write(lambda conn: profiles.soft_delete(conn, elsewhere.id))
+    await harness.service.sandboxes.follow_profiles()
+    assert harness.sandboxes.status_for(elsewhere.id) == []
+    # A start on this replica provisions a profile it has not seen yet before asking for its image.
+    other = await harness.store.write(create, f"p_{secrets.token_hex(4)}", ["busybox:third"])
+    harness.service.sandboxes.know(other)
+    assert [image["name"] for image in harness.sandboxes.status_for(other.id)] == ["busybox:third"]

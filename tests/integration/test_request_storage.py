@@ -8,9 +8,9 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-import httpx
 import pytest
 
+from fixtures.make_store_41dece5 import pages, replay
 from testkit.inprocess import launch_inprocess_stack
 from testkit.live import notifications, result, send
 from testkit.mockllm import Reply
@@ -20,30 +20,6 @@ pytestmark = pytest.mark.inprocess
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 RECORDED = json.loads((FIXTURES / "store-41dece5.json").read_text())
-
-
-def pages(client: httpx.Client, path: str, headers: dict[str, str], limit: int) -> list[str]:
-    bodies, cursor = [], ""
-    while True:
-        response = client.get(path, params={"limit": limit, "cursor": cursor}, headers=headers)
-        assert response.status_code == 200, response.text
-        bodies.append(response.text)
-        cursor = response.json().get("next_cursor")
-        if not cursor:
-            return bodies
-
-
-def replay(client_url: str, sid: str, skey: str, since: str, count: int) -> list[str]:
-    body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe", "params": {"since_event_id": since}}
-    lines: list[str] = []
-    with httpx.Client(base_url=client_url, timeout=30) as client:
-        headers = {"Authorization": f"Bearer {skey}"}
-        with client.stream("POST", f"/api/v1/sessions/{sid}/rpc", json=body, headers=headers) as response:
-            for line in response.iter_lines():
-                lines.append(line)
-                if len(lines) == count:
-                    break
-    return lines
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +63,7 @@ def test_every_answer_about_an_upgraded_log_is_byte_for_byte_what_the_old_code_g
         for limit, bodies in recorded["admin_pages"].items():
             assert pages(stack.admin, f"/admin/v1/sessions/{sid}/events", {}, int(limit)) == bodies
     since = json.loads(first["client_pages"]["200"][0])["items"][0]["id"]
-    lines = replay(stack.client_url, first["id"], first["session_key"], since, len(first["replay"]))
+    lines = replay(stack, first["id"], first["session_key"], since, len(first["replay"]))
     assert lines == first["replay"]
 
 

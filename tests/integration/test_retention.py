@@ -13,7 +13,7 @@ import pytest
 
 from bae.common.retention import Retention
 from services.session.engine.retention_sweep import RetentionSweep
-from services.session.store import Store, retention
+from services.session.store import Store, leases, retention
 from testkit.live import declared, register, result, send
 from testkit.mockllm import MockLLM, Reply
 from testkit.stack import RunningStack, launch_stack, mock_provider_toml, store_url
@@ -251,17 +251,17 @@ async def test_one_replica_at_a_time_holds_the_sweep(tmp_path):
     first, second = await Store.open(url), await Store.open(url)
     try:
         now = time.time()
-        assert await first.write(retention.take_lease, retention.SWEEP_LEASE, "a", now, 30.0)
-        assert not await second.write(retention.take_lease, retention.SWEEP_LEASE, "b", now, 30.0)
-        assert await first.write(retention.take_lease, retention.SWEEP_LEASE, "a", now + 1, 30.0)  # renewed
+        assert await first.write(leases.take_duty, retention.SWEEP_LEASE, "a", now, 30.0)
+        assert not await second.write(leases.take_duty, retention.SWEEP_LEASE, "b", now, 30.0)
+        assert await first.write(leases.take_duty, retention.SWEEP_LEASE, "a", now + 1, 30.0)  # renewed
         # While "a" holds it, "b" sweeps nothing and deletes nothing.
         sweep = RetentionSweep(second, Retention(closed_session_days=SHORT_DAYS), "b", 1.0, 10.0)
         assert await sweep.sweep() == 0
         assert await second.write(retention.sweep_step, "b", now + 2, 30.0, "ses_x", 10) is False
-        assert await second.write(retention.take_lease, retention.SWEEP_LEASE, "b", now + 31.5, 30.0)  # lapsed
-        assert not await first.write(retention.take_lease, retention.SWEEP_LEASE, "a", now + 32, 30.0)
-        await second.write(retention.release_lease, retention.SWEEP_LEASE, "b")
-        assert await first.write(retention.take_lease, retention.SWEEP_LEASE, "a", now + 33, 30.0)
+        assert await second.write(leases.take_duty, retention.SWEEP_LEASE, "b", now + 31.5, 30.0)  # lapsed
+        assert not await first.write(leases.take_duty, retention.SWEEP_LEASE, "a", now + 32, 30.0)
+        await second.write(leases.release_duty, retention.SWEEP_LEASE, "b")
+        assert await first.write(leases.take_duty, retention.SWEEP_LEASE, "a", now + 33, 30.0)
     finally:
         await first.close()
         await second.close()

@@ -114,3 +114,36 @@ async def test_two_replicas_claiming_a_new_session_at_once_agree_on_one_owner(st
     finally:
         for replica in replicas:
             await replica.ownership.stop()
+
+
+async def test_a_duty_is_held_by_one_replica_at_a_time(store):
+    a, b = Replica(store, "10.0.0.1:50051", 30).ownership, Replica(store, "10.0.0.2:50051", 30).ownership
+    assert await a.take_duty("reconcile", 30)
+    assert not await b.take_duty("reconcile", 30)
+    assert await a.take_duty("reconcile", 30)  # renewed by its holder
+    assert await b.take_duty("retention", 30)  # another duty is another lease
+    await a.release_duty("reconcile")
+    assert await b.take_duty("reconcile", 30)
+    assert not await a.take_duty("reconcile", 30)
+    await a.release_duty("reconcile")  # not a's to release: b still holds it
+    assert not await a.take_duty("reconcile", 30)
+    assert await b.take_duty("reconcile", 0)  # a hold that lapses at once ...
+    assert await a.take_duty("reconcile", 30)  # ... is taken over
+
+
+async def test_replicas_taking_a_duty_at_once_agree_on_one_holder(store_url):  # noqa: F811 - the fixture
+    """Each replica on a store (connection pool) of its own, as separate processes would be."""
+    stores = [await Store.open(store_url) for _ in range(3)]
+    try:
+        replicas = [Replica(s, f"10.0.0.{n}:50051", 30).ownership for n, s in enumerate(stores)]
+        for round_ in range(10):
+            name = f"duty-{round_}"
+            taken = await asyncio.gather(*(replica.take_duty(name, 30) for replica in replicas))
+            assert taken.count(True) == 1, taken
+            holder = replicas[taken.index(True)]
+            await holder.release_duty(name)
+            again = await asyncio.gather(*(replica.take_duty(name, 30) for replica in replicas))
+            assert again.count(True) == 1, again
+    finally:
+        for opened in stores:
+            await opened.close()

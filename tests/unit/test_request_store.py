@@ -7,29 +7,14 @@ import pytest
 from sqlalchemy import text
 
 from bae.common.jsontext import RawJson, dump
-from services.session.store import Store, sessions
+from services.session.store import Store
 from services.session.store.requests import RequestJson
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
+from tests.unit.test_store import new_session, store  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.parametrize("store_url", STORES, indirect=True)
 
 HEAD = '{"attempt":0,"kind":"primary","provider":"anthropic","base_url":"http://x","model":"m","max_tokens":64,"tools":[]'
-
-
-@pytest.fixture
-async def store(store_url):  # noqa: F811 - the fixture
-    store = await Store.open(store_url)
-    yield store
-    await store.close()
-
-
-async def new_session(store: Store) -> str:
-    return await store.write(
-        lambda conn: sessions.create(
-            conn, client_key_id="key_a", profile_id="pro_a", state="open", client_version=None,
-            client_tools=[], sandbox_tools=[], subagent_tools=[], compaction={"mode": "client", "prompt": None},
-        )
-    )
 
 
 def as_sent(texts: list[str]) -> RequestJson:
@@ -42,7 +27,7 @@ def message(role: str, text: str) -> str:
     return dump({"role": role, "content": [{"type": "text", "text": text}]})
 
 
-async def stored_sizes(store: Store, session_id: str) -> tuple[int, int]:
+async def stored_sizes(db: Store, session_id: str) -> tuple[int, int]:
     """(characters of the session's request messages, of its provider.request rows' payloads)."""
     def read(conn):
         messages = conn.execute(text("SELECT coalesce(sum(length(text)), 0) FROM request_messages WHERE session_id = :s"),
@@ -50,14 +35,14 @@ async def stored_sizes(store: Store, session_id: str) -> tuple[int, int]:
         payloads = conn.execute(text("SELECT coalesce(sum(length(payload)), 0) FROM session_events "
                                      "WHERE session_id = :s AND event_type = 'provider.request'"), {"s": session_id}).scalar_one()
         return int(messages), int(payloads)
-    return await store.read(read)
+    return await db.read(read)
 
 
-async def all_json(store: Store, session_id: str, limit: int = 1000) -> list[str]:
-    return [view.json for _, view in await store.list_events(session_id, 0, limit)]
+async def all_json(db: Store, session_id: str, limit: int = 1000) -> list[str]:
+    return [view.json for _, view in await db.list_events(session_id, 0, limit)]
 
 
-async def test_a_growing_history_stores_a_constant_amount_per_turn_and_reads_back_whole(store):
+async def test_a_growing_history_stores_a_constant_amount_per_turn_and_reads_back_whole(store):  # noqa: F811 - the fixture
     sid = await new_session(store)
     history: list[str] = []
     appended: list[str] = []
@@ -81,7 +66,7 @@ async def test_a_growing_history_stores_a_constant_amount_per_turn_and_reads_bac
         assert [view.json for _, view in page] == appended[start: start + 7]
 
 
-async def test_requests_the_runner_normalized_and_odd_payloads_read_back_as_appended(store):
+async def test_requests_the_runner_normalized_and_odd_payloads_read_back_as_appended(store):  # noqa: F811 - the fixture
     sid = await new_session(store)
     nested = {"role": "user", "content": [{"type": "tool_result", "content": '{"messages":[1]}',
                                            "input": {"messages": [{"role": "user"}]}}]}

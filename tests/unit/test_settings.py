@@ -20,6 +20,7 @@ def test_defaults() -> None:
     assert settings.sandbox_driver == "docker"
     assert settings.sandbox_grpc_addrs == ["127.0.0.1:50053"]
     assert settings.log == "info"
+    assert settings.reconcile_interval == 60.0
 
 
 def test_values_are_trimmed_and_lists_split() -> None:
@@ -30,12 +31,14 @@ def test_values_are_trimmed_and_lists_split() -> None:
         "BAE_SANDBOX_GRPC_ADDRS": "sandbox:50053, 10.0.0.5:50053,,",
         "BAE_ADMIN_ADDR": "[::1]:9000",
         "BAE_DATABASE_URL": "postgresql://db/bae",
+        "BAE_RECONCILE_INTERVAL": " 86400 ",
     })
     assert settings.turn_timeout == 5
     assert settings.mcp_timeout == 2.0
     assert settings.sandbox_grpc_addrs == ["sandbox:50053", "10.0.0.5:50053"]
     assert str(settings.admin_addr) == "[::1]:9000"
     assert settings.sqlalchemy_url == "postgresql://db/bae"
+    assert settings.reconcile_interval == 86400.0
 
 
 @pytest.mark.parametrize("env,message", [
@@ -44,6 +47,9 @@ def test_values_are_trimmed_and_lists_split() -> None:
     ({"BAE_MCP_TIMEOUT": "soon"}, 'BAE_MCP_TIMEOUT: "soon" is not a whole number of seconds'),
     ({"BAE_MCP_TIMEOUT": "0"}, 'BAE_MCP_TIMEOUT: "0" must be at least 1 second'),
     ({"BAE_RPC_TIMEOUT": "0"}, 'BAE_RPC_TIMEOUT: "0" must be at least 1 second'),
+    ({"BAE_RECONCILE_INTERVAL": "0"}, 'BAE_RECONCILE_INTERVAL: "0" must be at least 1 second'),
+    ({"BAE_RECONCILE_INTERVAL": "0.5"}, 'BAE_RECONCILE_INTERVAL: "0.5" is not a whole number of seconds'),
+    ({"BAE_RECONCILE_INTERVAL": "86401"}, 'BAE_RECONCILE_INTERVAL: "86401" must be at most 86400 seconds (a day)'),
     ({"BAE_MAX_SUBAGENTS_PER_SESSION": "x"}, 'BAE_MAX_SUBAGENTS_PER_SESSION: "x" is not a non-negative integer'),
     ({"BAE_SANDBOX_DRIVER": "podman"},
      'BAE_SANDBOX_DRIVER: "podman" is not a supported sandbox driver (expected "docker" or "apple-container")'),

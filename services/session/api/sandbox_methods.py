@@ -48,6 +48,9 @@ class SandboxMethods:
                     RpcCode.APPLICATION_ERROR,
                     "a remote sandbox is already running for this session; call session.stopRemoteSandbox first",
                 )
+            # The profile may have been created through another replica: its images are allowed on
+            # the hosts before the start asks for one.
+            self.sandboxes.know(call.profile)
             try:
                 owner_key = call.open_session().client_key_id
                 max_per_key = self.limits.overridden(call.profile.limits).max_sandboxes_per_key

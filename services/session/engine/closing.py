@@ -45,7 +45,7 @@ class SessionCloser:
         that deadline. Past that the close goes on without it; the stop still writes its `stopped`
         or `error` event when the host answers or its deadline passes, and that event is the last
         one the close writes, so the log keeps §14's order (close, cancelled*, stop, stopped|error).
-        A container whose stop failed is stopped by `reconcile` at the next start.
+        A container whose stop failed is stopped by the next reconciliation pass (reconcile.py).
         """
         async with self._registry.closing(session_id) as live:
             if live is not None:
@@ -68,5 +68,5 @@ class SessionCloser:
                         len(self._stopping), timeout)
 
     async def stop(self) -> None:
-        """Last shutdown phase: what `drain` left is cancelled (those containers are stopped at the next start)."""
+        """Last shutdown phase: what `drain` left is cancelled (a reconciliation pass stops those containers)."""
         await self._stopping.cancel()

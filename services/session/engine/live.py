@@ -3,8 +3,8 @@
 Everything here is memory only (SERVER-SPEC §0.1): the drivers, the turn gate and
 parked turn, the live feed, the cached provider history, MCP connections, the remote
 sandbox handle, the subagents, the auto-compaction backoff and the usage totals. The log
-is enough to rebuild it (`registry.rebuild`, `SessionRegistry.load_history`,
-`SessionSandboxes.reconcile`), so a restart or a takeover loses none of it but live streams.
+is enough to rebuild it (`registry.rebuild`, `SessionRegistry.load_history`, `Reconciler`),
+so a restart or a takeover loses none of it but live streams.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ class LiveSession:
     mcp: McpSession | None = None
     mcp_task: asyncio.Task[McpSession | None] | None = None
     sandbox: SandboxHandle | None = None  # the remote sandbox, one per session
+    # Starts and stops of its sandbox finished so far: a host's list read before one finished is stale.
+    sandbox_changes: int = 0
     compaction_backoff: CompactionBackoff | None = None
     spend: Spend = field(default_factory=Spend)  # the session's usage totals, read on first use
     subagents: SubagentTracker = field(default_factory=SubagentTracker)

@@ -116,6 +116,21 @@ class Ownership:
             except Exception as exc:
                 log.warning("releasing the lease of closed session %s failed: %s", session_id, exc)
 
+    async def holders(self, session_ids: list[str]) -> dict[str, str]:
+        """session id -> the replica its lease names (live or not), for those that have a lease."""
+        found: dict[str, str] = {}
+        for start in range(0, len(session_ids), 500):  # a bounded statement, however many
+            found.update(await self.store.read(leases.holders, session_ids[start:start + 500]))
+        return found
+
+    async def take_duty(self, name: str, hold: float) -> bool:
+        """Hold duty `name` (work one replica at a time does for all) for `hold` seconds from now,
+        or renew this replica's hold; False while another replica holds it."""
+        return await self.store.write(leases.take_duty, name, self.replica_id, time.time(), hold)
+
+    async def release_duty(self, name: str) -> None:
+        await self.store.write(leases.release_duty, name, self.replica_id)
+
     async def owners(self, session_ids: list[str]) -> dict[str, str]:
         """session id -> address of the live replica that owns it, for those that have one."""
         return await self.store.read(leases.owners, session_ids, time.time()) if session_ids else {}

@@ -149,6 +149,7 @@ class HostSandbox:
 class HostCommand:
     command_id: str
     sandbox_id: str
+    running: bool  # False once it ended (the host keeps ended commands until their sandbox stops)
 
 
 @dataclass(frozen=True)
@@ -187,8 +188,8 @@ class Sandboxes(Protocol):
 
     async def kill_command(self, host: str, command_id: str) -> None: ...
 
-    async def inventory(self, *, uninventoried_only: bool = False) -> list[HostInventory]:
-        """What each reachable host runs; with `uninventoried_only`, hosts no inventory covered yet."""
+    async def inventory(self) -> list[HostInventory]:
+        """What each reachable host runs (a host that does not answer is left out)."""
         ...
 
     def adopt(self, handle: SandboxHandle) -> None:
@@ -270,6 +271,8 @@ class EventStore(Protocol):
 
     async def live_state(self, session_id: str) -> LiveState:
         """The session, and what its log says a replica serving it holds in memory."""
+    async def session_states(self, session_ids: list[str]) -> dict[str, str]:
+        """session id -> state, for those the store knows."""
         ...
 
     async def session_and_profile(self, session_id: str) -> tuple[SessionRecord | None, ProfileRecord | None]: ...

@@ -24,7 +24,7 @@ from typing import TextIO
 
 from bae.common.retention import Retention
 from services.session.engine.session_files import DELETE_STEP, count_deleted, cutoff, export_text
-from services.session.store import retention
+from services.session.store import leases, retention
 from services.session.store.store import Store
 
 log = logging.getLogger("bae.session.retention")
@@ -69,7 +69,7 @@ class RetentionSweep:
         overrides = await self.store.read(retention.retention_overrides)
         if self.retention.closed_session_days is None and not overrides:
             return 0
-        if not await self.store.write(retention.take_lease, retention.SWEEP_LEASE, self.holder, time.time(),
+        if not await self.store.write(leases.take_duty, retention.SWEEP_LEASE, self.holder, time.time(),
                                       self.lease_seconds):
             return 0
         deleted = 0
@@ -89,7 +89,7 @@ class RetentionSweep:
             if deleted:
                 await self._reclaim()
         finally:
-            await self.store.write(retention.release_lease, retention.SWEEP_LEASE, self.holder)
+            await self.store.write(leases.release_duty, retention.SWEEP_LEASE, self.holder)
         if deleted:
             log.info("retention sweep deleted %d session(s)", deleted)
         return deleted
@@ -99,7 +99,7 @@ class RetentionSweep:
         if self.retention.archive == "ndjson":
             assert self.retention.archive_dir is not None  # required with it ([retention] reading)
             # Renewed first: a long archive must not outlast the lease another replica could then take.
-            if not await self.store.write(retention.take_lease, retention.SWEEP_LEASE, self.holder, time.time(),
+            if not await self.store.write(leases.take_duty, retention.SWEEP_LEASE, self.holder, time.time(),
                                           self.lease_seconds):
                 return False
             await self._archive(session_id, Path(self.retention.archive_dir))

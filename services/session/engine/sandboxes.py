@@ -1,6 +1,6 @@
 """Each live session's remote sandbox (SERVER-SPEC §10.2, §10.4–10.6): start, exec, stop, the
-idle stop, the sandbox tool of a turn, and taking back what the hosts still run after a
-restart or a takeover.
+idle stop, the sandbox tool of a turn, and taking back a sandbox the reconciler (reconcile.py)
+finds on a host after a restart or a takeover.
 
 One sandbox per session, shared by all its drivers, placed by the `Sandboxes` port on a
 sandbox host. This component writes the lifecycle events; the JSON-RPC parameter checks
@@ -15,15 +15,12 @@ from typing import Any
 
 from bae.common.errors import BaeError, echo
 from bae.common.jsontext import JsonObject
-from services.session.engine.domain import SessionState
-from services.session.engine.errors import SandboxFailed, SessionNotOpen
+from services.session.engine.errors import SandboxFailed
 from services.session.engine.live import LiveSession
-from services.session.engine.ownership import NotOwner
 from services.session.engine.ports import EventStore, ExecResult, ImageStatus, SandboxHandle, Sandboxes
 from services.session.engine.registry import SessionRegistry
 from services.session.engine.sandbox_idle import IdleWatch
 from services.session.engine.subagent_calls import SessionSubagents
-from services.session.engine.tasks import TaskOwner
 from services.session.engine.turn import Turn
 from services.session.store.events import EventView
 from services.session.store.records import ProfileRecord
@@ -70,8 +67,8 @@ class SessionSandboxes:
         self._subagents = subagents
         # BAE_SANDBOX_IDLE_TIMEOUT: a sandbox no command used for that long is stopped.
         self._idle = IdleWatch(idle_timeout, self._stop_idle)
-        # Reconciliations of sandbox hosts first seen up after start-up.
-        self._reconciling = TaskOwner("reconcile")
+        # Sessions whose sandbox is being started or stopped: the reconciler leaves what hosts list for them alone.
+        self._busy: set[str] = set()
 
     # -- a session's sandbox ----------------------------------------------------------------
 
@@ -86,12 +83,16 @@ class SessionSandboxes:
         # and it stops counting once the session closes.
         await self._store.claim_sandbox(session_id, owner_key, max_per_key)
         await self._registry.append(session_id, actor, [("session.sandbox.start", {"image": image, "dispatch": "remote"})])
+        self._busy.add(session_id)
         try:
             handle = await self._sandboxes.start(session_id, image)
         except BaeError as exc:
             await self._store.release_sandbox(session_id)
             await self._registry.append(session_id, actor, [_error(image, None, "start", exc.detail)])
             raise SandboxFailed(exc.detail) from exc
+        finally:
+            self._busy.discard(session_id)
+            live.sandbox_changes += 1
         live.sandbox = handle
         self._idle.started(session_id, handle)
         running = _remote({"image": image, "sandbox_id": handle.sandbox_id})
@@ -117,6 +118,14 @@ class SessionSandboxes:
         handle, live.sandbox = live.sandbox, None
         if handle is None:
             return None
+        self._busy.add(live.session_id)
+        try:
+            return await self._stop(live, actor, handle, reason)
+        finally:
+            self._busy.discard(live.session_id)
+            live.sandbox_changes += 1
+
+    async def _stop(self, live: LiveSession, actor: str | None, handle: SandboxHandle, reason: str) -> str | None:
         stop = {"image": handle.image, "sandbox_id": handle.sandbox_id, "reason": reason}
         await self._registry.append(live.session_id, actor, [("session.sandbox.stop", {**stop, "dispatch": "remote"})])
         self._idle.forget(handle)
@@ -209,71 +218,49 @@ class SessionSandboxes:
     def status_view(self) -> JsonObject:
         return self._sandboxes.status_view()
 
-    # -- start-up, takeover, shutdown ----------------------------------------------------------
+    # -- start-up, reconciliation, shutdown ---------------------------------------------------
 
-    async def recover(self) -> None:
-        """At start-up: resolve the sandbox hosts, re-provision the images of every live profile that declares
-        any, then take back what the hosts still run for open sessions."""
+    async def prepare(self) -> None:
+        """At start-up: resolve the sandbox hosts and re-provision the images of every live profile
+        that declares any (the reconciler then takes back what the hosts still run)."""
         await self._sandboxes.start_watching()
-        for profile in await self._store.live_profiles():
-            if profile.available_sandboxes:
-                self.provision(profile)
-        await self.reconcile()
-        # A host that was down or silent just now is reconciled when it is first seen up.
-        self._sandboxes.on_new_host(self._reconcile_late)
+        await self.follow_profiles()
 
-    def _reconcile_late(self) -> None:
-        self._reconciling.spawn(self.reconcile(uninventoried_only=True), name="hosts")
+    def know(self, profile: ProfileRecord) -> None:
+        """Provision `profile`'s images unless this replica has them as the profile declares them:
+        a profile created or changed through another replica reaches this one at its first use here
+        (or the next `follow_profiles`), not only at a restart."""
+        declared = list(dict.fromkeys(profile.available_sandboxes))
+        if [entry["name"] for entry in self._sandboxes.status_for(profile.id)] != declared:
+            self.provision(profile)
 
-    async def reconcile(self, only_session: str | None = None, *, uninventoried_only: bool = False) -> None:
-        """Adopt the sandboxes and subagents of open sessions this replica owns that the hosts
-        still run (a restart or a takeover leaves them running), and stop the containers of
-        sessions that are closed, failed or unknown. Sessions other replicas own are theirs.
-        `uninventoried_only` limits it to hosts no reconciliation has covered yet."""
-        for inventory in await self._sandboxes.inventory(uninventoried_only=uninventoried_only):
-            host = inventory.host
-            for info in inventory.sandboxes:
-                if only_session is not None and info.session_id != only_session:
-                    continue
-                handle = SandboxHandle(host=host, sandbox_id=info.sandbox_id, image=info.image)
-                session = await self._store.get_session(info.session_id)
-                live = self._registry.get(info.session_id)
-                if live is not None and live.sandbox is not None and live.sandbox.sandbox_id == info.sandbox_id:
-                    continue  # already this session's sandbox
-                keep = (
-                    session is not None
-                    and session.state == SessionState.OPEN
-                    and info.state == "running"
-                    and (live is None or live.sandbox is None)
-                )
-                if not keep:
-                    log.info("stopping sandbox %s of %s session %s", info.sandbox_id,
-                             session.state if session else "unknown", info.session_id)
-                    try:
-                        await self._sandboxes.stop(handle)
-                    except BaeError as exc:
-                        log.warning("stopping orphan sandbox %s failed: %s", info.sandbox_id, exc.detail)
-                    continue
-                try:
-                    live = await self._registry.attach(info.session_id)
-                except (SessionNotOpen, NotOwner):
-                    continue
-                if live.sandbox is not None:  # the session started another one meanwhile
-                    continue
-                live.sandbox = handle
-                self._sandboxes.adopt(handle)
-                self._idle.started(info.session_id, handle)
-                log.info("re-attached sandbox %s of session %s", info.sandbox_id, info.session_id)
-                mine = [command.command_id for command in inventory.commands if command.sandbox_id == info.sandbox_id]
-                logged = await self._store.subagent_events(live.session_id)
-                self._subagents.adopt(live, host, mine, logged)
+    async def follow_profiles(self) -> None:
+        """Every live profile's images as the store has them now, whichever replica changed them, so
+        that the image set each replica tells the hosts is the same (the reconciler's every pass)."""
+        profiles = await self._store.live_profiles()
+        for profile in profiles:
+            self.know(profile)
+        live_ids = {profile.id for profile in profiles}
+        for item in self._sandboxes.status_view()["items"]:
+            if item["profile_id"] not in live_ids:
+                self._sandboxes.provision(item["profile_id"], [])  # deleted through another replica
 
-    async def stop_reconciling(self) -> None:
-        """Shutdown: no session is taken back any more."""
-        await self._reconciling.cancel()
+    def busy(self, session_id: str) -> bool:
+        """Whether a start or stop of the session's sandbox is under way (a host's list may be ahead of it)."""
+        return session_id in self._busy
+
+    async def take_back(self, live: LiveSession, handle: SandboxHandle, command_ids: list[str]) -> None:
+        """A sandbox a host runs for this replica's session, which holds none: it becomes the
+        session's again (a restart or a takeover left it running), with its subagents that the
+        log shows running and the host still runs (`command_ids`, the sandbox's commands)."""
+        live.sandbox = handle
+        self._sandboxes.adopt(handle)
+        self._idle.started(live.session_id, handle)
+        log.info("re-attached sandbox %s of session %s", handle.sandbox_id, live.session_id)
+        logged = await self._store.subagent_events(live.session_id)
+        self._subagents.adopt(live, handle.host, command_ids, logged)
 
     async def close(self) -> None:
         """Last shutdown phase. Sandboxes keep running on their hosts; the next start takes them back."""
-        await self._reconciling.cancel()
         await self._idle.close()
         await self._sandboxes.close()

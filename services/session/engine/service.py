@@ -6,6 +6,7 @@ Each component has one job:
 - `ownership`: this replica's leases on its sessions, takeovers of a dead replica's;
 - `mcp`: each live session's MCP connections;
 - `subagents`, `sandboxes`: each live session's remote subagents and sandbox;
+- `reconciler`: what the sandbox hosts run, compared with the store, at start and periodically;
 - `turns`: turns and compactions (TurnEngine), through `TurnLoop` and `ToolDispatch`;
 - `closer`: a session's close; `revocations`: a revoked key, across replicas.
 """
@@ -23,6 +24,7 @@ from services.session.engine.loop import TurnLoop
 from services.session.engine.mcp_sessions import SessionMcp
 from services.session.engine.ownership import NotOwner, Ownership
 from services.session.engine.ports import McpConnector, Peers, ProviderSteps, Sandboxes
+from services.session.engine.reconcile import Reconciler
 from services.session.engine.registry import SessionRegistry
 from services.session.engine.revocation import Revocations
 from services.session.engine.sandboxes import SessionSandboxes
@@ -52,6 +54,7 @@ class SessionEngine:
         max_subagents: int,
         subagent_timeout: float,
         sandbox_idle_timeout: float,
+        reconcile_interval: float,
     ) -> None:
         self.spans = spans
         self._steps = steps
@@ -68,6 +71,10 @@ class SessionEngine:
             registry=self.registry, store=store, sandboxes=sandboxes, subagents=self.subagents,
             idle_timeout=sandbox_idle_timeout,
         )
+        self.reconciler = Reconciler(
+            registry=self.registry, ownership=self.ownership, store=store, hosts=sandboxes, sandboxes=self.sandboxes,
+            interval=reconcile_interval, rpc_timeout=rpc_timeout,
+        )
         tools = ToolDispatch(sandboxes=self.sandboxes, subagents=self.subagents)
         loop = TurnLoop(store=store, mcp=self.mcp, tools=tools, turn_timeout=turn_timeout)
         self.turns = TurnEngine(registry=self.registry, store=store, steps=steps, loop=loop, config=config, spans=spans)
@@ -83,7 +90,8 @@ class SessionEngine:
     async def start(self) -> None:
         """Join the replicas, then take back what the sandbox hosts still run for open sessions."""
         await self.ownership.start()
-        await self.sandboxes.recover()
+        await self.sandboxes.prepare()
+        await self.reconciler.start()
 
     async def drain(self, timeout: float) -> None:
         """Shutdown phases 1 and 2: take no new turn; running turns and the sandbox stops of
@@ -94,11 +102,11 @@ class SessionEngine:
 
     async def stop(self) -> None:
         """Last shutdown phase: drop every session's live state. Sandboxes and subagents keep
-        running on their hosts; the next start takes them back (`SessionSandboxes.reconcile`).
+        running on their hosts; the next start takes them back (`Reconciler`).
         The ports it was given are closed last."""
         self.spans.end_all()
         await self.closer.stop()
-        await self.sandboxes.stop_reconciling()
+        await self.reconciler.stop()
         await self.registry.stop()
         await self.sandboxes.close()
         await self.ownership.stop()
@@ -117,4 +125,4 @@ class SessionEngine:
         except (SessionNotOpen, NotOwner):
             return
         await self.registry.load_history(live)
-        await self.sandboxes.reconcile(session_id)
+        await self.reconciler.run(session_id)

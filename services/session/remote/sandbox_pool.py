@@ -315,16 +315,15 @@ class SandboxPool:
         request = sandbox_pb2.KillCommandRequest(command_id=command_id)
         await self._call(self._address(host), "KillCommand", request, self._rpc_timeout)
 
-    async def inventory(self, *, uninventoried_only: bool = False) -> list[HostInventory]:
-        """Each reachable host's sandboxes and background commands (reconciliation); with
-        `uninventoried_only`, only the hosts no inventory has covered yet."""
+    async def inventory(self) -> list[HostInventory]:
+        """Each reachable host's sandboxes and background commands (reconciliation)."""
         found = []
         for host in await self._healthy():
-            if uninventoried_only and host.inventoried:
-                continue
             try:
-                sandboxes = await self._call(host, "List", sandbox_pb2.ListRequest(), self._rpc_timeout)
+                # Commands first: a command listed then has its sandbox in the list that follows
+                # (unless that sandbox stopped meanwhile, which ended the command too).
                 commands = await self._call(host, "ListCommands", sandbox_pb2.ListCommandsRequest(), self._rpc_timeout)
+                sandboxes = await self._call(host, "List", sandbox_pb2.ListRequest(), self._rpc_timeout)
             except BaeError as exc:
                 log.warning("sandbox host %s: inventory failed: %s", host.address, exc.detail)
                 continue
@@ -333,7 +332,8 @@ class SandboxPool:
                 HostInventory(
                     host.address,
                     [HostSandbox(i.sandbox_id, i.session_id, i.image, i.state) for i in sandboxes.sandboxes],
-                    [HostCommand(c.command_id, c.sandbox_id) for c in commands.commands],
+                    [HostCommand(c.command_id, c.sandbox_id, c.state == sandbox_pb2.CommandStatus.RUNNING)
+                     for c in commands.commands],
                 )
             )
         return found
@@ -462,7 +462,7 @@ class NoSandboxHosts:
     async def kill_command(self, host: str, command_id: str) -> None:
         raise Unavailable(NO_HOSTS)
 
-    async def inventory(self, *, uninventoried_only: bool = False) -> list[HostInventory]:
+    async def inventory(self) -> list[HostInventory]:
         return []
 
     def adopt(self, handle: SandboxHandle) -> None:

@@ -1,7 +1,8 @@
 """Session ownership rows: replica heartbeats and per-session leases.
 
 A lease is valid while its replica's heartbeat (`replicas.expires_at`, epoch
-seconds) lies ahead. Every change of owner is a compare-and-swap on the
+seconds) lies ahead. A duty (periodic work one replica runs for all, such as the
+sandbox reconciliation) has a lease of its own with its own expiry. Every change of owner is a compare-and-swap on the
 lease's `epoch`, so two replicas taking over one session at once cannot both
 win: the loser's UPDATE matches no row (or its INSERT finds the row there).
 """
@@ -10,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Insert, and_, delete, func, insert, select, update
+from sqlalchemy import Connection, Insert, and_, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from services.session.store.schema import replicas, session_leases, sessions
+from services.session.store.schema import duty_leases, replicas, session_leases, sessions
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,14 @@ def owners(conn: Connection, session_ids: list[str], now: float) -> dict[str, st
     return {row[0]: row[1] for row in rows}
 
 
+def holders(conn: Connection, session_ids: list[str]) -> dict[str, str]:
+    """session id -> the replica its lease names, live or not, for those of `session_ids` that have one."""
+    rows = conn.execute(
+        select(session_leases.c.session_id, session_leases.c.replica_id).where(session_leases.c.session_id.in_(session_ids))
+    ).all()
+    return {row[0]: row[1] for row in rows}
+
+
 def held_by(conn: Connection, replica_id: str) -> set[str]:
     return set(conn.execute(select(session_leases.c.session_id).where(session_leases.c.replica_id == replica_id))
                .scalars())
@@ -150,3 +159,34 @@ def retire(conn: Connection, replica_id: str) -> None:
     """A replica that stops gives its sessions up at once, for the others to take on their next call."""
     conn.execute(delete(session_leases).where(session_leases.c.replica_id == replica_id))
     conn.execute(delete(replicas).where(replicas.c.id == replica_id))
+
+
+def take_duty(conn: Connection, name: str, replica_id: str, now: float, hold: float) -> bool:
+    """Hold duty `name` until `now + hold`: True when this replica holds it now (taken, or its own
+    hold renewed), False while another replica's hold lasts.
+
+    One statement decides: the UPDATE matches the row only if this replica holds it or its hold
+    has expired (PostgreSQL re-checks that condition on the row a concurrent taker committed), and
+    of two replicas creating the row the second inserts nothing.
+    """
+    until = now + hold
+    taken = conn.execute(
+        update(duty_leases)
+        .where(and_(duty_leases.c.name == name,
+                    or_(duty_leases.c.replica_id == replica_id, duty_leases.c.expires_at <= now)))
+        .values(replica_id=replica_id, expires_at=until)
+    ).rowcount
+    if taken:
+        return True
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    created = conn.execute(
+        dialect.insert(duty_leases)
+        .on_conflict_do_nothing(index_elements=[duty_leases.c.name])
+        .values(name=name, replica_id=replica_id, expires_at=until)
+    ).rowcount
+    return bool(created)
+
+
+def release_duty(conn: Connection, name: str, replica_id: str) -> None:
+    """Give duty `name` up (if this replica still holds it): the next replica to ask takes it."""
+    conn.execute(delete(duty_leases).where(and_(duty_leases.c.name == name, duty_leases.c.replica_id == replica_id)))

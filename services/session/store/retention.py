@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import Connection, and_, delete, insert, or_, select, update
+from sqlalchemy import Connection, and_, delete, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from bae.common.errors import Conflict, echo
-from services.session.store import events, requests, sessions
+from services.session.store import events, leases, requests, sessions
 from services.session.store.events import ImportedEvent
 from services.session.store.locks import hold_session
 from services.session.store.schema import (
@@ -23,7 +23,6 @@ from services.session.store.schema import (
     profiles,
     sandbox_slots,
     session_leases,
-    task_leases,
     usage_totals,
 )
 from services.session.store.schema import sessions as sessions_table
@@ -116,28 +115,6 @@ def ended_before(conn: Connection, before: str, limit: int) -> list[str]:
     return expired(conn, before, {}, limit)
 
 
-def take_lease(conn: Connection, name: str, holder: str, now: float, seconds: float) -> bool:
-    """Take or renew the lease `name` for `seconds`: yes when `holder` has it or it has lapsed.
-
-    A compare-and-swap on the row: of two replicas racing for a lapsed lease, one UPDATE (or
-    INSERT) wins; the other matches no row (or finds it there) and is told no."""
-    taken = conn.execute(
-        update(task_leases)
-        .where(and_(task_leases.c.name == name, or_(task_leases.c.holder == holder, task_leases.c.expires_at < now)))
-        .values(holder=holder, expires_at=now + seconds)
-    ).rowcount
-    if taken:
-        return True
-    if conn.execute(select(task_leases.c.name).where(task_leases.c.name == name)).first() is not None:
-        return False
-    conn.execute(insert(task_leases).values(name=name, holder=holder, expires_at=now + seconds))
-    return True
-
-
-def release_lease(conn: Connection, name: str, holder: str) -> None:
-    conn.execute(delete(task_leases).where(and_(task_leases.c.name == name, task_leases.c.holder == holder)))
-
-
 def export_head(conn: Connection, session_id: str) -> dict[str, Any] | None:
     """The session line's contents: the session row and its usage rows; None: no such session."""
     session = sessions.get(conn, session_id)
@@ -177,7 +154,7 @@ def session_exists(detail: str) -> Conflict:
     return Conflict(detail, reason="session_exists")
 
 
-# The sweep's lease (take_lease): one replica at a time sweeps.
+# The sweep's duty lease (leases.take_duty): one replica at a time sweeps.
 SWEEP_LEASE = "retention-sweep"
 
 
@@ -187,7 +164,7 @@ def sweep_step(
     """`delete_some` under the sweep's lease, renewed in the same transaction: False when another
     replica holds it (nothing deleted). On PostgreSQL the renewal's row lock makes a rival's
     takeover wait for this transaction, then find the lease ahead again."""
-    if not take_lease(conn, SWEEP_LEASE, holder, now, lease_seconds):
+    if not leases.take_duty(conn, SWEEP_LEASE, holder, now, lease_seconds):
         return False
     return delete_some(conn, session_id, limit)
 

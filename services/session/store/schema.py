@@ -152,13 +152,13 @@ session_leases = Table(
 )
 Index("session_leases_replica", session_leases.c.replica_id)
 
-# Work one replica at a time does (the retention sweep): its holder renews the row while it works,
-# and another replica takes it over only once `expires_at` (epoch seconds) has passed (revision 0007).
-task_leases = Table(
-    "task_leases",
+# Periodic work one replica at a time does for all of them ("reconcile", "retention-sweep"): the holder of a duty's
+# row runs it until `expires_at` (epoch seconds); taking or renewing it is a compare-and-swap.
+duty_leases = Table(
+    "duty_leases",
     metadata,
     Column("name", String(64), primary_key=True),
-    Column("holder", ID, nullable=False),
+    Column("replica_id", ID, nullable=False),
     Column("expires_at", Float, nullable=False),
 )
 

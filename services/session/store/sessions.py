@@ -110,6 +110,12 @@ def open_ids(conn: Connection) -> list[str]:
     return list(conn.execute(_OPEN_IDS).scalars())
 
 
+def states(conn: Connection, session_ids: list[str]) -> dict[str, str]:
+    """session id -> state, for those of `session_ids` the store knows."""
+    rows = conn.execute(select(sessions.c.id, sessions.c.state).where(sessions.c.id.in_(session_ids)))
+    return {row[0]: row[1] for row in rows}
+
+
 def page(conn: Connection, state: str | None, after_seq: int, limit: int) -> list[Row[Any]]:
     query = select(*_SUMMARY_COLUMNS).where(sessions.c.seq > after_seq)
     if state is not None:

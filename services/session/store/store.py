@@ -432,5 +432,12 @@ class Store:
     async def live_profiles(self) -> list[ProfileRecord]:
         return await self.read(profiles.all_active)
 
+    async def session_states(self, session_ids: list[str]) -> dict[str, str]:
+        """session id -> state for those the store knows (in one statement per 500 ids)."""
+        found: dict[str, str] = {}
+        for start in range(0, len(session_ids), 500):
+            found.update(await self.read(sessions.states, session_ids[start:start + 500]))
+        return found
+
     async def list_open_session_ids(self) -> list[str]:
         return await self.read(sessions.open_ids)

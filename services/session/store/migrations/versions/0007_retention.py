@@ -1,5 +1,4 @@
-"""Retention: a profile's override of [retention], the index the sweep finds ended sessions by,
-and the lease that lets one replica at a time sweep.
+"""Retention: a profile's override of [retention], and the index the sweep finds ended sessions by.
 
 Revision ID: 0007
 """
@@ -19,9 +18,3 @@ def upgrade() -> None:
     with op.batch_alter_table("profiles") as batch:
         batch.add_column(sa.Column("retention", sa.Text, nullable=True))
     op.create_index("sessions_state_closed_at", "sessions", ["state", "closed_at"])
-    op.create_table(
-        "task_leases",
-        sa.Column("name", sa.String(64), primary_key=True),
-        sa.Column("holder", sa.String(64), nullable=False),
-        sa.Column("expires_at", sa.Float, nullable=False),
-    )
