@@ -125,7 +125,7 @@ async def test_a_stale_append_of_a_taken_number_fails(store_url):  # noqa: F811 
     try:
         sid = await new_session(writer)
         await writer.append_events(sid, [(None, "a", {})])
-        stale = await other.read(lambda conn: conn.execute(events._LAST_SESSION_SEQ, {"session_id": sid}).scalar_one())
+        stale = await other.read(lambda conn: conn.execute(events._NEWEST_EVENT, {"session_id": sid}).first().session_seq)
         await writer.append_events(sid, [(None, "b", {})])  # takes number 2 meanwhile
         row = {"id": "evt_stale", "session_id": sid, "session_seq": stale + 1, "client_key_id": None,
                "event_type": "c", "payload": "{}", "created_at": "2026-01-01T00:00:00.000Z"}

@@ -81,7 +81,7 @@ def duplicate_name() -> Conflict:
 
 def _existing_session_events(
     conn: Connection, session_id: str, after_seq: int, limit: int
-) -> list[events.StoredEvent] | None:
+) -> list[events.EventRow] | None:
     """A page of a session's events, or None when there is no such session (one store call)."""
     if sessions.get(conn, session_id) is None:
         return None

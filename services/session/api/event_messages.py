@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from bae.common.protos import client_api_pb2, edge_pb2
-from services.session.store.events import EventView, StoredEvent
+from services.session.store.events import EventRow, EventView
 
 Event = client_api_pb2.Event
 EventBatch = client_api_pb2.EventBatch
@@ -24,7 +24,7 @@ _CREATED_AT = ',"created_at":'
 EVENT_PIECE_CHARS = 1024 * 1024
 
 
-def event_of_row(row: StoredEvent, payload: str | None = None) -> client_api_pb2.Event:
+def event_of_row(row: EventRow, payload: str | None = None) -> client_api_pb2.Event:
     """The row's event; with `payload`, that text in place of the stored one (a first piece)."""
     return Event(
         id=row.id,
@@ -74,7 +74,7 @@ def view_pieces(view: EventView) -> Iterator[client_api_pb2.Event]:
         yield Event(payload=edge_pb2.JsonValue(json=piece))
 
 
-def row_pieces(row: StoredEvent) -> Iterator[client_api_pb2.Event]:
+def row_pieces(row: EventRow) -> Iterator[client_api_pb2.Event]:
     """`view_pieces` of a stored event row."""
     pieces = _pieces(row.payload, 0, len(row.payload))
     yield event_of_row(row, next(pieces))
@@ -88,12 +88,12 @@ def _pieces(text: str, start: int, end: int) -> Iterator[str]:
         yield text[offset: min(offset + EVENT_PIECE_CHARS, end)]
 
 
-def payload_chars(row: StoredEvent) -> int:
+def payload_chars(row: EventRow) -> int:
     """What a stored event counts for in a page's budget: its payload text's length."""
     return len(row.payload)
 
 
-def page_messages(rows: list[StoredEvent], next_cursor: str | None) -> Iterator[client_api_pb2.EventPage]:
+def page_messages(rows: list[EventRow], next_cursor: str | None) -> Iterator[client_api_pb2.EventPage]:
     """A page of events as its call's messages (session.proto, ListEvents): the page, with its last
     item's payload only begun when that is over EVENT_PIECE_CHARS, then one message per next piece."""
     if not rows or len(rows[-1].payload) <= EVENT_PIECE_CHARS:

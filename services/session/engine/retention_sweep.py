@@ -24,6 +24,7 @@ from typing import TextIO
 
 from bae.common.retention import Retention
 from services.session.engine.session_files import DELETE_STEP, count_deleted, cutoff, export_text
+from services.session.engine.tasks import TaskOwner
 from services.session.store import leases, retention
 from services.session.store.store import Store
 
@@ -45,16 +46,14 @@ class RetentionSweep:
         self.interval = interval
         # Longer than any one step takes, so the holder keeps it while it works.
         self.lease_seconds = max(lease_seconds, 30.0)
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = TaskOwner("retention")
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="retention-sweep")
+        self._tasks.spawn(self._run(), name="sweep")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        """Shutdown: a sweep under way stops between two transactions and gives its lease back."""
+        await self._tasks.cancel()
 
     async def _run(self) -> None:
         while True:

@@ -16,7 +16,7 @@ from bae.common.timefmt import now
 from bae.common.jsontext import RawJson, dump, load
 from services.session.store import requests
 from services.session.store.locks import hold_session
-from services.session.store.requests import PreviousRequests, Texts
+from services.session.store.requests import Last, PreviousRequests, Texts
 from services.session.store.schema import session_events, sessions
 
 MESSAGE_EVENT_TYPES = ("client.message.send", "server.message.send", "session.compaction.completed")
@@ -33,7 +33,8 @@ _EVENT_COLUMNS = (
 
 
 class StoredEvent(NamedTuple):
-    """A stored event as it was appended (a provider request's messages spliced back in)."""
+    """A provider request stored by reference, as it was appended (its messages spliced back in);
+    the attributes of a row of _EVENT_COLUMNS."""
 
     seq: int
     id: str
@@ -44,9 +45,8 @@ class StoredEvent(NamedTuple):
     created_at: str
 
 
-def _stored(rows: Result[Any]) -> list[StoredEvent]:
-    """Rows of _EVENT_COLUMNS, none of them a request stored by reference (those go through `page`)."""
-    return [StoredEvent._make(row) for row in rows]
+# A stored event as read: the row itself, or a StoredEvent for a request whose messages were spliced back.
+EventRow = Row[Any] | StoredEvent
 
 
 _PAGE = (
@@ -60,6 +60,7 @@ _PAGE = (
     .order_by(session_events.c.seq)
     .limit(bindparam("limit"))
 )
+_RUNS = len(_EVENT_COLUMNS) + 1  # messages_runs in a row of _PAGE
 _MESSAGES = (
     select(*_EVENT_COLUMNS)
     .where(
@@ -77,8 +78,11 @@ _SEQ_OF = select(session_events.c.seq).where(
     )
 )
 _INSERT = insert(session_events)
-_LAST_SESSION_SEQ = select(func.coalesce(func.max(session_events.c.session_seq), 0)).where(
-    session_events.c.session_id == bindparam("session_id")
+_NEWEST_EVENT = (
+    select(session_events.c.session_seq, session_events.c.id)
+    .where(session_events.c.session_id == bindparam("session_id"))
+    .order_by(session_events.c.session_seq.desc())
+    .limit(1)
 )
 _FINISH = (
     update(sessions)
@@ -133,7 +137,7 @@ def _wire_text(fields: dict[str, Any], payload_text: str) -> str:
     )
 
 
-def _row_fields(row: StoredEvent, payload: object) -> dict[str, Any]:
+def _row_fields(row: EventRow, payload: object) -> dict[str, Any]:
     return {
         "id": row.id,
         "session_id": row.session_id,
@@ -144,17 +148,17 @@ def _row_fields(row: StoredEvent, payload: object) -> dict[str, Any]:
     }
 
 
-def event_view(row: StoredEvent) -> EventView:
+def event_view(row: EventRow) -> EventView:
     """The EventView of a stored event row, payload parsed."""
     return EventView(_row_fields(row, load(row.payload)), row.payload)
 
 
-def unparsed_view(row: StoredEvent) -> EventView:
+def unparsed_view(row: EventRow) -> EventView:
     """The EventView of a stored event row, for sending only: its payload stays text."""
     return EventView(_row_fields(row, RawJson(row.payload)), row.payload)
 
 
-def event_json(row: StoredEvent) -> str:
+def event_json(row: EventRow) -> str:
     """The wire text of a stored event row, without parsing its payload."""
     return _wire_text(_row_fields(row, None), row.payload)
 
@@ -178,7 +182,10 @@ def append(
     hold_session(conn, session_id)
     views = []
     rows = []
-    next_seq = conn.execute(_LAST_SESSION_SEQ, {"session_id": session_id}).scalar_one() + 1
+    newest = conn.execute(_NEWEST_EVENT, {"session_id": session_id}).first()
+    next_seq = newest.session_seq + 1 if newest is not None else 1
+    if previous is not None:
+        previous.check(session_id, Last(newest.session_seq, newest.id) if newest is not None else None)
     for offset, (client_key_id, event_type, payload) in enumerate(events):
         fields = {
             "id": new_id("evt_"),
@@ -195,6 +202,8 @@ def append(
         if parts is not None:
             row.update(requests.store(conn, session_id, parts, previous)._asdict())
         rows.append(row)
+    if rows and previous is not None:
+        previous.appended(session_id, Last(next_seq + len(rows) - 1, views[-1]["id"]))
     if rows:
         try:
             conn.execute(_INSERT, rows)
@@ -295,28 +304,34 @@ _SUBAGENT_EVENTS = (
 )
 
 
-def subagent_rows(conn: Connection, session_id: str) -> list[StoredEvent]:
-    return _stored(conn.execute(_SUBAGENT_EVENTS, {"session_id": session_id}))
+def subagent_rows(conn: Connection, session_id: str) -> list[EventRow]:
+    """The session's `session.subagent.*` events (never a request stored by reference)."""
+    return list(conn.execute(_SUBAGENT_EVENTS, {"session_id": session_id}))
 
 
 def page(
     conn: Connection, session_id: str, after_seq: int, limit: int, budget: int | None = None
-) -> list[StoredEvent]:
+) -> list[EventRow]:
     """Up to `limit` events after `after_seq`, in order, as they were appended. With a `budget`, the
     reading stops at the second event by which their payload text is over `budget` characters: a
     page of that budget is among them, and one event more says whether more exist
     (pagination.fitting). SQLite hands rows over one at a time, so the events after it are never read."""
     result: Result[Any] = conn.execute(_PAGE, {"session_id": session_id, "after": after_seq, "limit": limit})
-    texts = Texts(conn, session_id)
-    events: list[StoredEvent] = []
+    texts: Texts | None = None
+    rows: list[EventRow] = []
     total = 0
     with result:
         for row in result:
-            events.append(_as_appended(row, texts))
-            total += len(events[-1].payload)
-            if budget is not None and total > budget and len(events) > 1:
-                break
-    return events
+            event: EventRow = row
+            if row[_RUNS] is not None:  # by position: a row's attributes cost more, on every event read
+                texts = texts or Texts(conn, session_id)
+                event = _as_appended(row, texts)
+            rows.append(event)
+            if budget is not None:
+                total += len(event.payload)
+                if total > budget and len(rows) > 1:
+                    break
+    return rows
 
 
 def _as_appended(row: Row[Any], texts: Texts) -> StoredEvent:
@@ -344,8 +359,9 @@ def seq_of(conn: Connection, session_id: str, event_id: str) -> int | None:
     return conn.execute(_SEQ_OF, {"session_id": session_id, "event_id": event_id}).scalar()
 
 
-def message_rows(conn: Connection, session_id: str) -> list[StoredEvent]:
-    return _stored(conn.execute(_MESSAGES, {"session_id": session_id}))
+def message_rows(conn: Connection, session_id: str) -> list[EventRow]:
+    """The session's messages (never a request stored by reference)."""
+    return list(conn.execute(_MESSAGES, {"session_id": session_id}))
 
 
 # Export, import and deletion (store/retention.py): the only other code that reads or writes the

@@ -80,7 +80,8 @@ def split(payload: dict[str, Any] | RawJson, text: str) -> Split | None:
         at = key + len(_MESSAGES_KEY)
     end = at + 2 + sum(map(len, texts)) + max(len(texts) - 1, 0)
     parts = Split(text[:at], text[end:], texts)
-    if joined(parts) != text:
+    # A RequestJson is that text by construction; a request read from its text is checked.
+    if not isinstance(payload, RequestJson) and joined(parts) != text:
         return None
     return parts
 
@@ -89,42 +90,55 @@ def joined(parts: Split) -> str:
     return parts.head + "[" + ",".join(parts.texts) + "]" + parts.tail
 
 
-class _Newest(NamedTuple):
-    """A session's highest ordinal and its text (0 and "" when none): what says whether a
-    remembered request is still the session's newest."""
+class Last(NamedTuple):
+    """A session's newest event: its number and id (an id is never made twice)."""
 
-    ordinal: int
-    text: str
+    seq: int
+    event_id: str
 
 
-class _Known(NamedTuple):
-    """A session's last request as stored: its message texts and their ordinals, with the session's
-    newest message when it was stored."""
+@dataclass
+class _Known:
+    """A session's last request as stored: its message texts, the runs of ordinals they are, and the
+    session's highest ordinal; `last` is the session's newest event after this store's last append
+    to it, which says whether anything else was written since."""
 
     texts: list[str]
-    ordinals: list[int]
-    newest: _Newest
+    runs: list[list[int]]
+    newest_ordinal: int
     chars: int
+    last: Last | None = None
 
 
 class PreviousRequests:
     """Each session's last stored request, so the next one finds its shared prefix without reading
     the store. Held per Store, bounded by REMEMBERED_CHARS (least recently written dropped first).
 
-    An entry is used only while the session's newest message in the database (ordinal and text)
-    is the one it recorded: a request written elsewhere (another replica) or rolled back makes it
-    stale, and the request is read back from the store instead."""
+    An entry is used only while the session's newest event in the database is the one this store
+    appended last: an append by another writer (another replica), or one of ours rolled back,
+    makes it stale, and the request is read back from the store instead."""
 
     def __init__(self, max_chars: int = REMEMBERED_CHARS) -> None:
         self._known: OrderedDict[str, _Known] = OrderedDict()
         self._chars = 0
         self._max_chars = max_chars
 
-    def get(self, session_id: str, newest: _Newest) -> _Known | None:
+    def check(self, session_id: str, last: Last | None) -> None:
+        """Before an append: forget the session's entry unless `last` (its newest event now) is ours."""
         known = self._known.get(session_id)
-        if known is None or known.newest != newest:
-            return None
-        self._known.move_to_end(session_id)
+        if known is not None and known.last != last:
+            self.forget(session_id)
+
+    def appended(self, session_id: str, last: Last) -> None:
+        """After an append (not yet committed: a rollback leaves `last` ahead of the database)."""
+        known = self._known.get(session_id)
+        if known is not None:
+            known.last = last
+
+    def get(self, session_id: str) -> _Known | None:
+        known = self._known.get(session_id)
+        if known is not None:
+            self._known.move_to_end(session_id)
         return known
 
     def put(self, session_id: str, known: _Known) -> None:
@@ -141,11 +155,8 @@ class PreviousRequests:
             self._chars -= known.chars
 
 
-_NEWEST = (
-    select(request_messages.c.ordinal, request_messages.c.text)
-    .where(request_messages.c.session_id == bindparam("session_id"))
-    .order_by(request_messages.c.ordinal.desc())
-    .limit(1)
+_NEWEST_ORDINAL = select(func.coalesce(func.max(request_messages.c.ordinal), 0)).where(
+    request_messages.c.session_id == bindparam("session_id")
 )
 _NEWEST_RUNS = (
     select(session_events.c.messages_runs)
@@ -182,25 +193,27 @@ class Stored(NamedTuple):
 
 
 def store(conn: Connection, session_id: str, parts: Split, previous: PreviousRequests | None) -> Stored:
-    """Write the request's new messages and say what its event row holds (in the caller's transaction)."""
-    row = conn.execute(_NEWEST, {"session_id": session_id}).first()
-    newest = _Newest(row.ordinal, row.text) if row is not None else _Newest(0, "")
-    known = previous.get(session_id, newest) if previous is not None else None
+    """Write the request's new messages and say what its event row holds (in the caller's transaction;
+    `previous` was checked against the session's newest event at its start)."""
+    known = previous.get(session_id) if previous is not None else None
     if known is None:
-        known = _read_newest(conn, session_id, newest)
+        known = _read_newest(conn, session_id)
     shared = _common_prefix(known.texts, parts.texts)
     new = parts.texts[shared:]
-    last = newest.ordinal
+    first = known.newest_ordinal + 1
     if new:
         conn.execute(
-            _INSERT,
-            [{"session_id": session_id, "ordinal": last + 1 + i, "text": text} for i, text in enumerate(new)],
+            _INSERT, [{"session_id": session_id, "ordinal": first + i, "text": text} for i, text in enumerate(new)]
         )
-        newest = _Newest(last + len(new), new[-1])
-    ordinals = known.ordinals[:shared] + list(range(last + 1, last + 1 + len(new)))
+    spans = _prefix(known.runs, shared)
+    if new:
+        if spans and spans[-1][1] + 1 == first:
+            spans[-1][1] = first + len(new) - 1
+        else:
+            spans.append([first, first + len(new) - 1])
     if previous is not None:
-        previous.put(session_id, _Known(parts.texts, ordinals, newest, sum(map(len, parts.texts))))
-    return Stored(parts.head + parts.tail, len(parts.head), dump(runs(ordinals)))
+        previous.put(session_id, _Known(parts.texts, spans, first + len(new) - 1, sum(map(len, parts.texts))))
+    return Stored(parts.head + parts.tail, len(parts.head), dump(spans))
 
 
 def _common_prefix(old: list[str], new: list[str]) -> int:
@@ -211,16 +224,27 @@ def _common_prefix(old: list[str], new: list[str]) -> int:
     return sum(1 for _ in itertools.takewhile(bool, map(operator.eq, old, new)))
 
 
-def _read_newest(conn: Connection, session_id: str, newest: _Newest) -> _Known:
+def _prefix(spans: list[list[int]], count: int) -> list[list[int]]:
+    """The runs of the first `count` ordinals of `spans` (new lists: the remembered runs stay as they are)."""
+    taken: list[list[int]] = []
+    for first, last in spans:
+        if count <= 0:
+            break
+        end = min(last, first + count - 1)
+        taken.append([first, end])
+        count -= end - first + 1
+    return taken
+
+
+def _read_newest(conn: Connection, session_id: str) -> _Known:
     """The session's newest request stored by reference, read back; empty when there is none."""
+    newest_ordinal = conn.execute(_NEWEST_ORDINAL, {"session_id": session_id}).scalar_one()
     runs_text = conn.execute(_NEWEST_RUNS, {"session_id": session_id}).scalar()
     if runs_text is None:
-        return _Known([], [], newest, 0)
-    texts = Texts(conn, session_id)
+        return _Known([], [], newest_ordinal, 0)
     spans = load(runs_text)
-    ordinals = [ordinal for first, final in spans for ordinal in range(first, final + 1)]
-    message_texts = texts.of(spans)
-    return _Known(message_texts, ordinals, newest, sum(map(len, message_texts)))
+    message_texts = Texts(conn, session_id).of(spans)
+    return _Known(message_texts, spans, newest_ordinal, sum(map(len, message_texts)))
 
 
 def runs(ordinals: Iterable[int]) -> list[list[int]]:
