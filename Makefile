@@ -35,7 +35,8 @@ demo: venv protos
 PG_TESTS := tests/unit/test_store.py tests/unit/test_session_bodies.py tests/unit/test_store_durability.py \
 	tests/unit/test_postgres_outage.py \
 	tests/integration/test_client_rest.py tests/integration/test_admin_api.py \
-	tests/integration/test_live_turns.py tests/integration/test_live_stack.py tests/integration/test_live_processes.py
+	tests/integration/test_live_turns.py tests/integration/test_live_stack.py tests/integration/test_live_processes.py \
+	tests/integration/test_retention.py
 
 test: venv protos
 	$(PY) -m pytest $(PYTEST_ARGS)

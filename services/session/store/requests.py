@@ -261,12 +261,13 @@ def runs(ordinals: Iterable[int]) -> list[list[int]]:
 class Texts:
     """One session's stored message texts, read as a page of events needs them: each ordinal once,
     so the requests of a page (which share most of their messages) cost one read each of what
-    they add."""
+    they add, and each request's array is the previous one's text plus what it adds."""
 
     def __init__(self, conn: Connection, session_id: str) -> None:
         self._conn = conn
         self._session_id = session_id
         self._texts: dict[int, str] = {}
+        self._last: tuple[list[list[int]], str] | None = None  # the previous request's runs and array
 
     def of(self, spans: list[list[int]]) -> list[str]:
         for first, last in spans:
@@ -287,7 +288,31 @@ class Texts:
 
     def payload(self, stored: str, at: int, runs_text: str) -> str:
         """The request's payload text as it was appended."""
-        return joined(Split(stored[:at], stored[at:], self.of(load(runs_text))))
+        return stored[:at] + self._array(load(runs_text)) + stored[at:]
+
+    def _array(self, spans: list[list[int]]) -> str:
+        added = _extension(self._last[0], spans) if self._last is not None else None
+        if self._last is None or added is None:
+            array = "[" + ",".join(self.of(spans)) + "]"
+        else:
+            texts, previous = self.of(added), self._last[1]
+            if not texts:
+                array = previous
+            else:
+                array = ("[" if previous == "[]" else previous[:-1] + ",") + ",".join(texts) + "]"
+        self._last = (spans, array)
+        return array
+
+
+def _extension(old: list[list[int]], new: list[list[int]]) -> list[list[int]] | None:
+    """The runs `new` holds after all of `old`'s ordinals, when those begin it; else None."""
+    if not old:
+        return new
+    k = len(old) - 1
+    if len(new) <= k or new[:k] != old[:k] or new[k][0] != old[k][0] or new[k][1] < old[k][1]:
+        return None
+    grown = [[old[k][1] + 1, new[k][1]]] if new[k][1] > old[k][1] else []
+    return grown + new[k + 1:]
 
 
 def delete_session(conn: Connection, session_id: str) -> int:
