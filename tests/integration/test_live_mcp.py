@@ -523,7 +523,7 @@ def test_an_open_session_reconnects_its_servers_after_a_session_service_restart(
     assert not pid_alive(before)  # shutdown closed the connections
     assert stack.stdio_children() == set()  # nothing connects until the session is used
 
-    stack.register(sid, skey)  # the driver registry is memory only
+    # The driver's registration is in the log: it sends again without registering.
     outcome = echo_turn(stack, mock, sid, skey, "after")
     assert advertised(mock.requests[-2]) == ["get_time", *TOOL_NAMES, *WEB_TOOL_NAMES]
     assert payloads(outcome["events"], "tool.call")[0]["server_name"] == "local"
