@@ -115,7 +115,9 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
             store=store, sessions=engine.registry, turns=engine.turns, sandboxes=engine.sandboxes,
             subagents=engine.subagents, limits=config.limits,
         ),
-        sandboxes=SandboxMethods(sessions=engine.registry, sandboxes=engine.sandboxes, limits=config.limits),
+        sandboxes=SandboxMethods(
+            sessions=engine.registry, sandboxes=engine.sandboxes, reconciler=engine.reconciler, limits=config.limits
+        ),
         ownership=engine.ownership,
         spans=engine.spans,
     )

@@ -15,6 +15,9 @@ from bae.common.rpc_codes import RpcCode
 from services.session.api.faults import RpcFault, invalid_params
 from services.session.api.jsonrpc import RpcCall, require_driver
 from services.session.engine.errors import ProfileUnavailable, SandboxFailed
+from services.session.engine.live import LiveSession
+from services.session.engine.ports import SandboxHandle
+from services.session.engine.reconcile import Reconciler
 from services.session.engine.registry import SessionRegistry
 from services.session.engine.sandboxes import SessionSandboxes
 
@@ -24,9 +27,12 @@ SANDBOX_NOT_RUNNING = "sandbox_not_running: no remote sandbox is running for thi
 
 
 class SandboxMethods:
-    def __init__(self, *, sessions: SessionRegistry, sandboxes: SessionSandboxes, limits: Limits) -> None:
+    def __init__(
+        self, *, sessions: SessionRegistry, sandboxes: SessionSandboxes, reconciler: Reconciler, limits: Limits
+    ) -> None:
         self.sessions = sessions
         self.sandboxes = sandboxes
+        self.reconciler = reconciler
         self.limits = limits  # the [limits] defaults; a profile's own override them
 
     async def start_remote_sandbox(
@@ -67,9 +73,7 @@ class SandboxMethods:
         self, call: RpcCall[client_api_pb2.StopRemoteSandboxParams]
     ) -> client_api_pb2.StopRemoteSandboxResult:
         live = await require_driver(self.sessions, call, "session.stopRemoteSandbox")
-        handle = live.sandbox
-        if handle is None:
-            raise RpcFault(RpcCode.SANDBOX_NOT_RUNNING, SANDBOX_NOT_RUNNING)
+        handle = await self._running(live)
         detail = await self.sandboxes.stop(live, call.actor, reason="explicit")
         if detail is not None:
             raise RpcFault(RpcCode.APPLICATION_ERROR, f"sandbox stop failed: {detail}")
@@ -80,9 +84,7 @@ class SandboxMethods:
     ) -> client_api_pb2.ExecRemoteSandboxResult:
         live = await require_driver(self.sessions, call, "session.execRemoteSandbox")
         command = call.params().command
-        handle = live.sandbox
-        if handle is None:
-            raise RpcFault(RpcCode.SANDBOX_NOT_RUNNING, SANDBOX_NOT_RUNNING)
+        handle = await self._running(live)
         try:
             result = await self.sandboxes.exec(live, call.actor, handle, command)
         except SandboxFailed as exc:
@@ -90,6 +92,16 @@ class SandboxMethods:
         return client_api_pb2.ExecRemoteSandboxResult(
             stdout=result.stdout, stderr=result.stderr, exit_code=result.exit_code
         )
+
+    async def _running(self, live: LiveSession) -> SandboxHandle:
+        """The session's sandbox. When it holds none, a pass for this session looks first: this replica
+        may have taken the session over (or restarted) a moment ago, before its sandbox, which the
+        host still runs, was taken back."""
+        if live.sandbox is None:
+            await self.reconciler.run(live.session_id)
+        if live.sandbox is None:
+            raise RpcFault(RpcCode.SANDBOX_NOT_RUNNING, SANDBOX_NOT_RUNNING)
+        return live.sandbox
 
     async def report_local_sandbox(
         self, call: RpcCall[client_api_pb2.ReportLocalSandboxParams]
