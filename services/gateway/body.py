@@ -30,7 +30,7 @@ class BodyReader:
     async def read(self, request: Request, credential: CredentialKind, session_id: str = "") -> bytes:
         """The whole body; raises TooLarge, InvalidInput, or the credential's refusal instead.
         `credential` is the route's kind of key; a session key's session is `session_id`."""
-        declared = _content_length(request)
+        declared = content_length(request)
         if declared is None and "transfer-encoding" not in request.headers:
             return b""  # HTTP/1.1: neither header, no body
         if declared is not None and declared > self.max_bytes:
@@ -59,7 +59,8 @@ class BodyReader:
             raise self.upstream.failure(error) from None
 
 
-def _content_length(request: Request) -> int | None:
+def content_length(request: Request) -> int | None:
+    """The declared body length; None without the header, InvalidInput for one that is not a number."""
     value = request.headers.get("content-length")
     if value is None:
         return None

@@ -22,7 +22,7 @@ from starlette.responses import Response, StreamingResponse
 from bae.common.errors import BaeError, Internal, InvalidInput, TooLarge
 from bae.common.protos import admin_api_pb2, session_pb2_grpc
 from bae.common.session_export import MAX_IMPORT_BYTES, MAX_LINE_BYTES, PIECE_CHARS
-from services.gateway.body import BodyReader
+from services.gateway.body import BodyReader, content_length
 from services.gateway.declaration import Route
 from services.gateway.problems import JSON, error_response
 from services.gateway.proto_to_json import writer_of
@@ -73,9 +73,14 @@ async def _read(call: grpc.aio.Call, timeout: float) -> object:
         async with asyncio.timeout(timeout):
             return await call.read()
     except TimeoutError:
-        raise grpc.aio.AioRpcError(
-            grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "Deadline Exceeded"
-        ) from None
+        raise _deadline_exceeded() from None
+
+
+def _deadline_exceeded() -> grpc.aio.AioRpcError:
+    """A wait of the call's own that ran out, as the call's deadline would have ended it."""
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "Deadline Exceeded"
+    )
 
 
 async def _pieces(rpc: str, call: grpc.aio.Call, piece: object, timeout: float) -> AsyncIterator[bytes]:
@@ -97,8 +102,8 @@ def _import_endpoint(route: Route, upstream: Upstream, bodies: BodyReader) -> En
 
     async def handle(request: Request) -> Response:
         try:
-            declared = request.headers.get("content-length")
-            if declared is not None and declared.strip().isdigit() and int(declared) > MAX_IMPORT_BYTES:
+            declared = content_length(request)
+            if declared is not None and declared > MAX_IMPORT_BYTES:
                 raise _too_large()
             # Authentication comes first, before a byte of the body is read.
             await bodies.check(request, route.credential)
@@ -128,8 +133,7 @@ def _import_endpoint(route: Route, upstream: Upstream, bodies: BodyReader) -> En
         except BaeError as error:
             return error_response(error)
         except TimeoutError:
-            return error_response(upstream.failure(grpc.aio.AioRpcError(
-                grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "Deadline Exceeded")))
+            return error_response(upstream.failure(_deadline_exceeded()))
         except grpc.aio.AioRpcError as error:
             return error_response(upstream.failure(error))
         return Response(write(reply), route.status, media_type=JSON)

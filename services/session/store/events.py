@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
-    ColumnElement, Connection, LargeBinary, Result, Row, Select, and_, bindparam, cast, delete, func, insert, select,
+    Connection, Result, Row, Select, and_, bindparam, delete, func, insert, select,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -17,7 +17,7 @@ from bae.common.jsontext import RawJson, dump, load
 from services.session.store import requests
 from services.session.store.locks import hold_session
 from services.session.store.requests import Last, PreviousRequests, Texts
-from services.session.store.schema import session_events, sessions
+from services.session.store.schema import session_events, sessions, utf8_bytes
 
 MESSAGE_EVENT_TYPES = ("client.message.send", "server.message.send", "session.compaction.completed")
 
@@ -197,11 +197,8 @@ def append(
         }
         payload_text = dump(payload)
         views.append(EventView(fields, payload_text))
-        row = {**fields, "payload": payload_text, "session_seq": next_seq + offset, "messages_at": None, "messages_runs": None}
-        parts = requests.split(payload, payload_text) if event_type == requests.PROVIDER_REQUEST else None
-        if parts is not None:
-            row.update(requests.store(conn, session_id, parts, previous)._asdict())
-        rows.append(row)
+        stored = requests.stored(conn, session_id, event_type, payload, payload_text, previous)
+        rows.append({**fields, **stored._asdict(), "session_seq": next_seq + offset})
     if rows and previous is not None:
         previous.appended(session_id, Last(next_seq + len(rows) - 1, views[-1]["id"]))
     if rows:
@@ -335,9 +332,8 @@ def page(
 
 
 def _as_appended(row: Row[Any], texts: Texts) -> StoredEvent:
-    payload = row.payload
-    if row.messages_runs is not None:
-        payload = texts.payload(payload, row.messages_at, row.messages_runs)
+    """A request stored by reference, its messages spliced back in."""
+    payload = texts.payload(row.payload, row.messages_at, row.messages_runs)
     return StoredEvent(row.seq, row.id, row.session_id, row.client_key_id, row.event_type, payload, row.created_at)
 
 
@@ -440,24 +436,20 @@ def insert_imported(conn: Connection, session_id: str, imported: list[ImportedEv
     text, numbered 1, 2, … in the order given, provider requests by reference as `append`
     stores them. The session has no events yet."""
     previous = PreviousRequests()
-    rows = []
-    for number, event in enumerate(imported, start=1):
-        row = {
+    rows = [
+        {
             "id": event.id,
             "session_id": session_id,
             "session_seq": number,
             "client_key_id": event.client_key_id,
             "event_type": event.event_type,
-            "payload": event.payload_text,
             "created_at": event.created_at,
-            "messages_at": None,
-            "messages_runs": None,
+            **requests.stored(
+                conn, session_id, event.event_type, RawJson(event.payload_text), event.payload_text, previous
+            )._asdict(),
         }
-        if event.event_type == requests.PROVIDER_REQUEST:
-            parts = requests.split(RawJson(event.payload_text), event.payload_text)
-            if parts is not None:
-                row.update(requests.store(conn, session_id, parts, previous)._asdict())
-        rows.append(row)
+        for number, event in enumerate(imported, start=1)
+    ]
     for start in range(0, len(rows), 500):
         conn.execute(_INSERT, rows[start:start + 500])
 
@@ -474,13 +466,9 @@ def delete_some(conn: Connection, session_id: str, limit: int) -> tuple[int, int
     if not seqs:
         return 0, 0
     which = session_events.c.seq.in_(seqs)
-    size = conn.execute(select(func.coalesce(func.sum(_stored_bytes(conn)), 0)).where(which)).scalar_one()
+    size = conn.execute(
+        select(func.coalesce(func.sum(utf8_bytes(conn, session_events.c.payload)), 0)).where(which)
+    ).scalar_one()
     conn.execute(delete(session_events).where(which))
     return len(seqs), int(size)
 
-
-def _stored_bytes(conn: Connection) -> ColumnElement[int]:
-    """The bytes an event's payload takes (UTF-8), in the connection's dialect."""
-    if conn.dialect.name == "postgresql":
-        return func.octet_length(session_events.c.payload)
-    return func.length(cast(session_events.c.payload, LargeBinary))

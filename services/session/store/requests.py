@@ -26,10 +26,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
-from sqlalchemy import Connection, LargeBinary, and_, bindparam, cast, delete, func, insert, select
+from sqlalchemy import Connection, and_, bindparam, delete, func, insert, select
 
 from bae.common.jsontext import RawJson, dump, load
-from services.session.store.schema import request_messages, session_events
+from services.session.store.schema import request_messages, session_events, utf8_bytes
 
 PROVIDER_REQUEST = "provider.request"
 _MESSAGES_KEY = '"messages":'
@@ -185,11 +185,26 @@ _INSERT = insert(request_messages)
 
 
 class Stored(NamedTuple):
-    """What the event row holds of a request stored by reference."""
+    """What an event row holds of its payload: a request stored by reference has `messages_at` and
+    `messages_runs`; any other payload is its text whole, with both None."""
 
     payload: str
-    messages_at: int
-    messages_runs: str
+    messages_at: int | None = None
+    messages_runs: str | None = None
+
+
+def stored(
+    conn: Connection,
+    session_id: str,
+    event_type: str,
+    payload: dict[str, Any] | RawJson,
+    text: str,
+    previous: PreviousRequests | None,
+) -> Stored:
+    """How an event's payload (`text`, its wire text) is stored: a provider request by reference
+    where it comes back byte for byte, anything else whole."""
+    parts = split(payload, text) if event_type == PROVIDER_REQUEST else None
+    return Stored(text) if parts is None else store(conn, session_id, parts, previous)
 
 
 def store(conn: Connection, session_id: str, parts: Split, previous: PreviousRequests | None) -> Stored:
@@ -198,7 +213,7 @@ def store(conn: Connection, session_id: str, parts: Split, previous: PreviousReq
     known = previous.get(session_id) if previous is not None else None
     if known is None:
         known = _read_newest(conn, session_id)
-    shared = _common_prefix(known.texts, parts.texts)
+    shared = common_prefix(known.texts, parts.texts)
     new = parts.texts[shared:]
     first = known.newest_ordinal + 1
     if new:
@@ -216,7 +231,7 @@ def store(conn: Connection, session_id: str, parts: Split, previous: PreviousReq
     return Stored(parts.head + parts.tail, len(parts.head), dump(spans))
 
 
-def _common_prefix(old: list[str], new: list[str]) -> int:
+def common_prefix(old: list[str], new: list[str]) -> int:
     # Usually the new list extends the old one: one comparison of the lists, element by element in C
     # (an element that is the same string object compares at once).
     if len(old) <= len(new) and new[: len(old)] == old:
@@ -317,12 +332,9 @@ def _extension(old: list[list[int]], new: list[list[int]]) -> list[list[int]] | 
 
 def delete_session(conn: Connection, session_id: str) -> int:
     """Delete a session's request messages (its events are gone first); returns their bytes (UTF-8)."""
-    text_bytes = (
-        func.octet_length(request_messages.c.text)
-        if conn.dialect.name == "postgresql"
-        else func.length(cast(request_messages.c.text, LargeBinary))
-    )
     mine = request_messages.c.session_id == session_id
-    size = conn.execute(select(func.coalesce(func.sum(text_bytes), 0)).where(mine)).scalar_one()
+    size = conn.execute(
+        select(func.coalesce(func.sum(utf8_bytes(conn, request_messages.c.text)), 0)).where(mine)
+    ).scalar_one()
     conn.execute(delete(request_messages).where(mine))
     return int(size)

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Dialect, Float, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import (
+    BigInteger, Column, ColumnElement, Connection, Dialect, Float, Index, Integer, LargeBinary, MetaData, String,
+    Table, Text, cast, func,
+)
 from sqlalchemy.types import TypeDecorator
 
 from bae.common.jsontext import dump, load
@@ -34,6 +37,13 @@ class JsonText(TypeDecorator[Any]):
 
     def process_result_value(self, value: str | None, dialect: Dialect) -> Any:
         return load(value)
+
+
+def utf8_bytes(conn: Connection, column: ColumnElement[str]) -> ColumnElement[int]:
+    """The bytes a TEXT column's value takes in UTF-8, in the connection's dialect."""
+    if conn.dialect.name == "postgresql":
+        return func.octet_length(column)
+    return func.length(cast(column, LargeBinary))
 
 
 ID = String(64)

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from bae.common.jsontext import RawJson, dump
-from services.session.store.requests import runs, split
+from services.session.store.requests import common_prefix, runs, split
 
 revision = "0006"
 down_revision = "0005"
@@ -79,9 +79,7 @@ def _convert_session(conn: sa.Connection, session_id: str) -> None:
         parts = split(RawJson(payload), payload)
         if parts is None:
             continue
-        shared = 0
-        while shared < min(len(texts), len(parts.texts)) and texts[shared] == parts.texts[shared]:
-            shared += 1
+        shared = common_prefix(texts, parts.texts)
         new = parts.texts[shared:]
         if new:
             conn.execute(
