@@ -15,12 +15,14 @@ repeats until the assistant answers without calling one of your tools.
 
 from bae.client.client import Client, ToolDef
 from bae.client.errors import ApiError, RpcCode, RpcError
-from bae.client.session import NDJSON, Event, EventHandler, Reply, Session, ToolHandler
+from bae.client.session import NDJSON, Delta, DeltaHandler, Event, EventHandler, Reply, Session, ToolHandler
 
 __all__ = [
     "NDJSON",
     "ApiError",
     "Client",
+    "Delta",
+    "DeltaHandler",
     "Event",
     "EventHandler",
     "Reply",

@@ -13,6 +13,9 @@ from bae.client.errors import RpcCode, RpcError, raise_for_problem
 
 Event = dict[str, Any]
 EventHandler = Callable[[Event], None]
+# A `session.delta`'s params: {"session_id", "request_event_id", "seq", "index", "kind", "text"}.
+Delta = dict[str, Any]
+DeltaHandler = Callable[[Delta], None]
 ToolHandler = Callable[[dict[str, Any]], Any]  # input -> result (str, or JSON-serialisable)
 NDJSON = "application/x-ndjson"
 
@@ -65,12 +68,16 @@ class Session:
                     yield json.loads(line)
 
     def call(self, method: str, params: dict[str, Any] | None = None,
-             on_event: EventHandler | None = None) -> Any:
-        """One call to its terminal frame: its `result`; notifications go to `on_event` meanwhile."""
+             on_event: EventHandler | None = None, on_delta: DeltaHandler | None = None) -> Any:
+        """One call to its terminal frame: its `result`; notifications go to `on_event` and `on_delta`
+        meanwhile."""
         for frame in self.frames(method, params):
             if frame.get("method") == "session.event":
                 if on_event is not None:
                     on_event(frame["params"])
+            elif frame.get("method") == "session.delta":
+                if on_delta is not None:
+                    on_delta(frame["params"])
             elif "error" in frame:
                 error = frame["error"]
                 raise RpcError(error.get("code", 0), error.get("message", ""), error.get("data"))
@@ -82,24 +89,30 @@ class Session:
         self.call("session.registerDriver")
         self.registered = True
 
-    def send_message(self, content: str | list[dict[str, Any]], on_event: EventHandler | None = None) -> Reply:
-        """One `session.sendMessage` (registers the driver first if this object has not)."""
+    def send_message(self, content: str | list[dict[str, Any]], on_event: EventHandler | None = None,
+                     on_delta: DeltaHandler | None = None) -> Reply:
+        """One `session.sendMessage` (registers the driver first if this object has not). With
+        `on_delta`, the turn's provider output streams to it as it is generated (`stream_deltas`)."""
         if not self.registered:
             self.register_driver()
-        result = self.call("session.sendMessage", {"message": {"role": "user", "content": content}}, on_event)
+        params: dict[str, Any] = {"message": {"role": "user", "content": content}}
+        if on_delta is not None:
+            params["stream_deltas"] = True
+        result = self.call("session.sendMessage", params, on_event, on_delta)
         return Reply(result["message"], result.get("events", []))
 
     def send(self, content: str | list[dict[str, Any]], handlers: dict[str, ToolHandler] | None = None,
-             on_event: EventHandler | None = None) -> Reply:
+             on_event: EventHandler | None = None, on_delta: DeltaHandler | None = None) -> Reply:
         """The harness loop: answer every client tool call with its handler until the model is done.
 
         A call to a tool without a handler is answered with an error result, so the turn never hangs.
+        `on_delta` gets the provider output of every call of the loop as it streams.
         """
         handlers = handlers or {}
-        reply = self.send_message(content, on_event)
+        reply = self.send_message(content, on_event, on_delta)
         while reply.client_tool_calls:
             results = [self._run_tool(call, handlers) for call in reply.client_tool_calls]
-            reply = self.send_message(results, on_event)
+            reply = self.send_message(results, on_event, on_delta)
         return reply
 
     @staticmethod
@@ -122,12 +135,20 @@ class Session:
         cancelled: bool = self.call("session.cancelTurn")["cancelled"]
         return cancelled
 
-    def subscribe(self, since_event_id: str | None = None, timeout: float | None = None) -> Iterator[Event]:
-        """Live events (after replaying those following `since_event_id`), until the stream ends."""
-        params = {"since_event_id": since_event_id} if since_event_id else {}
+    def subscribe(self, since_event_id: str | None = None, timeout: float | None = None,
+                  on_delta: DeltaHandler | None = None) -> Iterator[Event]:
+        """Live events (after replaying those following `since_event_id`), until the stream ends.
+        With `on_delta`, provider output streams to it too: first a catch-up of the call streaming
+        now (one delta per content block, holding what it streamed so far), then as it comes."""
+        params: dict[str, Any] = {"since_event_id": since_event_id} if since_event_id else {}
+        if on_delta is not None:
+            params["deltas"] = True
         for frame in self.frames("session.subscribe", params, timeout=timeout):
             if frame.get("method") == "session.event":
                 yield frame["params"]
+            elif frame.get("method") == "session.delta":
+                if on_delta is not None:
+                    on_delta(frame["params"])
             elif "error" in frame:
                 error = frame["error"]
                 raise RpcError(error.get("code", 0), error.get("message", ""), error.get("data"))

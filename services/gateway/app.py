@@ -13,6 +13,7 @@ from starlette.routing import Router
 from bae import API_VERSIONS, __version__
 from bae.common.jsontext import dump
 from services.gateway.declaration import Port, routes_of
+from services.gateway.event_stream import EventStreamEndpoint
 from services.gateway.openapi import ADMIN_DOCUMENT, CLIENT_DOCUMENT
 from services.gateway.own_routes import OWN_ROUTES
 from services.gateway.problems import JSON
@@ -41,12 +42,16 @@ def openapi(document: str) -> Endpoint:
     return endpoint
 
 
-def own_routes(port: Port, readyz: Readiness, metrics: MetricsEndpoint | None) -> dict[str, dict[str, Endpoint]]:
-    """The endpoints of what the gateway answers itself on `port` (own_routes.py lists them)."""
+def own_routes(
+    port: Port, readyz: Readiness, metrics: MetricsEndpoint | None, rpc: RpcEndpoint
+) -> dict[str, dict[str, Endpoint]]:
+    """The endpoints of what the gateway answers itself on `port` (own_routes.py lists them). The
+    admin port's event streams share the client port's relays (`rpc`)."""
     document = CLIENT_DOCUMENT if port is Port.CLIENT else ADMIN_DOCUMENT
     endpoints: dict[str, Endpoint | None] = {
         "healthz": healthz, "readyz": readyz, "getMeta": meta, "getOpenApiDocument": openapi(document),
-        "getMetrics": metrics,
+        "getMetrics": metrics, "streamSessionEvents": EventStreamEndpoint(rpc, admin=False),
+        "watchSessionEvents": EventStreamEndpoint(rpc, admin=True),
     }
     table: dict[str, dict[str, Endpoint]] = {}
     for route in OWN_ROUTES:
@@ -65,8 +70,8 @@ def _api_routes(port: Port, rest: RestEndpoint) -> dict[str, dict[str, Endpoint]
 
 def client_app(rest: RestEndpoint, rpc: RpcEndpoint, readyz: Readiness) -> Router:
     # Starlette tries the routes in order (none overlap): the busiest come first.
-    return build_router({RPC_PATH: {"POST": rpc}, **_api_routes(Port.CLIENT, rest), **own_routes(Port.CLIENT, readyz, None)})
+    return build_router({RPC_PATH: {"POST": rpc}, **_api_routes(Port.CLIENT, rest), **own_routes(Port.CLIENT, readyz, None, rpc)})
 
 
-def admin_app(rest: RestEndpoint, readyz: Readiness, metrics: MetricsEndpoint) -> Router:
-    return build_router({**_api_routes(Port.ADMIN, rest), **own_routes(Port.ADMIN, readyz, metrics)})
+def admin_app(rest: RestEndpoint, rpc: RpcEndpoint, readyz: Readiness, metrics: MetricsEndpoint) -> Router:
+    return build_router({**_api_routes(Port.ADMIN, rest), **own_routes(Port.ADMIN, readyz, metrics, rpc)})

@@ -10,7 +10,9 @@ service would (SERVER-SPEC §6.4). Word that streams end, a revoked key or
 after it reaches a stream it ended. Each observer has its own bounded queue:
 a slow one is cut off as lagged and never slows the others. An event that
 comes in pieces (client_api.proto, EventBatch) is made whole first: each
-observer gets its line whole, at its place.
+observer gets its line whole, at its place. Deltas travel in the relay too, one
+position each, and are queued only for the observers that asked for them; an
+entry's lines are made once per wire (NDJSON, Server-Sent Events) that asks.
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ from typing import AsyncIterator
 
 import grpc
 
+from bae.common.jsontext import dump
 from bae.common.protos import client_api_pb2, session_pb2
-from services.gateway.frames import event_lines, whole
+from services.gateway.frames import NDJSON_WIRE, Wire, whole
 from services.gateway.upstream import Upstream
 
 log = logging.getLogger("bae.gateway")
 
 # Events (and notices) an observer may have queued, as the session service's per-watcher buffer (§6.4).
 LAG_LIMIT = 256
+KEEPALIVE = b": keepalive\n\n"
 
 
 class Ending(enum.Enum):
@@ -40,24 +44,47 @@ class Ending(enum.Enum):
 
 
 class _Entry:
-    """One relay frame as an observer queues it: its first item's position, its events' ids and
-    lines made once."""
+    """One relay frame as observers queue it: its first item's position, how many positions it
+    takes, the ids it names (its events', or its deltas' request events'), and its lines in each
+    wire that asked, made once."""
 
-    __slots__ = ("position", "frame", "ids", "lines")
+    __slots__ = ("position", "frame", "deltas", "ids", "count", "_lines")
 
-    def __init__(self, position: int, frame: session_pb2.RelayFrame, ids: list[str], lines: list[bytes]) -> None:
+    def __init__(self, position: int, frame: session_pb2.RelayFrame) -> None:
         self.position = position
         self.frame = frame
-        self.ids = ids
-        self.lines = lines
+        kind = frame.WhichOneof("kind")
+        self.deltas = kind == "deltas"
+        if kind == "events":
+            self.ids = [event.id for event in frame.events.events]
+        elif self.deltas:
+            self.ids = [delta.request_event_id for delta in frame.deltas.deltas]
+        else:
+            self.ids = []
+        self.count = len(self.ids) or 1
+        self._lines: dict[Wire, list[bytes]] = {}
+
+    def lines(self, wire: Wire, session_id_json: str) -> list[bytes]:
+        lines = self._lines.get(wire)
+        if lines is None:
+            if self.deltas:
+                lines = [wire.delta(session_id_json, delta) for delta in self.frame.deltas.deltas]
+            else:
+                lines = [wire.event(event) for event in self.frame.events.events] if self.ids else []
+            self._lines[wire] = lines
+        return lines
 
 
 class Observer:
-    """One `session.subscribe` stream's share of its session's relay."""
+    """One `session.subscribe` stream's share of its session's relay, written in `wire`; with
+    `deltas` it is queued the deltas too."""
 
-    def __init__(self) -> None:
+    def __init__(self, session_id: str, *, wire: Wire = NDJSON_WIRE, deltas: bool = False) -> None:
+        self.session_id_json = dump(session_id)
+        self.wire = wire
+        self.deltas = deltas
         self._entries: deque[_Entry] = deque()
-        self._queued = 0  # events and notices in `_entries`
+        self._queued = 0  # events, deltas and notices in `_entries`
         self._ready = asyncio.Event()
         self.ending: Ending | None = None
         # Set from the session service's `observer` frame before the live part is read.
@@ -65,13 +92,13 @@ class Observer:
         self.after = 0
 
     def push(self, entry: _Entry) -> None:
-        if self.ending is not None:
+        if self.ending is not None or (entry.deltas and not self.deltas):
             return
         if self._queued >= LAG_LIMIT:
             self.finish(Ending.LAGGED)
             return
         self._entries.append(entry)
-        self._queued += len(entry.lines) or 1
+        self._queued += entry.count
         self._ready.set()
 
     def finish(self, ending: Ending) -> None:
@@ -85,9 +112,13 @@ class Observer:
             self._entries.clear()
             self.finish(Ending.CLEAN)
 
-    async def lines(self, replayed: set[str]) -> AsyncIterator[bytes]:
-        """The NDJSON lines of what comes after this observer's position, less what the replay sent,
-        until its stream ends (`ending` says how)."""
+    async def lines(
+        self, replayed: set[str], completed: set[str], *, keepalive: float | None = None
+    ) -> AsyncIterator[bytes]:
+        """The lines of what comes after this observer's position, less the events the replay sent
+        and the deltas of the calls whose response it sent (`completed`: their request events' ids),
+        until its stream ends (`ending` says how). With `keepalive`, a Server-Sent Events comment
+        whenever that many seconds pass without a line."""
         while True:
             if self.ending is Ending.LAGGED:
                 return  # what is queued is not sent: the lagged error follows at once (§6.4)
@@ -95,7 +126,11 @@ class Observer:
                 if self.ending is not None:
                     return
                 self._ready.clear()
-                await self._ready.wait()
+                try:
+                    async with asyncio.timeout(keepalive):
+                        await self._ready.wait()
+                except TimeoutError:
+                    yield KEEPALIVE
                 continue
             entries = list(self._entries)
             self._entries.clear()
@@ -103,9 +138,11 @@ class Observer:
             out: list[bytes] = []
             for entry in entries:
                 frame = entry.frame
-                if entry.lines:
-                    for offset, (event_id, line) in enumerate(zip(entry.ids, entry.lines)):
-                        if entry.position + offset > self.after and event_id not in replayed:
+                if entry.ids:
+                    skip = completed if entry.deltas else replayed
+                    lines = entry.lines(self.wire, self.session_id_json)
+                    for offset, (named, line) in enumerate(zip(entry.ids, lines)):
+                        if entry.position + offset > self.after and named not in skip:
                             out.append(line)
                 elif entry.position > self.after and (
                     frame.subscriptions_ended or frame.revoked_key == self.key
@@ -143,16 +180,13 @@ class _Relay:
                 if kind == "lagged":  # the relay itself lagged in the session service
                     ending = Ending.LAGGED
                     return
-                events = kind == "events"
-                batch = frame.events
-                if events and (pieces or batch.continued):
-                    pieces.append(batch)
-                    if batch.continued:
+                if kind == "events" and (pieces or frame.events.continued):
+                    pieces.append(frame.events)
+                    if frame.events.continued:
                         continue
-                    batch, pieces = whole(pieces), []
-                lines = event_lines(batch) if events else []
-                entry = _Entry(position + 1, frame, [event.id for event in batch.events] if events else [], lines)
-                position += len(lines) or 1
+                    frame, pieces = session_pb2.RelayFrame(events=whole(pieces)), []
+                entry = _Entry(position + 1, frame)
+                position += entry.count
                 for observer in list(self.observers):
                     observer.push(entry)
         except grpc.aio.AioRpcError as error:
@@ -193,13 +227,13 @@ class Fanout:
         self.upstream = upstream
         self._relays: dict[str, _Relay] = {}
 
-    async def join(self, session_id: str) -> Observer | None:
+    async def join(self, session_id: str, *, wire: Wire = NDJSON_WIRE, deltas: bool = False) -> Observer | None:
         """An observer of the session's relay, queueing from now on; None when the session is not
         open. Raises the relay's gRPC error when it cannot be opened."""
         relay = self._relays.get(session_id)
         if relay is None:
             relay = self._relays[session_id] = _Relay(session_id, self)
-        observer = Observer()
+        observer = Observer(session_id, wire=wire, deltas=deltas)
         relay.observers.add(observer)
         try:
             live = await asyncio.shield(relay.opened)

@@ -1,12 +1,16 @@
-"""NDJSON frames of the /rpc response (SERVER-SPEC §6.1), one complete JSON object per line.
+"""NDJSON frames of the /rpc response (SERVER-SPEC §6.1), one complete JSON object per line, and
+the Server-Sent Events of the events stream route.
 
 Frames are written from the session service's typed replies (services/gateway/proto_to_json.py);
 an event's payload is spliced in as the stored text. A stream's frames go through its own
 `StreamLines`, which writes an event in pieces (client_api.proto, EventBatch) as its pieces come,
 and a turn's result whose events go on in `result_events` frames as those come: nothing is joined.
+An event and a delta are written the same way in both wires (`Wire`); only what wraps them differs.
 """
 
 from __future__ import annotations
+
+from typing import Iterable
 
 from google.protobuf.message import Message
 
@@ -20,14 +24,60 @@ RpcError = client_api_pb2.RpcError
 NDJSON = "application/x-ndjson"
 INTERNAL_ERROR = RpcCode.INTERNAL_ERROR
 
+SSE = "text/event-stream"
+
 _event_json = writer_of(client_api_pb2.Event.DESCRIPTOR)
 _NOTIFICATION = '{"jsonrpc":"2.0","method":"session.event","params":'
+_DELTA_NOTIFICATION = '{"jsonrpc":"2.0","method":"session.delta","params":'
 # An event's last key, after its payload: where an event in pieces is cut until its last piece.
 _CREATED_AT = ',"created_at":'
+_DELTA_KINDS = {
+    client_api_pb2.DELTA_TEXT: "text",
+    client_api_pb2.DELTA_THINKING: "thinking",
+    client_api_pb2.DELTA_TOOL_INPUT: "tool_input",
+    client_api_pb2.DELTA_RESET: "reset",
+}
+
+
+def delta_json(session_id_json: str, delta: client_api_pb2.Delta) -> str:
+    """A `session.delta`'s params: {"session_id","request_event_id","seq","index","kind","text"}."""
+    return (
+        f'{{"session_id":{session_id_json},"request_event_id":{dump(delta.request_event_id)},"seq":{delta.seq},'
+        f'"index":{delta.index},"kind":"{_DELTA_KINDS.get(delta.kind, "text")}","text":{dump(delta.text)}}}'
+    )
+
+
+class Wire:
+    """How a stream writes an event and a delta: as JSON-RPC notifications on NDJSON lines (the
+    /rpc streams), or as Server-Sent Events (`id:` the event's id, `event:`, `data:` the JSON,
+    which never holds a line break)."""
+
+    def __init__(self, media_type: str) -> None:
+        self.media_type = media_type
+        self.sse = media_type == SSE
+
+    def event_head(self, event: client_api_pb2.Event) -> str:
+        """What comes before an event's JSON; `end` after it."""
+        return f"id: {event.id}\nevent: session.event\ndata: " if self.sse else _NOTIFICATION
+
+    @property
+    def end(self) -> str:
+        return "\n\n" if self.sse else "}\n"
+
+    def event(self, event: client_api_pb2.Event) -> bytes:
+        return (self.event_head(event) + _event_json(event) + self.end).encode()
+
+    def delta(self, session_id_json: str, delta: client_api_pb2.Delta) -> bytes:
+        head = "event: session.delta\ndata: " if self.sse else _DELTA_NOTIFICATION
+        return (head + delta_json(session_id_json, delta) + self.end).encode()
+
+
+NDJSON_WIRE = Wire(NDJSON)
+SSE_WIRE = Wire(SSE)
 
 
 def event_frame(event: client_api_pb2.Event) -> bytes:
-    return (_NOTIFICATION + _event_json(event) + "}\n").encode()
+    return NDJSON_WIRE.event(event)
 
 
 def event_lines(batch: client_api_pb2.EventBatch) -> list[bytes]:
@@ -92,8 +142,10 @@ class StreamLines:
     piece by piece, its line ended by its last; a turn's result is ended by whatever follows it
     (more of its events in `result_events` frames, the stream's end), as only then is it whole."""
 
-    def __init__(self, request_id_json: str | None) -> None:
+    def __init__(self, request_id_json: str | None, session_id: str = "", wire: Wire = NDJSON_WIRE) -> None:
         self.request_id_json = request_id_json
+        self.session_id_json = dump(session_id)
+        self.wire = wire
         self._event_end: str | None = None  # what ends the event whose payload goes on
         # What ends the open result; None when none is (or it is not written: no id), and then
         # its `result_events` are not written either.
@@ -108,6 +160,8 @@ class StreamLines:
         closing = self.end()
         if kind == "events":
             return (closing + self._events(reply.events, in_result=False)).encode()  # type: ignore[attr-defined]
+        if kind == "deltas":
+            return closing.encode() + self.deltas(reply.deltas.deltas)  # type: ignore[attr-defined]
         if kind == "result" and "result_events" in reply.DESCRIPTOR.fields_by_name:
             result = reply.result  # type: ignore[attr-defined]
             if self.request_id_json is None:
@@ -120,6 +174,9 @@ class StreamLines:
             return (closing + f'{{"jsonrpc":"2.0","id":{self.request_id_json},"result":' + text[:-2]).encode()
         line = reply_frame(reply, self.request_id_json)
         return closing.encode() + line if line else closing.encode() or None
+
+    def deltas(self, deltas: Iterable[client_api_pb2.Delta]) -> bytes:
+        return b"".join(self.wire.delta(self.session_id_json, delta) for delta in deltas)
 
     def end(self) -> str:
         """What ends the open result, if any (an event in pieces is ended by its last piece)."""
@@ -147,7 +204,7 @@ class StreamLines:
                 head, end = ("," if self._result_items else ""), ""
                 self._result_items += 1
             else:
-                head, end = _NOTIFICATION, "}\n"
+                head, end = self.wire.event_head(event), self.wire.end
             text = _event_json(event)
             if index == last and batch.continued:
                 cut = text.rindex(_CREATED_AT)

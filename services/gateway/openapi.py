@@ -48,6 +48,20 @@ _SCALARS: dict[int, Schema] = {
     FieldDescriptor.TYPE_UINT64: {"type": "integer", "minimum": 0},
     FieldDescriptor.TYPE_UINT32: {"type": "integer", "minimum": 0},
 }
+# The params of a `session.delta` notification (services/gateway/frames.py writes them), the data of an SSE one.
+DELTA_SCHEMA: Schema = {
+    "type": "object", "additionalProperties": False,
+    "required": ["session_id", "request_event_id", "seq", "index", "kind", "text"],
+    "description": "a piece of a provider call's output as it is generated; never stored (docs/reference/rpc.md)",
+    "properties": {
+        "session_id": {"type": "string"},
+        "request_event_id": {"type": "string", "description": "the provider.request event of the call"},
+        "seq": {"type": "integer", "minimum": 0, "description": "from 0 per provider call, without gaps"},
+        "index": {"type": "integer", "minimum": 0, "description": "the content block index"},
+        "kind": {"enum": ["text", "thinking", "tool_input", "reset"]},
+        "text": {"type": "string"},
+    },
+}
 _JSON_TYPES = {"string": "string", "array": "array", "object": "object", "number": "number", "boolean": "boolean"}
 
 
@@ -219,7 +233,7 @@ def _media(schema: Schema, schemas: Schemas, name: str) -> Schema:
 
 def _rpc_operation(schemas: Schemas) -> Schema:
     """POST /api/v1/sessions/{id}/rpc: a oneOf over the methods in, an anyOf over the frames out."""
-    requests, frames = [], [ref("EventFrame"), ref("ErrorFrame")]
+    requests, frames = [], [ref("EventFrame"), ref("DeltaFrame"), ref("ErrorFrame")]
     for name, method in RPC_METHODS.items():
         params = schemas.read(method.params.DESCRIPTOR)
         schema_name = method.rpc + "Call"
@@ -238,6 +252,12 @@ def _rpc_operation(schemas: Schemas) -> Schema:
     schemas.schemas["EventFrame"] = {"type": "object", "required": ["jsonrpc", "method", "params"], "properties": {
         "jsonrpc": {"const": "2.0"}, "method": {"const": "session.event"}, "params": event},
         "additionalProperties": False}
+    schemas.schemas["Delta"] = DELTA_SCHEMA
+    schemas.schemas["DeltaFrame"] = {
+        "type": "object", "required": ["jsonrpc", "method", "params"], "additionalProperties": False,
+        "description": "only to a caller that asked: stream_deltas (sendMessage), deltas (subscribe)",
+        "properties": {"jsonrpc": {"const": "2.0"}, "method": {"const": "session.delta"}, "params": ref("Delta")},
+    }
     schemas.schemas["ErrorFrame"] = {"type": "object", "required": ["jsonrpc", "error"], "properties": {
         "jsonrpc": {"const": "2.0"}, "id": {}, "error": {"type": "object", "required": ["code", "message"],
                                                          "properties": {"code": {"type": "integer"},
@@ -267,8 +287,16 @@ def _own_operation(route: OwnRoute, schemas: Schemas) -> Schema:
     ok: Schema = {"description": route.summary}
     if route.media_type is not None and route.schema is not None:
         ok["content"] = {route.media_type: {"schema": ref(route.schema) if isinstance(route.schema, str) else route.schema}}
-    return {"operationId": route.operation_id, "tags": ["operations"], "summary": route.summary, "security": [],
-            "responses": {"200": ok, **_problem_responses([*route.problems, 500])}}
+    operation: Schema = {
+        "operationId": route.operation_id, "tags": ["operations" if route.credential is None else "sessions"],
+        "summary": route.summary,
+        "security": [] if route.credential is None else [{SECURITY[route.credential][0]: []}],
+        "responses": {"200": ok, **_problem_responses([*route.problems, 500])},
+    }
+    if "{id}" in route.path or route.parameters:
+        path_id = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}] if "{id}" in route.path else []
+        operation["parameters"] = [*path_id, *route.parameters]
+    return operation
 
 
 def document(port: Port) -> dict[str, Any]:
@@ -282,6 +310,7 @@ def document(port: Port) -> dict[str, Any]:
     for route in routes_of(port):
         paths.setdefault(route.path, {})[route.method.lower()] = _route_operation(route, schemas)
     used = {SECURITY[route.credential][0] for route in routes_of(port)}
+    used |= {SECURITY[own.credential][0] for own in OWN_ROUTES if port in own.ports and own.credential is not None}
     if port is Port.CLIENT:
         used.add(SECURITY[edge_pb2.SESSION_KEY][0])
     return {

@@ -26,7 +26,15 @@ from bae.common.protos import client_api_pb2, edge_pb2, session_pb2, session_pb2
 from services.gateway.body import BodyReader
 from services.gateway.envelope import Call, Rejected, parse_envelope
 from services.gateway.fanout import Ending, Fanout, Observer
-from services.gateway.frames import LAGGED_FRAME, NDJSON, StreamLines, internal_error_frame, reply_frame
+from services.gateway.frames import (
+    LAGGED_FRAME,
+    NDJSON,
+    NDJSON_WIRE,
+    StreamLines,
+    Wire,
+    internal_error_frame,
+    reply_frame,
+)
 from services.gateway.json_to_proto import read_params
 from services.gateway.observe import link_session_span
 from services.gateway.problems import error_response
@@ -55,9 +63,10 @@ class LiveStream(StreamingResponse):
         grpc_call: grpc.aio.UnaryStreamCall,
         first: Message,
         request_id_json: str | None,
+        session_id: str,
     ) -> None:
         self.grpc_call = grpc_call
-        super().__init__(self._frames(rpc_name, first, request_id_json))
+        super().__init__(self._frames(rpc_name, first, request_id_json, session_id))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -66,9 +75,11 @@ class LiveStream(StreamingResponse):
             # Only the reading stops: the session service keeps a turn running without its client.
             self.grpc_call.cancel()
 
-    async def _frames(self, rpc_name: str, first: Message, request_id_json: str | None) -> AsyncIterator[bytes]:
+    async def _frames(
+        self, rpc_name: str, first: Message, request_id_json: str | None, session_id: str
+    ) -> AsyncIterator[bytes]:
         frame = first
-        lines = StreamLines(request_id_json)
+        lines = StreamLines(request_id_json, session_id)
         try:
             while frame is not grpc.aio.EOF:
                 if line := lines.frame(frame):
@@ -84,26 +95,40 @@ class LiveStream(StreamingResponse):
                 yield internal_error_frame(request_id_json)
 
 
+PROVIDER_REQUEST = "provider.request"
+PROVIDER_RESPONSE = "provider.response"
+# A Server-Sent Events stream says it is alive this often (a comment line) while nothing else comes.
+SSE_KEEPALIVE = 15.0
+
+
 class ObserverStream(StreamingResponse):
     """A `session.subscribe` stream: the replay from its own call, then its share of the session's
-    relay (services/gateway/fanout.py). It never ends by itself while the session is live."""
+    relay (services/gateway/fanout.py). It never ends by itself while the session is live.
 
-    media_type = NDJSON
+    Written as NDJSON lines, or as Server-Sent Events (the events stream route, `wire`), which end
+    without an error line when the stream fails or lags: the client reconnects with Last-Event-ID."""
 
     def __init__(
         self,
         replay_call: grpc.aio.UnaryStreamCall,
+        first: Message,
         observer: Observer | None,
         leave: Callable[[], None],
         request_id_json: str | None,
         registry: set[ObserverStream],
+        *,
+        session_id: str,
+        wire: Wire = NDJSON_WIRE,
     ) -> None:
         self.replay_call = replay_call
         self.observer = observer
         self.leave = leave
         self.registry = registry
         self.ended_by_gateway = False
-        super().__init__(self._frames(request_id_json))
+        self.wire = wire
+        headers = {"cache-control": "no-cache", "x-accel-buffering": "no"} if wire.sse else None
+        lines = StreamLines(request_id_json, session_id, wire)
+        super().__init__(self._frames(first, lines), media_type=wire.media_type, headers=headers)
 
     def end(self) -> None:
         """Stop; the response ends cleanly, without a terminal frame."""
@@ -123,25 +148,42 @@ class ObserverStream(StreamingResponse):
             self.replay_call.cancel()
             self.leave()
 
-    async def _frames(self, request_id_json: str | None) -> AsyncIterator[bytes]:
+    async def _frames(self, first: Message, replay: StreamLines) -> AsyncIterator[bytes]:
         observer = self.observer
         replayed: set[str] = set()
-        replay = StreamLines(request_id_json)
+        # The calls whose provider.response the replay sent (their request events' ids): their
+        # deltas, caught up or live, are stale.
+        completed: set[str] = set()
+        request_id = ""
+        error_lines = not self.wire.sse and replay.request_id_json is not None
+        frame: Any = first
         try:
-            while (frame := await self.replay_call.read()) is not grpc.aio.EOF:
+            while frame is not grpc.aio.EOF:
                 kind = frame.WhichOneof("kind")
                 if kind == "observer":
                     if observer is not None:
                         observer.admit(frame.observer)
-                    continue
-                if kind == "replayed":
+                elif kind == "replayed":
                     # The call stays open (counted by the replica) until this stream ends.
                     break
-                replayed.update(event.id for event in frame.events.events)
-                if line := replay.frame(frame):
-                    yield line
-                if kind == "error":  # the replay failed: the stream ends with it
-                    return
+                elif kind == "deltas":  # the catch-up of the call streaming when the observer joined
+                    deltas = [delta for delta in frame.deltas.deltas if delta.request_event_id not in completed]
+                    if lines := replay.end().encode() + replay.deltas(deltas):
+                        yield lines
+                else:
+                    for event in frame.events.events:
+                        replayed.add(event.id)
+                        if event.event_type == PROVIDER_REQUEST:
+                            request_id = event.id
+                        elif event.event_type == PROVIDER_RESPONSE:
+                            completed.add(request_id)
+                    if kind == "error" and self.wire.sse:
+                        return  # the replay failed: the stream ends, for the client to reconnect
+                    if line := replay.frame(frame):
+                        yield line
+                    if kind == "error":  # the replay failed: the stream ends with it
+                        return
+                frame = await self.replay_call.read()
         except asyncio.CancelledError:
             # The cancelled call raises this too; only a cancelled task goes on cancelling.
             task = asyncio.current_task()
@@ -153,17 +195,18 @@ class ObserverStream(StreamingResponse):
                 log.warning("Subscribe stream failed: %s %s", error.code().name, error.details())
                 if cut := replay.broken():
                     yield cut
-                if request_id_json is not None:
-                    yield internal_error_frame(request_id_json)
+                if error_lines:
+                    yield internal_error_frame(replay.request_id_json or "null")
             return
         if observer is None:
             return  # not open: the replay was all (O-8)
-        async for lines in observer.lines(replayed):
+        keepalive = SSE_KEEPALIVE if self.wire.sse else None
+        async for lines in observer.lines(replayed, completed, keepalive=keepalive):
             yield lines
-        if observer.ending is Ending.LAGGED:
+        if observer.ending is Ending.LAGGED and not self.wire.sse:
             yield LAGGED_FRAME
-        elif observer.ending is Ending.FAILED and request_id_json is not None:
-            yield internal_error_frame(request_id_json)
+        elif observer.ending is Ending.FAILED and error_lines:
+            yield internal_error_frame(replay.request_id_json or "null")
 
 
 class RpcEndpoint:
@@ -207,17 +250,44 @@ class RpcEndpoint:
         return Response(rejected.frame, media_type=NDJSON)
 
     async def _subscribe(self, rpc_request: client_api_pb2.SubscribeRequest, call: Call) -> Response:
-        """Authenticate, join the session's relay, then ask for the replay: every event published
-        after the observer's position is queued for it by then (§6.4: subscribe first, then replay)."""
-        session_id = rpc_request.session_id
-        check = session_pb2.CredentialCheck(kind=SESSION_KEY, credential=rpc_request.credential, session_id=session_id)
+        opened = await self.observe(
+            "Subscribe", rpc_request, session_pb2.CredentialCheck(kind=SESSION_KEY, credential=rpc_request.credential),
+            deltas=rpc_request.params.deltas, wire=NDJSON_WIRE, request_id_json=call.id_json,
+        )
+        return opened if isinstance(opened, Response) else opened[0]
+
+    async def check(self, check: session_pb2.CredentialCheck) -> Response | None:
+        """The problem response of a credential the session service refuses; None when it passes."""
         timeout = self.upstream.timeout
         try:
-            # A relay is opened for an authenticated observer only.
             await self.upstream.call(
-                session_id, lambda stub, metadata: stub.CheckCredential(check, timeout=timeout, metadata=metadata)
+                check.session_id, lambda stub, metadata: stub.CheckCredential(check, timeout=timeout, metadata=metadata)
             )
-            observer = await self.fanout.join(session_id)
+        except grpc.aio.AioRpcError as error:
+            return error_response(self.upstream.failure(error))
+        return None
+
+    async def observe(
+        self,
+        rpc_name: str,
+        rpc_request: Message,
+        check: session_pb2.CredentialCheck,
+        *,
+        deltas: bool,
+        wire: Wire,
+        request_id_json: str | None,
+    ) -> tuple[ObserverStream, Message] | Response:
+        """Authenticate, join the session's relay, then ask for the replay: every event published
+        after the observer's position is queued for it by then (§6.4: subscribe first, then replay).
+        The stream, and the replay call's first frame after `accepted` (its observer, or its error);
+        or the problem response of a refusal."""
+        session_id = rpc_request.session_id  # type: ignore[attr-defined]
+        check.session_id = session_id
+        # A relay is opened for an authenticated observer only.
+        if (refused := await self.check(check)) is not None:
+            return refused
+        try:
+            observer = await self.fanout.join(session_id, wire=wire, deltas=deltas)
         except grpc.aio.AioRpcError as error:
             return error_response(self.upstream.failure(error))
 
@@ -226,15 +296,22 @@ class RpcEndpoint:
                 self.fanout.leave(session_id, observer)
 
         try:
-            opened = await self._open(call.method.rpc, rpc_request)
+            opened = await self._open(rpc_name, rpc_request)
+            if isinstance(opened, Response):
+                leave()
+                return opened
+            replay_call, _accepted = opened
+            first = await replay_call.read()
+        except grpc.aio.AioRpcError as error:
+            leave()
+            return error_response(self.upstream.failure(error))
         except BaseException:
             leave()
             raise
-        if isinstance(opened, Response):
-            leave()
-            return opened
-        replay_call, _accepted = opened
-        return ObserverStream(replay_call, observer, leave, call.id_json, self.subscriptions)
+        stream = ObserverStream(
+            replay_call, first, observer, leave, request_id_json, self.subscriptions, session_id=session_id, wire=wire
+        )
+        return stream, first
 
     async def _unary(self, rpc_request: Message, call: Call) -> Response:
         method = call.method
@@ -256,7 +333,7 @@ class RpcEndpoint:
         opened = await self._open(rpc_name, rpc_request)
         if isinstance(opened, Response):
             return opened
-        return LiveStream(rpc_name, *opened, call.id_json)
+        return LiveStream(rpc_name, *opened, call.id_json, rpc_request.session_id)  # type: ignore[attr-defined]
 
     async def _open(self, rpc_name: str, rpc_request: Message) -> tuple[grpc.aio.UnaryStreamCall, Message] | Response:
         """A live call the session service accepted and its first frame, or the problem response

@@ -95,7 +95,7 @@ class Gateway:
         )
         self.rate_limit = RateLimit(client_app(rest, self.rpc, self.readyz), config.limits, self._ask_rate_policy)
         self.client = _uvicorn(Observed(self.rate_limit), settings, "client")
-        self.admin = _uvicorn(Observed(admin_app(rest, self.readyz, self.metrics)), settings, "admin")
+        self.admin = _uvicorn(Observed(admin_app(rest, self.rpc, self.readyz, self.metrics)), settings, "admin")
         self._sockets: list[socket.socket] = []
 
     async def _ask_rate_policy(self, authorization: str) -> session_pb2.RatePolicy:

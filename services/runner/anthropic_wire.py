@@ -7,11 +7,15 @@ must alternate (SERVER-SPEC §8.5).
 
 from __future__ import annotations
 
-from bae.common.jsontext import RawJson
+from typing import Any
+
+from bae.common.jsontext import RawJson, load
 from services.runner.canonical import (
+    DeltaKind,
     History,
     JsonObject,
     Message,
+    Piece,
     Usage,
     WireFormatError,
     content_blocks,
@@ -70,6 +74,115 @@ def request_body(model: str, max_tokens: int, messages: RawJson, tools: RawJson)
     """The exact body sent: the canonical messages and tools as JSON text, spliced in
     unchanged; `tools` is always present (possibly empty)."""
     return {"model": model, "max_tokens": max_tokens, "messages": messages, "tools": tools}
+
+
+# What a streamed request adds to the body (the Messages API's server-sent events).
+STREAM_OPTIONS: JsonObject = {"stream": True}
+# The text-like deltas: the delta's type, the member holding its text, the block member it adds to.
+_TEXT_DELTAS = {
+    "text_delta": ("text", DeltaKind.TEXT),
+    "thinking_delta": ("thinking", DeltaKind.THINKING),
+}
+
+
+class StreamAssembly:
+    """A streamed response's events put together into the body the same call answers without
+    streaming, as the provider sent its parts: `message_start`'s message; each content block as
+    `content_block_start` gave it, its `text_delta`/`thinking_delta` texts appended, its
+    `input_json_delta` pieces joined and read as its `input` at `content_block_stop`, a
+    `signature_delta` set as its signature and a `citations_delta` appended to its citations;
+    then the members of each `message_delta`'s `delta` set on the message and those of its
+    `usage` (a null one left out) on the message's usage. Other events (`ping`) carry nothing."""
+
+    def __init__(self) -> None:
+        self._message: JsonObject | None = None
+        self._content: list[JsonObject] = []
+        self._inputs: dict[int, list[str]] = {}  # the partial JSON pieces of each tool call's input
+        self._stopped = False
+
+    def feed(self, event: Any) -> list[Piece]:
+        """Add one event; the output pieces it carries (none for an empty text)."""
+        kind = event.get("type") if isinstance(event, dict) else None
+        if kind == "message_start":
+            message = event.get("message")
+            if not isinstance(message, dict):
+                raise WireFormatError("provider stream: message_start has no message")
+            self._content = []
+            self._message = {**message, "content": self._content}
+            return []
+        if kind == "content_block_start":
+            block = event.get("content_block")
+            if self._index(event, len(self._content) + 1) != len(self._content) or not isinstance(block, dict):
+                raise WireFormatError("provider stream: content blocks out of order")
+            self._content.append(dict(block))
+            return []
+        if kind == "content_block_delta":
+            return self._delta(self._index(event, len(self._content)), event.get("delta"))
+        if kind == "content_block_stop":
+            index = self._index(event, len(self._content))
+            parts = self._inputs.pop(index, None)
+            if parts:
+                try:
+                    self._content[index]["input"] = load("".join(parts))
+                except ValueError as exc:
+                    raise WireFormatError(f"provider stream: a tool call's input is not JSON: {exc}") from None
+            return []
+        if kind == "message_delta":
+            message = self._started()
+            delta, counts = event.get("delta"), event.get("usage")
+            if isinstance(delta, dict):
+                message.update(delta)
+            if isinstance(counts, dict):
+                usage = message.get("usage")
+                message["usage"] = {
+                    **(usage if isinstance(usage, dict) else {}),
+                    **{key: value for key, value in counts.items() if value is not None},
+                }
+        elif kind == "message_stop":
+            self._started()
+            self._stopped = True
+        return []
+
+    def body(self) -> JsonObject:
+        """The whole response; raises WireFormatError when the stream ended before `message_stop`."""
+        if self._message is None or not self._stopped:
+            raise WireFormatError("provider stream ended before message_stop")
+        return self._message
+
+    def _started(self) -> JsonObject:
+        if self._message is None:
+            raise WireFormatError("provider stream: an event came before message_start")
+        return self._message
+
+    def _index(self, event: JsonObject, bound: int) -> int:
+        self._started()
+        index = event.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < bound:
+            raise WireFormatError("provider stream: an event names no content block")
+        return index
+
+    def _delta(self, index: int, delta: Any) -> list[Piece]:
+        block = self._content[index]
+        delta_type = delta.get("type") if isinstance(delta, dict) else None
+        if delta_type in _TEXT_DELTAS:
+            member, kind = _TEXT_DELTAS[delta_type]
+            text = delta.get(member)
+            if not isinstance(text, str):
+                raise WireFormatError(f"provider stream: a {delta_type} has no {member}")
+            block[member] = str(block.get(member) or "") + text
+            return [Piece(index, kind, text)] if text else []
+        if delta_type == "input_json_delta":
+            part = delta.get("partial_json")
+            if not isinstance(part, str):
+                raise WireFormatError("provider stream: an input_json_delta has no partial_json")
+            self._inputs.setdefault(index, []).append(part)
+            return [Piece(index, DeltaKind.TOOL_INPUT, part)] if part else []
+        if delta_type == "signature_delta":
+            block["signature"] = delta.get("signature")
+        elif delta_type == "citations_delta":
+            citations = block.get("citations")
+            block["citations"] = [*(citations if isinstance(citations, list) else []), delta.get("citation")]
+        return []
 
 
 def usage(body: JsonObject) -> Usage | None:

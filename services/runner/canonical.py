@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import operator
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, TypeGuard
 
 from bae.common.jsontext import RawJson, dump, load
@@ -105,6 +106,24 @@ class Usage:
 
     def to_json(self) -> dict[str, int]:
         return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+
+
+class DeltaKind(StrEnum):
+    """What a piece of streamed output is (the `kind` of a `session.delta`)."""
+
+    TEXT = "text"
+    THINKING = "thinking"
+    TOOL_INPUT = "tool_input"  # a piece of the partial JSON of a tool call's input
+    RESET = "reset"  # the attempt failed: what it streamed is void
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A piece of a streamed response as the provider sent it: its content block, what it is, its text."""
+
+    index: int
+    kind: DeltaKind
+    text: str
 
 
 class WireFormatError(ValueError):

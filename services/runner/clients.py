@@ -23,6 +23,7 @@ import email.utils
 import math
 import time
 from dataclasses import dataclass
+from typing import Any, AsyncGenerator, AsyncIterator
 
 import anthropic
 import httpx2
@@ -57,6 +58,15 @@ class TransportError(Exception):
     """No HTTP response at all (connect failure, timeout, ...); `str()` is the detail."""
 
 
+class StreamBroken(Exception):
+    """A streamed answer that had begun ended in an error: the provider's error event (`body` its
+    text), or the connection broke (`body` None). `str()` is the detail."""
+
+    def __init__(self, detail: str, body: str | None = None) -> None:
+        super().__init__(detail)
+        self.body = body
+
+
 REQUESTS_PER_CLIENT = 8
 CLIENTS_PER_PROVIDER = 8
 
@@ -69,6 +79,27 @@ class _Pooled:
 
     client: SdkClient
     in_flight: int = 0
+
+
+class ProviderStream:
+    """A streamed answer that began (HTTP 2xx): its events, each the raw JSON object the provider
+    sent; reading them raises StreamBroken. `close()` must follow, read to the end or not."""
+
+    def __init__(self, sdk_stream: anthropic.AsyncStream[object] | openai.AsyncStream[object], pooled: _Pooled) -> None:
+        self._sdk_stream = sdk_stream
+        self._events = _events(sdk_stream)
+        self._pooled: _Pooled | None = pooled
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._events
+
+    async def close(self) -> None:
+        if self._pooled is None:
+            return
+        self._pooled.in_flight -= 1
+        self._pooled = None
+        await self._events.aclose()
+        await self._sdk_stream.close()
 
 
 class ProviderClients:
@@ -86,11 +117,40 @@ class ProviderClients:
         except TimeoutError:
             raise self._timed_out() from None
 
+    async def open_stream(self, kind: str, base_url: str, token: str, body: JsonObject) -> WireResponse | ProviderStream:
+        """POST `body` (which asks for a stream) through the SDK's streaming API: the open stream of
+        the provider's events, or the WireResponse of an answer that failed. Raises TransportError
+        when there is no answer. Unbounded in time: the caller bounds each wait (the walk, by the
+        attempt's deadline), and closes the stream."""
+        path, headers = _route(kind, token)
+        pooled = self._take(kind, base_url)
+        pooled.in_flight += 1
+        content = dump(body).encode()
+        # `cast_to=object`: each event as the provider sent it, not as the SDK's models.
+        events: anthropic.AsyncStream[object] | openai.AsyncStream[object]
+        try:
+            if isinstance(pooled.client, anthropic.AsyncAnthropic):
+                events = await pooled.client.post(
+                    path, cast_to=object, content=content, options={"headers": headers},
+                    stream=True, stream_cls=anthropic.AsyncStream[object],
+                )
+            else:
+                events = await pooled.client.post(
+                    path, cast_to=object, content=content, options={"headers": headers},
+                    stream=True, stream_cls=openai.AsyncStream[object],
+                )
+        except BaseException as error:
+            pooled.in_flight -= 1
+            if isinstance(error, (anthropic.APIStatusError, openai.APIStatusError)):
+                failed = error.response
+                return WireResponse(failed.status_code, failed.text, retry_after(failed.headers))
+            if isinstance(error, (anthropic.APIConnectionError, openai.APIConnectionError)):  # timeouts too
+                raise TransportError(_connection_detail(error)) from None
+            raise
+        return ProviderStream(events, pooled)
+
     async def _send(self, kind: str, base_url: str, token: str, body: JsonObject) -> WireResponse:
-        if kind == ANTHROPIC:
-            path, headers = ANTHROPIC_PATH, {"X-Api-Key": token, "Authorization": anthropic.omit}
-        else:
-            path, headers = OPENAI_PATH, {"Authorization": f"Bearer {token}"}
+        path, headers = _route(kind, token)
         pooled = self._take(kind, base_url)
         pooled.in_flight += 1
         try:
@@ -98,7 +158,7 @@ class ProviderClients:
                 path,
                 cast_to=httpx2.Response,
                 content=dump(body).encode(),
-                options={"headers": headers},  # type: ignore[call-overload]  # RequestOptions is a TypedDict the SDK does not export
+                options={"headers": headers},
             )
         except (anthropic.APIStatusError, openai.APIStatusError) as error:
             failed = error.response
@@ -148,6 +208,35 @@ class ProviderClients:
         for pool in pools:
             for pooled in pool:
                 await pooled.client.close()
+
+
+def _route(kind: str, token: str) -> tuple[str, dict[str, Any]]:
+    """The kind's path under the client's base URL, and the headers that carry `token`."""
+    if kind == ANTHROPIC:
+        return ANTHROPIC_PATH, {"X-Api-Key": token, "Authorization": anthropic.omit}
+    return OPENAI_PATH, {"Authorization": f"Bearer {token}"}
+
+
+async def _events(stream: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
+    """The SDK stream's events; its failures as StreamBroken. Anthropic's `error` event raises
+    APIStatusError, OpenAI's `error` chunk APIError; a connection that breaks, APIConnectionError."""
+    try:
+        async for event in stream:
+            yield event
+    except anthropic.APIStatusError as error:
+        raise StreamBroken("the provider's stream sent an error", _text(error.body)) from None
+    except (anthropic.APIConnectionError, openai.APIConnectionError) as error:
+        raise StreamBroken(f"the provider's stream broke: {_connection_detail(error)}") from None
+    except openai.APIError as error:
+        raise StreamBroken("the provider's stream sent an error", _text(error.body)) from None
+    except httpx2.HTTPError as error:
+        raise StreamBroken(f"the provider's stream broke: {type(error).__name__}: {error}") from None
+
+
+def _text(body: object) -> str | None:
+    if body is None or isinstance(body, str):
+        return body
+    return dump(body)
 
 
 def retry_after(headers: httpx2.Headers) -> float | None:

@@ -7,8 +7,10 @@ from typing import Any
 
 from services.runner.canonical import (
     Block,
+    DeltaKind,
     JsonObject,
     Message,
+    Piece,
     Usage,
     WireFormatError,
     content_blocks,
@@ -167,3 +169,102 @@ def _arguments(name: str, function: JsonObject) -> Any:
 def truncation(body: JsonObject) -> str:
     choice = _first_choice(body)
     return "finish_reason length" if choice and choice.get("finish_reason") == "length" else ""
+
+
+# What a streamed request adds to the body: the chunks, and the usage in a last one.
+STREAM_OPTIONS: JsonObject = {"stream": True, "stream_options": {"include_usage": True}}
+# The first chunk's members the response keeps, as a non-streaming call answers them.
+_HEAD = ("id", "created", "model", "system_fingerprint", "service_tier")
+
+
+class StreamAssembly:
+    """`chat.completion.chunk` objects put together into the `chat.completion` body the same call
+    answers without streaming: the first chunk's id, created and model (and system_fingerprint,
+    service_tier when sent); of the first choice, the role, the content pieces joined (null when
+    they join to nothing), each tool call (by its `index`) with the id, type and function name its
+    pieces gave and its `arguments` pieces joined, and the finish_reason; the usage of the chunk
+    that carries it (`stream_options.include_usage`).
+
+    Pieces are numbered as the canonical message's blocks would be if it had its text: the text
+    is block 0 and tool call k is block k + 1."""
+
+    def __init__(self) -> None:
+        self._head: JsonObject | None = None
+        self._role = "assistant"
+        self._content: list[str] = []
+        self._calls: dict[int, JsonObject] = {}
+        self._arguments: dict[int, list[str]] = {}
+        self._finish_reason: Any = None
+        self._usage: Any = None
+
+    def feed(self, chunk: Any) -> list[Piece]:
+        """Add one chunk; the output pieces it carries (none for an empty text)."""
+        if not isinstance(chunk, dict):
+            raise WireFormatError("provider stream: a chunk is not an object")
+        if self._head is None:
+            self._head = {key: chunk[key] for key in _HEAD if key in chunk}
+        if chunk.get("usage") is not None:
+            self._usage = chunk["usage"]
+        pieces: list[Piece] = []
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                pieces += self._delta(delta)
+            if choice.get("finish_reason") is not None:
+                self._finish_reason = choice["finish_reason"]
+        return pieces
+
+    def body(self) -> JsonObject:
+        """The whole response; raises WireFormatError when the stream ended before a finish_reason."""
+        if self._head is None or self._finish_reason is None:
+            raise WireFormatError("provider stream ended before a finish_reason")
+        message: JsonObject = {"role": self._role, "content": "".join(self._content) or None}
+        if self._calls:
+            message["tool_calls"] = [
+                {**call, "function": {**call["function"], "arguments": "".join(self._arguments[index])}}
+                for index, call in sorted(self._calls.items())
+            ]
+        head = self._head
+        body: JsonObject = {
+            "id": head.get("id"),
+            "object": "chat.completion",
+            "created": head.get("created"),
+            "model": head.get("model"),
+            **{key: head[key] for key in _HEAD[3:] if key in head},
+            "choices": [{"index": 0, "message": message, "finish_reason": self._finish_reason}],
+        }
+        if self._usage is not None:
+            body["usage"] = self._usage
+        return body
+
+    def _delta(self, delta: JsonObject) -> list[Piece]:
+        pieces: list[Piece] = []
+        if isinstance(delta.get("role"), str):
+            self._role = delta["role"]
+        text = delta.get("content")
+        if isinstance(text, str):
+            self._content.append(text)
+            if text:
+                pieces.append(Piece(0, DeltaKind.TEXT, text))
+        for call in delta.get("tool_calls") or []:
+            index = call.get("index") if isinstance(call, dict) else None
+            if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+                raise WireFormatError("provider stream: a tool call piece has no index")
+            held = self._calls.setdefault(index, {"id": None, "type": "function", "function": {"name": ""}})
+            self._arguments.setdefault(index, [])
+            if call.get("id"):
+                held["id"] = call["id"]
+            if call.get("type"):
+                held["type"] = call["type"]
+            function = call.get("function")
+            if not isinstance(function, dict):
+                continue
+            if isinstance(function.get("name"), str):
+                held["function"]["name"] += function["name"]
+            part = function.get("arguments")
+            if isinstance(part, str) and part:
+                self._arguments[index].append(part)
+                pieces.append(Piece(index + 1, DeltaKind.TOOL_INPUT, part))
+        return pieces

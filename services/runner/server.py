@@ -13,17 +13,23 @@ from bae.common.call_tasks import CallTasks, serve_until_done
 from bae.common.config import Config
 from bae.common.errors import InvalidInput
 from bae.common.jsontext import RawJson, dump, load
-from bae.common.protos import runner_pb2, runner_pb2_grpc
+from bae.common.protos import client_api_pb2, runner_pb2, runner_pb2_grpc
 from bae.common.redact import register_config
-from services.runner.canonical import History
+from services.runner.canonical import DeltaKind, History
 from services.runner.clients import ProviderClients
-from services.runner.walk import StepEvent, StepOutcome, StepSpec, run_step
+from services.runner.walk import StepDelta, StepEvent, StepOutcome, StepSpec, run_step
 
 log = logging.getLogger("bae.runner")
 
 SERVICE_NAME = runner_pb2.DESCRIPTOR.services_by_name["Runner"].full_name
 SHUTTING_DOWN = "the runner is shutting down"
 
+_DELTA_KINDS = {
+    DeltaKind.TEXT: client_api_pb2.DELTA_TEXT,
+    DeltaKind.THINKING: client_api_pb2.DELTA_THINKING,
+    DeltaKind.TOOL_INPUT: client_api_pb2.DELTA_TOOL_INPUT,
+    DeltaKind.RESET: client_api_pb2.DELTA_RESET,
+}
 _OUTCOMES = {
     "ok": runner_pb2.StepResult.OK,
     "all_failed": runner_pb2.StepResult.ALL_FAILED,
@@ -57,13 +63,17 @@ class RunnerService(runner_pb2_grpc.RunnerServicer):
         return self._draining.is_set()
 
     async def walk(self, request: runner_pb2.StepRequest, history: History) -> AsyncIterator[runner_pb2.StepUpdate]:
-        """One step's updates: one when the walk starts waiting for a provider or a `Retry-After`, one with
-        the result."""
+        """One step's updates: one when the walk starts waiting for a provider or a `Retry-After`, one per
+        delta of a streamed call, one with the result."""
         spec = step_spec(request, history)
         held = request.hold_history
         events: list[runner_pb2.StepEvent] = []
         async for item in run_step(spec, self.config, self.clients, self.retry_after_limit):
-            if isinstance(item, StepEvent):
+            if isinstance(item, StepDelta):
+                # At once: the stream's writer packs what queues while a write is under way.
+                delta = client_api_pb2.Delta(seq=item.seq, index=item.index, kind=_DELTA_KINDS[item.kind], text=item.text)
+                yield runner_pb2.StepUpdate(deltas=[delta], history_held=held)
+            elif isinstance(item, StepEvent):
                 events.append(
                     runner_pb2.StepEvent(
                         event_type=item.event_type,
@@ -162,6 +172,7 @@ def step_spec(request: runner_pb2.StepRequest, history: History) -> StepSpec:
         tools_json=RawJson(request.tools_json or "[]"),
         purpose=request.purpose,
         min_max_tokens=request.min_max_tokens,
+        stream_deltas=request.stream_deltas,
     )
 
 

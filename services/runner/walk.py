@@ -2,7 +2,11 @@
 
 `run_step` yields each event as soon as it exists (so the session service
 can append and broadcast it while the next attempt runs), then exactly one
-`StepOutcome`.
+`StepOutcome`. A step that streams (someone listens for deltas) calls each
+provider through its SDK's streaming API and yields each piece of output as a
+`StepDelta` as it comes; the events it records are the same as without
+streaming, the `provider.response` holding the response put together in the
+shape the call answers without streaming (the wire modules' StreamAssembly).
 """
 
 from __future__ import annotations
@@ -14,16 +18,16 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Protocol
 
 from bae.common.config import Config, EnvResolutionError, ProviderEntry, primary_not_configured, resolve_env
 from bae.common import telemetry
-from bae.common.jsontext import RawJson, load
+from bae.common.jsontext import RawJson, dump, load
 from bae.common.redact import redact, redact_whole
 from services.runner import anthropic_wire, openai_wire
 from services.runner.attempt_span import end_attempt, start_attempt
-from services.runner.canonical import History, JsonObject, Message, Usage, WireFormatError
-from services.runner.clients import ANTHROPIC, OPENAI, ProviderClients, TransportError
+from services.runner.canonical import DeltaKind, History, JsonObject, Message, Piece, Usage, WireFormatError
+from services.runner.clients import ANTHROPIC, OPENAI, ProviderClients, StreamBroken, TransportError, WireResponse
 
 log = logging.getLogger("bae.runner")
 
@@ -53,6 +57,7 @@ class StepSpec:
     tools_json: RawJson  # `tools` as the session sent it, passed on without re-serializing
     purpose: str = ""  # "" for a turn, "compaction"
     min_max_tokens: int = 0
+    stream_deltas: bool = False  # call providers with their streaming APIs, yielding StepDelta
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,17 @@ class StepEvent:
     messages_as_sent: bool = False
     # The walk goes on waiting for a provider after this event: the events so far should go out now.
     then_waits: bool = False
+
+
+@dataclass(frozen=True)
+class StepDelta:
+    """A piece of a streamed attempt's output, `seq` from 0 per attempt; a failed streamed
+    attempt ends with a RESET one."""
+
+    seq: int
+    index: int
+    kind: DeltaKind
+    text: str
 
 
 @dataclass(frozen=True)
@@ -119,6 +135,14 @@ class _Prepared:
     tools_json: RawJson
 
 
+class _Assembly(Protocol):
+    """A streamed response put together (anthropic_wire.StreamAssembly, openai_wire.StreamAssembly)."""
+
+    def feed(self, event: Any) -> list[Piece]: ...
+
+    def body(self) -> JsonObject: ...
+
+
 @dataclass(frozen=True)
 class _Wire:
     """How one provider kind prepares messages, shapes a request and reads a response."""
@@ -129,6 +153,9 @@ class _Wire:
     usage: Callable[[JsonObject], Usage | None]
     assistant_message: Callable[[JsonObject], Message]
     truncation: Callable[[JsonObject], str]
+    # What a streamed call adds to the request body, and what puts its answer together.
+    stream_options: JsonObject
+    assembly: Callable[[], _Assembly]
 
 
 WIRES = {
@@ -140,6 +167,8 @@ WIRES = {
         anthropic_wire.usage,
         anthropic_wire.assistant_message,
         anthropic_wire.truncation,
+        anthropic_wire.STREAM_OPTIONS,
+        anthropic_wire.StreamAssembly,
     ),
     OPENAI: _Wire(
         # Chat Completions takes any role order: nothing to normalize (§8.5).
@@ -150,6 +179,8 @@ WIRES = {
         openai_wire.usage,
         openai_wire.assistant_message,
         openai_wire.truncation,
+        openai_wire.STREAM_OPTIONS,
+        openai_wire.StreamAssembly,
     ),
 }
 
@@ -175,7 +206,7 @@ def resolve_chain(config: Config, spec: StepSpec) -> list[ProviderEntry] | None:
 
 async def run_step(
     spec: StepSpec, config: Config, clients: ProviderClients, retry_after_limit: float
-) -> AsyncIterator[StepEvent | StepOutcome]:
+) -> AsyncIterator[StepEvent | StepDelta | StepOutcome]:
     """The walk: each entry of the chain once, in order, until one answers; then, if all failed,
     each entry whose RATE_LIMITED answer asked for a wait of at most `retry_after_limit` seconds
     once more, when its wait is over, in the order the waits end."""
@@ -224,19 +255,36 @@ async def run_step(
             **({} if as_sent else {"messages": sent.json}),
         }
         span = start_attempt(entry, attempt, current.kind)
-        # The HTTP call starts now; the request event goes out with its answer, or while it runs.
-        attempt_call = asyncio.ensure_future(_attempt(entry, wire, max_tokens, prepared, clients))
-        try:
-            if request_event_hold:
-                await asyncio.wait((attempt_call,), timeout=request_event_hold)
-            yield StepEvent(
-                PROVIDER_REQUEST, request_payload, messages_as_sent=as_sent, then_waits=not attempt_call.done()
-            )
-            result = await attempt_call
-        finally:
-            attempt_call.cancel()  # a no-op once done; stops the call when the step is abandoned
-            if not attempt_call.done() or attempt_call.cancelled():
-                end_attempt(span, False, None, "attempt abandoned")
+        streamed = 0  # deltas the attempt yielded
+        if spec.stream_deltas:
+            # Its deltas name the request event: it goes out first, at once.
+            yield StepEvent(PROVIDER_REQUEST, request_payload, messages_as_sent=as_sent, then_waits=True)
+            ended = False
+            try:
+                async for item in _streamed_attempt(entry, wire, max_tokens, prepared, clients):
+                    if isinstance(item, Piece):
+                        yield StepDelta(streamed, item.index, item.kind, item.text)
+                        streamed += 1
+                    else:
+                        result = item
+                ended = True
+            finally:
+                if not ended:
+                    end_attempt(span, False, None, "attempt abandoned")
+        else:
+            # The HTTP call starts now; the request event goes out with its answer, or while it runs.
+            attempt_call = asyncio.ensure_future(_attempt(entry, wire, max_tokens, prepared, clients))
+            try:
+                if request_event_hold:
+                    await asyncio.wait((attempt_call,), timeout=request_event_hold)
+                yield StepEvent(
+                    PROVIDER_REQUEST, request_payload, messages_as_sent=as_sent, then_waits=not attempt_call.done()
+                )
+                result = await attempt_call
+            finally:
+                attempt_call.cancel()  # a no-op once done; stops the call when the step is abandoned
+                if not attempt_call.done() or attempt_call.cancelled():
+                    end_attempt(span, False, None, "attempt abandoned")
         ok = isinstance(result, _Success)
         telemetry.count(PROVIDER_REQUESTS, {"provider": entry.provider, "outcome": "ok" if ok else "error"})
         if isinstance(result, _Success):
@@ -277,6 +325,8 @@ async def run_step(
                 entry.name,
                 result.retry_after,
             )
+        if spec.stream_deltas:  # whatever it streamed is void, before its failure is recorded
+            yield StepDelta(streamed, 0, DeltaKind.RESET, "")
         # What this attempt records goes out before a wait for a retry.
         waits = not tries and bool(retries)
         call_failed = attempt == 0 and not spec.purpose and bool(tries or retries)
@@ -335,6 +385,11 @@ async def _attempt(
     finally:
         telemetry.record(PROVIDER_LATENCY, (time.perf_counter() - started) * 1000, {"provider": entry.provider})
 
+    return _answer(wire, response, token)
+
+
+def _answer(wire: _Wire, response: WireResponse, token: str) -> _Success | _Failure:
+    """What an answer makes of the attempt."""
     # A failure's text is what echoes a piece of the key (`invalid x-api-key sk-ant-…`); an answer,
     # maybe megabytes of output, is searched for whole secrets (bae.common.redact says why).
     ok = 200 <= response.status < 300
@@ -353,3 +408,67 @@ async def _attempt(
     except WireFormatError as exc:
         return _Failure(None, redact(str(exc), token), redact(text, token))
     return _Success(response.status, parsed, message, wire.usage(parsed), wire.truncation(parsed))
+
+
+async def _streamed_attempt(
+    entry: ProviderEntry,
+    wire: _Wire,
+    max_tokens: int,
+    prepared: _Prepared,
+    clients: ProviderClients,
+) -> AsyncIterator[Piece | _Success | _Failure]:
+    """One streamed HTTP call: each piece of output as it comes, then the attempt's result, the
+    response put together as the call answers without streaming. Bounded as a call that does not
+    stream is: the whole attempt within the clients' timeout."""
+    try:
+        token = resolve_env(entry.auth_token, "provider config")
+    except EnvResolutionError as exc:
+        yield _Failure(None, str(exc), None)
+        return
+    body = {**wire.request_body(entry.model, max_tokens, prepared), **wire.stream_options}
+    assembly = wire.assembly()
+    loop = asyncio.get_running_loop()
+    started = time.perf_counter()
+    deadline = loop.time() + clients.timeout
+    failure: _Failure | None = None
+    try:
+        # No yield inside a timeout: it would cancel whatever the consumer awaits meanwhile.
+        async with asyncio.timeout_at(deadline):
+            answer = await clients.open_stream(entry.provider, entry.effective_base_url, token, body)
+        if isinstance(answer, WireResponse):
+            yield _answer(wire, answer, token)
+            return
+        try:
+            events = aiter(answer)
+            while True:
+                async with asyncio.timeout_at(deadline):
+                    event = await anext(events, None)
+                if event is None:
+                    break
+                for piece in assembly.feed(event):
+                    # Searched for whole secrets, as an answer is: a delta is a few characters.
+                    yield replace(piece, text=redact_whole(piece.text, token))
+        finally:
+            await answer.close()
+    except TimeoutError:
+        failure = _Failure(None, f"request timed out after {clients.timeout:g} s", None)
+    except TransportError as exc:
+        failure = _Failure(None, redact(str(exc), token), None)
+    except StreamBroken as exc:
+        failure = _Failure(200, redact(str(exc), token), redact(exc.body, token) if exc.body is not None else None)
+    except WireFormatError as exc:
+        failure = _Failure(200, redact(str(exc), token), None)
+    except Exception as exc:  # an SDK-side failure must fail the attempt, not the stream
+        log.exception("provider %r: unexpected client error", entry.name)
+        failure = _Failure(None, redact(f"{type(exc).__name__}: {exc}", token), None)
+    finally:
+        telemetry.record(PROVIDER_LATENCY, (time.perf_counter() - started) * 1000, {"provider": entry.provider})
+    if failure is not None:
+        yield failure
+        return
+    try:
+        whole = assembly.body()
+    except WireFormatError as exc:
+        yield _Failure(200, redact(str(exc), token), None)
+        return
+    yield _answer(wire, WireResponse(200, dump(whole)), token)

@@ -71,7 +71,7 @@ class Reader:
         self.task = asyncio.create_task(self._read(observer, set(replayed)))
 
     async def _read(self, observer: Observer, replayed: set[str]) -> None:
-        async for chunk in observer.lines(replayed):
+        async for chunk in observer.lines(replayed, set()):
             self.ids += [json.loads(line)["params"]["id"] for line in chunk.splitlines()]
 
     async def ended(self) -> list[str]:
@@ -140,7 +140,7 @@ async def test_an_observer_that_stops_reading_is_cut_off_alone():
         relay.frames.put_nowait(events(f"e{number}"))
         await settle()
     assert stalled.ending is Ending.LAGGED
-    assert [line async for line in stalled.lines(set())] == []  # the lagged error follows at once
+    assert [line async for line in stalled.lines(set(), set())] == []  # the lagged error follows at once
     assert reading.ending is None and len(reader.ids) == LAG_LIMIT + 1
     relay.frames.put_nowait(grpc.aio.EOF)
     await reader.ended()

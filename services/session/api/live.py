@@ -12,15 +12,16 @@ translate.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from typing import Any, AsyncIterator, Callable, Iterable, Iterator, TypeVar
+from typing import Any, AsyncIterator, Callable, Iterable, Iterator, TypeVar, cast
 
 from google.protobuf.message import Message as ProtoMessage
 
-from bae.common.errors import QuotaExceeded, echo
+from bae.common.errors import NotFound, QuotaExceeded, echo
 from bae.common.jsontext import dump, load
 from bae.common.limits import Limits
-from bae.common.protos import client_api_pb2, edge_pb2, session_pb2
+from bae.common.protos import admin_api_pb2, client_api_pb2, edge_pb2, session_pb2
 from bae.common.rpc_codes import LAGGED_MESSAGE, RpcCode
 from services.session.api.event_messages import EventBatch, event_of_view, in_pieces, view_pieces
 from services.session.api.faults import RpcError, RpcFault
@@ -31,12 +32,14 @@ from services.session.engine.domain import CompactRequest, SessionState, TurnReq
 from services.session.engine.engine import TurnEngine
 from services.session.engine.errors import KeyRevoked, SessionNotOpen
 from services.session.engine.feed import Buffer, Item, Lagged, Notice, Watcher
+from services.session.engine.ports import Delta, DeltaKind
 from services.session.engine.live import LiveSession
 from services.session.engine.registry import SessionRegistry
 from services.session.engine.sandboxes import SessionSandboxes
 from services.session.engine.subagent_calls import SessionSubagents
 from services.session.store import Store
 from services.session.store.events import EventView
+from services.session.store.records import SessionRecord
 
 log = logging.getLogger("bae.session.live")
 
@@ -118,35 +121,60 @@ class LiveApi:
     async def subscribe(self, call: RpcCall[client_api_pb2.SubscribeParams]) -> AsyncIterator[SubscriptionFrame]:
         """`session.subscribe`, whose live events the gateway takes from its relay (`feed_relay`), joined
         before this call: who observes from which feed position (where a watcher would join), then
-        the replay (§6.4)."""
-        live = await self._attach_observed(call)
-        if live is None:
-            observer = client_api_pb2.Observer(key=call.actor, live=False)
-            yield SubscriptionFrame(observer=observer)
-            async for frame in self._replay(call):
-                yield frame
-            return
+        the replay (§6.4), then, with `deltas`, the catch-up of the provider call streaming then."""
+        params = call.params()
+        since = params.since_event_id if params.HasField("since_event_id") else None
         overrides = call.profile.limits if call.profile is not None else None  # None: the profile was deleted
         limit = self.limits.overridden(overrides).max_subscribers_per_session
-        if not live.feed.admit_subscriber(limit):
-            raise RpcFault(RpcCode.QUOTA_EXCEEDED, QuotaExceeded("max_subscribers_per_session", limit).detail)
-        try:
-            observer = client_api_pb2.Observer(
-                key=call.actor, live=call.actor not in live.feed.revoked, position=live.feed.position
-            )
-            yield SubscriptionFrame(observer=observer)
-            async for frame in self._replay(call):
+        live = await self._attach_observed(call.session)
+        async for frame in self._observe(call.session_id, live, call.actor, since, params.deltas, limit):
+            yield frame
+
+    async def watch(self, request: admin_api_pb2.WatchSessionRequest) -> AsyncIterator[SubscriptionFrame]:
+        """The admin port's view of a session: as `session.subscribe`, for a session in any state,
+        counted against no limit. Raises NotFound before the first frame for an unknown session."""
+        session = await self.store.get_session(request.session_id)
+        if session is None:
+            raise NotFound(f"no session {echo(request.session_id)}")
+        live = await self._attach_observed(session)
+        since = request.since_event_id if request.HasField("since_event_id") else None
+        async for frame in self._observe(request.session_id, live, "", since, request.deltas, None):
+            yield frame
+
+    async def _observe(
+        self, session_id: str, live: LiveSession | None, key: str, since: str | None, deltas: bool, limit: int | None
+    ) -> AsyncIterator[SubscriptionFrame]:
+        """An observer of `live` (None: replay only) acting as `key`, counted against `limit` (None: not counted)."""
+        if live is None:
+            yield SubscriptionFrame(observer=client_api_pb2.Observer(key=key, live=False))
+            async for frame in self._replay(session_id, since):
                 yield frame
+            return
+        feed = live.feed
+        if limit is not None and not feed.admit_subscriber(limit):
+            raise RpcFault(RpcCode.QUOTA_EXCEEDED, QuotaExceeded("max_subscribers_per_session", limit).detail)
+        feed.delta_subscribers += deltas
+        try:
+            # The position and the catch-up at the same moment: the live part starts right after both.
+            observer = client_api_pb2.Observer(key=key, live=key not in feed.revoked, position=feed.position)
+            catch_up = feed.stream.catch_up() if deltas else []
+            yield SubscriptionFrame(observer=observer)
+            async for frame in self._replay(session_id, since):
+                yield frame
+            if catch_up:
+                yield SubscriptionFrame(deltas=delta_batch(catch_up))
             # Held open, counted, while the observer watches; the gateway cancels it when it stops.
             yield SubscriptionFrame(replayed=True)
-            await live.feed.until_let_go()
+            await feed.until_let_go()
         finally:
-            live.feed.leave_subscriber()
+            feed.delta_subscribers -= deltas
+            if limit is not None:
+                feed.leave_subscriber()
 
     async def feed_relay(self, session_id: str) -> AsyncIterator[RelayFrame]:
         """The session's feed for one gateway's observers: the position it starts after, then every
-        event and notice in order, until the session's live state ends; cut off when lagged like any
-        watcher. Raises SessionNotOpen before the first frame."""
+        event, delta and notice in order, until the session's live state ends; cut off when lagged
+        like any watcher. Raises SessionNotOpen before the first frame."""
         live = await self.sessions.attach(session_id)
         feed_relay = live.feed.relay()
         try:
@@ -156,27 +184,25 @@ class LiveApi:
         finally:
             live.feed.forget(feed_relay)
 
-    async def _attach_observed(self, call: RpcCall[client_api_pb2.SubscribeParams]) -> LiveSession | None:
+    async def _attach_observed(self, session: SessionRecord | None) -> LiveSession | None:
         """The live session a subscription watches; None when it is not open (replay only)."""
-        if call.session is None or call.session.state != SessionState.OPEN:
+        if session is None or session.state != SessionState.OPEN:
             return None
         try:
-            return await self.sessions.attach(call.session_id)
+            return await self.sessions.attach(session.id)
         except SessionNotOpen:
             return None  # closed since the key was checked: replay only
 
-    async def _replay(self, call: RpcCall[client_api_pb2.SubscribeParams]) -> AsyncIterator[SubscriptionFrame]:
-        """With `since_event_id`: the stored events after it, in pages (the gateway drops the live
+    async def _replay(self, session_id: str, since: str | None) -> AsyncIterator[SubscriptionFrame]:
+        """With `since` (an event id): the stored events after it, in pages (the gateway drops the live
         events the replay sent, by id)."""
-        params = call.params()
-        if not params.HasField("since_event_id"):
+        if since is None:
             return
-        since = params.since_event_id
         try:
-            seq = await self.store.event_seq(call.session_id, since) or 0
+            seq = await self.store.event_seq(session_id, since) or 0
             while True:
                 # Pages as the events listing reads them, so a large event never holds many in memory.
-                rows = await self.store.list_events(call.session_id, seq, REPLAY_PAGE + 1, PAGE_PAYLOAD_CHARS)
+                rows = await self.store.list_events(session_id, seq, REPLAY_PAGE + 1, PAGE_PAYLOAD_CHARS)
                 page = rows[: fitting(rows[:REPLAY_PAGE], _text_chars)]
                 for frame in event_frames((event for _, event in page), SubscriptionFrame):
                     yield frame
@@ -184,7 +210,7 @@ class LiveApi:
                     break
                 seq = page[-1][0]
         except Exception:
-            log.exception("replay for %s failed", call.session_id)
+            log.exception("replay for %s failed", session_id)
             raise RpcFault(RpcCode.APPLICATION_ERROR, "replay failed", id_mode=RpcError.NULL_ID) from None
 
     async def unsubscribe(self, call: RpcCall[ProtoMessage]) -> client_api_pb2.UnsubscribeResult:
@@ -201,7 +227,7 @@ class LiveApi:
         message = message_of(call.params())
         await self._within_budgets(call)
         request = TurnRequest(call.session_id, call.actor, message)
-        watcher = Watcher(key=call.actor)
+        watcher = Watcher(key=call.actor, deltas=call.params().stream_deltas)
         work = asyncio.ensure_future(
             self.turns.run_turn(request, watcher=watcher, records=(call.session, call.profile))
         )
@@ -310,7 +336,7 @@ async def stream_until_done(watcher: Watcher, work: asyncio.Future[T], frame: Ca
     # The engine ends the watcher when its work ends; this covers work that fails before it does.
     work.add_done_callback(lambda _: watcher.end())
     try:
-        async for batch in relay(watcher, lambda items: event_frames(items, frame), frame(error=LAGGED_ERROR)):
+        async for batch in relay(watcher, lambda items: feed_frames(items, frame), frame(error=LAGGED_ERROR)):
             yield batch
         if not watcher.cut_off:
             await asyncio.wait({work})
@@ -333,20 +359,54 @@ async def relay(buffer: Buffer[Item], frames: Callable[[list[Item]], Iterable[F]
             yield frame
 
 
-def relay_frames(items: list[EventView | Notice]) -> Iterator[RelayFrame]:
-    """A relay's items as frames, in order: runs of events batched, each notice a frame of its own."""
-    events: list[EventView] = []
+def relay_frames(items: list[EventView | Delta | Notice]) -> Iterator[RelayFrame]:
+    """A relay's items as frames, in order: runs of events and of deltas batched, each notice a frame
+    of its own."""
+    run: list[EventView | Delta] = []
     for item in items:
         if isinstance(item, Notice):
-            yield from event_frames(events, RelayFrame)
-            events = []
+            yield from feed_frames(run, RelayFrame)
+            run = []
             if item.revoked_key is None:
                 yield RelayFrame(subscriptions_ended=True)
             else:
                 yield RelayFrame(revoked_key=item.revoked_key)
         else:
-            events.append(item)
-    yield from event_frames(events, RelayFrame)
+            run.append(item)
+    yield from feed_frames(run, RelayFrame)
+
+
+def feed_frames(items: Iterable[EventView | Delta], frame: Callable[..., F]) -> Iterator[F]:
+    """Events and deltas as frames, in order: each run of events as `event_frames` makes it, each run
+    of deltas one frame."""
+    for is_delta, run in itertools.groupby(items, key=lambda item: isinstance(item, Delta)):
+        if is_delta:
+            yield frame(deltas=delta_batch(cast(list[Delta], list(run))))
+        else:
+            yield from event_frames(cast(Iterator[EventView], run), frame)
+
+
+_DELTA_KINDS = {
+    DeltaKind.TEXT: client_api_pb2.DELTA_TEXT,
+    DeltaKind.THINKING: client_api_pb2.DELTA_THINKING,
+    DeltaKind.TOOL_INPUT: client_api_pb2.DELTA_TOOL_INPUT,
+    DeltaKind.RESET: client_api_pb2.DELTA_RESET,
+}
+
+
+def delta_batch(deltas: list[Delta]) -> client_api_pb2.DeltaBatch:
+    return client_api_pb2.DeltaBatch(
+        deltas=[
+            client_api_pb2.Delta(
+                request_event_id=delta.request_event_id,
+                seq=delta.seq,
+                index=delta.index,
+                kind=_DELTA_KINDS[delta.kind],
+                text=delta.text,
+            )
+            for delta in deltas
+        ]
+    )
 
 
 def _text_chars(row: tuple[int, EventView]) -> int:

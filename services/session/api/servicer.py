@@ -170,6 +170,14 @@ class SessionServicer:
         for page in await _answer(self.admin.list_session_events(request)):
             yield page
 
+    async def watch_session(
+        self, request: admin_api_pb2.WatchSessionRequest, incoming: Incoming
+    ) -> AsyncIterator[client_api_pb2.SubscriptionFrame]:
+        await _answer(self.auth.require_admin(Credential.of(request.credential)))
+        await self._owned(request.session_id)
+        async for frame in self.live.watch(request):
+            yield frame
+
     async def delete_session(
         self, request: admin_api_pb2.DeleteSessionRequest, incoming: Incoming
     ) -> admin_api_pb2.NoContent:

@@ -9,9 +9,15 @@ any reader can run, so a reader that keeps coming back receives it whole,
 however large it is.
 
 A gateway fans a session's events out to its own `session.subscribe`
-observers from one `Relay` per session: the feed counts every event and
+observers from one `Relay` per session: the feed counts every event, delta and
 notice it carries (its position), so an observer that joins at a position
 gets exactly what a watcher joining here would have got.
+
+Deltas (a provider call's output as it streams) travel with the events, in
+order, to the watchers and observers that asked for them; they are never
+stored. The feed keeps what the call streaming now has streamed so far
+(`CallStream`), so that an observer joining mid-call catches up with it: one
+delta per content block, as of the position it joins at.
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from bae.common.jsontext import JsonObject
+from services.session.engine.ports import Delta, DeltaKind
 from services.session.store.events import EventView
 
 LAG_LIMIT = 256
+PROVIDER_RESPONSE = "provider.response"
 
 Item = TypeVar("Item")
 
@@ -78,11 +86,13 @@ class Buffer(Generic[Item]):
 
 
 @dataclass(eq=False)
-class Watcher(Buffer[EventView]):
+class Watcher(Buffer[EventView | Delta]):
     """A live stream of the session's own (a sendMessage's or a compact's caller)."""
 
     # The client key whose stream this is (ended if that key is revoked); None for internal watchers.
     key: str | None = None
+    # The caller asked for deltas (`stream_deltas`).
+    deltas: bool = False
     # Event ids this watcher must not be sent (a sendMessage stream's own input echo).
     echo_ids: set[str] = field(default_factory=set)
     _revoked: bool = False
@@ -125,8 +135,49 @@ class Notice:
     revoked_key: str | None = None
 
 
-class Relay(Buffer[EventView | Notice]):
-    """A gateway's copy of the feed: every event and notice, in order, one position each."""
+class Relay(Buffer[EventView | Delta | Notice]):
+    """A gateway's copy of the feed: every event, delta and notice, in order, one position each."""
+
+
+@dataclass
+class _Block:
+    kind: DeltaKind
+    texts: list[str]
+    seq: int  # the last one added
+
+
+@dataclass
+class CallStream:
+    """What the provider call streaming now has streamed, per content block; emptied when its
+    `provider.response` is published (that event holds it all) or it resets."""
+
+    request_event_id: str = ""
+    _blocks: dict[int, _Block] = field(default_factory=dict)
+
+    def add(self, deltas: Sequence[Delta]) -> None:
+        for delta in deltas:
+            if delta.request_event_id != self.request_event_id:
+                self.request_event_id = delta.request_event_id
+                self._blocks.clear()
+            if delta.kind is DeltaKind.RESET:
+                self._blocks.clear()
+                continue
+            block = self._blocks.get(delta.index)
+            if block is None:
+                self._blocks[delta.index] = _Block(delta.kind, [delta.text], delta.seq)
+            else:
+                block.texts.append(delta.text)
+                block.seq = delta.seq
+
+    def catch_up(self) -> list[Delta]:
+        """One delta per content block, holding everything streamed so far; its seq the last one included."""
+        return [
+            Delta(self.request_event_id, block.seq, index, block.kind, "".join(block.texts))
+            for index, block in sorted(self._blocks.items())
+        ]
+
+    def clear(self) -> None:
+        self._blocks.clear()
 
 
 @dataclass
@@ -139,6 +190,9 @@ class SessionFeed:
     position: int = 0
     # `session.subscribe` calls held open while their observers watch (max_subscribers_per_session).
     subscribers: int = 0
+    # Of those (and of the admin port's watchers), the ones that asked for deltas.
+    delta_subscribers: int = 0
+    stream: CallStream = field(default_factory=CallStream)
     _let_go: asyncio.Event = field(default_factory=asyncio.Event)
 
     def join(self, watcher: Watcher) -> None:
@@ -163,12 +217,27 @@ class SessionFeed:
 
     def publish(self, events: Sequence[EventView]) -> None:
         self.position += len(events)
+        if any(event["event_type"] == PROVIDER_RESPONSE for event in events):
+            self.stream.clear()
         for relay in list(self.relays):
             relay.push(*events)
         for watcher in list(self.watchers):
             wanted = [event for event in events if watcher.wants(event)]
             if wanted:
                 watcher.push(*wanted)
+
+    def publish_deltas(self, deltas: Sequence[Delta]) -> None:
+        self.position += len(deltas)
+        self.stream.add(deltas)
+        for relay in list(self.relays):
+            relay.push(*deltas)
+        for watcher in list(self.watchers):
+            if watcher.deltas:
+                watcher.push(*deltas)
+
+    def wants_deltas(self) -> bool:
+        """Whether someone listens for deltas: a subscriber, or a caller whose work runs now."""
+        return self.delta_subscribers > 0 or any(watcher.deltas for watcher in self.watchers)
 
     def end_subscriptions(self) -> None:
         """`session.unsubscribe`: the gateways end their observers' streams."""

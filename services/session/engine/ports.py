@@ -34,6 +34,26 @@ class StepOutcome(StrEnum):
     PROVIDER_CONFIG = "provider_config"  # the primary provider is not configured; see `detail`
 
 
+class DeltaKind(StrEnum):
+    """What a piece of a streamed provider call is (a `session.delta`'s `kind`)."""
+
+    TEXT = "text"
+    THINKING = "thinking"
+    TOOL_INPUT = "tool_input"  # a piece of the partial JSON of a tool call's input
+    RESET = "reset"  # the attempt failed: discard what the call streamed
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """A piece of a provider call's output as it is generated; never stored."""
+
+    request_event_id: str  # the call's `provider.request` event ("" until the turn knows it)
+    seq: int  # from 0 per call, without gaps
+    index: int  # the content block
+    kind: DeltaKind
+    text: str
+
+
 class StepMessages(NamedTuple):
     """A provider step's history: each message's JSON text, and its role."""
 
@@ -51,6 +71,7 @@ class StepRequest:
     tools_json: str  # the advertised tools as one JSON array
     purpose: str = ""  # "" for a turn, "compaction" for a compaction call
     min_max_tokens: int = 0
+    stream_deltas: bool = False  # someone listens: the runner streams, and the updates carry deltas
 
 
 class StepEvent(NamedTuple):
@@ -75,10 +96,13 @@ class StepResult:
 
 @dataclass(frozen=True)
 class StepUpdate:
-    """Events of a step as they come; the last update of a step carries its result."""
+    """Events of a step as they come; the last update of a step carries its result. A streamed
+    step's deltas come before the update's events, and belong to the attempt whose
+    `provider.request` came last."""
 
     events: Sequence[StepEvent] = ()
     result: StepResult | None = None
+    deltas: Sequence[Delta] = ()
 
 
 class StepFailed(errors.Unavailable):

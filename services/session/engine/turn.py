@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from bae.common.jsontext import JsonObject, dump
@@ -44,6 +44,7 @@ log = logging.getLogger("bae.session.turn")
 
 T = TypeVar("T")
 
+PROVIDER_REQUEST = "provider.request"
 PROVIDER_RESPONSE = "provider.response"
 # A step may walk several providers, each bounded by the runner's own per-attempt timeout.
 STEP_DEADLINE = 900.0
@@ -212,7 +213,10 @@ class Turn:
         purpose: str = "",
         min_max_tokens: int = 0,
     ) -> StepResult:
-        """One provider step; records its events as they stream and returns the step's result."""
+        """One provider step; records its events as they stream and returns the step's result. When
+        someone listens for deltas (feed.wants_deltas) the step streams, and its deltas are published
+        as they come, named after the `provider.request` event recorded last."""
+        feed = self.live.feed
         request = StepRequest(
             session_id=self.session_id,
             primary_provider=profile.primary_provider,
@@ -220,23 +224,33 @@ class Turn:
             tools_json=dump(tools),
             purpose=purpose,
             min_max_tokens=min_max_tokens,
+            stream_deltas=feed.wants_deltas(),
         )
         result = None
+        request_event_id = ""
         updates = self.steps.run_step(request, messages, timeout=STEP_DEADLINE)
         try:
             while result is None and (update := await self._next_update(updates)) is not None:
+                if update.deltas:
+                    feed.publish_deltas([replace(delta, request_event_id=request_event_id) for delta in update.deltas])
                 charge = self._charge(profile, update)
                 if update.result is not None:
                     result = update.result
                     self.carried += [(self.actor, kind, payload) for kind, payload in update.events]
                     self.carried_charge = charge.plus(self.carried_charge) if charge is not None else self.carried_charge
                 elif update.events:
-                    await self.emit(update.events, charge=charge)
+                    views = await self.emit(update.events, charge=charge)
+                    request_event_id = next(
+                        (view["id"] for view in reversed(views) if view["event_type"] == PROVIDER_REQUEST), request_event_id
+                    )
         except StepFailed as exc:
             await self.settle()  # a failed write of what came before is the turn's error, not this
             log.error("runner step for session %s failed: %s", self.session_id, exc)
             raise
         finally:
+            # What streamed is void if the call's response is not published (the turn was cancelled,
+            # the step failed); a published one emptied it already.
+            feed.stream.clear()
             await updates.aclose()  # stops the step when an emit failed or the turn was cancelled
         if result is None:
             raise StepFailed("the step ended without a result")

@@ -31,11 +31,21 @@ import grpc
 from bae.common import grpcutil, propagation
 from bae.common.internal import InternalPlane
 from bae.common.jsontext import RawJson
-from bae.common.protos import runner_pb2, runner_pb2_grpc
+from bae.common.protos import client_api_pb2, runner_pb2, runner_pb2_grpc
 from bae.common.stream_writer import StreamWriter
 from services.session.engine.domain import Usage
 from services.session.store.requests import RequestJson
-from services.session.engine.ports import StepEvent, StepFailed, StepMessages, StepOutcome, StepRequest, StepResult, StepUpdate
+from services.session.engine.ports import (
+    Delta,
+    DeltaKind,
+    StepEvent,
+    StepFailed,
+    StepMessages,
+    StepOutcome,
+    StepRequest,
+    StepResult,
+    StepUpdate,
+)
 
 log = logging.getLogger("bae.session.runner")
 
@@ -51,6 +61,12 @@ HELD_HISTORY_BYTES = 128 * 1024 * 1024
 HELD_MESSAGE_OVERHEAD = 128
 
 
+_DELTA_KINDS = {
+    client_api_pb2.DELTA_TEXT: DeltaKind.TEXT,
+    client_api_pb2.DELTA_THINKING: DeltaKind.THINKING,
+    client_api_pb2.DELTA_TOOL_INPUT: DeltaKind.TOOL_INPUT,
+    client_api_pb2.DELTA_RESET: DeltaKind.RESET,
+}
 _OUTCOMES = {
     runner_pb2.StepResult.OK: StepOutcome.OK,
     runner_pb2.StepResult.ALL_FAILED: StepOutcome.ALL_FAILED,
@@ -111,7 +127,11 @@ class RunnerClient:
                         payload = _with_messages(event.payload_json, messages_json, messages.texts)
                     events.append(StepEvent(event.event_type, payload))
                 ended = update.HasField("result")
-                yield StepUpdate(events, _step_result(update.result) if ended else None)
+                deltas = [
+                    Delta("", delta.seq, delta.index, _DELTA_KINDS.get(delta.kind, DeltaKind.TEXT), delta.text)
+                    for delta in update.deltas
+                ]
+                yield StepUpdate(events, _step_result(update.result) if ended else None, deltas)
         finally:
             stream.forget(step_id)
             if not ended:
@@ -151,6 +171,7 @@ def _step_request(request: StepRequest) -> runner_pb2.StepRequest:
         tools_json=request.tools_json,
         purpose=request.purpose,
         min_max_tokens=request.min_max_tokens,
+        stream_deltas=request.stream_deltas,
     )
 
 
