@@ -12,7 +12,8 @@ fallback chain that mixes them):
 
 With an empty queue it answers the text "ok", so load tests need no scripting.
 Standalone (benchmarks): `python -m testkit.mockllm --port 9100`; `--text-pieces N`
-makes that default answer N pieces of "tok " and `--pace S` streams them S seconds apart.
+makes that default answer N pieces of "tok " (N output tokens) and `--pace S` puts S
+seconds between two events when it is streamed.
 
 Streaming. A request whose body has `"stream": true` gets the same reply as a
 `text/event-stream`, in the provider's own framing; everything else gets the JSON
@@ -36,7 +37,8 @@ reply gives unstreamed. How it streams is scripted on the reply:
 - `pause_at=n, resume=event`: after the n-th content delta (0: before the first),
   wait for `resume` (at most 120 s);
 - `fail_at=n, failure="cut"`: after the n-th content delta, close the connection
-  (no end events, no [DONE]); `failure="error"` sends the provider's in-stream
+  (no end events, no [DONE]; uvicorn logs that it closed it; the anthropic SDK
+  raises httpx2.RemoteProtocolError, the openai SDK APIConnectionError); `failure="error"` sends the provider's in-stream
   error instead (Anthropic `event: error` overloaded_error, OpenAI a `data:
   {"error": ...}` line) and ends the response.
 Content deltas are counted over all blocks (text, thinking, tool input pieces) as
@@ -623,7 +625,8 @@ def serve_from_command_line(
     args = parser.parse_args()
     if args.text_pieces < 0 or args.pace < 0:
         parser.error("--text-pieces and --pace cannot be negative")
-    default_reply = Reply.text("tok " * args.text_pieces) if args.text_pieces else DEFAULT_REPLY
+    # One output token a piece, as a benchmark reading the usage expects of a long answer.
+    default_reply = Reply.text("tok " * args.text_pieces, usage=(10, args.text_pieces)) if args.text_pieces else DEFAULT_REPLY
     default_reply = default_reply.streaming(pace=args.pace)
     print(f"{name} listening on http://{args.host}:{args.port}", flush=True)
     mock_class(
