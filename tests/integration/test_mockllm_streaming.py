@@ -301,9 +301,24 @@ async def test_a_paused_stream_goes_on_once_resumed(llm: MockLLM, path: str) -> 
     assert llm.aborted == []
 
 
-async def test_a_client_that_leaves_a_paused_stream_aborts_the_request(llm: MockLLM) -> None:
+async def test_a_pause_at_zero_holds_the_stream_before_its_first_delta(llm: MockLLM) -> None:
     resume = threading.Event()
-    llm.enqueue(Reply.thinking("a b", "c d").streaming(pause_at=3, resume=resume))
+    llm.enqueue(Reply.text("a b").streaming(pause_at=0, resume=resume))
+    async with anthropic_client(llm).messages.stream(model="m", max_tokens=9, messages=MESSAGES) as stream:
+        events = aiter(stream)
+        assert [(await anext(events)).type, (await anext(events)).type] == ["message_start", "content_block_start"]
+        waiting = asyncio.ensure_future(next_text(stream))
+        done, _ = await asyncio.wait([waiting], timeout=0.3)
+        assert not done
+        resume.set()
+        assert await waiting == "a "
+
+
+@pytest.mark.parametrize("how", ["paused", "paced"])
+async def test_a_client_that_leaves_a_stream_aborts_the_request(llm: MockLLM, how: str) -> None:
+    resume = threading.Event()
+    reply = Reply.thinking("a b", "c d")
+    llm.enqueue(reply.streaming(pause_at=3, resume=resume) if how == "paused" else reply.streaming(pace=0.2))
     async with anthropic_client(llm).messages.stream(model="m", max_tokens=9, messages=MESSAGES) as stream:
         assert await next_text(stream) == "c "  # the third content delta, counted over both blocks
     deadline = time.monotonic() + 10
