@@ -33,6 +33,8 @@ ARGS = ["--disable-gpu", "--disable-quic", "--no-first-run", "--disable-backgrou
         "--disable-component-update", "--disable-sync"]
 # Milliseconds Playwright waits for what a test asks (a selector, a function); a wait, not a measure.
 TIMEOUT_MS = 60_000
+# The console lines of each open page (console_of), by id(page).
+_consoles: dict[int, list[str]] = {}
 
 
 def _unavailable(reason: str) -> NoReturn:
@@ -59,7 +61,7 @@ def chromium_page(profile: Path) -> Iterator["Page"]:
     require_browser()
     from playwright.sync_api import sync_playwright
 
-    # Chromium's sandbox needs user namespaces a root process does not get: tests run as root in CI.
+    # Chromium refuses to run as root with its sandbox on, and CI runs the tests as root.
     args = [*ARGS, "--no-sandbox"] if os.geteuid() == 0 else ARGS
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
@@ -68,9 +70,31 @@ def chromium_page(profile: Path) -> Iterator["Page"]:
         try:
             context.set_default_timeout(TIMEOUT_MS)
             page = context.pages[0] if context.pages else context.new_page()
-            yield page
+            console = _consoles[id(page)] = []
+            page.on("console", lambda message: console.append(message.text))
+            try:
+                yield page
+            finally:
+                del _consoles[id(page)]
         finally:
             context.close()
+
+
+def console_of(page: "Page") -> list[str]:
+    """What `page` wrote to its console so far (its script's logs, the browser's CORS refusals)."""
+    return _consoles[id(page)]
+
+
+def wait_for(page: "Page", expression: str, shown: str = "body") -> None:
+    """Wait until the JavaScript `expression` is true in `page`; else fail the test with what the
+    element `shown` (a selector) holds and what the page logged."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(expression)
+    except PlaywrightTimeout:
+        pytest.fail(f"never true: {expression}; {shown} holds {page.text_content(shown)!r}; "
+                    f"console: {console_of(page)}")
 
 
 class PageServer:

@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from testkit.browser import PageServer
+from testkit.browser import PageServer, console_of, wait_for
 from testkit.live import new_session
 from testkit.stack import RunningStack, launch_stack, mock_provider_toml
 
@@ -61,7 +61,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, pages: tuple[PageServer, Pag
 def shown(page, server: PageServer, stack: RunningStack, sid: str, key: str) -> dict:
     """What the page served by `server` writes into its DOM once its fetch settled."""
     page.goto(f"{server.url}?{urlencode({'gateway': stack.client_url, 'session': sid, 'key': key})}")
-    page.wait_for_function("document.getElementById('out').textContent !== 'waiting'")
+    wait_for(page, "document.getElementById('out').textContent !== 'waiting'", "#out")
     return json.loads(page.text_content("#out"))
 
 
@@ -80,7 +80,6 @@ def test_a_page_of_an_allowed_origin_reads_a_sessions_events(stack, pages, brows
 def test_a_page_of_another_origin_cannot_read_the_answer(stack, pages, browser_page):
     _, other = pages
     sid, skey, _ = new_session(stack)
-    console: list[str] = []
-    browser_page.on("console", lambda message: console.append(message.text))
     assert shown(browser_page, other, stack, sid, skey) == {"failed": "TypeError"}
+    console = console_of(browser_page)
     assert any("blocked by CORS policy" in line for line in console), console
