@@ -84,6 +84,10 @@ def test_a_preflight_from_another_origin_is_refused_as_a_problem(stack, session)
     # A header the client API never reads is refused too, from an allowed origin.
     odd = preflight(f"{stack.client_url}/api/v1/sessions/{sid}/events", ALLOWED, headers="authorization,x-secret")
     assert odd.status_code == 400 and odd.json()["detail"] == "CORS preflight refused: headers not allowed"
+    # An OPTIONS that is no preflight reaches the routes: 405 as without CORS.
+    options = httpx.options(f"{stack.client_url}/api/v1/sessions/{sid}/events", headers={"Origin": ALLOWED})
+    assert options.status_code == 405 and options.json()["type"] == "method_not_allowed"
+    assert options.headers["access-control-allow-origin"] == ALLOWED
 
 
 def test_an_answer_to_an_allowed_origin_carries_the_headers_and_exposes_the_rate_limit(stack, session):
