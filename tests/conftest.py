@@ -13,6 +13,8 @@ from testkit.mockllm import MockLLM
 from testkit.stack import RunningStack, StackFactory, launch_stack
 
 if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
     from testkit.inprocess import InProcessStack
 
 
@@ -59,6 +61,24 @@ def mock() -> Iterator[MockLLM]:
     llm = MockLLM().start()
     yield llm
     llm.stop()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A browser test without a browser skips (fails under CI) before its fixtures start a stack."""
+    if item.get_closest_marker("browser") is not None:
+        from testkit.browser import require_browser
+
+        require_browser()
+
+
+@pytest.fixture
+def browser_page(tmp_path: Path) -> Iterator["Page"]:
+    """A page of a headless Chromium of its own (testkit/browser.py)."""
+    # Imported here: the unit tier never needs playwright.
+    from testkit.browser import chromium_page
+
+    with chromium_page(tmp_path / "chromium-profile") as page:
+        yield page
 
 
 @pytest.fixture(autouse=True)

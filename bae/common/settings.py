@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -177,6 +179,53 @@ def _grpc_targets(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
+# The ports a browser leaves out of the Origin it sends.
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# A host name as browsers send it in Origin (international names in their xn-- form).
+_HOST_NAME = re.compile(r"[a-z0-9-]+(\.[a-z0-9-]+)*")
+
+
+def _origin(entry: str) -> str:
+    """One origin as a browser sends it in `Origin` (lower case, no default port), or ValueError."""
+    parts = urllib.parse.urlsplit(entry)
+    host = parts.hostname  # lower case
+    if not parts.scheme or not host or not entry.lower().startswith(f"{parts.scheme}://"):
+        raise ValueError("expected scheme://host[:port]")
+    if parts.path or parts.query or parts.fragment or entry.endswith(("?", "#")):
+        raise ValueError("an origin has no path, query or fragment, not even a trailing /")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("an origin has no user name or password")
+    if ":" in host:
+        ipaddress.IPv6Address(host)  # ValueError names what is wrong with it
+        host = f"[{host}]"
+    elif not _HOST_NAME.fullmatch(host):
+        raise ValueError(f'"{host}" is not a host name')
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0 or parts.netloc.endswith(":"):
+        raise ValueError("the port must be a number from 1 to 65535")
+    scheme = parts.scheme.lower()
+    return f"{scheme}://{host}" if port is None or port == _DEFAULT_PORTS.get(scheme) else f"{scheme}://{host}:{port}"
+
+
+def parse_cors_origins(value: str) -> tuple[str, ...]:
+    """BAE_CORS_ORIGINS: comma-separated origins (`scheme://host[:port]`) or `*`; empty: no CORS."""
+    origins: list[str] = []
+    for entry in (part.strip() for part in value.split(",")):
+        if not entry:
+            continue
+        try:
+            origins.append("*" if entry == "*" else _origin(entry))
+        except ValueError as exc:
+            raise UsageError(
+                f'BAE_CORS_ORIGINS: "{entry}" is not an origin ({exc}; e.g. https://app.example.com or '
+                "http://localhost:5173, or * for any origin)"
+            ) from None
+    return tuple(dict.fromkeys(origins))
+
+
 @dataclass(frozen=True)
 class Settings:
     addr: Address
@@ -235,6 +284,8 @@ class Settings:
     # The address other replicas and gateways reach this replica at (BAE_SESSION_ADVERTISE_ADDR);
     # None: BAE_SESSION_GRPC_ADDR, with a wildcard host replaced by this machine's address.
     session_advertise_addr: str | None = None
+    # Browser origins the client port answers CORS for (BAE_CORS_ORIGINS; "*": any); empty: no CORS.
+    cors_origins: tuple[str, ...] = ()
 
     @property
     def session_targets(self) -> list[str]:
@@ -322,4 +373,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         retention_interval=parse_timeout("BAE_RETENTION_INTERVAL", get("BAE_RETENTION_INTERVAL", "300")),
         session_advertise_addr=get("BAE_SESSION_ADVERTISE_ADDR", "").strip() or None,
         reconcile_interval=parse_reconcile_interval(get("BAE_RECONCILE_INTERVAL", "60")),
+        cors_origins=parse_cors_origins(get("BAE_CORS_ORIGINS", "")),
     )

@@ -21,8 +21,8 @@ class OwnRoute:
     media_type: str | None
     schema: str | dict[str, Any] | None
     problems: tuple[int, ...] = ()
-    # The credential it takes (edge_pb2.CredentialKind); None: it takes none.
-    credential: int | None = None
+    # The credential it takes; None: it takes none.
+    credential: edge_pb2.CredentialKind.ValueType | None = None
     # Its OpenAPI parameters (query and header) besides the path's `id`.
     parameters: tuple[dict[str, Any], ...] = ()
 

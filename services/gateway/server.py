@@ -20,6 +20,7 @@ from bae.common.settings import Address, Settings
 from services.gateway.app import admin_app, client_app
 from services.gateway.body import BodyReader
 from services.gateway.connections import PortLimits, protocol_for
+from services.gateway.cors import with_cors
 from services.gateway.observe import Observed
 from services.gateway.rate_limit import RateLimit
 from services.gateway.prometheus import MetricsEndpoint
@@ -93,8 +94,11 @@ class Gateway:
             enabled=config.telemetry.enabled and config.telemetry.metrics_enabled,
             timeout=settings.rpc_timeout,
         )
-        self.rate_limit = RateLimit(client_app(rest, self.rpc, self.readyz), config.limits, self._ask_rate_policy)
-        self.client = _uvicorn(Observed(self.rate_limit), settings, "client")
+        client_router = client_app(rest, self.rpc, self.readyz)
+        self.rate_limit = RateLimit(client_router, config.limits, self._ask_rate_policy)
+        # CORS outside the rate limit: a 429 must reach a page's script readable, with its Retry-After.
+        client = with_cors(client_router, self.rate_limit, settings.cors_origins)
+        self.client = _uvicorn(Observed(client), settings, "client")
         self.admin = _uvicorn(Observed(admin_app(rest, self.rpc, self.readyz, self.metrics)), settings, "admin")
         self._sockets: list[socket.socket] = []
 

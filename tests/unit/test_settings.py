@@ -72,3 +72,35 @@ def test_printed_database_url_hides_the_password() -> None:
     settings = load_settings({"BAE_DATABASE_URL": "postgresql+asyncpg://bae:s3cret-pw@db:5432/bae"})
     assert settings.printable_database_url == "postgresql+asyncpg://bae:***@db:5432/bae"
     assert load_settings({"BAE_DB_PATH": "/d/bae.db"}).printable_database_url == "sqlite:////d/bae.db"
+
+
+def test_cors_origins_are_read_as_browsers_send_them() -> None:
+    assert load_settings({}).cors_origins == ()
+    origins = " https://App.Example.com, http://localhost:5173,,https://app.example.com:443,http://[::1]:8080, " \
+              "http://127.0.0.1:80 "
+    settings = load_settings({"BAE_CORS_ORIGINS": origins})
+    # Lower case, without a default port, each once: what a browser's Origin header holds.
+    assert settings.cors_origins == ("https://app.example.com", "http://localhost:5173", "http://[::1]:8080",
+                                     "http://127.0.0.1")
+    assert load_settings({"BAE_CORS_ORIGINS": "*"}).cors_origins == ("*",)
+
+
+@pytest.mark.parametrize("entry,reason", [
+    ("https://app.example.com/", "an origin has no path, query or fragment, not even a trailing /"),
+    ("https://app.example.com/ui", "an origin has no path, query or fragment, not even a trailing /"),
+    ("app.example.com", "expected scheme://host[:port]"),
+    ("null", "expected scheme://host[:port]"),
+    ("file:///index.html", "expected scheme://host[:port]"),
+    ("https://user@app.example.com", "an origin has no user name or password"),
+    ("https://app.example.com:0", "the port must be a number from 1 to 65535"),
+    ("https://app.example.com:65536", "the port must be a number from 1 to 65535"),
+    ("https://app.example.com:web", "the port must be a number from 1 to 65535"),
+    ("https://app_example.com", '"app_example.com" is not a host name'),
+])
+def test_an_entry_that_is_not_an_origin_is_a_usage_error(entry: str, reason: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        load_settings({"BAE_CORS_ORIGINS": f"https://ok.example.com,{entry}"})
+    assert str(caught.value) == (
+        f'BAE_CORS_ORIGINS: "{entry}" is not an origin ({reason}; e.g. https://app.example.com or '
+        "http://localhost:5173, or * for any origin)"
+    )
