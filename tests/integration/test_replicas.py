@@ -30,6 +30,7 @@ from testkit.docker_support import TEST_IMAGE, require_docker, sandboxes_of_host
 from testkit.live import declared, join, new_session, register, result, rpc, send, turn_in_background, types
 from testkit.mockllm import Reply
 from testkit.ports import consecutive_ports, free_port
+from testkit.streams import Listener, deltas_of, events_of
 from testkit.postgres_support import postgres, postgres_url  # noqa: F401 - fixtures
 from testkit.stack import mock_provider_toml
 
@@ -204,6 +205,37 @@ def test_two_drivers_on_two_gateways_take_turns_in_arrival_order(replicated, gat
     # B's message waited at the owner for A's turn to end.
     assert [kind for kind, _ in sends] == ["client.message.send", "server.message.send"] * 2
     assert sends[0][1] == "from a" and sends[2][1] == "from b"
+
+
+def test_a_subscriber_on_the_other_gateway_gets_the_same_deltas(replicated, gateway2, mock):
+    """Deltas travel with the owner's feed: an observer on any gateway, whichever replica it first
+    reached, gets what the driver's own stream gets, a late one its catch-up first."""
+    stack = replicated
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    resume = threading.Event()
+    text = "one two three four five six"
+    mock.enqueue(Reply.text(text).streaming(pause_at=3, resume=resume))
+    params = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe", "params": {"deltas": True}}
+    auth = {"Authorization": f"Bearer {skey}"}
+    path = f"/api/v1/sessions/{sid}/rpc"
+    with Listener(str(gateway2.client.base_url), "POST", path, headers=auth, json_body=params) as early:
+        thread, outcome = turn_in_background(stack, sid, skey, "count")
+        early.wait_for(lambda items: len(deltas_of(items)) == 3)
+        with Listener(str(gateway2.client.base_url), "GET", f"/api/v1/sessions/{sid}/events/stream",
+                      headers=auth, params={"deltas": "true"}, sse=True) as late:
+            late.wait_for(lambda items: len(deltas_of(items)) == 1)
+            resume.set()
+            thread.join(30)
+            done = lambda items: "server.message.send" in types(events_of(items))  # noqa: E731
+            late_items, early_items = late.wait_for(done), early.wait_for(done)
+    request_id = next(e["id"] for e in result(outcome["frames"])["events"] if e["event_type"] == "provider.request")
+    whole = deltas_of(early_items)
+    assert [(d["seq"], d["request_event_id"]) for d in whole] == [(seq, request_id) for seq in range(6)]
+    assert "".join(d["text"] for d in whole) == text
+    catch_up, *rest = deltas_of(late_items)
+    assert (catch_up["seq"], catch_up["text"]) == (2, "one two three ")
+    assert rest == whole[3:]
 
 
 def test_a_revocation_on_any_replica_reaches_the_owner(replicated, mock):
