@@ -74,6 +74,10 @@ def test_two_hundred_cut_connections_rebuild_every_turn_exactly(tmp_path, mock):
         stack.close()
 
 
+def send_into(outcome: dict, stack, sid: str, skey: str, params: dict) -> None:
+    outcome["frames"] = rpc(stack.client, sid, skey, "session.sendMessage", params)
+
+
 def run_all(stack, mock) -> None:
     chance = random.Random(35)
     sid, skey, _ = new_session(stack)
@@ -95,9 +99,8 @@ def run_all(stack, mock) -> None:
         with client.stream("GET", url, headers={**auth, "Last-Event-ID": last_event},
                            params={"deltas": "true"}) as first:
             assert first.status_code == 200
-            turn = threading.Thread(target=lambda: outcome.update(frames=rpc(
-                stack.client, sid, skey, "session.sendMessage",
-                {"message": {"role": "user", "content": f"run {run}"}, "stream_deltas": True})))
+            params = {"message": {"role": "user", "content": f"run {run}"}, "stream_deltas": True}
+            turn = threading.Thread(target=send_into, args=(outcome, stack, sid, skey, params))
             turn.start()
             rebuilt.read(sse_records(first.iter_lines()), {}, cut)
         on_first = {event["id"] for event in rebuilt.events}
