@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from services.session.engine.domain import Usage
 from services.session.engine.ports import (
     CommandState,
     CommandStatus,
+    Delta,
+    DeltaKind,
     ExecResult,
     HostCommand,
     HostInventory,
@@ -110,6 +113,16 @@ class SentStep:
     tools: list[dict]
 
 
+def _word_deltas(content: list[dict]) -> list[StepUpdate]:
+    """The text blocks of `content` as the runner streams them: a delta per word, spaces kept."""
+    updates: list[StepUpdate] = []
+    for index, block in enumerate(content):
+        if block.get("type") == "text":
+            for word in re.findall(r"\S+\s*|\s+", block["text"]):
+                updates.append(StepUpdate(deltas=[Delta("", len(updates), index, DeltaKind.TEXT, word)]))
+    return updates
+
+
 class ScriptedSteps:
     """Provider steps answered from a script, in order (a text "ok" when it runs out). Each step
     records `provider.request` (with its history) and `provider.response` events as the runner
@@ -139,7 +152,12 @@ class ScriptedSteps:
             if step.failure is not None:
                 yield StepUpdate([asked])
                 raise StepFailed(step.failure)
-            if step.release is not None:
+            if request.stream_deltas:  # as the runner streams: the request first, then a delta per word
+                yield StepUpdate([asked])
+                for update in _word_deltas(step.content):
+                    yield update
+                events = []
+            elif step.release is not None:
                 yield StepUpdate([asked])
                 await asyncio.wait_for(step.release.wait(), timeout)
                 events = []

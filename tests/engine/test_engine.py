@@ -30,7 +30,15 @@ from services.session.engine.errors import (
 from services.session.engine.feed import Watcher
 from services.session.engine.live import LiveSession
 from services.session.engine.loop import MAX_ITERATIONS
-from services.session.engine.ports import CommandState, CommandStatus, ExecResult, HostInventory, SandboxHandle
+from services.session.engine.ports import (
+    CommandState,
+    CommandStatus,
+    Delta,
+    DeltaKind,
+    ExecResult,
+    HostInventory,
+    SandboxHandle,
+)
 from services.session.engine.service import SessionEngine
 from services.session.store import Store, profiles, sessions
 from services.session.engine.subagents import Subagent
@@ -158,6 +166,37 @@ async def test_a_watcher_sees_the_turn_but_not_its_own_input(harness: EngineHarn
         seen += [item["event_type"] for item in items]
     assert seen == ["provider.request", "provider.response", "server.message.send"]
     assert outcome.end == TurnEnd.COMPLETED
+
+
+async def test_deltas_go_to_the_watchers_that_asked_and_a_late_observer_catches_up(harness: EngineHarness):
+    session_id = await harness.open_session()
+    asking, plain = Watcher(deltas=True), Watcher()
+    caught: list[Delta] = []
+    live = await harness.registry.attach(session_id)
+    live.feed.join(plain)
+    publish = live.feed.publish_deltas
+
+    def publish_and_catch_up(deltas: Sequence[Delta]) -> None:
+        publish(deltas)
+        if deltas[-1].seq == 1:  # an observer joining now gets the call so far, one delta per block
+            caught.extend(live.feed.stream.catch_up())
+
+    live.feed.publish_deltas = publish_and_catch_up  # type: ignore[method-assign]
+    harness.steps.enqueue(Step.text("one two three"))
+    outcome = await harness.engine.run_turn(TurnRequest(session_id, ACTOR, user("count")), watcher=asking)
+    request_id = outcome.events[1]["id"]
+    items = await asking.take() or []
+    streamed = [item for item in items if isinstance(item, Delta)]
+    assert [(d.request_event_id, d.seq, d.index, d.text) for d in streamed] == [
+        (request_id, 0, 0, "one "), (request_id, 1, 0, "two "), (request_id, 2, 0, "three")]
+    assert [item["event_type"] for item in items if not isinstance(item, Delta)] == TEXT_TURN[1:]
+    assert caught == [Delta(request_id, 1, 0, DeltaKind.TEXT, "one two ")]
+    assert not any(isinstance(item, Delta) for item in await plain.take() or [])
+    assert live.feed.stream.catch_up() == []  # the response holds it all now
+    assert harness.steps.sent[-1].request.stream_deltas
+    # Nobody listening: the next step does not stream.
+    await harness.engine.run_turn(TurnRequest(session_id, ACTOR, user("again")))
+    assert not harness.steps.sent[-1].request.stream_deltas
 
 
 async def test_a_paused_turn_resumes_with_the_client_result(harness: EngineHarness):

@@ -11,6 +11,7 @@ import pytest
 
 from bae.common.protos import client_api_pb2, edge_pb2, session_pb2
 from services.gateway.fanout import LAG_LIMIT, Ending, Fanout, Observer
+from services.gateway.frames import SSE_WIRE
 
 pytestmark = pytest.mark.unit
 
@@ -197,3 +198,52 @@ async def test_an_observer_without_live_access_gets_nothing_live():
     upstream.calls[0][1].frames.put_nowait(events("e1"))
     await settle()
     assert await Reader(admitted(observer, "key_1", 0, live=False)).ended() == []
+
+
+def deltas(request_id: str, *texts: str, first_seq: int = 0) -> session_pb2.RelayFrame:
+    batch = [client_api_pb2.Delta(request_event_id=request_id, seq=first_seq + n, kind=client_api_pb2.DELTA_TEXT,
+                                  text=text) for n, text in enumerate(texts)]
+    return session_pb2.RelayFrame(deltas=client_api_pb2.DeltaBatch(deltas=batch))
+
+
+async def test_deltas_reach_only_the_observers_that_asked_each_in_its_wire_and_position():
+    upstream = ScriptedUpstream(start=10)
+    fanout = Fanout(upstream)  # type: ignore[arg-type]
+    plain = await fanout.join("ses_a")
+    ndjson = await fanout.join("ses_a", deltas=True)
+    sse = await fanout.join("ses_a", wire=SSE_WIRE, deltas=True)
+    assert plain is not None and ndjson is not None and sse is not None
+    relay = upstream.calls[0][1]
+    relay.frames.put_nowait(events("e11"))  # position 11
+    relay.frames.put_nowait(deltas("e11", "He", "llo"))  # 12 and 13
+    relay.frames.put_nowait(deltas("e9", "stale"))  # 14: a call whose response the replay sent
+    relay.frames.put_nowait(events("e15"))
+    relay.frames.put_nowait(session_pb2.RelayFrame(subscriptions_ended=True))
+    await settle()
+    for observer in (plain, ndjson, sse):
+        admitted(observer, "key_1", 12)  # joined after the first delta: its catch-up held it
+    plain_lines = [line async for line in plain.lines(set(), {"e9"})]
+    ndjson_lines = b"".join([line async for line in ndjson.lines(set(), {"e9"})]).decode().splitlines()
+    sse_text = b"".join([line async for line in sse.lines(set(), {"e9"})]).decode()
+    assert [json.loads(line)["params"]["id"] for line in b"".join(plain_lines).decode().splitlines()] == ["e15"]
+    assert [json.loads(line) for line in ndjson_lines] == [
+        {"jsonrpc": "2.0", "method": "session.delta", "params": {
+            "session_id": "ses_a", "request_event_id": "e11", "seq": 1, "index": 0, "kind": "text", "text": "llo"}},
+        {"jsonrpc": "2.0", "method": "session.event", "params": json.loads(ndjson_lines[1])["params"]},
+    ]
+    # The same two, as Server-Sent Events: the event with its id, the delta without.
+    delta_json = ndjson_lines[0][len('{"jsonrpc":"2.0","method":"session.delta","params":'):-1]
+    event_json = ndjson_lines[1][len('{"jsonrpc":"2.0","method":"session.event","params":'):-1]
+    assert sse_text == f"event: session.delta\ndata: {delta_json}\n\nid: e15\nevent: session.event\ndata: {event_json}\n\n"
+
+
+async def test_an_idle_sse_observer_says_it_is_alive():
+    upstream = ScriptedUpstream(start=0)
+    fanout = Fanout(upstream)  # type: ignore[arg-type]
+    observer = await fanout.join("ses_a", wire=SSE_WIRE)
+    assert observer is not None
+    admitted(observer, "key_1", 0)
+    lines = observer.lines(set(), set(), keepalive=0.01)
+    assert await asyncio.wait_for(anext(lines), 5) == b": keepalive\n\n"
+    observer.finish(Ending.CLEAN)
+    assert [line async for line in lines] == []
