@@ -14,6 +14,7 @@ import pytest
 from testkit.inprocess import launch_inprocess_stack
 from testkit.live import declared, rpc, terminal
 from testkit.stack import mock_provider_toml
+from testkit.streams import Listener
 
 pytestmark = pytest.mark.inprocess
 
@@ -199,3 +200,22 @@ def test_a_profile_sets_its_keys_rate_which_each_gateway_learns_after_the_first_
     assert refused.status_code == 429 and refused.json()["type"] == "rate_limited"
     assert refused.headers["ratelimit-policy"] == '"per-key";q=2;w=8'
     assert refused.headers["retry-after"] == "4"
+
+
+def test_event_streams_count_as_subscribers_and_one_too_many_is_a_429(stack):
+    key, _ = new_key(stack)
+    opened = open_session(stack, key).json()
+    sid, skey = opened["session_id"], opened["session_key"]
+    url, auth = f"/api/v1/sessions/{sid}/events/stream", {"Authorization": f"Bearer {skey}"}
+    second = Subscription(stack, sid, skey)
+    with Listener(str(stack.client.base_url), "GET", url, headers=auth, sse=True) as first:
+        assert first.status == 200 and not second.ended(0.3)
+        refused = stack.client.get(url, headers=auth)
+        assert refused.status_code == 429
+        assert refused.json()["detail"] == "quota_exceeded: max_subscribers_per_session 2 reached"
+        # The admin port's stream counts against no limit.
+        admin = Listener(str(stack.admin.base_url), "GET", f"/admin/v1/sessions/{sid}/events/stream",
+                         headers={"Authorization": f"Bearer {stack.admin_key}"}, sse=True)
+        with admin:
+            assert admin.status == 200
+    second.close()
