@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import itertools
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Callable, Protocol
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Protocol
 
 from bae.common.config import Config, EnvResolutionError, ProviderEntry, primary_not_configured, resolve_env
 from bae.common import telemetry
@@ -261,12 +262,14 @@ async def run_step(
             yield StepEvent(PROVIDER_REQUEST, request_payload, messages_as_sent=as_sent, then_waits=True)
             ended = False
             try:
-                async for item in _streamed_attempt(entry, wire, max_tokens, prepared, clients):
-                    if isinstance(item, Piece):
-                        yield StepDelta(streamed, item.index, item.kind, item.text)
-                        streamed += 1
-                    else:
-                        result = item
+                # Closed at once when the step is abandoned: the provider's stream with it.
+                async with contextlib.aclosing(_streamed_attempt(entry, wire, max_tokens, prepared, clients)) as items:
+                    async for item in items:
+                        if isinstance(item, Piece):
+                            yield StepDelta(streamed, item.index, item.kind, item.text)
+                            streamed += 1
+                        else:
+                            result = item
                 ended = True
             finally:
                 if not ended:
@@ -416,7 +419,7 @@ async def _streamed_attempt(
     max_tokens: int,
     prepared: _Prepared,
     clients: ProviderClients,
-) -> AsyncIterator[Piece | _Success | _Failure]:
+) -> AsyncGenerator[Piece | _Success | _Failure, None]:
     """One streamed HTTP call: each piece of output as it comes, then the attempt's result, the
     response put together as the call answers without streaming. Bounded as a call that does not
     stream is: the whole attempt within the clients' timeout."""

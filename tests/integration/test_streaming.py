@@ -273,3 +273,31 @@ def test_the_admin_stream_takes_the_admin_token_for_any_session(stack, mock):
         assert bad.status == 400
     with sse(stack, sid, "bae_ses_nope", deltas="maybe") as stranger:
         assert stranger.status == 401
+
+
+def test_a_turn_cancelled_mid_stream_stops_the_providers_stream(stack, mock):
+    sid, skey = open_on(stack, "anthropic")
+    resume = threading.Event()
+    mock.enqueue(Reply.text(TEXT).streaming(pause_at=2, resume=resume))
+    with subscribe(stack, sid, skey, deltas=True) as watching:
+        outcome: dict = {}
+        turn = threading.Thread(target=lambda: outcome.update(frames=send(stack, sid, skey, "Say it.")))
+        turn.start()
+        watching.wait_for(lambda items: len(deltas_of(items)) == 2)
+        assert result(rpc(stack.client, sid, skey, "session.cancelTurn", {})) == {"cancelled": True}
+        turn.join(30)
+        assert outcome["frames"][-1]["error"]["code"] == -32052
+        deadline = threading.Event()
+        for _ in range(200):  # the runner closed the provider's stream: the mock saw its client leave
+            if mock.aborted:
+                break
+            deadline.wait(0.02)
+        assert mock.aborted and mock.aborted[-1]["body"]["stream"] is True
+        resume.set()
+        # A subscriber joining now gets no catch-up of the cancelled call: only the next call's deltas.
+        with subscribe(stack, sid, skey, deltas=True) as late:
+            mock.enqueue(Reply.text("Fine.").streaming())
+            events = result(send(stack, sid, skey, "Then just this."))["events"]
+            got = late.wait_for(lambda items: "server.message.send" in types(events_of(items)))
+        request_id = next(event["id"] for event in events if event["event_type"] == "provider.request")
+        assert [(delta["request_event_id"], delta["text"]) for delta in deltas_of(got)] == [(request_id, "Fine.")]
