@@ -43,6 +43,30 @@ class Ending(enum.Enum):
     FAILED = "failed"  # the relay broke: the session replica went away
 
 
+PROVIDER_REQUEST = "provider.request"
+PROVIDER_RESPONSE = "provider.response"
+
+
+class ReplayedCalls:
+    """What an observer's replay told of the session's provider calls, which run one at a time: once
+    it sent a `provider.response`, every call is over but those whose `provider.request` it sent
+    after that. A delta of a call that is over is stale (the response holds it all)."""
+
+    def __init__(self) -> None:
+        self._responded = False
+        self._open: set[str] = set()
+
+    def saw(self, event: client_api_pb2.Event) -> None:
+        if event.event_type == PROVIDER_REQUEST:
+            self._open.add(event.id)
+        elif event.event_type == PROVIDER_RESPONSE:
+            self._responded = True
+            self._open.clear()
+
+    def over(self, request_event_id: str) -> bool:
+        return self._responded and request_event_id not in self._open
+
+
 class _Entry:
     """One relay frame as observers queue it: its first item's position, how many positions it
     takes, the ids it names (its events', or its deltas' request events'), and its lines in each
@@ -113,12 +137,11 @@ class Observer:
             self.finish(Ending.CLEAN)
 
     async def lines(
-        self, replayed: set[str], completed: set[str], *, keepalive: float | None = None
+        self, replayed: set[str], calls: ReplayedCalls, *, keepalive: float | None = None
     ) -> AsyncIterator[bytes]:
         """The lines of what comes after this observer's position, less the events the replay sent
-        and the deltas of the calls whose response it sent (`completed`: their request events' ids),
-        until its stream ends (`ending` says how). With `keepalive`, a Server-Sent Events comment
-        whenever that many seconds pass without a line."""
+        and the deltas of the calls it showed over, until its stream ends (`ending` says how). With
+        `keepalive`, a Server-Sent Events comment whenever that many seconds pass without a line."""
         while True:
             if self.ending is Ending.LAGGED:
                 return  # what is queued is not sent: the lagged error follows at once (§6.4)
@@ -139,10 +162,11 @@ class Observer:
             for entry in entries:
                 frame = entry.frame
                 if entry.ids:
-                    skip = completed if entry.deltas else replayed
                     lines = entry.lines(self.wire, self.session_id_json)
                     for offset, (named, line) in enumerate(zip(entry.ids, lines)):
-                        if entry.position + offset > self.after and named not in skip:
+                        if entry.position + offset > self.after and not (
+                            calls.over(named) if entry.deltas else named in replayed
+                        ):
                             out.append(line)
                 elif entry.position > self.after and (
                     frame.subscriptions_ended or frame.revoked_key == self.key

@@ -25,7 +25,7 @@ from bae.common.errors import BaeError, Internal
 from bae.common.protos import client_api_pb2, edge_pb2, session_pb2, session_pb2_grpc
 from services.gateway.body import BodyReader
 from services.gateway.envelope import Call, Rejected, parse_envelope
-from services.gateway.fanout import Ending, Fanout, Observer
+from services.gateway.fanout import Ending, Fanout, Observer, ReplayedCalls
 from services.gateway.frames import (
     LAGGED_FRAME,
     NDJSON,
@@ -95,8 +95,6 @@ class LiveStream(StreamingResponse):
                 yield internal_error_frame(request_id_json)
 
 
-PROVIDER_REQUEST = "provider.request"
-PROVIDER_RESPONSE = "provider.response"
 # A Server-Sent Events stream says it is alive this often (a comment line) while nothing else comes.
 SSE_KEEPALIVE = 15.0
 
@@ -151,10 +149,8 @@ class ObserverStream(StreamingResponse):
     async def _frames(self, first: Message, replay: StreamLines) -> AsyncIterator[bytes]:
         observer = self.observer
         replayed: set[str] = set()
-        # The calls whose provider.response the replay sent (their request events' ids): their
-        # deltas, caught up or live, are stale.
-        completed: set[str] = set()
-        request_id = ""
+        # The calls the replay showed over: their deltas, caught up or live, are stale.
+        calls = ReplayedCalls()
         error_lines = not self.wire.sse and replay.request_id_json is not None
         frame: Any = first
         try:
@@ -167,16 +163,13 @@ class ObserverStream(StreamingResponse):
                     # The call stays open (counted by the replica) until this stream ends.
                     break
                 elif kind == "deltas":  # the catch-up of the call streaming when the observer joined
-                    deltas = [delta for delta in frame.deltas.deltas if delta.request_event_id not in completed]
+                    deltas = [delta for delta in frame.deltas.deltas if not calls.over(delta.request_event_id)]
                     if lines := replay.end().encode() + replay.deltas(deltas):
                         yield lines
                 else:
                     for event in frame.events.events:
                         replayed.add(event.id)
-                        if event.event_type == PROVIDER_REQUEST:
-                            request_id = event.id
-                        elif event.event_type == PROVIDER_RESPONSE:
-                            completed.add(request_id)
+                        calls.saw(event)
                     if kind == "error" and self.wire.sse:
                         return  # the replay failed: the stream ends, for the client to reconnect
                     if line := replay.frame(frame):
@@ -201,7 +194,7 @@ class ObserverStream(StreamingResponse):
         if observer is None:
             return  # not open: the replay was all (O-8)
         keepalive = SSE_KEEPALIVE if self.wire.sse else None
-        async for lines in observer.lines(replayed, completed, keepalive=keepalive):
+        async for lines in observer.lines(replayed, calls, keepalive=keepalive):
             yield lines
         if observer.ending is Ending.LAGGED and not self.wire.sse:
             yield LAGGED_FRAME

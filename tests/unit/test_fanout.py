@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from bae.common.protos import client_api_pb2, edge_pb2, session_pb2
-from services.gateway.fanout import LAG_LIMIT, Ending, Fanout, Observer
+from services.gateway.fanout import LAG_LIMIT, Ending, Fanout, Observer, ReplayedCalls
 from services.gateway.frames import SSE_WIRE
 
 pytestmark = pytest.mark.unit
@@ -72,7 +72,7 @@ class Reader:
         self.task = asyncio.create_task(self._read(observer, set(replayed)))
 
     async def _read(self, observer: Observer, replayed: set[str]) -> None:
-        async for chunk in observer.lines(replayed, set()):
+        async for chunk in observer.lines(replayed, ReplayedCalls()):
             self.ids += [json.loads(line)["params"]["id"] for line in chunk.splitlines()]
 
     async def ended(self) -> list[str]:
@@ -141,7 +141,7 @@ async def test_an_observer_that_stops_reading_is_cut_off_alone():
         relay.frames.put_nowait(events(f"e{number}"))
         await settle()
     assert stalled.ending is Ending.LAGGED
-    assert [line async for line in stalled.lines(set(), set())] == []  # the lagged error follows at once
+    assert [line async for line in stalled.lines(set(), ReplayedCalls())] == []  # the lagged error follows at once
     assert reading.ending is None and len(reader.ids) == LAG_LIMIT + 1
     relay.frames.put_nowait(grpc.aio.EOF)
     await reader.ended()
@@ -216,15 +216,18 @@ async def test_deltas_reach_only_the_observers_that_asked_each_in_its_wire_and_p
     relay = upstream.calls[0][1]
     relay.frames.put_nowait(events("e11"))  # position 11
     relay.frames.put_nowait(deltas("e11", "He", "llo"))  # 12 and 13
-    relay.frames.put_nowait(deltas("e9", "stale"))  # 14: a call whose response the replay sent
+    relay.frames.put_nowait(deltas("e9", "stale"))  # 14: a call the replay showed over
     relay.frames.put_nowait(events("e15"))
     relay.frames.put_nowait(session_pb2.RelayFrame(subscriptions_ended=True))
     await settle()
     for observer in (plain, ndjson, sse):
         admitted(observer, "key_1", 12)  # joined after the first delta: its catch-up held it
-    plain_lines = [line async for line in plain.lines(set(), {"e9"})]
-    ndjson_lines = b"".join([line async for line in ndjson.lines(set(), {"e9"})]).decode().splitlines()
-    sse_text = b"".join([line async for line in sse.lines(set(), {"e9"})]).decode()
+    calls = ReplayedCalls()  # the replay sent e9's request and response, then e11's request
+    for event_id, event_type in (("e9", "provider.request"), ("e10", "provider.response"), ("e11", "provider.request")):
+        calls.saw(client_api_pb2.Event(id=event_id, event_type=event_type))
+    plain_lines = [line async for line in plain.lines(set(), calls)]
+    ndjson_lines = b"".join([line async for line in ndjson.lines(set(), calls)]).decode().splitlines()
+    sse_text = b"".join([line async for line in sse.lines(set(), calls)]).decode()
     assert [json.loads(line)["params"]["id"] for line in b"".join(plain_lines).decode().splitlines()] == ["e15"]
     assert [json.loads(line) for line in ndjson_lines] == [
         {"jsonrpc": "2.0", "method": "session.delta", "params": {
@@ -243,7 +246,16 @@ async def test_an_idle_sse_observer_says_it_is_alive():
     observer = await fanout.join("ses_a", wire=SSE_WIRE)
     assert observer is not None
     admitted(observer, "key_1", 0)
-    lines = observer.lines(set(), set(), keepalive=0.01)
+    lines = observer.lines(set(), ReplayedCalls(), keepalive=0.01)
     assert await asyncio.wait_for(anext(lines), 5) == b": keepalive\n\n"
     observer.finish(Ending.CLEAN)
     assert [line async for line in lines] == []
+
+
+def test_a_replayed_response_ends_every_call_but_those_begun_after_it():
+    calls = ReplayedCalls()
+    assert not calls.over("e1")  # nothing replayed: any call may be running
+    calls.saw(client_api_pb2.Event(id="e2", event_type="provider.response"))  # e1's, replayed after it
+    assert calls.over("e1")
+    calls.saw(client_api_pb2.Event(id="e3", event_type="provider.request"))
+    assert not calls.over("e3") and calls.over("e1")
