@@ -7,12 +7,14 @@ event stream, OpenAI's chat.completion.chunk lines) when a call asks for it.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 
 import pytest
 
 from testkit.inprocess import launch_inprocess_stack
 from testkit.live import new_session, register, result, rpc, types
+from testkit.mcp_support import TOOLS_SERVER
 from testkit.mockllm import Reply
 from testkit.stack import mock_provider_toml
 from testkit.streams import Listener, deltas_of, events_of
@@ -30,6 +32,8 @@ def shared(tmp_path_factory, mock):
         mock_provider_toml(mock.base_url)
         + mock_provider_toml(mock.base_url, name="gpt", kind="openai")
         + mock_provider_toml(mock.base_url, name="backup", kind="openai")
+        + f'[[mcp.servers]]\nname = "local"\ntransport = "stdio"\ncommand = "{sys.executable}"\n'
+        + f'args = ["{TOOLS_SERVER}", "stdio"]\n'
     )
     running = launch_inprocess_stack(tmp_path_factory.mktemp("streaming"), toml, MOCK_LLM_TOKEN=TOKEN)
     yield running
@@ -122,6 +126,24 @@ def test_tool_input_streams_as_partial_json_and_the_tool_loop_goes_on(stack, moc
     second = frames_deltas(frames)
     assert "".join(delta["text"] for delta in second) == "Noon in Paris."
     assert second[0]["seq"] == 0 and second[0]["request_event_id"] != deltas[0]["request_event_id"]
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_an_mcp_tool_runs_between_two_streamed_calls_of_one_turn(stack, mock, wire):
+    sid, skey = open_on(stack, wire, mcp_servers=["local"])
+    mock.enqueue(Reply.tool_use([("tu_1", "echo", {"text": "from the tool"})]).streaming(),
+                 Reply.text("The tool said so.").streaming())
+    frames = send(stack, sid, skey, "Ask the tool.", stream_deltas=True)
+    events = result(frames)["events"]
+    assert types(events)[1:] == ["provider.request", "provider.response", "tool.call", "mcp.request", "mcp.response",
+                                 "tool.result", "provider.request", "provider.response", "server.message.send"]
+    first, second = (event["id"] for event in events if event["event_type"] == "provider.request")
+    deltas = frames_deltas(frames)
+    assert json.loads("".join(d["text"] for d in deltas if d["request_event_id"] == first)) == {"text": "from the tool"}
+    assert "".join(d["text"] for d in deltas if d["request_event_id"] == second) == "The tool said so."
+    order = [frame["params"].get("event_type") or frame["params"]["request_event_id"]
+             for frame in frames if "method" in frame]
+    assert order.index(second) > order.index("tool.result")  # in their place among the events
 
 
 def test_thinking_streams_as_its_own_kind(stack, mock):
