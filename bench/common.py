@@ -23,11 +23,13 @@ TOKEN = "bench-token"
 class MockProcess:
     """The mock LLM in a process of its own, so it shares no interpreter lock with the load generator."""
 
-    def __init__(self) -> None:
+    def __init__(self, *options: str) -> None:
+        """`options`: more of the mock's command line, e.g. "--text-pieces", "200" for a longer answer."""
         port = free_port()
         self.base_url = f"http://127.0.0.1:{port}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "testkit.mockllm", "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL
+            [sys.executable, "-m", "testkit.mockllm", "--port", str(port), *options], cwd=ROOT,
+            stdout=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 30
         while True:

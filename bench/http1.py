@@ -91,14 +91,33 @@ class StampedStream(asyncio.Protocol):
         self._chunks: list[bytes] = []
         self._stamps: list[float] = []
         self._transport: asyncio.Transport | None = None
+        self._host = ""
         self.ended = asyncio.get_running_loop().create_future()
 
     @classmethod
     async def open(cls, base_url: str, path: str, *, token: str, body: object) -> "StampedStream":
-        parts = urlsplit(base_url)
-        transport, stream = await asyncio.get_running_loop().create_connection(cls, parts.hostname, parts.port)
-        transport.write(_request("POST", path, parts.netloc, token, body))
+        stream = await cls.connect(base_url)
+        stream.send(path, token=token, body=body)
         return stream
+
+    @classmethod
+    async def connect(cls, base_url: str) -> "StampedStream":
+        """A connection with no request on it yet: send() one, and once it `ended`, the next."""
+        parts = urlsplit(base_url)
+        _, stream = await asyncio.get_running_loop().create_connection(cls, parts.hostname, parts.port)
+        stream._host = parts.netloc
+        return stream
+
+    def send(self, path: str, *, token: str, body: object) -> float:
+        """POST `body` on this kept-alive connection, forgetting what the previous response brought;
+        the time it was written, on the same clock as the stamps."""
+        assert self._transport is not None
+        self._chunks, self._stamps = [], []
+        if self.ended.done():
+            self.ended = asyncio.get_running_loop().create_future()
+        started = time.perf_counter()
+        self._transport.write(_request("POST", path, self._host, token, body))
+        return started
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
@@ -116,6 +135,16 @@ class StampedStream(asyncio.Protocol):
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+    def has_read(self, marker: bytes) -> bool:
+        """Whether the bytes read last hold `marker` (looked for in the last two reads, in case it
+        was cut between them): cheap enough to poll many streams with."""
+        return marker in b"".join(self._chunks[-2:])
+
+    @property
+    def last_read(self) -> float:
+        """When the response's last bytes were read."""
+        return self._stamps[-1]
 
     def frames(self) -> list[tuple[float, dict]]:
         """Each JSON-RPC frame received, with the time the read that completed it happened."""

@@ -4,7 +4,7 @@
     make bench ARGS="rest"     # only the REST figures; also "turns", "observers", "compaction",
                                # "replicas", "sandbox" (bench/sandbox.py), "limits" (bench/limits.py),
                                # "storage" (bench/storage.py), "retention" (bench/retention.py),
-                               # "cpu" or "telemetry"
+                               # "streaming" (bench/streaming.py), "cpu" or "telemetry"
     .venv/bin/python -m bench.run rest     # the same, from the repository root
 
 The load generator shares the stack's cores, so the client side is kept lean: REST GETs,
@@ -34,6 +34,9 @@ delivered to one observer.
 CPU: the CPU time each process (gateway, session service, runner, mock LLM and the load
 generator itself) spends per authenticated GET with 16 clients and per text turn across 64
 sessions, read from /proc: where the cores go when they are the limit.
+Streaming (bench/streaming.py): time to the first `session.delta` through the stack against the
+same streaming call made directly with the SDK, the streaming turn's added latency next to the
+non-streaming turn's (same answer), and deltas per second to 1 and to 100 delta subscribers.
 Telemetry (only when asked for): REST p50 and text-turn latency with [telemetry]
 off, and on at sample ratio 1.0 exporting to the tests' OTLP receiver; two rounds,
 alternating, on fresh stacks.
@@ -557,6 +560,10 @@ async def main(which: list[str]) -> None:
             await bench_retention(mock, (turn_drivers, text_turns, close_all))
         finally:
             mock.stop()
+    if not which or "streaming" in which:
+        from bench.streaming import bench_streaming
+
+        await bench_streaming()
     if not which or "sandbox" in which:
         from bench.sandbox import bench_all
 
