@@ -64,17 +64,10 @@ class EventStreamEndpoint:
             # Authentication comes first: a stranger's bad query is answered 401.
             return await self.rpc.check(check) or error_response(error)
         rpc_name, rpc_request = self._request(session_id, credential, resume)
-        opened = await self.rpc.observe(
-            rpc_name, rpc_request, check, deltas=resume.deltas, wire=SSE_WIRE, request_id_json=None
+        # Refused before it began (a quota): an answer of its own, not an empty stream.
+        return await self.rpc.observe(
+            rpc_name, rpc_request, check, deltas=resume.deltas, wire=SSE_WIRE, request_id_json=None, refusal=_refusal
         )
-        if isinstance(opened, Response):
-            return opened
-        stream, first = opened
-        if first.WhichOneof("kind") == "error":  # refused before it began: an answer of its own
-            stream.leave()
-            stream.replay_call.cancel()
-            return _refusal(first.error)  # type: ignore[attr-defined]
-        return stream
 
     def _request(self, session_id: str, credential: edge_pb2.Credential, resume: Resume) -> tuple[str, Message]:
         if self.admin:

@@ -109,7 +109,7 @@ class ObserverStream(StreamingResponse):
     def __init__(
         self,
         replay_call: grpc.aio.UnaryStreamCall,
-        first: Message,
+        first: Message | None,  # the replay call's frame after `accepted`, when already read
         observer: Observer | None,
         leave: Callable[[], None],
         request_id_json: str | None,
@@ -146,14 +146,14 @@ class ObserverStream(StreamingResponse):
             self.replay_call.cancel()
             self.leave()
 
-    async def _frames(self, first: Message, replay: StreamLines) -> AsyncIterator[bytes]:
+    async def _frames(self, first: Message | None, replay: StreamLines) -> AsyncIterator[bytes]:
         observer = self.observer
         replayed: set[str] = set()
         # The calls the replay showed over: their deltas, caught up or live, are stale.
         calls = ReplayedCalls()
         error_lines = not self.wire.sse and replay.request_id_json is not None
-        frame: Any = first
         try:
+            frame: Any = first if first is not None else await self.replay_call.read()
             while frame is not grpc.aio.EOF:
                 kind = frame.WhichOneof("kind")
                 if kind == "observer":
@@ -247,7 +247,7 @@ class RpcEndpoint:
             "Subscribe", rpc_request, session_pb2.CredentialCheck(kind=SESSION_KEY, credential=rpc_request.credential),
             deltas=rpc_request.params.deltas, wire=NDJSON_WIRE, request_id_json=call.id_json,
         )
-        return opened if isinstance(opened, Response) else opened[0]
+        return opened
 
     async def check(self, check: session_pb2.CredentialCheck) -> Response | None:
         """The problem response of a credential the session service refuses; None when it passes."""
@@ -269,11 +269,13 @@ class RpcEndpoint:
         deltas: bool,
         wire: Wire,
         request_id_json: str | None,
-    ) -> tuple[ObserverStream, Message] | Response:
+        refusal: Callable[[client_api_pb2.RpcError], Response] | None = None,
+    ) -> ObserverStream | Response:
         """Authenticate, join the session's relay, then ask for the replay: every event published
         after the observer's position is queued for it by then (§6.4: subscribe first, then replay).
-        The stream, and the replay call's first frame after `accepted` (its observer, or its error);
-        or the problem response of a refusal."""
+        The stream, or the problem response of a refusal. With `refusal`, the replay call's first
+        frame after `accepted` is read first: an error there is answered as `refusal` makes it (the
+        events stream's HTTP status); without, the stream opens at once and that error is its line."""
         session_id = rpc_request.session_id  # type: ignore[attr-defined]
         check.session_id = session_id
         # A relay is opened for an authenticated observer only.
@@ -294,17 +296,20 @@ class RpcEndpoint:
                 leave()
                 return opened
             replay_call, _accepted = opened
-            first = await replay_call.read()
+            first = await replay_call.read() if refusal is not None else None
         except grpc.aio.AioRpcError as error:
             leave()
             return error_response(self.upstream.failure(error))
         except BaseException:
             leave()
             raise
-        stream = ObserverStream(
+        if refusal is not None and isinstance(first, Message) and first.WhichOneof("kind") == "error":
+            leave()
+            replay_call.cancel()
+            return refusal(first.error)  # type: ignore[attr-defined]
+        return ObserverStream(
             replay_call, first, observer, leave, request_id_json, self.subscriptions, session_id=session_id, wire=wire
         )
-        return stream, first
 
     async def _unary(self, rpc_request: Message, call: Call) -> Response:
         method = call.method

@@ -51,7 +51,7 @@ def test_a_session_closed_after_the_state_check_gets_no_live_state_again(stack, 
     if method == "session.registerDriver":
         hold = stack.hold(stack.session.engine.registry, "attach", sid)
     elif method == "session.subscribe":
-        hold = stack.hold(stack.session.servicer.live, "_attach_observed", sid, lambda call: call.session_id)
+        hold = stack.hold(stack.session.servicer.live, "_attach_observed", sid, lambda session: session.id)
     else:
         hold = stack.hold(stack.session.engine.turns, "run_turn", sid, lambda request: request.session_id)
     frames: list[dict] = []

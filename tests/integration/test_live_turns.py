@@ -339,6 +339,8 @@ def test_cancel_during_a_provider_call_aborts_it_and_the_session_goes_on(stack, 
     try:
         thread, outcome = turn_in_background(stack, sid, skey, "take your time")
         wait_until(lambda: len(mock.requests) == 1, "the provider call never started")
+        # The runner holds a call's request event a few milliseconds, to write it with a fast answer.
+        wait_until(lambda: types(all_events(stack, sid, skey))[-1] == "provider.request", "no provider.request")
         assert cancel_turn(stack, sid, skey)["result"] == {"cancelled": True}
         thread.join(10)
         # The runner closed the provider connection: the held request is aborted, never answered.
