@@ -20,6 +20,7 @@ from bae.common import serde
 from bae.common.errors import UsageError, echo
 from bae.common.limits import DEFAULT_LIMITS, Limits, LimitsError, read_limits
 from bae.common.retention import DEFAULT_RETENTION, Retention, RetentionError, read_retention
+from bae.common.secret_files import SecretFileError, file_variant
 
 REDACTED = "\u2022" * 8
 
@@ -154,10 +155,21 @@ def resolve_env(template: str, what: str = "provider config", env: Mapping[str, 
         name = template[start + 2 : end]
         value = env.get(name)
         if value is None:
-            raise EnvResolutionError(f"environment variable {name} referenced by {what} is not set")
+            value = _from_file(env, name, what)
         parts.append(template[position:start])
         parts.append(value)
         position = end + 1
+
+
+def _from_file(env: Mapping[str, str], name: str, what: str) -> str:
+    """An unset `${NAME}`'s value from the file NAME_FILE names (bae.common.secret_files)."""
+    try:
+        value = file_variant(env, name)
+    except SecretFileError as exc:
+        raise EnvResolutionError(f"{exc} (referenced by {what})") from None
+    if value is None:
+        raise EnvResolutionError(f"environment variable {name} referenced by {what} is not set")
+    return value
 
 
 # --- locating and loading (§15.1) --------------------------------------------

@@ -16,6 +16,7 @@ from typing import Mapping
 from sqlalchemy.engine import make_url
 
 from bae.common.errors import UsageError
+from bae.common.secret_files import database_url, secret_setting
 
 
 # Shared with baectl, which finds the admin port the way the server does.
@@ -335,7 +336,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         addr=parse_address("BAE_ADDR", get("BAE_ADDR", "0.0.0.0:8080")),
         admin_addr=admin_addr,
         db_path=get("BAE_DB_PATH", "/var/lib/bae/bae.db"),
-        database_url=get("BAE_DATABASE_URL") or None,
+        database_url=database_url(env),
         log=log if log in ("trace", "debug", "info", "warn", "warning", "error") else "info",
         log_format=_log_format(get("BAE_LOG_FORMAT", "text")),
         shutdown_timeout=parse_seconds("BAE_SHUTDOWN_TIMEOUT", get("BAE_SHUTDOWN_TIMEOUT", "30")),
@@ -365,7 +366,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         http_max_connections=parse_max_connections(
             get("BAE_HTTP_MAX_CONNECTIONS", str(DEFAULT_HTTP_MAX_CONNECTIONS))
         ),
-        internal_token=parse_internal_token(get("BAE_INTERNAL_TOKEN")),
+        internal_token=parse_internal_token(secret_setting(env, "BAE_INTERNAL_TOKEN")),
         grpc_keepalive=parse_timeout("BAE_GRPC_KEEPALIVE_INTERVAL", get("BAE_GRPC_KEEPALIVE_INTERVAL", "30")),
         session_replicas=_replicas(get("BAE_SESSION_REPLICAS", "1")),
         session_grpc_addrs=_grpc_targets(get("BAE_SESSION_GRPC_ADDRS", "")),

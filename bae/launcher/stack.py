@@ -64,8 +64,10 @@ class Stack:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # The services it starts share a fresh internal token unless one is given (bae.common.internal).
-        if not self.env.get("BAE_INTERNAL_TOKEN", "").strip():
+        # The services it starts share a fresh internal token unless one is given (bae.common.internal),
+        # in the environment or as a file (bae.common.secret_files).
+        given = (self.env.get(name, "").strip() for name in ("BAE_INTERNAL_TOKEN", "BAE_INTERNAL_TOKEN_FILE"))
+        if not any(given):
             self.env["BAE_INTERNAL_TOKEN"] = secrets.token_hex(32)
 
     @property
