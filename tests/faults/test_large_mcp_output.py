@@ -4,8 +4,11 @@ On real processes, through the gateway, with BAE_MCP_OUTPUT_LIMIT at its default
 
 - Memory: the session service's peak resident size during the call (VmHWM, reset through
   /proc/<pid>/clear_refs just before it) exceeds its resident size before the call by less than
-  3x the limit. A first call over the limit warms the same code and allocations up, so the
-  measure is of what 40 MB costs more than 1 MiB does.
+  8x the limit, a fifth of the 40 MB that reading the whole output would hold. A first call over
+  the limit warms the same code and allocations up. What stays is the cost of a result of the
+  limit's size, which the turn holds several times over (the stored event, the provider request,
+  now with both results, and their encodings): 1.1 to 2.7 MB over repeated runs here, 3.4 MB once
+  on a loaded CI machine, so a bound of 3x the limit failed on noise.
 - Event loop: another session's events listing is polled through the gateway every 20 ms while
   the call runs. No poll may take more than 100 ms longer than the slowest poll during the
   warm-up call: that is the allowance for a busy, shared 2-core machine and for recording a
@@ -35,6 +38,7 @@ pytestmark = pytest.mark.stack
 LIMIT = 1024 * 1024
 SIZE = 40_000_000
 STALL = 0.1
+GROWTH_BOUND = 8 * LIMIT
 POLL_EVERY = 0.02
 
 REGISTRY = f"""
@@ -107,7 +111,7 @@ def test_a_40_mb_tool_result_is_read_within_the_limit(start_stack, mock):
 
     (stored,) = payloads(outcome["events"], "tool.result")
     assert stored["content"][0]["text"].endswith(f"[output truncated: {SIZE - LIMIT} bytes omitted]\n")
-    assert grown < 3 * LIMIT, f"the session service grew by {grown} bytes"
+    assert grown < GROWTH_BOUND, f"the session service grew by {grown} bytes"
     assert len(busy.answers) >= 5, busy.answers  # the call lasted long enough to be watched
     assert busy.slowest() < STALL + allowance, (busy.slowest(), allowance)
     listing = stack.client.get(f"/api/v1/sessions/{sid}/events", headers={"Authorization": f"Bearer {skey}"})
