@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 
-.PHONY: run demo test test-fast test-inprocess test-postgres lint protos venv bench clean compose-test k8s-check
+.PHONY: run demo test test-fast test-inprocess test-postgres lint protos venv bench clean compose-test k8s-check images swarm-test
 
 venv: $(STAMP)
 
@@ -74,6 +74,14 @@ k8s-check: venv
 # The docker-compose deployment, built from local packages and tested end to end (deploy/compose-test/).
 compose-test: venv
 	bash deploy/compose-test/run.sh
+
+# The four service images (and the stacks' PostgreSQL + haproxy image), tagged with the version (deploy/images.sh).
+images: venv
+	bash deploy/images.sh
+
+# The Docker Swarm stack, deployed on a one-node swarm and tested end to end (deploy/swarm-test/).
+swarm-test: venv
+	bash deploy/swarm-test/run.sh
 
 clean:
 	rm -rf $(VENV) baeproto .pytest_cache

@@ -46,18 +46,7 @@ trap 'compose down -v --remove-orphans -t 40 >/dev/null 2>&1 || true
 log "validating docker-compose.yml and docker-compose.replicas.yml"
 compose config -q
 BAE_POSTGRES_PASSWORD=unused replicas config -q
-log "base images $BAE_BASE_IMAGE, $BAE_INFRA_BASE_IMAGE"
-bash deploy/base-image.sh
-bash deploy/base-image.sh "$BAE_INFRA_BASE_IMAGE" postgresql,haproxy
-log "wheelhouse deploy/wheels"
-if ! output="$(.venv/bin/pip wheel --quiet -w deploy/wheels -r requirements.txt -c constraints.txt 'setuptools>=70.1' 2>&1)"; then
-    echo "$output" >&2
-    exit 1
-fi
-log "building the images"
-start=$SECONDS
-compose build --quiet gateway session runner sandbox
-BAE_POSTGRES_PASSWORD=unused replicas build --quiet postgres
-log "images built in $((SECONDS - start))s"
+log "images: base $BAE_BASE_IMAGE, infra base $BAE_INFRA_BASE_IMAGE"
+bash deploy/images.sh
 # -s: the tests' progress lines (stack up, kills, the failover times they measure) show as they happen.
 .venv/bin/python -m pytest -p no:cacheprovider -q -s deploy/compose-test/test_compose.py deploy/compose-test/test_replicas.py
