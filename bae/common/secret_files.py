@@ -26,8 +26,6 @@ from sqlalchemy.exc import ArgumentError
 from bae.common.errors import UsageError
 
 FILE_SUFFIX = "_FILE"
-# The settings of the environment that are secrets; each also reads `<name>_FILE`.
-SECRET_SETTINGS = ("BAE_INTERNAL_TOKEN", "BAE_DATABASE_URL")
 DATABASE_PASSWORD_FILE = "BAE_DATABASE_PASSWORD_FILE"
 # A secret is a token, a password or a URL: anything larger is the wrong file.
 MAX_SECRET_FILE_BYTES = 64 * 1024

@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bae.common.entry import version_text
 from bae.common.errors import UsageError
+from bae.common.secret_files import secret_setting
 from bae.common.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,8 +67,7 @@ class Stack:
     def __post_init__(self) -> None:
         # The services it starts share a fresh internal token unless one is given (bae.common.internal),
         # in the environment or as a file (bae.common.secret_files).
-        given = (self.env.get(name, "").strip() for name in ("BAE_INTERNAL_TOKEN", "BAE_INTERNAL_TOKEN_FILE"))
-        if not any(given):
+        if not (secret_setting(self.env, "BAE_INTERNAL_TOKEN") or "").strip():
             self.env["BAE_INTERNAL_TOKEN"] = secrets.token_hex(32)
 
     @property
