@@ -285,6 +285,9 @@ class Settings:
     # The address other replicas and gateways reach this replica at (BAE_SESSION_ADVERTISE_ADDR);
     # None: BAE_SESSION_GRPC_ADDR, with a wildcard host replaced by this machine's address.
     session_advertise_addr: str | None = None
+    # Test-only (BAE_SCHEDULE_TEST_SECONDS): schedules also take a 6-field cron whose first field counts
+    # seconds, and a ticker gap of 3 s (not 60 s) counts as downtime; docs/configuration.md.
+    schedule_test_seconds: bool = False
     # Browser origins the client port answers CORS for (BAE_CORS_ORIGINS; "*": any); empty: no CORS.
     cors_origins: tuple[str, ...] = ()
 
@@ -375,4 +378,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         session_advertise_addr=get("BAE_SESSION_ADVERTISE_ADDR", "").strip() or None,
         reconcile_interval=parse_reconcile_interval(get("BAE_RECONCILE_INTERVAL", "60")),
         cors_origins=parse_cors_origins(get("BAE_CORS_ORIGINS", "")),
+        schedule_test_seconds=is_truthy(get("BAE_SCHEDULE_TEST_SECONDS")),
     )

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger, Column, ColumnElement, Connection, Dialect, Float, Index, Integer, LargeBinary, MetaData, String,
-    Table, Text, cast, func,
+    BigInteger, Boolean, Column, ColumnElement, Connection, Dialect, Float, Index, Integer, LargeBinary, MetaData,
+    String, Table, Text, UniqueConstraint, cast, func,
 )
 from sqlalchemy.types import TypeDecorator
 
@@ -205,3 +205,44 @@ usage_totals = Table(
 Index("usage_totals_key_day", usage_totals.c.client_key_id, usage_totals.c.day)
 Index("usage_totals_profile_day", usage_totals.c.profile_id, usage_totals.c.day)
 Index("usage_totals_day", usage_totals.c.day)
+
+# Schedules (store/schedules.py): a cron expression that opens a session and sends one message per tick.
+# `checked_through` (epoch seconds) is how far the ticker has looked: ticks after it are still to fire.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", ID, nullable=False, unique=True),
+    Column("name", Text, nullable=False),
+    Column("profile_id", ID, nullable=False),
+    Column("client_key_id", ID, nullable=False),
+    Column("cron", Text, nullable=False),
+    Column("timezone", String(64), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("overlap", String(16), nullable=False),  # skip | queue | allow
+    Column("catch_up", String(16), nullable=False),  # latest | none
+    Column("close_after", Boolean, nullable=False),
+    Column("enabled", Boolean, nullable=False),
+    Column("checked_through", Float, nullable=False),
+    Column("created_at", String(32), nullable=False),
+    Column("updated_at", String(32), nullable=False),
+)
+
+# One row per tick that fired or was skipped. The unique tick is what makes a tick fire once across
+# replicas: the replica whose insert succeeds fires it. `replica_id` is the replica driving the run
+# while it is `running`; another takes it over when that one stops beating (engine/schedules.py).
+schedule_runs = Table(
+    "schedule_runs",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", ID, nullable=False, unique=True),
+    Column("schedule_id", ID, nullable=False),
+    Column("scheduled_for", String(32), nullable=False),
+    Column("fired_at", String(32), nullable=False),
+    Column("session_id", ID),
+    Column("outcome", String(16), nullable=False),  # running | completed | failed | skipped
+    Column("detail", Text),
+    Column("replica_id", ID, nullable=False),
+    UniqueConstraint("schedule_id", "scheduled_for", name="schedule_runs_tick"),
+)
+Index("schedule_runs_outcome", schedule_runs.c.outcome)
