@@ -27,6 +27,7 @@ from services.session.api.live import LiveApi
 from services.session.api.operations import Incoming
 from services.session.api.rest import ClientRestApi
 from services.session.api.sandbox_methods import SandboxMethods
+from services.session.api.schedules import SchedulesApi
 from services.session.engine.ownership import NotOwner, Ownership
 from services.session.engine.spans import SessionSpans
 
@@ -66,6 +67,7 @@ class SessionServicer:
         *,
         rest: ClientRestApi,
         admin: AdminApi,
+        schedules: SchedulesApi,
         auth: Authenticator,
         live: LiveApi,
         sandboxes: SandboxMethods,
@@ -76,6 +78,7 @@ class SessionServicer:
         self.spans = spans
         self.rest = rest
         self.admin = admin
+        self.schedules = schedules
         self.auth = auth
         self.live = live
         self.sandboxes = sandboxes
@@ -248,6 +251,34 @@ class SessionServicer:
         # SessionNotOpen, raised before the first frame, ends the call FAILED_PRECONDITION (calls.py).
         async for frame in self.live.feed_relay(request.session_id):
             yield frame
+
+    async def create_schedule(
+        self, request: admin_api_pb2.CreateScheduleRequest, incoming: Incoming
+    ) -> admin_api_pb2.Schedule:
+        return await _answer(self.schedules.create_schedule(request))
+
+    async def list_schedules(
+        self, request: admin_api_pb2.ListSchedulesRequest, incoming: Incoming
+    ) -> admin_api_pb2.SchedulePage:
+        return await _answer(self.schedules.list_schedules(request))
+
+    async def get_schedule(self, request: admin_api_pb2.GetScheduleRequest, incoming: Incoming) -> admin_api_pb2.Schedule:
+        return await _answer(self.schedules.get_schedule(request))
+
+    async def replace_schedule(
+        self, request: admin_api_pb2.ReplaceScheduleRequest, incoming: Incoming
+    ) -> admin_api_pb2.Schedule:
+        return await _answer(self.schedules.replace_schedule(request))
+
+    async def delete_schedule(
+        self, request: admin_api_pb2.DeleteScheduleRequest, incoming: Incoming
+    ) -> admin_api_pb2.NoContent:
+        return await _answer(self.schedules.delete_schedule(request))
+
+    async def list_schedule_runs(
+        self, request: admin_api_pb2.ListScheduleRunsRequest, incoming: Incoming
+    ) -> admin_api_pb2.ScheduleRunPage:
+        return await _answer(self.schedules.list_schedule_runs(request))
 
     async def apply_revocation(
         self, request: session_pb2.Revocation, incoming: Incoming

@@ -13,7 +13,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from bae.common.ids import new_id
 from bae.common.timefmt import now
-from services.session.store import keys
+from services.session.store import events, keys, opening, sessions
 from services.session.store.records import KeyRecord, ScheduleRecord, ScheduleRunRecord
 from services.session.store.schema import keys as key_rows
 from services.session.store.schema import schedule_runs, schedules
@@ -222,3 +222,36 @@ def runs_page(conn: Connection, schedule_id: str, after_seq: int, limit: int) ->
         .limit(limit)
     )
     return [(row.seq, run_record(row)) for row in rows]
+
+
+def binder(run_id: str) -> opening.Then:
+    """What records a run's session in the transaction that opens it (opening.open_session_then)."""
+
+    def bind(conn: Connection, session_id: str) -> None:
+        set_session(conn, run_id, session_id)
+
+    return bind
+
+
+def claim_tick(
+    conn: Connection, schedule: ScheduleRecord, scheduled_for: str, replica_id: str
+) -> ScheduleRunRecord | None:
+    """The run row of one tick, decided in one transaction: "skipped" when the overlap policy is
+    "skip" and an earlier run still runs, else "running" (this replica fires it). None when another
+    replica inserted it first."""
+    if schedule.overlap == "skip":
+        earlier = running_before(conn, schedule.id, scheduled_for)
+        if earlier is not None:
+            detail = f"the run {earlier.id} for {earlier.scheduled_for} was still running"
+            insert_run(conn, schedule.id, scheduled_for, Outcome.SKIPPED, detail, replica_id)
+            return None
+    return insert_run(conn, schedule.id, scheduled_for, Outcome.RUNNING, None, replica_id)
+
+
+def turn_log(conn: Connection, session_id: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """A run's session as its log tells it: the session's state (None: gone), and its messages as
+    (event_type, payload text), in order."""
+    session = sessions.get(conn, session_id)
+    if session is None:
+        return None, []
+    return session.state, [(row.event_type, row.payload) for row in events.message_rows(conn, session_id)]
