@@ -13,6 +13,7 @@ first field counting seconds (cronsim's own six-field form), so tests tick every
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -42,16 +43,25 @@ class Timing:
 
     def between(self, after: datetime, until: datetime) -> list[datetime]:
         """The ticks in (after, until], oldest first, in UTC: at most MAX_TICKS_PER_PASS of the newest."""
-        found: list[datetime] = []
-        # Backwards from `until`, so a long gap costs MAX_TICKS_PER_PASS steps at most.
-        for tick in CronSim(self.cron, until.astimezone(self.zone) + timedelta(microseconds=1), reverse=True):
-            tick = tick.astimezone(timezone.utc)
-            if tick <= after or len(found) == MAX_TICKS_PER_PASS:
+        # cronsim walks backwards past a repeated autumn hour without its second pass, so the ticks
+        # are found walking forwards; a backward walk of MAX_TICKS_PER_PASS steps finds where to start,
+        # so a long gap costs about 2 * MAX_TICKS_PER_PASS steps, not one per tick of the gap.
+        start = after
+        backwards = CronSim(self.cron, until.astimezone(self.zone) + timedelta(microseconds=1), reverse=True)
+        for count, tick in enumerate(backwards, start=1):
+            if tick <= after:
                 break
-            if tick <= until:
+            if count == MAX_TICKS_PER_PASS:
+                start = max(after, tick - timedelta(seconds=1))
+                break
+        found: deque[datetime] = deque(maxlen=MAX_TICKS_PER_PASS)
+        for tick in CronSim(self.cron, start.astimezone(self.zone)):
+            tick = tick.astimezone(timezone.utc)
+            if tick > until:
+                break
+            if tick > after:
                 found.append(tick)
-        found.reverse()
-        return found
+        return list(found)
 
 
 def timing(cron: str, zone_name: str, *, test_seconds: bool) -> Timing:
