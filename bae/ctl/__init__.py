@@ -100,6 +100,21 @@ def profile_lists(parser: argparse.ArgumentParser) -> None:
                         help="update: drop the profile's overrides (the [limits] defaults apply)")
 
 
+def schedule_options(parser: argparse.ArgumentParser) -> None:
+    """What `create schedule` leaves to the server's defaults and `update schedule` keeps unless given."""
+    parser.add_argument("--timezone", metavar="ZONE", help="IANA time zone of the cron fields (default UTC)")
+    parser.add_argument("--overlap", choices=["skip", "queue", "allow"],
+                        help="when the previous run still runs (default skip)")
+    parser.add_argument("--catch-up", dest="catch_up", choices=["latest", "none"],
+                        help="ticks missed during downtime: run the latest once, or none (default latest)")
+    parser.add_argument("--keep-open", dest="close_after", action="store_false", default=None,
+                        help="leave each run's session open (default: closed when its turn ends)")
+    parser.add_argument("--close-after", dest="close_after", action="store_true", default=None,
+                        help="close each run's session when its turn ends (the default)")
+    parser.add_argument("--disabled", dest="enabled", action="store_false", default=None, help="fire nothing")
+    parser.add_argument("--enabled", dest="enabled", action="store_true", default=None, help="fire (the default)")
+
+
 def paging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=u32, metavar="N", help="one page of at most N items")
     parser.add_argument("--cursor", metavar="C", help="one page, starting after cursor C")
@@ -115,6 +130,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     key = b.leaf(("create", "key"), "create a client key (its plaintext is shown once)", commands.create_key)
     key.add_argument("name")
     key.add_argument("profile_id")
+    schedule = b.leaf(("create", "schedule"), "create a schedule: a session and a message per cron tick",
+                      commands.create_schedule)
+    schedule.add_argument("name")
+    schedule.add_argument("profile_id", help="a profile that allows no client tools")
+    schedule.add_argument("client_key_id", help="an active client key of that profile")
+    schedule.add_argument("cron", help='five fields, quoted: "0 6 * * 1-5"')
+    schedule.add_argument("message", help="the user message each run sends")
+    schedule_options(schedule)
 
     b.group((), "list", "list profiles, keys, sessions or a session's events")
     paging(b.leaf(("list", "profiles"), "list profiles", commands.list_profiles))
@@ -125,10 +148,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     events = b.leaf(("list", "events"), "list a session's events", commands.list_events)
     events.add_argument("session_id")
     paging(events)
+    paging(b.leaf(("list", "schedules"), "list schedules", commands.list_schedules))
 
-    b.group((), "get", "show one profile")
+    b.group((), "get", "show one profile or schedule")
     b.leaf(("get", "profile"), "show one profile", commands.get_profile).add_argument("id")
-    b.group((), "update", "replace a profile")
+    b.leaf(("get", "schedule"), "show one schedule", commands.get_schedule).add_argument("id")
+    b.group((), "update", "replace a profile or a schedule")
+    update_sched = b.leaf(("update", "schedule"), "change a schedule: the options given, the rest kept",
+                          commands.update_schedule)
+    update_sched.add_argument("id")
+    for option in ("name", "profile-id", "client-key-id", "cron", "message"):
+        update_sched.add_argument(f"--{option}", dest=option.replace("-", "_"))
+    schedule_options(update_sched)
     update = b.leaf(("update", "profile"), "replace a profile: unrepeated lists become empty; the name and "
                     "sandbox images are kept unless given", commands.update_profile)
     update.add_argument("id")
@@ -141,6 +172,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
            json_flag=False).add_argument("id")
     b.leaf(("delete", "session"), "delete a closed or error session with its events and usage",
            commands.delete_session, json_flag=False).add_argument("id")
+    b.leaf(("delete", "schedule"), "delete a schedule and its runs (their sessions stay)", commands.delete_schedule,
+           json_flag=False).add_argument("id")
+    runs = b.leaf(("runs",), "list a schedule's runs, oldest first", commands.schedule_runs)
+    runs.add_argument("schedule_id", metavar="SCHEDULE")
+    paging(runs)
 
     b.group((), "export", "export a session as NDJSON")
     export = b.leaf(("export", "session"), "write a session (any state) as NDJSON: its row, then its events",

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from bae.ctl.api import UNEXPECTED, AdminApi, CtlError
-from bae.ctl.output import as_json, created, profile, table
+from bae.ctl.output import as_json, created, labelled, profile, table
 
 PROFILE_COLUMNS = [("ID", "id"), ("NAME", "name"), ("PRIMARY_PROVIDER", "primary_provider")]
 KEY_COLUMNS = [("ID", "id"), ("NAME", "name"), ("PREFIX", "prefix"), ("PROFILE_ID", "profile_id")]
@@ -26,6 +26,15 @@ USAGE_GROUPS = {"key": ("CLIENT_KEY_ID", "client_key_id"), "profile": ("PROFILE_
 USAGE_COLUMNS = [("INPUT", "input_tokens"), ("OUTPUT", "output_tokens"), ("CACHE_READ", "cache_read_input_tokens"),
                  ("CACHE_WRITE", "cache_creation_input_tokens"), ("CALLS", "provider_calls"), ("TURNS", "turns"),
                  ("COST_USD", "cost_usd")]
+SCHEDULE_COLUMNS = [("ID", "id"), ("NAME", "name"), ("CRON", "cron"), ("TIMEZONE", "timezone"),
+                    ("ENABLED", "enabled"), ("NEXT_FIRE_AT", "next_fire_at")]
+RUN_COLUMNS = [("RUN_ID", "run_id"), ("SCHEDULED_FOR", "scheduled_for"), ("FIRED_AT", "fired_at"),
+               ("SESSION_ID", "session_id"), ("OUTCOME", "outcome"), ("DETAIL", "detail")]
+SCHEDULE_FIELDS = ["id", "name", "profile_id", "client_key_id", "cron", "timezone", "message", "overlap", "catch_up",
+                   "close_after", "enabled", "next_fire_at", "created_at", "updated_at"]
+# What a POST or PUT sends; an option left out (None) keeps the current value, or the server's default.
+SCHEDULE_BODY = ("name", "profile_id", "client_key_id", "cron", "timezone", "message", "overlap", "catch_up",
+                 "close_after", "enabled")
 PAYLOAD_WIDTH = 80  # event payloads are cut to keep the table readable; --json shows them whole
 COPY_KEY_NOW = "baectl: copy the key now — it cannot be retrieved again"
 
@@ -127,6 +136,53 @@ def update_profile(api: AdminApi, args: argparse.Namespace) -> None:
 def delete_profile(api: AdminApi, args: argparse.Namespace) -> None:
     api.call("DELETE", f"/profiles/{args.id}", expect_body=False)
     print(f"deleted profile {args.id}")
+
+
+# --- schedules ---------------------------------------------------------------------------------
+
+def schedule_record(item: dict[str, Any]) -> str:
+    """`get`/`create`/`update schedule`: one field per line, values at column 15."""
+    shown = {key: (str(value).lower() if isinstance(value, bool) else value) for key, value in item.items()}
+    return "\n".join(labelled(shown, SCHEDULE_FIELDS, 14))
+
+
+def schedule_body(args: argparse.Namespace, current: dict[str, Any]) -> dict[str, Any]:
+    """The PUT or POST body: each option given, else the current value (create: none, the server's default)."""
+    body: dict[str, Any] = {key: current[key] for key in SCHEDULE_BODY if key in current}
+    for key in SCHEDULE_BODY:
+        value = getattr(args, key, None)
+        if value is not None:
+            body[key] = value
+    return body
+
+
+def create_schedule(api: AdminApi, args: argparse.Namespace) -> None:
+    reply = _object(api.call("POST", "/schedules", body=schedule_body(args, {})))
+    _emit(args, reply, "created schedule\n" + schedule_record(reply))
+
+
+def list_schedules(api: AdminApi, args: argparse.Namespace) -> None:
+    listing(api, args, "/schedules", SCHEDULE_COLUMNS, "no schedules found")
+
+
+def get_schedule(api: AdminApi, args: argparse.Namespace) -> None:
+    _emit(args, reply := _object(api.call("GET", f"/schedules/{args.id}")), schedule_record(reply))
+
+
+def update_schedule(api: AdminApi, args: argparse.Namespace) -> None:
+    """A full PUT of the current schedule with the options given changed."""
+    current = _object(api.call("GET", f"/schedules/{args.id}"))
+    reply = _object(api.call("PUT", f"/schedules/{args.id}", body=schedule_body(args, current)))
+    _emit(args, reply, schedule_record(reply))
+
+
+def delete_schedule(api: AdminApi, args: argparse.Namespace) -> None:
+    api.call("DELETE", f"/schedules/{args.id}", expect_body=False)
+    print(f"deleted schedule {args.id}")
+
+
+def schedule_runs(api: AdminApi, args: argparse.Namespace) -> None:
+    listing(api, args, f"/schedules/{args.schedule_id}/runs", RUN_COLUMNS, "no runs found")
 
 
 # --- keys --------------------------------------------------------------------------------------
