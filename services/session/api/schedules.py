@@ -27,9 +27,13 @@ ID_CHARS = 64
 def schedule_message(schedule: ScheduleRecord, *, test_seconds: bool) -> admin_api_pb2.Schedule:
     next_fire_at = None
     if schedule.enabled:
-        when = timing(schedule.cron, schedule.timezone, test_seconds=test_seconds)
-        after = max(time.time(), schedule.checked_through)
-        next_fire_at = format_time(when.after(datetime.fromtimestamp(after, timezone.utc)))
+        try:
+            when = timing(schedule.cron, schedule.timezone, test_seconds=test_seconds)
+        except InvalidInput:
+            when = None  # a six-field test expression with the test setting off: it never fires
+        if when is not None:
+            after = max(time.time(), schedule.checked_through)
+            next_fire_at = format_time(when.after(datetime.fromtimestamp(after, timezone.utc)))
     return admin_api_pb2.Schedule(
         id=schedule.id,
         name=schedule.name,

@@ -66,6 +66,7 @@ class ScheduleTicker:
         self._tasks = TaskOwner("schedules")
         self._runs = TaskOwner("schedule-runs")
         self._driving: set[str] = set()  # run ids this replica drives now
+        self._unreadable: set[str] = set()  # schedules whose expression no longer reads, warned about once
 
     def start(self) -> None:
         self._tasks.spawn(self._ticking(), name="ticker")
@@ -99,18 +100,24 @@ class ScheduleTicker:
     async def _tick_one(self, schedule: ScheduleRecord, now: float) -> None:
         try:
             when = timing(schedule.cron, schedule.timezone, test_seconds=self.test_seconds)
-        except BaeError as exc:  # validated when written; a setting changed since (test seconds off)
-            log.warning("schedule %s cannot tick: %s", schedule.id, exc)
+        except BaeError as exc:  # validated when written: a six-field test expression, the test setting off
+            if schedule.id not in self._unreadable:
+                self._unreadable.add(schedule.id)
+                log.warning("schedule %s cannot tick: %s", schedule.id, exc)
             return
         until = datetime.fromtimestamp(now, timezone.utc)
-        ticks = when.between(datetime.fromtimestamp(schedule.checked_through, timezone.utc), until)
-        if ticks and now - schedule.checked_through > self.downtime_gap:
-            ticks = ticks[-1:] if schedule.catch_up == "latest" else []
-        for tick in ticks:
+        due = when.between(datetime.fromtimestamp(schedule.checked_through, timezone.utc), until)
+        fired = due
+        if due and now - schedule.checked_through > self.downtime_gap:
+            fired = due[-1:] if schedule.catch_up == "latest" else []
+        for tick in fired:
             run = await self.store.write(schedules.claim_tick, schedule, format_time(tick), self.ownership.replica_id)
             if run is not None:
                 self._drive(run)
-        await self.store.write(schedules.advance, schedule.id, now)
+        # Moved after each tick, and often enough that a running ticker never looks like downtime,
+        # but not at every pass: a write per schedule per second would load the store for nothing.
+        if due or now - schedule.checked_through > self.downtime_gap / 2:
+            await self.store.write(schedules.advance, schedule.id, now)
 
     def _drive(self, run: ScheduleRunRecord) -> None:
         self._driving.add(run.id)  # before any await: the stranded-run check never takes it
@@ -170,7 +177,10 @@ class ScheduleTicker:
         except (BaeError, EngineError) as exc:
             sent = Outcome.FAILED, str(exc)
         if schedule.close_after and session_id is not None:
-            await self.fire.close(session_id, schedule.client_key_id)
+            try:
+                await self.fire.close(session_id, schedule.client_key_id)
+            except Exception:  # the outcome stands: it is what the log says of the turn
+                log.exception("closing session %s of schedule run %s failed", session_id, run.id)
         return sent
 
     async def _after_earlier_runs(self, schedule_id: str, scheduled_for: str) -> None:
