@@ -141,9 +141,9 @@ def delete_profile(api: AdminApi, args: argparse.Namespace) -> None:
 # --- schedules ---------------------------------------------------------------------------------
 
 def schedule_record(item: dict[str, Any]) -> str:
-    """`get`/`create`/`update schedule`: one field per line, values at column 15."""
+    """`get`/`create`/`update schedule`: one field per line, values at column 16."""
     shown = {key: (str(value).lower() if isinstance(value, bool) else value) for key, value in item.items()}
-    return "\n".join(labelled(shown, SCHEDULE_FIELDS, 14))
+    return "\n".join(labelled(shown, SCHEDULE_FIELDS, 15))
 
 
 def schedule_body(args: argparse.Namespace, current: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,10 @@ cron ticks in seconds."""
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import time
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -12,7 +15,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from testkit import ROOT
 from testkit.mockllm import Reply
+from testkit.processes import service_env
 from testkit.stack import mock_provider_toml
 
 pytestmark = pytest.mark.stack
@@ -255,3 +260,45 @@ def test_after_downtime_catch_up_latest_runs_the_missed_tick_once_and_none_runs_
     assert runs(stack, none["id"]) == []
     disable(stack, latest)
     disable(stack, none)
+
+
+# --- baectl -----------------------------------------------------------------------------------------
+
+def baectl(stack, *args: str) -> subprocess.CompletedProcess:
+    env = service_env(BAE_ADMIN_ADDR=str(stack.settings.admin_addr), BAE_ADMIN_TOKEN=stack.admin_key)
+    return subprocess.run([sys.executable, "-m", "bae.ctl", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_baectl_creates_lists_shows_updates_and_deletes_a_schedule_and_lists_its_runs(stack):
+    profile, key = profile_and_key(stack)
+    created = baectl(stack, "create", "schedule", "nightly", profile["id"], key["id"], "0 2 * * *", "Tidy up.",
+                     "--timezone", "Europe/Paris", "--overlap", "queue", "--json")
+    assert created.returncode == 0, created.stderr
+    schedule = json.loads(created.stdout)
+    assert (schedule["timezone"], schedule["overlap"], schedule["close_after"]) == ("Europe/Paris", "queue", True)
+
+    shown = baectl(stack, "get", "schedule", schedule["id"])
+    assert shown.returncode == 0, shown.stderr
+    assert f"{'id:':15}{schedule['id']}\n" in shown.stdout and f"{'cron:':15}0 2 * * *\n" in shown.stdout
+    listed = baectl(stack, "list", "schedules")
+    assert listed.stdout.splitlines()[0].split() == ["ID", "NAME", "CRON", "TIMEZONE", "ENABLED", "NEXT_FIRE_AT"]
+    assert schedule["id"] in listed.stdout
+
+    updated = baectl(stack, "update", "schedule", schedule["id"], "--cron", "0 3 * * *", "--disabled", "--json")
+    assert updated.returncode == 0, updated.stderr
+    after = json.loads(updated.stdout)
+    assert (after["cron"], after["enabled"], after["timezone"], after["overlap"], after["message"]) == (
+        "0 3 * * *", False, "Europe/Paris", "queue", "Tidy up.")  # the rest kept
+
+    assert baectl(stack, "runs", schedule["id"]).stdout == "no runs found\n"
+    assert json.loads(baectl(stack, "runs", schedule["id"], "--json").stdout) == []
+
+    refused = baectl(stack, "create", "schedule", "bad", profile["id"], key["id"], "* *", "x")
+    assert (refused.returncode, refused.stderr) == (
+        1, 'baectl: invalid cron "* *": expected 5 fields (minute hour day-of-month month day-of-week), got 2\n')
+
+    deleted = baectl(stack, "delete", "schedule", schedule["id"])
+    assert (deleted.returncode, deleted.stdout) == (0, f"deleted schedule {schedule['id']}\n")
+    missing = baectl(stack, "get", "schedule", schedule["id"])
+    assert (missing.returncode, missing.stderr) == (1, f"baectl: no schedule {schedule['id']}\n")
