@@ -286,7 +286,7 @@ class Settings:
     # None: BAE_SESSION_GRPC_ADDR, with a wildcard host replaced by this machine's address.
     session_advertise_addr: str | None = None
     # Test-only (BAE_SCHEDULE_TEST_SECONDS): schedules also take a 6-field cron whose first field counts
-    # seconds, and a ticker gap of 3 s (not 60 s) counts as downtime; docs/configuration.md.
+    # seconds, and a ticker gap of 5 s (not 60 s) counts as downtime; docs/configuration.md.
     schedule_test_seconds: bool = False
     # Browser origins the client port answers CORS for (BAE_CORS_ORIGINS; "*": any); empty: no CORS.
     cors_origins: tuple[str, ...] = ()

@@ -142,7 +142,7 @@ async def test_overlap_skip_records_a_skipped_run_while_the_previous_one_runs(ha
 
 async def test_after_downtime_catch_up_latest_runs_the_most_recent_missed_tick_once(harness: Harness):
     now = whole_second(0.5)
-    schedule = await harness.schedule(since=now - 30.0)  # 30 ticks missed: longer than the 3 s gap
+    schedule = await harness.schedule(since=now - 30.0)  # 30 ticks missed: longer than the 5 s gap
     await harness.ticker.tick(now)
     (run,) = await harness.settled(schedule.id, 1)
     assert run.scheduled_for == format_time(datetime.fromtimestamp(now - 0.5, timezone.utc))

@@ -45,7 +45,7 @@ TEST_TICK_INTERVAL = 0.2
 # A schedule not looked at for longer than this was missed by every replica (downtime): its missed
 # ticks follow `catch_up`. Shorter gaps (a busy or restarting replica) fire every tick they hold.
 DOWNTIME_GAP = 60.0
-TEST_DOWNTIME_GAP = 3.0
+TEST_DOWNTIME_GAP = 5.0
 SCHEDULES_PER_READ = 200
 RUNNING_PER_READ = 200
 QUEUE_POLL = 0.5
