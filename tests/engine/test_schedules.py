@@ -206,3 +206,35 @@ async def test_a_revoked_key_fails_the_run_with_its_reason(harness: Harness):
     (run,) = await harness.settled(schedule.id, 1)
     assert run.outcome == "failed" and run.session_id is None
     assert run.detail == f"client key {schedule.client_key_id} is not an active key of the profile"
+
+
+async def test_overlap_queue_opens_the_next_session_only_after_the_running_run_ended(harness: Harness):
+    now = whole_second(0.5)
+    schedule = await harness.schedule(since=now - 2.0, overlap="queue")  # two ticks due
+    release = asyncio.Event()
+    harness.steps.enqueue(Step.held(release, Step.text("first")), Step.text("second"))
+    await harness.ticker.tick(now)
+
+    async def first_waits() -> bool:
+        return len(harness.steps.sent) == 1
+
+    await eventually(first_waits)
+    await asyncio.sleep(1.2)  # longer than QUEUE_POLL: the queued run had every chance to start
+    first, second = await harness.runs(schedule.id)
+    assert (first.outcome, second.outcome, second.session_id) == ("running", "running", None)
+    assert len(harness.steps.sent) == 1
+    release.set()
+    first, second = await harness.settled(schedule.id, 2)
+    assert (first.outcome, second.outcome) == ("completed", "completed")
+    assert second.session_id is not None and second.session_id != first.session_id
+
+
+async def test_a_turn_that_ends_the_session_in_error_fails_its_run(harness: Harness):
+    now = whole_second(0.5)
+    schedule = await harness.schedule(since=now - 1.0)
+    harness.steps.enqueue(Step.all_failed())
+    await harness.ticker.tick(now)
+    (run,) = await harness.settled(schedule.id, 1)
+    assert (run.outcome, run.detail) == ("failed", "the provider is currently unavailable; the session is in error")
+    session = await harness.store.get_session(run.session_id)
+    assert session is not None and session.state == "error"
