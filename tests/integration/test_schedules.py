@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -18,19 +18,31 @@ import pytest
 from testkit import ROOT
 from testkit.mockllm import Reply
 from testkit.processes import service_env
-from testkit.stack import mock_provider_toml
+from testkit.stack import RunningStack, launch_stack, mock_provider_toml
 
 pytestmark = pytest.mark.stack
 
 TOKEN = "sk-test-secret-token-123456"
 EVERY_SECOND = "* * * * * *"
+# What the tests of the resource alone schedule: it fires on no day they run (the next is 2028-02-29).
+LEAP_DAY = "0 6 29 2 *"
 
 
 @pytest.fixture
 def stack(start_stack, mock):
+    """A stack of its own, for the tests that fire schedules."""
     mock.reset()
     return start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
                        BAE_SCHEDULE_TEST_SECONDS="1")
+
+
+@pytest.fixture(scope="module")
+def admin_stack(tmp_path_factory, mock) -> Iterator[RunningStack]:
+    """One stack for the tests of the resource alone: their schedules never fire (weekday mornings)."""
+    running = launch_stack(tmp_path_factory.mktemp("schedules"), mock_provider_toml(mock.base_url),
+                           MOCK_LLM_TOKEN=TOKEN, BAE_SCHEDULE_TEST_SECONDS="1")
+    yield running
+    running.close()
 
 
 def profile_and_key(stack, **profile: Any) -> tuple[dict, dict]:
@@ -39,7 +51,7 @@ def profile_and_key(stack, **profile: Any) -> tuple[dict, dict]:
 
 
 def body(profile: dict, key: dict, **fields: Any) -> dict:
-    return {"name": "report", "profile_id": profile["id"], "client_key_id": key["id"], "cron": "0 6 * * 1-5",
+    return {"name": "report", "profile_id": profile["id"], "client_key_id": key["id"], "cron": LEAP_DAY,
             "message": "Summarize the day.", **fields}
 
 
@@ -91,42 +103,44 @@ def epoch(text: str) -> float:
 
 # --- the resource -----------------------------------------------------------------------------------
 
-def test_create_get_list_replace_and_delete(stack):
-    profile, key = profile_and_key(stack)
-    response = stack.admin.post("/admin/v1/schedules", json=body(profile, key, timezone="Europe/Paris"))
+def test_create_get_list_replace_and_delete(admin_stack):
+    profile, key = profile_and_key(admin_stack)
+    response = admin_stack.admin.post("/admin/v1/schedules", json=body(profile, key, timezone="Europe/Paris"))
     assert response.status_code == 201, response.text
     created = response.json()
     assert created["id"].startswith("sch_") and len(created["id"]) == 36
     assert {k: created[k] for k in ("name", "cron", "timezone", "message", "overlap", "catch_up", "close_after",
                                     "enabled")} == {
-        "name": "report", "cron": "0 6 * * 1-5", "timezone": "Europe/Paris", "message": "Summarize the day.",
+        "name": "report", "cron": LEAP_DAY, "timezone": "Europe/Paris", "message": "Summarize the day.",
         "overlap": "skip", "catch_up": "latest", "close_after": True, "enabled": True}
     next_fire = datetime.fromisoformat(created["next_fire_at"].replace("Z", "+00:00"))
     assert next_fire.astimezone(timezone.utc) > datetime.now(timezone.utc)
     local = next_fire.astimezone(ZoneInfo("Europe/Paris"))
-    assert (local.hour, local.minute, local.weekday() < 5) == (6, 0, True)
+    assert (local.month, local.day, local.hour, local.minute) == (2, 29, 6, 0)
 
-    assert stack.admin.get(f"/admin/v1/schedules/{created['id']}").json() == created
-    listed = stack.admin.get("/admin/v1/schedules", params={"limit": 1}).json()
-    assert listed["items"] == [created]
+    assert admin_stack.admin.get(f"/admin/v1/schedules/{created['id']}").json() == created
+    listed = admin_stack.admin.get("/admin/v1/schedules", params={"limit": 200}).json()
+    assert created in listed["items"]
+    first = admin_stack.admin.get("/admin/v1/schedules", params={"limit": 1}).json()
+    assert len(first["items"]) == 1 and (first["next_cursor"] is None) == (len(listed["items"]) == 1)
 
-    replaced = stack.admin.put(f"/admin/v1/schedules/{created['id']}", json=body(
-        profile, key, name="weekly", cron="0 7 * * 1", overlap="queue", catch_up="none", close_after=False,
+    replaced = admin_stack.admin.put(f"/admin/v1/schedules/{created['id']}", json=body(
+        profile, key, name="weekly", cron="0 7 29 2 *", overlap="queue", catch_up="none", close_after=False,
         enabled=False))
     assert replaced.status_code == 200, replaced.text
     now = replaced.json()
     assert {k: now[k] for k in ("name", "cron", "timezone", "overlap", "catch_up", "close_after", "enabled",
                                 "next_fire_at")} == {
-        "name": "weekly", "cron": "0 7 * * 1", "timezone": "UTC", "overlap": "queue", "catch_up": "none",
+        "name": "weekly", "cron": "0 7 29 2 *", "timezone": "UTC", "overlap": "queue", "catch_up": "none",
         "close_after": False, "enabled": False, "next_fire_at": None}
     assert now["created_at"] == created["created_at"] and now["updated_at"] >= created["updated_at"]
-    assert runs(stack, created["id"]) == []
+    assert runs(admin_stack, created["id"]) == []
 
-    assert stack.admin.delete(f"/admin/v1/schedules/{created['id']}").status_code == 204
-    for response in (stack.admin.get(f"/admin/v1/schedules/{created['id']}"),
-                     stack.admin.get(f"/admin/v1/schedules/{created['id']}/runs"),
-                     stack.admin.delete(f"/admin/v1/schedules/{created['id']}"),
-                     stack.admin.put(f"/admin/v1/schedules/{created['id']}", json=body(profile, key))):
+    assert admin_stack.admin.delete(f"/admin/v1/schedules/{created['id']}").status_code == 204
+    for response in (admin_stack.admin.get(f"/admin/v1/schedules/{created['id']}"),
+                     admin_stack.admin.get(f"/admin/v1/schedules/{created['id']}/runs"),
+                     admin_stack.admin.delete(f"/admin/v1/schedules/{created['id']}"),
+                     admin_stack.admin.put(f"/admin/v1/schedules/{created['id']}", json=body(profile, key))):
         assert response.status_code == 404
         assert response.json()["detail"] == f"no schedule {created['id']}"
 
@@ -145,39 +159,39 @@ def test_create_get_list_replace_and_delete(stack):
     ({"name": "n" * 201}, "name must be at most 200 characters"),
     ({"close_after": "yes"}, 'invalid request body: invalid type: string "yes", expected a boolean'),
 ])
-def test_a_bad_field_is_a_400_problem(stack, fields, detail):
-    profile, key = profile_and_key(stack)
-    response = stack.admin.post("/admin/v1/schedules", json=body(profile, key, **fields))
+def test_a_bad_field_is_a_400_problem(admin_stack, fields, detail):
+    profile, key = profile_and_key(admin_stack)
+    response = admin_stack.admin.post("/admin/v1/schedules", json=body(profile, key, **fields))
     assert response.status_code == 400, response.text
     problem = response.json()
     assert (problem["type"], problem["detail"]) == ("bad_request", detail)
 
 
-def test_a_missing_field_is_a_400_problem(stack):
-    profile, key = profile_and_key(stack)
+def test_a_missing_field_is_a_400_problem(admin_stack):
+    profile, key = profile_and_key(admin_stack)
     without = {k: v for k, v in body(profile, key).items() if k != "client_key_id"}
-    response = stack.admin.post("/admin/v1/schedules", json=without)
+    response = admin_stack.admin.post("/admin/v1/schedules", json=without)
     assert response.status_code == 400
     assert response.json()["detail"] == "invalid request body: missing field `client_key_id`"
 
 
-def test_a_key_not_bound_to_the_profile_or_a_profile_with_client_tools_is_a_422_problem(stack):
-    profile, key = profile_and_key(stack)
-    other, other_key = profile_and_key(stack)
-    refused = stack.admin.post("/admin/v1/schedules", json=body(profile, other_key))
+def test_a_key_not_bound_to_the_profile_or_a_profile_with_client_tools_is_a_422_problem(admin_stack):
+    profile, key = profile_and_key(admin_stack)
+    other, other_key = profile_and_key(admin_stack)
+    refused = admin_stack.admin.post("/admin/v1/schedules", json=body(profile, other_key))
     assert refused.status_code == 422
     assert (refused.json()["type"], refused.json()["detail"]) == (
         "schedule_key_not_bound", f"client key {other_key['id']} is not an active client key of profile {profile['id']}")
 
-    assert stack.admin.delete(f"/admin/v1/keys/{key['id']}").status_code == 204
-    revoked = stack.admin.post("/admin/v1/schedules", json=body(profile, key))
+    assert admin_stack.admin.delete(f"/admin/v1/keys/{key['id']}").status_code == 204
+    revoked = admin_stack.admin.post("/admin/v1/schedules", json=body(profile, key))
     assert (revoked.status_code, revoked.json()["type"]) == (422, "schedule_key_not_bound")
 
-    tools, tools_key = profile_and_key(stack, allowed_tools=["get_time"])
-    with_tools = stack.admin.post("/admin/v1/schedules", json=body(tools, tools_key))
+    tools, tools_key = profile_and_key(admin_stack, allowed_tools=["get_time"])
+    with_tools = admin_stack.admin.post("/admin/v1/schedules", json=body(tools, tools_key))
     assert (with_tools.status_code, with_tools.json()["type"]) == (422, "schedule_profile_has_client_tools")
 
-    missing = stack.admin.post("/admin/v1/schedules", json={**body(other, other_key), "profile_id": "pro_nope"})
+    missing = admin_stack.admin.post("/admin/v1/schedules", json={**body(other, other_key), "profile_id": "pro_nope"})
     assert (missing.status_code, missing.json()["detail"]) == (422, "no active profile pro_nope")
 
 
@@ -271,35 +285,35 @@ def baectl(stack, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
-def test_baectl_creates_lists_shows_updates_and_deletes_a_schedule_and_lists_its_runs(stack):
-    profile, key = profile_and_key(stack)
-    created = baectl(stack, "create", "schedule", "nightly", profile["id"], key["id"], "0 2 * * *", "Tidy up.",
+def test_baectl_creates_lists_shows_updates_and_deletes_a_schedule_and_lists_its_runs(admin_stack):
+    profile, key = profile_and_key(admin_stack)
+    created = baectl(admin_stack, "create", "schedule", "nightly", profile["id"], key["id"], LEAP_DAY, "Tidy up.",
                      "--timezone", "Europe/Paris", "--overlap", "queue", "--json")
     assert created.returncode == 0, created.stderr
     schedule = json.loads(created.stdout)
     assert (schedule["timezone"], schedule["overlap"], schedule["close_after"]) == ("Europe/Paris", "queue", True)
 
-    shown = baectl(stack, "get", "schedule", schedule["id"])
+    shown = baectl(admin_stack, "get", "schedule", schedule["id"])
     assert shown.returncode == 0, shown.stderr
-    assert f"{'id:':15}{schedule['id']}\n" in shown.stdout and f"{'cron:':15}0 2 * * *\n" in shown.stdout
-    listed = baectl(stack, "list", "schedules")
+    assert f"{'id:':15}{schedule['id']}\n" in shown.stdout and f"{'cron:':15}{LEAP_DAY}\n" in shown.stdout
+    listed = baectl(admin_stack, "list", "schedules")
     assert listed.stdout.splitlines()[0].split() == ["ID", "NAME", "CRON", "TIMEZONE", "ENABLED", "NEXT_FIRE_AT"]
     assert schedule["id"] in listed.stdout
 
-    updated = baectl(stack, "update", "schedule", schedule["id"], "--cron", "0 3 * * *", "--disabled", "--json")
+    updated = baectl(admin_stack, "update", "schedule", schedule["id"], "--cron", "0 3 29 2 *", "--disabled", "--json")
     assert updated.returncode == 0, updated.stderr
     after = json.loads(updated.stdout)
     assert (after["cron"], after["enabled"], after["timezone"], after["overlap"], after["message"]) == (
-        "0 3 * * *", False, "Europe/Paris", "queue", "Tidy up.")  # the rest kept
+        "0 3 29 2 *", False, "Europe/Paris", "queue", "Tidy up.")  # the rest kept
 
-    assert baectl(stack, "runs", schedule["id"]).stdout == "no runs found\n"
-    assert json.loads(baectl(stack, "runs", schedule["id"], "--json").stdout) == []
+    assert baectl(admin_stack, "runs", schedule["id"]).stdout == "no runs found\n"
+    assert json.loads(baectl(admin_stack, "runs", schedule["id"], "--json").stdout) == []
 
-    refused = baectl(stack, "create", "schedule", "bad", profile["id"], key["id"], "* *", "x")
+    refused = baectl(admin_stack, "create", "schedule", "bad", profile["id"], key["id"], "* *", "x")
     assert (refused.returncode, refused.stderr) == (
         1, 'baectl: invalid cron "* *": expected 5 fields (minute hour day-of-month month day-of-week), got 2\n')
 
-    deleted = baectl(stack, "delete", "schedule", schedule["id"])
+    deleted = baectl(admin_stack, "delete", "schedule", schedule["id"])
     assert (deleted.returncode, deleted.stdout) == (0, f"deleted schedule {schedule['id']}\n")
-    missing = baectl(stack, "get", "schedule", schedule["id"])
+    missing = baectl(admin_stack, "get", "schedule", schedule["id"])
     assert (missing.returncode, missing.stderr) == (1, f"baectl: no schedule {schedule['id']}\n")
