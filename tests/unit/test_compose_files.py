@@ -41,6 +41,7 @@ NOT_PASSED = {
     "BAE_SANDBOX_LISTEN_ADDR",
     "BAE_SESSION_REPLICAS",  # `bae run` only; compose scales with --scale
     "BAE_SANDBOX_HOST_ID",  # one value for every scaled replica would have each remove the others' containers
+    "BAE_SCHEDULE_TEST_SECONDS",  # test-only: never set in a deployment
     # Secrets as files: the compose files take secrets from .env; the Swarm stack and the Kubernetes
     # manifests mount them as files.
     "BAE_INTERNAL_TOKEN_FILE", "BAE_DATABASE_URL_FILE", "BAE_DATABASE_PASSWORD_FILE",
