@@ -246,3 +246,42 @@ schedule_runs = Table(
     UniqueConstraint("schedule_id", "scheduled_for", name="schedule_runs_tick"),
 )
 Index("schedule_runs_outcome", schedule_runs.c.outcome)
+
+# HTTP triggers (store/triggers.py): a named call on the client port that validates its JSON body
+# against `input_schema` (JSON text), renders `message_template` and opens a session with it.
+triggers = Table(
+    "triggers",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", ID, nullable=False, unique=True),
+    Column("name", String(100), nullable=False, unique=True),
+    Column("profile_id", ID, nullable=False),
+    Column("input_schema", Text, nullable=False),
+    Column("message_template", Text, nullable=False),
+    Column("close_after", Boolean, nullable=False),
+    Column("created_at", String(32), nullable=False),
+    Column("updated_at", String(32), nullable=False),
+)
+
+# One row per accepted call, inserted in the transaction that opens its session. The unique
+# (trigger_id, idempotency_key) is what makes concurrent calls with one key start one run; a key
+# older than the idempotency window is released (moved to `released_idempotency_key`) when it
+# comes again. `created_at` (epoch seconds) dates that window; `input_sha256` tells a repeat
+# from a reuse with another body.
+trigger_runs = Table(
+    "trigger_runs",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", ID, nullable=False, unique=True),
+    Column("trigger_id", ID, nullable=False),
+    Column("fired_at", String(32), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("session_id", ID),
+    Column("outcome", String(16), nullable=False),  # running | completed | failed
+    Column("detail", Text),
+    Column("idempotency_key", String(200)),
+    Column("released_idempotency_key", String(200)),
+    Column("input_sha256", String(64), nullable=False),
+    UniqueConstraint("trigger_id", "idempotency_key", name="trigger_runs_idempotency"),
+)
+Index("trigger_runs_trigger", trigger_runs.c.trigger_id, trigger_runs.c.seq)
