@@ -19,6 +19,7 @@ from services.session.api.live import LiveApi
 from services.session.api.rest import ClientRestApi
 from services.session.api.sandbox_methods import SandboxMethods
 from services.session.api.schedules import SchedulesApi
+from services.session.api.triggers import TriggersApi
 from services.session.api.gateway_calls import GatewayCalls
 from services.session.api.operations import Operation, operations
 from services.session.api.own_calls import register
@@ -29,6 +30,7 @@ from services.session.engine.ownership import advertised_address
 from services.session.engine.ports import Sandboxes
 from services.session.engine.retention_sweep import RetentionSweep
 from services.session.engine.schedules import ScheduleTicker
+from services.session.engine.triggers import TriggerRuns
 from services.session.engine.service import SessionEngine
 from services.session.engine.spans import SessionSpans
 from services.session.remote.mcp import McpConnector
@@ -76,6 +78,7 @@ class SessionService:
     gateway_calls: GatewayCalls
     sweep: RetentionSweep
     ticker: ScheduleTicker
+    trigger_runs: TriggerRuns
 
     def registrar(self) -> Callable[[grpc.aio.Server], list[str]]:
         """Registers SessionService on a gRPC server: its methods and the gateway's `Calls` stream."""
@@ -99,6 +102,7 @@ class SessionService:
     async def stop(self) -> None:
         """Tear down sessions, MCP, sandboxes and the store."""
         await self.ticker.stop()  # done already when the service drained first
+        await self.trigger_runs.stop()  # turns still running after the drain stop; their runs stay `running`
         await self.sweep.stop()
         await self.engine.stop()
         await self.auth.stop()  # writes the last coalesced last_used_at stamps
@@ -115,12 +119,18 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
         store=store, auth=auth, sessions=engine.registry, mcp=engine.mcp, closer=engine.closer,
         spans=engine.spans, config=config,
     )
+    fire = Fire(
+        store=store, registry=engine.registry, turns=engine.turns, mcp=engine.mcp, sandboxes=engine.sandboxes,
+        closer=engine.closer, spans=engine.spans, vetting=rest,
+    )
+    trigger_runs = TriggerRuns(store=store, fire=fire)
     servicer = SessionServicer(
         rest=rest,
         admin=AdminApi(
             store=store, auth=auth, sandboxes=engine.sandboxes, revocations=engine.revocations, config=config
         ),
         schedules=SchedulesApi(store=store, auth=auth, test_seconds=settings.schedule_test_seconds),
+        triggers=TriggersApi(store=store, auth=auth, runs=trigger_runs),
         auth=auth,
         live=LiveApi(
             store=store, sessions=engine.registry, turns=engine.turns, sandboxes=engine.sandboxes,
@@ -136,14 +146,10 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
     sweep = RetentionSweep(
         store, config.retention, engine.ownership.replica_id, settings.retention_interval, settings.session_lease_seconds
     )
-    fire = Fire(
-        store=store, registry=engine.registry, turns=engine.turns, mcp=engine.mcp, sandboxes=engine.sandboxes,
-        closer=engine.closer, spans=engine.spans, vetting=rest,
-    )
     ticker = ScheduleTicker(
         store=store, fire=fire, ownership=engine.ownership, test_seconds=settings.schedule_test_seconds
     )
     return SessionService(
         store=store, auth=auth, engine=engine, servicer=servicer, operations=served, gateway_calls=GatewayCalls(served),
-        sweep=sweep, ticker=ticker,
+        sweep=sweep, ticker=ticker, trigger_runs=trigger_runs,
     )

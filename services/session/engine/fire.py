@@ -1,12 +1,12 @@
-"""A session the server opens and drives itself, with no client attached: a schedule's tick now,
-an HTTP trigger later.
+"""A session the server opens and drives itself, with no client attached: a schedule's tick
+or an HTTP trigger's call (engine/triggers.py).
 
 It goes through the same paths a client's calls do, so quotas (max_open_sessions_per_key at the
 open), budgets (before each provider call of the turn), usage, MCP servers, the Auto sandbox and
 subagents apply as they would: `open` is `POST /api/v1/sessions` (store/opening.py, with the
 API's vetting), `drive` is `session.registerDriver` then `session.sendMessage` (the engine's
 `run_turn`), `close` is `DELETE /api/v1/sessions/{id}`. Nothing answers client tools, so an opener
-must not use a profile that allows them (the schedules API refuses one at create time).
+must not use a profile that allows them (the schedules and triggers APIs refuse one at create time).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 from services.session.engine.closing import SessionCloser
 from services.session.engine.domain import Message, TurnOutcome, TurnRequest
 from services.session.engine.engine import TurnEngine
+from services.session.engine.feed import Watcher
 from services.session.engine.mcp_sessions import SessionMcp
 from services.session.engine.registry import SessionRegistry
 from services.session.engine.sandboxes import SessionSandboxes
@@ -72,15 +73,20 @@ class Fire:
         )
         if isinstance(outcome, Refused):
             raise outcome.error
+        await self.opened(key, outcome)
+        return outcome
+
+    async def opened(self, key: KeyRecord, outcome: Opened) -> None:
+        """What follows an open's commit on this replica, the session's owner from now on: its
+        events published, its span and its MCP connections started (as `POST /api/v1/sessions`)."""
         self.registry.publish(outcome.session_id, outcome.views)
         self.spans.open(outcome.session_id, outcome.profile.id, key.id)
         await self.mcp.opened(outcome.session_id, outcome.profile)
-        return outcome
 
-    async def drive(self, session_id: str, key_id: str, text: str) -> TurnOutcome:
+    async def drive(self, session_id: str, key_id: str, text: str, watcher: Watcher | None = None) -> TurnOutcome:
         """Register `key_id` as a driver (once) and run one turn with `text` as the user message, its
-        whole tool loop included. Raises EngineError (e.g. SessionNotOpen) or NotOwner as the
-        JSON-RPC methods would see them."""
+        whole tool loop included; `watcher` follows it as a session.sendMessage stream does. Raises
+        EngineError (e.g. SessionNotOpen) or NotOwner as the JSON-RPC methods would see them."""
         live = await self.registry.attach(session_id)
         async with live.lock:
             if key_id not in live.drivers:
@@ -90,7 +96,7 @@ class Fire:
                     items.append(("session.sandbox.available", {"images": self.sandboxes.available_images(profile)}))
                 await self.registry.append(session_id, key_id, items)
                 live.drivers.add(key_id)
-        return await self.turns.run_turn(TurnRequest(session_id, key_id, Message("user", text)))
+        return await self.turns.run_turn(TurnRequest(session_id, key_id, Message("user", text)), watcher=watcher)
 
     async def close(self, session_id: str, key_id: str) -> None:
         """Close the session as its client would (`session.close`, reason `client_close`), attributed to `key_id`."""
