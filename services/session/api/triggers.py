@@ -88,6 +88,8 @@ def trigger_fields(body: admin_api_pb2.TriggerBody) -> dict[str, Any]:
     if len(body.message_template) > MAX_TEMPLATE_CHARS:
         raise InvalidInput(f"message_template must be at most {MAX_TEMPLATE_CHARS} characters")
     schema = load(body.input_schema.json)
+    if not isinstance(schema, dict):  # the gateway's reading refuses it; a direct call may not
+        raise InvalidInput("input_schema must be a JSON object (a JSON Schema)")
     try:
         Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
@@ -235,6 +237,8 @@ class TriggersApi:
                 f"{echo(trigger.name)} runs profile {echo(trigger.profile_id)}: call it with a key of that profile",
                 reason="trigger_profile_mismatch",
             )
+        if request.wait not in ("", "true", "false"):
+            raise InvalidInput('wait must be "true" or "false"')
         idempotency_key = idempotency_key_of(request)
         if not request.input.json:  # the gateway sends the body's JSON; a call without one has none
             raise InvalidInput("the request body must be a JSON value", reason=INVALID_INPUT)
