@@ -115,6 +115,14 @@ def schedule_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enabled", dest="enabled", action="store_true", default=None, help="fire (the default)")
 
 
+def trigger_options(parser: argparse.ArgumentParser) -> None:
+    """What `create trigger` leaves to the server's default and `update trigger` keeps unless given."""
+    parser.add_argument("--keep-open", dest="close_after", action="store_false", default=None,
+                        help="leave each call's session open (default: closed when its turn ends)")
+    parser.add_argument("--close-after", dest="close_after", action="store_true", default=None,
+                        help="close each call's session when its turn ends (the default)")
+
+
 def paging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=u32, metavar="N", help="one page of at most N items")
     parser.add_argument("--cursor", metavar="C", help="one page, starting after cursor C")
@@ -138,6 +146,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     schedule.add_argument("cron", help='five fields, quoted: "0 6 * * 1-5"')
     schedule.add_argument("message", help="the user message each run sends")
     schedule_options(schedule)
+    trigger = b.leaf(("create", "trigger"), "create an HTTP trigger: POST /api/v1/triggers/<name> opens a session",
+                     commands.create_trigger)
+    trigger.add_argument("name", help="its URL's last segment: letters, digits, '.', '_', '-'")
+    trigger.add_argument("profile_id", help="a profile that allows no client tools")
+    trigger.add_argument("input_schema", help="a JSON Schema (draft 2020-12) as JSON text, or @FILE to read it")
+    trigger.add_argument("message_template", help="the user message, {field} filled from the call's JSON")
+    trigger_options(trigger)
 
     b.group((), "list", "list profiles, keys, sessions or a session's events")
     paging(b.leaf(("list", "profiles"), "list profiles", commands.list_profiles))
@@ -149,11 +164,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     events.add_argument("session_id")
     paging(events)
     paging(b.leaf(("list", "schedules"), "list schedules", commands.list_schedules))
+    paging(b.leaf(("list", "triggers"), "list HTTP triggers", commands.list_triggers))
 
-    b.group((), "get", "show one profile or schedule")
+    b.group((), "get", "show one profile, schedule or trigger")
     b.leaf(("get", "profile"), "show one profile", commands.get_profile).add_argument("id")
     b.leaf(("get", "schedule"), "show one schedule", commands.get_schedule).add_argument("id")
-    b.group((), "update", "replace a profile or a schedule")
+    b.leaf(("get", "trigger"), "show one HTTP trigger", commands.get_trigger).add_argument("id")
+    b.group((), "update", "replace a profile, a schedule or a trigger")
+    update_trigger = b.leaf(("update", "trigger"), "change an HTTP trigger: the options given, the rest kept",
+                            commands.update_trigger)
+    update_trigger.add_argument("id")
+    for option in ("name", "profile-id", "input-schema", "message-template"):
+        update_trigger.add_argument(f"--{option}", dest=option.replace("-", "_"))
+    trigger_options(update_trigger)
     update_sched = b.leaf(("update", "schedule"), "change a schedule: the options given, the rest kept",
                           commands.update_schedule)
     update_sched.add_argument("id")
@@ -174,8 +197,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
            commands.delete_session, json_flag=False).add_argument("id")
     b.leaf(("delete", "schedule"), "delete a schedule and its runs (their sessions stay)", commands.delete_schedule,
            json_flag=False).add_argument("id")
-    runs = b.leaf(("runs",), "list a schedule's runs, oldest first", commands.schedule_runs)
-    runs.add_argument("schedule_id", metavar="SCHEDULE")
+    b.leaf(("delete", "trigger"), "delete an HTTP trigger and its runs (their sessions stay)", commands.delete_trigger,
+           json_flag=False).add_argument("id")
+    runs = b.leaf(("runs",), "list a schedule's or an HTTP trigger's runs, oldest first", commands.runs)
+    runs.add_argument("owner_id", metavar="SCHEDULE|TRIGGER", help="a schedule's sch_ id or a trigger's trg_ id")
     paging(runs)
 
     b.group((), "export", "export a session as NDJSON")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -35,6 +36,12 @@ SCHEDULE_FIELDS = ["id", "name", "profile_id", "client_key_id", "cron", "timezon
 # What a POST or PUT sends; an option left out (None) keeps the current value, or the server's default.
 SCHEDULE_BODY = ("name", "profile_id", "client_key_id", "cron", "timezone", "message", "overlap", "catch_up",
                  "close_after", "enabled")
+TRIGGER_COLUMNS = [("ID", "id"), ("NAME", "name"), ("PROFILE_ID", "profile_id"), ("CLOSE_AFTER", "close_after")]
+TRIGGER_RUN_COLUMNS = [("RUN_ID", "run_id"), ("FIRED_AT", "fired_at"), ("SESSION_ID", "session_id"),
+                       ("OUTCOME", "outcome"), ("IDEMPOTENCY_KEY", "idempotency_key"), ("DETAIL", "detail")]
+TRIGGER_FIELDS = ["id", "name", "profile_id", "input_schema", "message_template", "close_after", "created_at",
+                  "updated_at"]
+TRIGGER_BODY = ("name", "profile_id", "input_schema", "message_template", "close_after")
 PAYLOAD_WIDTH = 80  # event payloads are cut to keep the table readable; --json shows them whole
 COPY_KEY_NOW = "baectl: copy the key now — it cannot be retrieved again"
 
@@ -181,8 +188,71 @@ def delete_schedule(api: AdminApi, args: argparse.Namespace) -> None:
     print(f"deleted schedule {args.id}")
 
 
-def schedule_runs(api: AdminApi, args: argparse.Namespace) -> None:
-    listing(api, args, f"/schedules/{args.schedule_id}/runs", RUN_COLUMNS, "no runs found")
+def runs(api: AdminApi, args: argparse.Namespace) -> None:
+    """A trigger's runs for a `trg_` id, else a schedule's (the id says whose)."""
+    if args.owner_id.startswith("trg_"):
+        listing(api, args, f"/triggers/{args.owner_id}/runs", TRIGGER_RUN_COLUMNS, "no runs found")
+    else:
+        listing(api, args, f"/schedules/{args.owner_id}/runs", RUN_COLUMNS, "no runs found")
+
+
+# --- HTTP triggers -----------------------------------------------------------------------------
+
+def trigger_record(item: dict[str, Any]) -> str:
+    """`get`/`create`/`update trigger`: one field per line, values at column 18; the schema as compact JSON."""
+    shown = {key: (str(value).lower() if isinstance(value, bool) else value) for key, value in item.items()}
+    if "input_schema" in item:
+        shown["input_schema"] = json.dumps(item["input_schema"], separators=(",", ":"))
+    return "\n".join(labelled(shown, TRIGGER_FIELDS, 17))
+
+
+def input_schema(text: str) -> Any:
+    """A schema given as JSON text, or @FILE."""
+    if text.startswith("@"):
+        try:
+            with open(text[1:], encoding="utf-8") as file:
+                text = file.read()
+        except OSError as exc:
+            raise CtlError(f"cannot read {text[1:]}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CtlError(f"input_schema is not JSON: {exc}") from None
+
+
+def trigger_body(args: argparse.Namespace, current: dict[str, Any]) -> dict[str, Any]:
+    """The PUT or POST body: each option given, else the current value (create: none, the server's default)."""
+    body: dict[str, Any] = {key: current[key] for key in TRIGGER_BODY if key in current}
+    for key in TRIGGER_BODY:
+        value = getattr(args, key, None)
+        if value is not None:
+            body[key] = input_schema(value) if key == "input_schema" else value
+    return body
+
+
+def create_trigger(api: AdminApi, args: argparse.Namespace) -> None:
+    reply = _object(api.call("POST", "/triggers", body=trigger_body(args, {})))
+    _emit(args, reply, "created trigger\n" + trigger_record(reply))
+
+
+def list_triggers(api: AdminApi, args: argparse.Namespace) -> None:
+    listing(api, args, "/triggers", TRIGGER_COLUMNS, "no triggers found")
+
+
+def get_trigger(api: AdminApi, args: argparse.Namespace) -> None:
+    _emit(args, reply := _object(api.call("GET", f"/triggers/{args.id}")), trigger_record(reply))
+
+
+def update_trigger(api: AdminApi, args: argparse.Namespace) -> None:
+    """A full PUT of the current trigger with the options given changed."""
+    current = _object(api.call("GET", f"/triggers/{args.id}"))
+    reply = _object(api.call("PUT", f"/triggers/{args.id}", body=trigger_body(args, current)))
+    _emit(args, reply, trigger_record(reply))
+
+
+def delete_trigger(api: AdminApi, args: argparse.Namespace) -> None:
+    api.call("DELETE", f"/triggers/{args.id}", expect_body=False)
+    print(f"deleted trigger {args.id}")
 
 
 # --- keys --------------------------------------------------------------------------------------

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
 
+from testkit import ROOT
 from testkit.live import rpc, terminal
 from testkit.mockllm import Reply
 from testkit.openapi_check import frame_errors
 from testkit.postgres_support import postgres, postgres_url  # noqa: F401 - fixtures
+from testkit.processes import service_env
 from testkit.stack import RunningStack, launch_stack, mock_provider_toml
 
 pytestmark = pytest.mark.stack
@@ -229,6 +233,12 @@ def test_refusals_of_the_caller(stack):
     assert trigger["profile_id"] in body["detail"]
     problem(call(stack, trigger["name"], "bae_wrong", {"repo": "a", "issue": 1}), 401, "unauthorized")
     problem(call(stack, trigger["name"], key, {"repo": "a", "issue": 1}, idempotency_key="k" * 201), 400, "bad_request")
+    maybe = stack.client.post(f"/api/v1/triggers/{trigger['name']}", json={"repo": "a", "issue": 1},
+                              params={"wait": "yes"}, headers={"Authorization": f"Bearer {key}"})
+    assert problem(maybe, 400, "bad_request")["detail"] == 'wait must be "true" or "false"'
+    plain = stack.client.post(f"/api/v1/triggers/{trigger['name']}", content=b"{}",
+                              headers={"Authorization": f"Bearer {key}", "Content-Type": "text/plain"})
+    problem(plain, 400, "bad_request")
     assert other and runs(stack, trigger["id"]) == []
 
 
@@ -279,3 +289,52 @@ def test_fifty_concurrent_calls_with_one_key_start_one_session_on_postgresql(sta
     mock.reset()
     fifty_calls_start_one_session(start_stack(config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
                                               BAE_DATABASE_URL=postgres_url, BAE_SESSION_REPLICAS="2"))
+
+
+# --- baectl -----------------------------------------------------------------------------------------
+
+def baectl(stack, *args: str) -> subprocess.CompletedProcess:
+    env = service_env(BAE_ADMIN_ADDR=str(stack.settings.admin_addr), BAE_ADMIN_TOKEN=stack.admin_key)
+    return subprocess.run([sys.executable, "-m", "bae.ctl", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_baectl_creates_lists_shows_updates_and_deletes_a_trigger_and_lists_its_runs(stack, tmp_path, mock):
+    mock.reset()
+    profile = stack.create_profile(unique("p"))
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(json.dumps(SCHEMA))
+    name = unique("ci")
+    created = baectl(stack, "create", "trigger", name, profile["id"], f"@{schema_file}", "Check {repo}.", "--keep-open",
+                     "--json")
+    assert created.returncode == 0, created.stderr
+    trigger = json.loads(created.stdout)
+    assert (trigger["input_schema"], trigger["close_after"]) == (SCHEMA, False)
+
+    shown = baectl(stack, "get", "trigger", trigger["id"])
+    assert shown.returncode == 0, shown.stderr
+    assert f"{'id:':17}{trigger['id']}\n" in shown.stdout and f"{'close_after:':17}false\n" in shown.stdout
+    listed = baectl(stack, "list", "triggers")
+    assert listed.stdout.splitlines()[0].split() == ["ID", "NAME", "PROFILE_ID", "CLOSE_AFTER"]
+    assert trigger["id"] in listed.stdout
+
+    updated = baectl(stack, "update", "trigger", trigger["id"], "--message-template", "Review {repo}.", "--json")
+    assert updated.returncode == 0, updated.stderr
+    after = json.loads(updated.stdout)
+    assert (after["message_template"], after["close_after"], after["name"]) == ("Review {repo}.", False, name)
+
+    assert baectl(stack, "runs", trigger["id"]).stdout == "no runs found\n"
+    key = stack.create_key(profile["id"])["key"]
+    assert call(stack, name, key, {"repo": "a", "issue": 1}, idempotency_key="ci-1").status_code == 202
+    settled(stack, trigger["id"])
+    table = baectl(stack, "runs", trigger["id"]).stdout.splitlines()
+    assert table[0].split() == ["RUN_ID", "FIRED_AT", "SESSION_ID", "OUTCOME", "IDEMPOTENCY_KEY", "DETAIL"]
+    assert "completed" in table[1] and "ci-1" in table[1]
+
+    refused = baectl(stack, "create", "trigger", unique("bad"), profile["id"], "{}", "On {branch}.")
+    assert refused.returncode == 1 and "placeholder {branch} is not a property of input_schema" in refused.stderr
+
+    deleted = baectl(stack, "delete", "trigger", trigger["id"])
+    assert (deleted.returncode, deleted.stdout) == (0, f"deleted trigger {trigger['id']}\n")
+    missing = baectl(stack, "get", "trigger", trigger["id"])
+    assert (missing.returncode, missing.stderr) == (1, f"baectl: no trigger {trigger['id']}\n")
