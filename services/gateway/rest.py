@@ -92,9 +92,21 @@ class RestEndpoint:
             except BaeError as error:
                 return error_response(error)
             waits = getattr(message, route.wait_field) == "true"
+            timeout = upstream.timeout
+
+            # The answer (and, waiting, the turn's first frame) within the call's deadline, as a
+            # unary route's reply; the turn's frames after them take as long as the turn does.
+            async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> tuple[Call, Read, Read]:
+                call = getattr(stub, route.rpc)(message, metadata=metadata)
+                try:
+                    first = await _read(call, timeout)
+                    return call, first, await _read(call, timeout) if waits and isinstance(first, Message) else grpc.aio.EOF
+                except BaseException:
+                    call.cancel()
+                    raise
+
             try:
-                call, first = await upstream.open_stream(None, route.rpc, message)
-                then = await call.read() if waits and isinstance(first, Message) else grpc.aio.EOF
+                call, first, then = await upstream.call(None, invoke)  # any replica: it opens the session
             except grpc.aio.AioRpcError as error:
                 return error_response(upstream.failure(error))
             if not isinstance(first, Message) or first.WhichOneof("kind") != "answer":
@@ -106,7 +118,7 @@ class RestEndpoint:
                 call.cancel()
                 return Response(write(answer), route.status, media_type=JSON)
             turn_id = dump(getattr(answer, route.turn_id_field))
-            return LiveStream(route.rpc, call, then, turn_id, answer.session_id, inner="turn")
+            return LiveStream(route.rpc, call, then, turn_id, answer.session_id, inner="turn")  # type: ignore[arg-type]
 
         return handle
 

@@ -237,12 +237,11 @@ class Upstream:
         raise AssertionError("unreachable")
 
     async def open_stream(
-        self, session_id: str | None, rpc_name: str, request: Message
+        self, session_id: str, rpc_name: str, request: Message
     ) -> tuple[grpc.aio.UnaryStreamCall, Message | object]:
-        """Start a live call on the session's replica (any replica without a session: a trigger's call
-        opens one there) and read its first frame (`accepted`, a relay's start, a trigger's answer),
-        or EOF; a refusal before it raises as any call's does. Live calls carry no deadline: a turn
-        or a subscription lasts as long as it lasts."""
+        """Start a live call on the session's replica and read its first frame (`accepted`, or a
+        relay's start), or EOF; a refusal before it raises as any call's does. Live calls carry no
+        deadline: a turn or a subscription lasts as long as it lasts."""
 
         async def invoke(
             stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata

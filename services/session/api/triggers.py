@@ -228,7 +228,9 @@ class TriggersApi:
         A repeated Idempotency-Key answers the first call's answer alone, waiting or not: its turn
         is not this call's to stream."""
         key = await self.auth.client_key(Credential.of(request.credential))
-        trigger = await self.store.read(triggers.by_name, request.trigger_name)
+        # A name no trigger can have is not looked up (a path segment may be long).
+        trigger = await self.store.read(triggers.by_name, request.trigger_name) if NAME_PATTERN.fullmatch(
+            request.trigger_name) else None
         if trigger is None:
             raise NotFound(f"no trigger {echo(request.trigger_name)}")
         if key.profile_id != trigger.profile_id:
