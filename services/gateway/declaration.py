@@ -8,6 +8,7 @@ router, the translation and the OpenAPI document all read them from here.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,8 @@ class Route:
     # (server streaming) or the body's lines (client streaming).
     ndjson: bool = False
     client_streaming: bool = False
+    # Other `{name}` segments of the path, each filling the request field of its name (e.g. `{delivery_id}`).
+    path_fields: tuple[str, ...] = ()
 
     @property
     def session_scoped(self) -> bool:
@@ -85,7 +88,8 @@ def _credential_field(request: Descriptor) -> str:
 def _route(method: MethodDescriptor, option: Any) -> Route:
     request = method.input_type
     credential_field = _credential_field(request)
-    taken = {credential_field, option.id_field, option.body}
+    path_fields = tuple(name for name in re.findall(r"\{(\w+)\}", option.path) if name != "id")
+    taken = {credential_field, option.id_field, option.body, *path_fields}
     if ("{id}" in option.path) != bool(option.id_field):
         raise ValueError(f"{method.name}: the path's {{id}} and id_field go together")
     for name in taken - {""}:
@@ -118,6 +122,7 @@ def _route(method: MethodDescriptor, option: Any) -> Route:
         streaming=method.server_streaming,
         ndjson=option.ndjson,
         client_streaming=method.client_streaming,
+        path_fields=path_fields,
     )
 
 

@@ -194,6 +194,9 @@ def _route_operation(route: Route, schemas: Schemas) -> Schema:
     if route.id_field:
         parameters.append({"name": "id", "in": "path", "required": True, "schema": {"type": "string"},
                            "description": f"the {route.id_field.removesuffix('_id')}'s id"})
+    for name in route.path_fields:
+        parameters.append({"name": name, "in": "path", "required": True, "schema": {"type": "string"},
+                           "description": f"the {name.removesuffix('_id')}'s id"})
     for name in route.query_fields:
         json = request.fields_by_name[name].GetOptions().Extensions[edge_pb2.json]
         parameter: Schema = {"name": name, "in": "query", "required": False, "schema": {"type": "string"}}
