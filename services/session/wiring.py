@@ -22,17 +22,24 @@ from services.session.api.gateway_calls import GatewayCalls
 from services.session.api.operations import Operation, operations
 from services.session.api.own_calls import register
 from services.session.api.servicer import SessionServicer
+from services.session.api.webhooks import WebhooksApi
 from services.session.engine.gauges import register_gauges
 from services.session.engine.ownership import advertised_address
 from services.session.engine.ports import Sandboxes
 from services.session.engine.retention_sweep import RetentionSweep
 from services.session.engine.service import SessionEngine
 from services.session.engine.spans import SessionSpans
+from services.session.engine.webhook_delivery import WebhookDeliverer
 from services.session.remote.mcp import McpConnector
 from services.session.remote.peers import Peers
 from services.session.remote.runner import RunnerClient
 from services.session.remote.sandbox_pool import NoSandboxHosts, SandboxPool
+from services.session.remote.webhook_sender import WebhookSender
 from services.session.store import Store
+
+
+# How often each replica looks for due webhook deliveries: the longest a new event waits to be sent.
+WEBHOOK_POLL_SECONDS = 0.5
 
 
 def session_engine(settings: Settings, config: Config, store: Store) -> SessionEngine:
@@ -72,6 +79,8 @@ class SessionService:
     operations: dict[str, Operation]  # the servicer's methods, however a call arrives
     gateway_calls: GatewayCalls
     sweep: RetentionSweep
+    deliverer: WebhookDeliverer
+    webhook_sender: WebhookSender
 
     def registrar(self) -> Callable[[grpc.aio.Server], list[str]]:
         """Registers SessionService on a gRPC server: its methods and the gateway's `Calls` stream."""
@@ -82,6 +91,7 @@ class SessionService:
         await self.engine.start()
         self.auth.start()
         self.sweep.start()
+        self.deliverer.start()
 
     async def drain(self, budget: float) -> None:
         """Stop taking work; running turns and the sandbox stops of closed sessions end within `budget`."""
@@ -91,6 +101,8 @@ class SessionService:
     async def stop(self) -> None:
         """Tear down sessions, MCP, sandboxes and the store."""
         await self.sweep.stop()
+        await self.deliverer.stop()
+        await self.webhook_sender.close()
         await self.engine.stop()
         await self.auth.stop()  # writes the last coalesced last_used_at stamps
         await self.store.close()
@@ -102,6 +114,11 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
     await bootstrap_admin_key(store, options)
     auth = Authenticator(store, admin_auth_disabled=options.disabled)
     engine = session_engine(settings, config, store)
+    webhook_sender = WebhookSender()
+    deliverer = WebhookDeliverer(
+        store, webhook_sender, config.webhooks, max_age=settings.webhook_max_age,
+        backoff_scale=settings.webhook_backoff_scale, poll_interval=WEBHOOK_POLL_SECONDS,
+    )
     servicer = SessionServicer(
         rest=ClientRestApi(
             store=store, auth=auth, sessions=engine.registry, mcp=engine.mcp, closer=engine.closer,
@@ -109,6 +126,9 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
         ),
         admin=AdminApi(
             store=store, auth=auth, sandboxes=engine.sandboxes, revocations=engine.revocations, config=config
+        ),
+        webhooks=WebhooksApi(
+            store=store, auth=auth, transport=webhook_sender, settings=config.webhooks, deliverer=deliverer
         ),
         auth=auth,
         live=LiveApi(
@@ -127,5 +147,5 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
     )
     return SessionService(
         store=store, auth=auth, engine=engine, servicer=servicer, operations=served, gateway_calls=GatewayCalls(served),
-        sweep=sweep,
+        sweep=sweep, deliverer=deliverer, webhook_sender=webhook_sender,
     )

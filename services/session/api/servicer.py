@@ -27,6 +27,7 @@ from services.session.api.live import LiveApi
 from services.session.api.operations import Incoming
 from services.session.api.rest import ClientRestApi
 from services.session.api.sandbox_methods import SandboxMethods
+from services.session.api.webhooks import WebhooksApi
 from services.session.engine.ownership import NotOwner, Ownership
 from services.session.engine.spans import SessionSpans
 
@@ -66,6 +67,7 @@ class SessionServicer:
         *,
         rest: ClientRestApi,
         admin: AdminApi,
+        webhooks: WebhooksApi,
         auth: Authenticator,
         live: LiveApi,
         sandboxes: SandboxMethods,
@@ -76,6 +78,7 @@ class SessionServicer:
         self.spans = spans
         self.rest = rest
         self.admin = admin
+        self.webhooks = webhooks
         self.auth = auth
         self.live = live
         self.sandboxes = sandboxes
@@ -217,6 +220,48 @@ class SessionServicer:
         self, request: admin_api_pb2.AdminRequest, incoming: Incoming
     ) -> admin_api_pb2.SandboxStatus:
         return await _answer(self.admin.sandbox_status(request))
+
+    # Webhooks.
+
+    async def create_webhook(
+        self, request: admin_api_pb2.CreateWebhookRequest, incoming: Incoming
+    ) -> admin_api_pb2.WebhookCreated:
+        return await _answer(self.webhooks.create_webhook(request))
+
+    async def list_webhooks(
+        self, request: admin_api_pb2.ListWebhooksRequest, incoming: Incoming
+    ) -> admin_api_pb2.WebhookPage:
+        return await _answer(self.webhooks.list_webhooks(request))
+
+    async def get_webhook(
+        self, request: admin_api_pb2.GetWebhookRequest, incoming: Incoming
+    ) -> admin_api_pb2.Webhook:
+        return await _answer(self.webhooks.get_webhook(request))
+
+    async def replace_webhook(
+        self, request: admin_api_pb2.ReplaceWebhookRequest, incoming: Incoming
+    ) -> admin_api_pb2.Webhook:
+        return await _answer(self.webhooks.replace_webhook(request))
+
+    async def delete_webhook(
+        self, request: admin_api_pb2.DeleteWebhookRequest, incoming: Incoming
+    ) -> admin_api_pb2.NoContent:
+        return await _answer(self.webhooks.delete_webhook(request))
+
+    async def rotate_webhook_secret(
+        self, request: admin_api_pb2.RotateWebhookSecretRequest, incoming: Incoming
+    ) -> admin_api_pb2.WebhookSecret:
+        return await _answer(self.webhooks.rotate_webhook_secret(request))
+
+    async def list_webhook_deliveries(
+        self, request: admin_api_pb2.ListWebhookDeliveriesRequest, incoming: Incoming
+    ) -> admin_api_pb2.WebhookDeliveryPage:
+        return await _answer(self.webhooks.list_webhook_deliveries(request))
+
+    async def retry_webhook_delivery(
+        self, request: admin_api_pb2.RetryWebhookDeliveryRequest, incoming: Incoming
+    ) -> admin_api_pb2.WebhookDelivery:
+        return await _answer(self.webhooks.retry_webhook_delivery(request))
 
     # The internal plane.
 
