@@ -102,10 +102,10 @@ def internal_reason(address: str) -> str | None:
         ip = ip.ipv4_mapped
     for reason, hit in (
         ("loopback", ip.is_loopback),
-        ("link-local (cloud metadata)", ip.is_link_local),
-        ("private", ip.is_private),
-        ("multicast", ip.is_multicast),
         ("unspecified", ip.is_unspecified),
+        ("link-local (cloud metadata)", ip.is_link_local),
+        ("multicast", ip.is_multicast),
+        ("private", ip.is_private),
         ("reserved", ip.is_reserved),
         ("not globally routable", not ip.is_global),
     ):
