@@ -25,7 +25,7 @@ from services.session.store import profiles, webhooks
 from services.session.store.store import Store
 from services.session.store.webhooks import DeliveryRecord, WebhookRecord
 
-# An event type as docs/reference/events.md names them (`session.turn.completed`), or "*".
+# An event type as docs/reference/events.md names them (`server.message.send`), or "*".
 _EVENT_TYPE = re.compile(r"\*|[a-z][a-z0-9_]*(\.[a-z0-9_]+)*")
 
 
@@ -77,7 +77,7 @@ class WebhooksApi:
         for index, event_type in enumerate(event_types):
             if len(event_type) > MAX_EVENT_TYPE_CHARS or not _EVENT_TYPE.fullmatch(event_type):
                 raise InvalidInput(f'event_types[{index}] "{echo(event_type)}" is not an event type (e.g. '
-                                   'session.turn.completed) or "*"')
+                                   'server.message.send) or "*"')
         profile_id = body.profile_id if body.HasField("profile_id") else None
         if profile_id is not None and await self.store.read(profiles.active, profile_id) is None:
             raise Unprocessable(f"no active profile {echo(profile_id)}", reason="profile_unavailable")
