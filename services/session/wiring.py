@@ -116,7 +116,7 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
     engine = session_engine(settings, config, store)
     webhook_sender = WebhookSender()
     deliverer = WebhookDeliverer(
-        store, webhook_sender, config.webhooks, max_age=settings.webhook_max_age,
+        store, webhook_sender, config.webhooks, holder=engine.ownership.replica_id, max_age=settings.webhook_max_age,
         backoff_scale=settings.webhook_backoff_scale, poll_interval=WEBHOOK_POLL_SECONDS,
     )
     servicer = SessionServicer(

@@ -22,6 +22,8 @@ from services.session.store import Store, sessions, webhooks
 
 pytestmark = pytest.mark.unit
 
+HOLDER = "127.0.0.1:50051"  # a replica id
+
 
 def test_retry_schedule_doubles_up_to_an_hour_within_the_max_age() -> None:
     assert [retry_delay(n) for n in (1, 2, 3, 4)] == [5, 10, 20, 40]
@@ -149,11 +151,11 @@ async def test_events_queue_deliveries_by_event_type_and_profile(store) -> None:
     assert [d.event_id for d in await _log(store, every.id)] == [view["id"] for view in views]
     assert [d.event_type for d in await _log(store, closes.id)] == ["session.close"]
     assert await _log(store, other_profile.id) == [] and await _log(store, disabled.id) == []
-    due = await store.write(webhooks.claim_due, time.time(), time.time() + 60, 10)
+    due = await store.write(webhooks.claim_due, HOLDER, time.time(), time.time() + 60, 10)
     body = json.loads(next(d for d in due if d.webhook_id == closes.id).payload)
     assert body == {"type": "session.close", "timestamp": views[1]["created_at"], "data": json.loads(views[1].json)}
     # Claimed: not due again until the claim runs out.
-    assert await store.write(webhooks.claim_due, time.time(), time.time() + 60, 10) == []
+    assert await store.write(webhooks.claim_due, HOLDER, time.time(), time.time() + 60, 10) == []
 
 
 async def test_an_event_that_is_not_written_queues_nothing(store) -> None:
@@ -189,11 +191,12 @@ class FakeTransport:
 
 def _deliverer(store: Store, transport: FakeTransport, allow: set[str] | None = None, max_age: float = 86400):
     settings = WebhookSettings(frozenset({"127.0.0.1"} if allow is None else allow))
-    return WebhookDeliverer(store, transport, settings, max_age=max_age, backoff_scale=0.001, poll_interval=0.05)
+    return WebhookDeliverer(store, transport, settings, holder=HOLDER, max_age=max_age, backoff_scale=0.001,
+                            poll_interval=0.05)
 
 
 async def _due(store: Store, at_least: float = 0.0) -> list[webhooks.DueDelivery]:
-    return await store.write(webhooks.claim_due, time.time() + at_least, time.time() + 60, 10)
+    return await store.write(webhooks.claim_due, HOLDER, time.time() + at_least, time.time() + 60, 10)
 
 
 async def test_retries_keep_the_webhook_id_until_a_2xx(store) -> None:
@@ -255,5 +258,16 @@ async def test_rotation_signs_with_both_secrets_until_the_old_one_expires(store)
     (delivery,) = await _due(store)
     assert delivery.secrets == (new, old)
     assert old not in repr(delivery) and new not in repr(delivery)
-    (later,) = await store.write(webhooks.claim_due, time.time() + 100000, time.time() + 100060, 10)
+    (later,) = await store.write(webhooks.claim_due, HOLDER, time.time() + 100000, time.time() + 100060, 10)
     assert later.secrets == (new,)
+
+
+async def test_a_restarted_replica_sends_again_what_its_previous_process_had_claimed(store) -> None:
+    hook, _ = await _hook(store, ["*"])
+    sid = await _session(store, "pro_a")
+    await store.append_events(sid, [("key_a", "session.close", {})])
+    (claimed,) = await _due(store)  # ... and the process died mid-attempt
+    assert await store.write(webhooks.release_claims, "10.0.0.2:50051", time.time()) == 0  # another replica's
+    assert await store.write(webhooks.release_claims, HOLDER, time.time()) == 1
+    (again,) = await _due(store)
+    assert again.id == claimed.id

@@ -3,7 +3,8 @@ deliveries (store/webhooks.py) to their receivers, as Standard Webhooks requests
 
 - Turns never wait for it: events only queue rows, in their own transaction; this loop reads them.
 - Claim-based, so replicas share the work: a claim moves a row's `next_attempt_at` past its attempt
-  (CLAIM_SECONDS), and a replica killed mid-attempt leaves the row due again when the claim runs out.
+  (CLAIM_SECONDS), and a replica killed mid-attempt leaves the row due again when the claim runs out,
+  or at once when it starts again (its claims carry its id, which a restart keeps).
   Delivery is at least once; the `webhook-id` (the row's id) is the same on every attempt.
 - 2xx: delivered. 410: the webhook is disabled. Anything else (or no answer): retried after
   bae.common.webhooks.retry_delay, until BAE_WEBHOOK_MAX_AGE after the delivery was queued; then failed.
@@ -44,10 +45,11 @@ TOTAL = 32
 
 class WebhookDeliverer:
     def __init__(
-        self, store: Store, transport: WebhookTransport, settings: WebhookSettings, *, max_age: float,
+        self, store: Store, transport: WebhookTransport, settings: WebhookSettings, *, holder: str, max_age: float,
         backoff_scale: float, poll_interval: float,
     ) -> None:
         self.store = store
+        self.holder = holder  # this replica's id: its claims carry it
         self.transport = transport
         self.settings = settings
         self.max_age = max_age
@@ -71,6 +73,10 @@ class WebhookDeliverer:
         await self._attempts.cancel()
 
     async def _run(self) -> None:
+        # A replica keeps its id across restarts (its address): what it held when it died is due again now.
+        released = await self.store.write(webhooks.release_claims, self.holder, time.time())
+        if released:
+            log.info("sending again %d webhook delivery(ies) under way when this replica stopped", released)
         while True:
             try:
                 claimed = await self.deliver_due()
@@ -91,7 +97,7 @@ class WebhookDeliverer:
         if free <= 0:
             return 0
         at = time.time()
-        due = await self.store.write(webhooks.claim_due, at, at + CLAIM_SECONDS, free)
+        due = await self.store.write(webhooks.claim_due, self.holder, at, at + CLAIM_SECONDS, free)
         for delivery in due:
             self._attempts.spawn(self._attempt(delivery), name=delivery.id)
         return len(due)

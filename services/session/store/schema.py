@@ -244,6 +244,9 @@ webhook_deliveries = Table(
     Column("last_status", Integer),  # the receiver's HTTP status; NULL: no answer (last_error says why)
     Column("last_error", Text),
     Column("next_attempt_at", Float),
+    # The replica (its id) whose claim `next_attempt_at` is while it attempts; NULL otherwise. A replica
+    # that starts again releases its previous process's claims at once instead of waiting them out.
+    Column("claimed_by", ID),
     Column("created_at", String(32), nullable=False),
     Column("delivered_at", String(32)),
 )

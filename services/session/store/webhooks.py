@@ -189,8 +189,8 @@ def enqueue(conn: Connection, session_id: str, appended: Sequence[tuple[str, str
     return len(rows)
 
 
-def claim_due(conn: Connection, at: float, until: float, limit: int) -> list[DueDelivery]:
-    """Claim up to `limit` due deliveries of enabled webhooks until `until`, oldest due first.
+def claim_due(conn: Connection, holder: str, at: float, until: float, limit: int) -> list[DueDelivery]:
+    """Claim up to `limit` due deliveries of enabled webhooks for replica `holder` until `until`, oldest due first.
 
     Each claim is a compare-and-swap on `next_attempt_at`: a row another deliverer claimed between
     the read and the update is skipped."""
@@ -215,7 +215,7 @@ def claim_due(conn: Connection, at: float, until: float, limit: int) -> list[Due
         taken = conn.execute(
             update(webhook_deliveries)
             .where(and_(webhook_deliveries.c.id == row.id, webhook_deliveries.c.next_attempt_at == row.next_attempt_at))
-            .values(next_attempt_at=until)
+            .values(next_attempt_at=until, claimed_by=holder)
         ).rowcount
         if not taken:
             continue
@@ -241,7 +241,7 @@ def record_attempt(
         .where(webhook_deliveries.c.id == delivery_id)
         .values(
             state=state, attempts=webhook_deliveries.c.attempts + 1, last_status=status, last_error=error,
-            next_attempt_at=next_attempt_at, delivered_at=now() if delivered else None,
+            next_attempt_at=next_attempt_at, claimed_by=None, delivered_at=now() if delivered else None,
         )
     )
     if disable_webhook:
@@ -249,6 +249,16 @@ def record_attempt(
         conn.execute(
             update(webhooks).where(webhooks.c.id == webhook_id.scalar_subquery()).values(enabled=False, updated_at=now())
         )
+
+
+def release_claims(conn: Connection, holder: str, at: float) -> int:
+    """Make the deliveries replica `holder` had claimed due now (its previous process died mid-attempt:
+    they may or may not have reached their receiver, so they are sent again); returns how many."""
+    return int(conn.execute(
+        update(webhook_deliveries)
+        .where(and_(webhook_deliveries.c.claimed_by == holder, webhook_deliveries.c.state == PENDING))
+        .values(next_attempt_at=at, claimed_by=None)
+    ).rowcount)
 
 
 def deliveries_page(
@@ -269,7 +279,8 @@ def deliveries_page(
 def retry(conn: Connection, webhook_id: str, delivery_id: str, at: float) -> DeliveryRecord | None:
     """Make a delivery due now again, whatever its state (same webhook-id); None: no such delivery."""
     which = and_(webhook_deliveries.c.id == delivery_id, webhook_deliveries.c.webhook_id == webhook_id)
-    if not conn.execute(update(webhook_deliveries).where(which).values(state=PENDING, next_attempt_at=at)).rowcount:
+    retried = update(webhook_deliveries).where(which).values(state=PENDING, next_attempt_at=at, claimed_by=None)
+    if not conn.execute(retried).rowcount:
         return None
     row = conn.execute(select(*_DELIVERY).where(which)).first()
     assert row is not None  # updated just now, in this transaction

@@ -42,6 +42,7 @@ def upgrade() -> None:
         sa.Column("last_status", sa.Integer),
         sa.Column("last_error", sa.Text),
         sa.Column("next_attempt_at", sa.Float),
+        sa.Column("claimed_by", sa.String(64)),
         sa.Column("created_at", sa.String(32), nullable=False),
         sa.Column("delivered_at", sa.String(32)),
     )
