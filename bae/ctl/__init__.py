@@ -100,6 +100,14 @@ def profile_lists(parser: argparse.ArgumentParser) -> None:
                         help="update: drop the profile's overrides (the [limits] defaults apply)")
 
 
+def webhook_fields(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", help="http:// or https:// receiver URL")
+    parser.add_argument("--event-type", action="append", metavar="TYPE",
+                        help="an event type to deliver (repeatable; default: every event, \"*\")")
+    parser.add_argument("--profile-id", metavar="ID", help="only events of this profile's sessions")
+    parser.add_argument("--disabled", action="store_true", help="keep the webhook but deliver nothing")
+
+
 def paging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=u32, metavar="N", help="one page of at most N items")
     parser.add_argument("--cursor", metavar="C", help="one page, starting after cursor C")
@@ -107,7 +115,7 @@ def paging(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argparse.ArgumentParser]]:
     b = Builder()
-    b.group((), "create", "create a profile or a client key")
+    b.group((), "create", "create a profile, a client key or a webhook")
     create = b.leaf(("create", "profile"), "create a profile", commands.create_profile)
     create.add_argument("name")
     create.add_argument("primary_provider", help="a [providers] entry name")
@@ -115,8 +123,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     key = b.leaf(("create", "key"), "create a client key (its plaintext is shown once)", commands.create_key)
     key.add_argument("name")
     key.add_argument("profile_id")
+    webhook_fields(b.leaf(("create", "webhook"), "create a webhook (its signing secret is shown once)",
+                          commands.create_webhook))
 
-    b.group((), "list", "list profiles, keys, sessions or a session's events")
+    b.group((), "list", "list profiles, keys, sessions, a session's events or webhooks")
     paging(b.leaf(("list", "profiles"), "list profiles", commands.list_profiles))
     paging(b.leaf(("list", "keys"), "list active client keys", commands.list_keys))
     sessions = b.leaf(("list", "sessions"), "list sessions", commands.list_sessions)
@@ -125,22 +135,36 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     events = b.leaf(("list", "events"), "list a session's events", commands.list_events)
     events.add_argument("session_id")
     paging(events)
+    paging(b.leaf(("list", "webhooks"), "list webhooks", commands.list_webhooks))
 
-    b.group((), "get", "show one profile")
+    b.group((), "get", "show one profile or webhook")
     b.leaf(("get", "profile"), "show one profile", commands.get_profile).add_argument("id")
-    b.group((), "update", "replace a profile")
+    b.leaf(("get", "webhook"), "show one webhook (never its secret)", commands.get_webhook).add_argument("id")
+    b.group((), "update", "replace a profile or a webhook")
     update = b.leaf(("update", "profile"), "replace a profile: unrepeated lists become empty; the name and "
                     "sandbox images are kept unless given", commands.update_profile)
     update.add_argument("id")
     update.add_argument("primary_provider")
     update.add_argument("--name", help="new name (default: keep the current one)")
     profile_lists(update)
-    b.group((), "delete", "delete a profile or a session, or revoke a client key")
+    update_hook = b.leaf(("update", "webhook"), "replace a webhook's URL, event types, profile filter and state "
+                         "(its secret stays)", commands.update_webhook)
+    update_hook.add_argument("id")
+    webhook_fields(update_hook)
+    b.group((), "delete", "delete a profile, a session or a webhook, or revoke a client key")
     b.leaf(("delete", "profile"), "delete a profile", commands.delete_profile, json_flag=False).add_argument("id")
     b.leaf(("delete", "key"), "revoke a client key and its session keys", commands.delete_key,
            json_flag=False).add_argument("id")
     b.leaf(("delete", "session"), "delete a closed or error session with its events and usage",
            commands.delete_session, json_flag=False).add_argument("id")
+    b.leaf(("delete", "webhook"), "delete a webhook, its pending deliveries and its delivery log",
+           commands.delete_webhook, json_flag=False).add_argument("id")
+    deliveries = b.leaf(("deliveries",), "a webhook's delivery log: attempts, status codes, next attempt",
+                        commands.webhook_deliveries)
+    deliveries.add_argument("webhook_id", metavar="WEBHOOK")
+    paging(deliveries)
+    b.leaf(("rotate-secret",), "issue a webhook's new signing secret (the old one stays valid 24 h)",
+           commands.rotate_secret).add_argument("webhook_id", metavar="WEBHOOK")
 
     b.group((), "export", "export a session as NDJSON")
     export = b.leaf(("export", "session"), "write a session (any state) as NDJSON: its row, then its events",
