@@ -271,3 +271,15 @@ async def test_a_restarted_replica_sends_again_what_its_previous_process_had_cla
     assert await store.write(webhooks.release_claims, HOLDER, time.time()) == 1
     (again,) = await _due(store)
     assert again.id == claimed.id
+
+
+async def test_the_log_is_pruned_of_finished_deliveries_only(store) -> None:
+    hook, _ = await _hook(store, ["*"])
+    sid = await _session(store, "pro_a")
+    await store.append_events(sid, [("key_a", "session.close", {}), ("key_a", "session.close", {})])
+    assert await store.read(webhooks.any_due, time.time())
+    first, _ = await _due(store)
+    assert not await store.read(webhooks.any_due, time.time())  # both claimed
+    await _deliverer(store, FakeTransport([204])).attempt(first)
+    assert await store.write(webhooks.prune, "9999-01-01T00:00:00.000Z", 10) == 1  # the delivered one
+    assert [d.state for d in await _log(store, hook.id)] == ["pending"]

@@ -11,6 +11,8 @@ deliveries (store/webhooks.py) to their receivers, as Standard Webhooks requests
 - The URL's host is resolved and every address checked again before each attempt (its DNS may have
   changed since the webhook was created); the attempt connects to the checked address.
 - At most PER_WEBHOOK attempts run at once per webhook, so one slow receiver cannot take every slot.
+- The delivery log keeps delivered and failed deliveries LOG_DAYS after they were queued; each replica
+  prunes older ones about hourly, a batch per transaction, so the outbox does not grow without bound.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from datetime import datetime, timezone
 from opentelemetry.trace import Status, StatusCode
 
 from bae.common import telemetry
+from bae.common.timefmt import format_time
 from bae.common.webhooks import RefusedAddress, WebhookSettings, check_addresses, parse_url, retry_delay, \
     signature_header
 from services.session.engine.ports import WebhookAnswer, WebhookTransport
@@ -41,6 +44,9 @@ CLAIM_SECONDS = 60.0
 BATCH = 50
 PER_WEBHOOK = 4
 TOTAL = 32
+LOG_DAYS = 7
+PRUNE_SECONDS = 3600.0
+PRUNE_BATCH = 500
 
 
 class WebhookDeliverer:
@@ -77,7 +83,11 @@ class WebhookDeliverer:
         released = await self.store.write(webhooks.release_claims, self.holder, time.time())
         if released:
             log.info("sending again %d webhook delivery(ies) under way when this replica stopped", released)
+        pruned_at = 0.0
         while True:
+            if time.monotonic() - pruned_at > PRUNE_SECONDS:
+                pruned_at = time.monotonic()
+                await self._prune()
             try:
                 claimed = await self.deliver_due()
             except Exception:  # the next poll tries again; a claimed row is due again after its claim
@@ -97,10 +107,22 @@ class WebhookDeliverer:
         if free <= 0:
             return 0
         at = time.time()
+        if not await self.store.read(webhooks.any_due, at):
+            return 0
         due = await self.store.write(webhooks.claim_due, self.holder, at, at + CLAIM_SECONDS, free)
         for delivery in due:
             self._attempts.spawn(self._attempt(delivery), name=delivery.id)
         return len(due)
+
+    async def _prune(self) -> None:
+        before = format_time(datetime.fromtimestamp(time.time() - LOG_DAYS * 86400, timezone.utc))
+        try:
+            while True:
+                if await self.store.write(webhooks.prune, before, PRUNE_BATCH) < PRUNE_BATCH:
+                    return
+                await asyncio.sleep(0.01)  # between batches: turns' writes go first
+        except Exception:  # pruning is housekeeping: the next hour tries again
+            log.exception("pruning the webhook delivery log failed")
 
     async def _attempt(self, delivery: DueDelivery) -> None:
         try:

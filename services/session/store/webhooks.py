@@ -189,6 +189,24 @@ def enqueue(conn: Connection, session_id: str, appended: Sequence[tuple[str, str
     return len(rows)
 
 
+def any_due(conn: Connection, at: float) -> bool:
+    """Whether some delivery is due (a read: an idle deliverer's poll writes nothing)."""
+    due = and_(webhook_deliveries.c.state == PENDING, webhook_deliveries.c.next_attempt_at <= at)
+    return conn.execute(select(webhook_deliveries.c.seq).where(due).limit(1)).first() is not None
+
+
+def prune(conn: Connection, created_before: str, limit: int) -> int:
+    """Delete up to `limit` delivered or failed deliveries queued before `created_before` (the log's
+    retention); returns how many. Pending ones stay, whatever their age."""
+    finished = and_(webhook_deliveries.c.state.in_((DELIVERED, FAILED)),
+                    webhook_deliveries.c.created_at < created_before)
+    chosen = select(webhook_deliveries.c.seq).where(finished).order_by(webhook_deliveries.c.seq).limit(limit)
+    seqs = list(conn.execute(chosen).scalars())
+    if seqs:
+        conn.execute(delete(webhook_deliveries).where(webhook_deliveries.c.seq.in_(seqs)))
+    return len(seqs)
+
+
 def claim_due(conn: Connection, holder: str, at: float, until: float, limit: int) -> list[DueDelivery]:
     """Claim up to `limit` due deliveries of enabled webhooks for replica `holder` until `until`, oldest due first.
 
