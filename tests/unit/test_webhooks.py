@@ -25,6 +25,10 @@ pytestmark = pytest.mark.unit
 HOLDER = "127.0.0.1:50051"  # a replica id
 
 
+def any_room(webhook_id: str) -> int:
+    return 100
+
+
 def test_retry_schedule_doubles_up_to_an_hour_within_the_max_age() -> None:
     assert [retry_delay(n) for n in (1, 2, 3, 4)] == [5, 10, 20, 40]
     assert retry_delay(30) == 3600
@@ -151,11 +155,11 @@ async def test_events_queue_deliveries_by_event_type_and_profile(store) -> None:
     assert [d.event_id for d in await _log(store, every.id)] == [view["id"] for view in views]
     assert [d.event_type for d in await _log(store, closes.id)] == ["session.close"]
     assert await _log(store, other_profile.id) == [] and await _log(store, disabled.id) == []
-    due = await store.write(webhooks.claim_due, HOLDER, time.time(), time.time() + 60, 10)
+    due = await store.write(webhooks.claim_due, HOLDER, time.time(), time.time() + 60, 10, any_room)
     body = json.loads(next(d for d in due if d.webhook_id == closes.id).payload)
     assert body == {"type": "session.close", "timestamp": views[1]["created_at"], "data": json.loads(views[1].json)}
     # Claimed: not due again until the claim runs out.
-    assert await store.write(webhooks.claim_due, HOLDER, time.time(), time.time() + 60, 10) == []
+    assert await store.write(webhooks.claim_due, HOLDER, time.time(), time.time() + 60, 10, any_room) == []
 
 
 async def test_an_event_that_is_not_written_queues_nothing(store) -> None:
@@ -196,7 +200,7 @@ def _deliverer(store: Store, transport: FakeTransport, allow: set[str] | None = 
 
 
 async def _due(store: Store, at_least: float = 0.0) -> list[webhooks.DueDelivery]:
-    return await store.write(webhooks.claim_due, HOLDER, time.time() + at_least, time.time() + 60, 10)
+    return await store.write(webhooks.claim_due, HOLDER, time.time() + at_least, time.time() + 60, 10, any_room)
 
 
 async def test_retries_keep_the_webhook_id_until_a_2xx(store) -> None:
@@ -258,7 +262,8 @@ async def test_rotation_signs_with_both_secrets_until_the_old_one_expires(store)
     (delivery,) = await _due(store)
     assert delivery.secrets == (new, old)
     assert old not in repr(delivery) and new not in repr(delivery)
-    (later,) = await store.write(webhooks.claim_due, HOLDER, time.time() + 100000, time.time() + 100060, 10)
+    (later,) = await store.write(webhooks.claim_due, HOLDER, time.time() + 100000, time.time() + 100060, 10,
+                                      any_room)
     assert later.secrets == (new,)
 
 
@@ -283,3 +288,14 @@ async def test_the_log_is_pruned_of_finished_deliveries_only(store) -> None:
     await _deliverer(store, FakeTransport([204])).attempt(first)
     assert await store.write(webhooks.prune, "9999-01-01T00:00:00.000Z", 10) == 1  # the delivered one
     assert [d.state for d in await _log(store, hook.id)] == ["pending"]
+
+
+async def test_a_busy_webhook_leaves_its_rows_to_the_others(store) -> None:
+    slow, _ = await _hook(store, ["*"])
+    fast, _ = await _hook(store, ["*"])
+    sid = await _session(store, "pro_a")
+    await store.append_events(sid, [("key_a", "session.close", {}) for _ in range(3)])
+    claimed = await store.write(webhooks.claim_due, HOLDER, time.time(), time.time() + 60, 10,
+                                lambda webhook_id: 1 if webhook_id == slow.id else 0)
+    assert [d.webhook_id for d in claimed] == [slow.id]  # one of the slow one's three, none of the other's
+    assert len(await _due(store)) == 5

@@ -10,7 +10,9 @@ deliveries (store/webhooks.py) to their receivers, as Standard Webhooks requests
   bae.common.webhooks.retry_delay, until BAE_WEBHOOK_MAX_AGE after the delivery was queued; then failed.
 - The URL's host is resolved and every address checked again before each attempt (its DNS may have
   changed since the webhook was created); the attempt connects to the checked address.
-- At most PER_WEBHOOK attempts run at once per webhook, so one slow receiver cannot take every slot.
+- At most PER_WEBHOOK attempts run at once per webhook (per replica), and TOTAL in all: a webhook's rows
+  past its bound are not claimed, so one slow receiver neither takes every slot nor holds claims it
+  cannot start on.
 - The delivery log keeps delivered and failed deliveries LOG_DAYS after they were queued; each replica
   prunes older ones about hourly, a batch per transaction, so the outbox does not grow without bound.
 """
@@ -63,7 +65,7 @@ class WebhookDeliverer:
         self.poll_interval = poll_interval
         self._tasks = TaskOwner("webhooks")
         self._attempts = TaskOwner("webhook-attempt")
-        self._per_webhook: dict[str, asyncio.Semaphore] = {}
+        self._in_flight: dict[str, int] = {}  # attempts started and not ended, by webhook
         self._wake = asyncio.Event()
 
     def start(self) -> None:
@@ -109,10 +111,14 @@ class WebhookDeliverer:
         at = time.time()
         if not await self.store.read(webhooks.any_due, at):
             return 0
-        due = await self.store.write(webhooks.claim_due, self.holder, at, at + CLAIM_SECONDS, free)
+        due = await self.store.write(webhooks.claim_due, self.holder, at, at + CLAIM_SECONDS, free, self._room)
         for delivery in due:
+            self._in_flight[delivery.webhook_id] = self._in_flight.get(delivery.webhook_id, 0) + 1
             self._attempts.spawn(self._attempt(delivery), name=delivery.id)
         return len(due)
+
+    def _room(self, webhook_id: str) -> int:
+        return PER_WEBHOOK - self._in_flight.get(webhook_id, 0)
 
     async def _prune(self) -> None:
         before = format_time(datetime.fromtimestamp(time.time() - LOG_DAYS * 86400, timezone.utc))
@@ -126,10 +132,13 @@ class WebhookDeliverer:
 
     async def _attempt(self, delivery: DueDelivery) -> None:
         try:
-            gate = self._per_webhook.setdefault(delivery.webhook_id, asyncio.Semaphore(PER_WEBHOOK))
-            async with gate:
-                await self.attempt(delivery)
+            await self.attempt(delivery)
         finally:
+            left = self._in_flight[delivery.webhook_id] - 1
+            if left:
+                self._in_flight[delivery.webhook_id] = left
+            else:
+                del self._in_flight[delivery.webhook_id]
             self._wake.set()  # a slot is free
 
     async def attempt(self, delivery: DueDelivery) -> str:

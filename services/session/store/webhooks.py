@@ -9,7 +9,7 @@ attempt twice at once, and a deliverer killed mid-attempt leaves its rows due ag
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence, Unpack
+from typing import Any, Callable, Sequence, Unpack
 
 from sqlalchemy import Connection, Row, and_, bindparam, delete, insert, or_, select, update
 
@@ -19,6 +19,8 @@ from bae.common.timefmt import now
 from bae.common.webhooks import PREVIOUS_SECRET_SECONDS, matches, new_secret
 from services.session.store.schema import sessions, webhook_deliveries, webhooks
 
+# Due rows read per row a claim may take: room to pass over a busy webhook's rows to other webhooks'.
+CANDIDATES = 4
 PENDING = "pending"
 DELIVERED = "delivered"
 FAILED = "failed"
@@ -207,8 +209,12 @@ def prune(conn: Connection, created_before: str, limit: int) -> int:
     return len(seqs)
 
 
-def claim_due(conn: Connection, holder: str, at: float, until: float, limit: int) -> list[DueDelivery]:
-    """Claim up to `limit` due deliveries of enabled webhooks for replica `holder` until `until`, oldest due first.
+def claim_due(
+    conn: Connection, holder: str, at: float, until: float, limit: int, room: Callable[[str], int]
+) -> list[DueDelivery]:
+    """Claim up to `limit` due deliveries of enabled webhooks for replica `holder` until `until`, oldest due
+    first, and at most `room(webhook_id)` of each webhook (what its concurrency bound leaves free), so the
+    rows of a slow receiver are never claimed to wait in line while their claims run out.
 
     Each claim is a compare-and-swap on `next_attempt_at`: a row another deliverer claimed between
     the read and the update is skipped."""
@@ -226,10 +232,15 @@ def claim_due(conn: Connection, holder: str, at: float, until: float, limit: int
             webhooks.c.enabled.is_(True),
         ))
         .order_by(webhook_deliveries.c.next_attempt_at)
-        .limit(limit)
+        .limit(limit * CANDIDATES)
     ).all()
-    claimed = []
+    claimed: list[DueDelivery] = []
+    left: dict[str, int] = {}
     for row in rows:
+        if len(claimed) == limit:
+            break
+        if left.setdefault(row.webhook_id, room(row.webhook_id)) <= 0:
+            continue
         taken = conn.execute(
             update(webhook_deliveries)
             .where(and_(webhook_deliveries.c.id == row.id, webhook_deliveries.c.next_attempt_at == row.next_attempt_at))
@@ -237,6 +248,7 @@ def claim_due(conn: Connection, holder: str, at: float, until: float, limit: int
         ).rowcount
         if not taken:
             continue
+        left[row.webhook_id] -= 1
         in_use: tuple[str, ...] = (row.secret,)
         if row.previous_secret is not None and row.previous_expires_at is not None and row.previous_expires_at > at:
             in_use += (row.previous_secret,)
