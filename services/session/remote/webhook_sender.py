@@ -19,6 +19,8 @@ from services.session.engine.ports import WebhookAnswer
 
 # Seconds an attempt may take, connection included; below the deliverer's claim (CLAIM_SECONDS).
 TIMEOUT = 15.0
+# Seconds a host name may take to resolve: an admin request waits for it, within the gateway's deadline.
+RESOLVE_TIMEOUT = 5.0
 
 
 class WebhookSender:
@@ -34,8 +36,9 @@ class WebhookSender:
         except ValueError:
             pass
         try:
-            found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except socket.gaierror:
+            async with asyncio.timeout(RESOLVE_TIMEOUT):
+                found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (socket.gaierror, TimeoutError, UnicodeError):
             return []
         return list(dict.fromkeys(str(info[4][0]) for info in found))
 
