@@ -299,3 +299,50 @@ async def test_a_busy_webhook_leaves_its_rows_to_the_others(store) -> None:
                                 lambda webhook_id: 1 if webhook_id == slow.id else 0)
     assert [d.webhook_id for d in claimed] == [slow.id]  # one of the slow one's three, none of the other's
     assert len(await _due(store)) == 5
+
+
+# -- the sender, against a receiver thread on loopback ----------------------------------------------
+
+
+@pytest.fixture
+def redirecting_receiver():
+    """Answers every POST 302 to /elsewhere; records the Host header and path of each request."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[tuple[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("content-length", "0")))
+            seen.append((self.headers["host"], self.path))
+            self.send_response(302)
+            self.send_header("location", "/elsewhere")
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], seen
+    server.shutdown()
+    server.server_close()
+
+
+async def test_the_sender_connects_to_the_checked_address_and_follows_no_redirect(redirecting_receiver) -> None:
+    from services.session.remote.webhook_sender import WebhookSender
+
+    port, seen = redirecting_receiver
+    sender = WebhookSender(timeout=5)
+    try:
+        # The URL names a host that does not resolve: only the pinned address can have been reached.
+        answer = await sender.post(f"http://hooks.invalid:{port}/hook", "127.0.0.1", {"webhook-id": "msg_1"}, b"{}")
+        assert await sender.resolve("127.0.0.1", port) == ["127.0.0.1"]
+        assert await sender.resolve("hooks.invalid", port) == []
+    finally:
+        await sender.close()
+    assert answer == WebhookAnswer(302)
+    assert seen == [(f"hooks.invalid:{port}", "/hook")]
