@@ -20,7 +20,7 @@ from standardwebhooks import Webhook
 
 from testkit.live import new_session, register, result, send
 from testkit.mockllm import MockLLM, Reply
-from testkit.stack import RunningStack, launch_stack, mock_provider_toml
+from testkit.stack import RunningStack, launch_stack, mock_provider_toml, with_test_limits
 from tests.integration.test_ctl import baectl, fails, field, ok
 
 pytestmark = pytest.mark.stack
@@ -325,3 +325,27 @@ def test_kill_9_of_the_session_service_with_deliveries_pending_loses_none(stack,
     delivered = {body["data"]["id"] for body in verified(hook["secret"], receiver.got(path))}
     assert delivered == wanted
     assert len(deliveries(stack, hook["id"])) == len(wanted)  # nothing invented
+
+
+def test_an_address_no_longer_allowed_is_refused_at_delivery(start_stack, mock, receiver):
+    """The delivery-time check, end to end: the webhook was created while its host was allowed; the
+    session service then starts again with a config that no longer allows it (as when a name comes to
+    resolve to an internal address: the check at delivery is the same), and its pending deliveries are
+    refused there, never sent. (tests/unit/test_webhooks.py changes what a name resolves to.)"""
+    allowed = mock_provider_toml(mock.base_url) + '[webhooks]\nallow_hosts = ["127.0.0.1"]\n'
+    running = start_stack(allowed, MOCK_LLM_TOKEN=TOKEN, BAE_WEBHOOK_BACKOFF_SCALE="0.01")
+    path = receiver.path(*[503] * 1000)
+    hook = create(running, receiver.url(path), ["client.message.send"])
+    turn(running, mock)
+    wait_for(lambda: len(receiver.got(path)) >= 1, "a first attempt, refused by the receiver")
+    # No [webhooks] table: nothing internal is allowed.
+    (running.tmp / "bae-config.toml").write_text(with_test_limits(mock_provider_toml(mock.base_url)))
+    running.stack.restart("session")
+    receiver.refuse(path, [])
+    sent = len(receiver.got(path))
+    wait_for(lambda: (deliveries(running, hook["id"])[0]["last_error"] or "").startswith("refused: "),
+             "an attempt refused for its address")
+    (delivery,) = deliveries(running, hook["id"])
+    assert "127.0.0.1, a loopback address" in delivery["last_error"] and delivery["last_status"] is None
+    assert delivery["state"] == "pending"  # retried on the schedule: the config may allow it again
+    assert len(receiver.got(path)) == sent
