@@ -12,6 +12,7 @@ from standardwebhooks.webhooks import WebhookVerificationError
 
 from bae.common.config import load_config
 from bae.common.errors import UsageError
+from bae.common.settings import load_settings
 from bae.common.webhooks import (
     MAX_URL_CHARS, RefusedAddress, Target, WebhookConfigError, WebhookSettings, check_addresses, internal_reason,
     new_secret, parse_url, read_webhooks, retry_delay, schedule, signature_header,
@@ -82,6 +83,18 @@ def test_urls_that_never_pass(url: str, why: str) -> None:
 def test_url_targets() -> None:
     assert parse_url("https://Hooks.Example.com/x?y=1") == Target("https", "hooks.example.com", 443)
     assert parse_url("http://[::1]:8080/") == Target("http", "::1", 8080)
+
+
+def test_webhook_settings() -> None:
+    defaults = load_settings({})
+    assert (defaults.webhook_max_age, defaults.webhook_backoff_scale) == (86400, 1)
+    chosen = load_settings({"BAE_WEBHOOK_MAX_AGE": "60", "BAE_WEBHOOK_BACKOFF_SCALE": "0.01"})
+    assert (chosen.webhook_max_age, chosen.webhook_backoff_scale) == (60, 0.01)
+    for scale in ("0", "2", "x", "nan"):
+        with pytest.raises(UsageError, match="BAE_WEBHOOK_BACKOFF_SCALE"):
+            load_settings({"BAE_WEBHOOK_BACKOFF_SCALE": scale})
+    with pytest.raises(UsageError, match="BAE_WEBHOOK_MAX_AGE"):
+        load_settings({"BAE_WEBHOOK_MAX_AGE": "0"})
 
 
 def test_webhooks_table() -> None:
