@@ -379,6 +379,8 @@ class WebhookAnswer(NamedTuple):
 
     status: int | None
     error: str | None = None
+    # Not sent at all: the host resolved to an address [webhooks] does not allow.
+    refused: bool = False
 
 
 class WebhookTransport(Protocol):

@@ -25,7 +25,7 @@ import time
 from contextlib import nullcontext
 from datetime import datetime, timezone
 
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from bae.common import telemetry
 from bae.common.timefmt import format_time
@@ -76,13 +76,18 @@ class WebhookDeliverer:
         self._wake.set()
 
     async def stop(self) -> None:
-        """Shutdown: attempts under way are cancelled; their rows are due again when their claims run out."""
+        """Shutdown: attempts under way are cancelled; their rows are due again when this replica starts
+        again, or when their claims run out."""
         await self._tasks.cancel()
         await self._attempts.cancel()
 
     async def _run(self) -> None:
         # A replica keeps its id across restarts (its address): what it held when it died is due again now.
-        released = await self.store.write(webhooks.release_claims, self.holder, time.time())
+        try:
+            released = await self.store.write(webhooks.release_claims, self.holder, time.time())
+        except Exception:  # the store is not there yet: those claims run out by themselves
+            log.exception("releasing this replica's earlier webhook claims failed")
+            released = 0
         if released:
             log.info("sending again %d webhook delivery(ies) under way when this replica stopped", released)
         pruned_at = 0.0
@@ -147,7 +152,7 @@ class WebhookDeliverer:
         span = None
         if telemetry.tracer is not None:
             # The URL and the secrets stay out of the span: ids and the outcome are enough to find a delivery.
-            span = telemetry.tracer.start_span("bae.webhook.delivery", attributes={
+            span = telemetry.tracer.start_span("bae.webhook.delivery", kind=SpanKind.CLIENT, attributes={
                 "bae.webhook.id": delivery.webhook_id, "bae.webhook.delivery.id": delivery.id,
                 "bae.webhook.event_type": delivery.event_type, "bae.webhook.attempt": delivery.attempts + 1,
             })
@@ -170,7 +175,7 @@ class WebhookDeliverer:
             addresses = await self.transport.resolve(target.host, target.port)
             check_addresses(target, addresses, self.settings)
         except RefusedAddress as refused:
-            return WebhookAnswer(None, f"refused: {refused}")
+            return WebhookAnswer(None, f"refused: {refused}", refused=True)
         body = delivery.payload.encode()
         stamp = int(time.time())
         headers = {
@@ -201,7 +206,7 @@ class WebhookDeliverer:
         if next_at is None:
             log.warning("webhook delivery %s failed for good after %d attempt(s)", delivery.id, delivery.attempts + 1)
             return "failed"
-        return "refused" if answer.error is not None and answer.error.startswith("refused") else "retry"
+        return "refused" if answer.refused else "retry"
 
 
 def _epoch(stamp: str) -> float:
