@@ -244,6 +244,7 @@ async def test_410_disables_the_webhook_and_its_other_deliveries_wait(store) -> 
     current = await store.read(webhooks.get, hook.id)
     assert current is not None and not current.enabled
     await store.write(webhooks.retry, hook.id, second.id, time.time())
+    assert not await store.read(webhooks.any_due, time.time() + 100)
     assert await _due(store, at_least=100) == []  # a disabled webhook's rows are not claimed
 
 

@@ -192,9 +192,15 @@ def enqueue(conn: Connection, session_id: str, appended: Sequence[tuple[str, str
 
 
 def any_due(conn: Connection, at: float) -> bool:
-    """Whether some delivery is due (a read: an idle deliverer's poll writes nothing)."""
-    due = and_(webhook_deliveries.c.state == PENDING, webhook_deliveries.c.next_attempt_at <= at)
-    return conn.execute(select(webhook_deliveries.c.seq).where(due).limit(1)).first() is not None
+    """Whether some delivery of an enabled webhook is due (a read: an idle deliverer's poll writes nothing)."""
+    due = (
+        select(webhook_deliveries.c.seq)
+        .select_from(webhook_deliveries.join(webhooks, webhooks.c.id == webhook_deliveries.c.webhook_id))
+        .where(and_(webhook_deliveries.c.state == PENDING, webhook_deliveries.c.next_attempt_at <= at,
+                    webhooks.c.enabled.is_(True)))
+        .limit(1)
+    )
+    return conn.execute(due).first() is not None
 
 
 def prune(conn: Connection, created_before: str, limit: int) -> int:
