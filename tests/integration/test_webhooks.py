@@ -333,7 +333,7 @@ def test_an_address_no_longer_allowed_is_refused_at_delivery(start_stack, mock, 
     """The delivery-time check, end to end: the webhook was created while its host was allowed; the
     session service then starts again with a config that no longer allows it (as when a name comes to
     resolve to an internal address: the check at delivery is the same), and its pending deliveries are
-    refused there, never sent. (tests/unit/test_webhooks.py changes what a name resolves to.)"""
+    refused there, never sent. (tests/unit/test_webhook_delivery.py changes what a name resolves to.)"""
     allowed = mock_provider_toml(mock.base_url) + '[webhooks]\nallow_hosts = ["127.0.0.1"]\n'
     running = start_stack(allowed, MOCK_LLM_TOKEN=TOKEN, BAE_WEBHOOK_BACKOFF_SCALE="0.01")
     path = receiver.path(*[503] * 1000)
