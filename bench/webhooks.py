@@ -50,12 +50,14 @@ class Receiver:
         self.done = asyncio.Event()
         self.server: asyncio.Server | None = None
         self.port = 0
+        self._connections: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections.add(writer)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -69,6 +71,8 @@ class Receiver:
                 self._counted()
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
+        finally:
+            self._connections.discard(writer)
 
     def _counted(self) -> None:
         now = time.perf_counter()
@@ -79,8 +83,12 @@ class Receiver:
             self.done.set()
 
     async def close(self) -> None:
+        """Stop listening and end the open connections (their handlers end on the closed stream)."""
         if self.server is not None:
             self.server.close()
+        for writer in list(self._connections):
+            writer.close()
+        await asyncio.sleep(0.1)
 
 
 async def _added_latency(mock, helpers: TurnHelpers, receiver: Receiver) -> tuple[list[float], list[float]]:
