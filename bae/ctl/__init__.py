@@ -121,6 +121,12 @@ def trigger_options(parser: argparse.ArgumentParser) -> None:
                         help="leave each call's session open (default: closed when its turn ends)")
     parser.add_argument("--close-after", dest="close_after", action="store_true", default=None,
                         help="close each call's session when its turn ends (the default)")
+def webhook_fields(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", help="http:// or https:// receiver URL")
+    parser.add_argument("--event-type", action="append", metavar="TYPE",
+                        help="an event type to deliver (repeatable; default: every event, \"*\")")
+    parser.add_argument("--profile-id", metavar="ID", help="only events of this profile's sessions")
+    parser.add_argument("--disabled", action="store_true", help="keep the webhook but deliver nothing")
 
 
 def paging(parser: argparse.ArgumentParser) -> None:
@@ -130,7 +136,7 @@ def paging(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argparse.ArgumentParser]]:
     b = Builder()
-    b.group((), "create", "create a profile or a client key")
+    b.group((), "create", "create a profile, a client key or a webhook")
     create = b.leaf(("create", "profile"), "create a profile", commands.create_profile)
     create.add_argument("name")
     create.add_argument("primary_provider", help="a [providers] entry name")
@@ -153,8 +159,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     trigger.add_argument("input_schema", help="a JSON Schema (draft 2020-12) as JSON text, or @FILE to read it")
     trigger.add_argument("message_template", help="the user message, {field} filled from the call's JSON")
     trigger_options(trigger)
+    webhook_fields(b.leaf(("create", "webhook"), "create a webhook (its signing secret is shown once)",
+                          commands.create_webhook))
 
-    b.group((), "list", "list profiles, keys, sessions or a session's events")
+    b.group((), "list", "list profiles, keys, sessions, a session's events or webhooks")
     paging(b.leaf(("list", "profiles"), "list profiles", commands.list_profiles))
     paging(b.leaf(("list", "keys"), "list active client keys", commands.list_keys))
     sessions = b.leaf(("list", "sessions"), "list sessions", commands.list_sessions)
@@ -165,12 +173,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     paging(events)
     paging(b.leaf(("list", "schedules"), "list schedules", commands.list_schedules))
     paging(b.leaf(("list", "triggers"), "list HTTP triggers", commands.list_triggers))
+    paging(b.leaf(("list", "webhooks"), "list webhooks", commands.list_webhooks))
 
-    b.group((), "get", "show one profile, schedule or trigger")
+    b.group((), "get", "show one profile, schedule, trigger or webhook")
     b.leaf(("get", "profile"), "show one profile", commands.get_profile).add_argument("id")
     b.leaf(("get", "schedule"), "show one schedule", commands.get_schedule).add_argument("id")
     b.leaf(("get", "trigger"), "show one HTTP trigger", commands.get_trigger).add_argument("id")
-    b.group((), "update", "replace a profile, a schedule or a trigger")
+    b.leaf(("get", "webhook"), "show one webhook (never its secret)", commands.get_webhook).add_argument("id")
+    b.group((), "update", "replace a profile, a schedule, a trigger or a webhook")
     update_trigger = b.leaf(("update", "trigger"), "change an HTTP trigger: the options given, the rest kept",
                             commands.update_trigger)
     update_trigger.add_argument("id")
@@ -189,7 +199,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     update.add_argument("primary_provider")
     update.add_argument("--name", help="new name (default: keep the current one)")
     profile_lists(update)
-    b.group((), "delete", "delete a profile or a session, or revoke a client key")
+    update_hook = b.leaf(("update", "webhook"), "replace a webhook's URL, event types, profile filter and state "
+                         "(its secret stays)", commands.update_webhook)
+    update_hook.add_argument("id")
+    webhook_fields(update_hook)
+    b.group((), "delete", "delete a profile, a session or a webhook, or revoke a client key")
     b.leaf(("delete", "profile"), "delete a profile", commands.delete_profile, json_flag=False).add_argument("id")
     b.leaf(("delete", "key"), "revoke a client key and its session keys", commands.delete_key,
            json_flag=False).add_argument("id")
@@ -202,6 +216,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     runs = b.leaf(("runs",), "list a schedule's or an HTTP trigger's runs, oldest first", commands.runs)
     runs.add_argument("owner_id", metavar="SCHEDULE|TRIGGER", help="a schedule's sch_ id or a trigger's trg_ id")
     paging(runs)
+    b.leaf(("delete", "webhook"), "delete a webhook, its pending deliveries and its delivery log",
+           commands.delete_webhook, json_flag=False).add_argument("id")
+    deliveries = b.leaf(("deliveries",), "a webhook's delivery log: attempts, status codes, next attempt",
+                        commands.webhook_deliveries)
+    deliveries.add_argument("webhook_id", metavar="WEBHOOK")
+    paging(deliveries)
+    b.leaf(("rotate-secret",), "issue a webhook's new signing secret (the old one stays valid 24 h)",
+           commands.rotate_secret).add_argument("webhook_id", metavar="WEBHOOK")
 
     b.group((), "export", "export a session as NDJSON")
     export = b.leaf(("export", "session"), "write a session (any state) as NDJSON: its row, then its events",

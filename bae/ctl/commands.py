@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from bae.ctl.api import UNEXPECTED, AdminApi, CtlError
-from bae.ctl.output import as_json, created, labelled, profile, table
+from bae.ctl.output import as_json, created, joined, labelled, profile, table
 
 PROFILE_COLUMNS = [("ID", "id"), ("NAME", "name"), ("PRIMARY_PROVIDER", "primary_provider")]
 KEY_COLUMNS = [("ID", "id"), ("NAME", "name"), ("PREFIX", "prefix"), ("PROFILE_ID", "profile_id")]
@@ -42,8 +42,15 @@ TRIGGER_RUN_COLUMNS = [("RUN_ID", "run_id"), ("FIRED_AT", "fired_at"), ("SESSION
 TRIGGER_FIELDS = ["id", "name", "profile_id", "input_schema", "message_template", "close_after", "created_at",
                   "updated_at"]
 TRIGGER_BODY = ("name", "profile_id", "input_schema", "message_template", "close_after")
+WEBHOOK_COLUMNS = [("ID", "id"), ("URL", "url"), ("EVENT_TYPES", "event_types"), ("PROFILE_ID", "profile_id"),
+                   ("ENABLED", "enabled")]
+DELIVERY_COLUMNS = [("ID", "id"), ("EVENT_TYPE", "event_type"), ("STATE", "state"), ("ATTEMPTS", "attempts"),
+                    ("LAST_STATUS", "last_status"), ("NEXT_ATTEMPT_AT", "next_attempt_at"), ("LAST_ERROR", "last_error")]
+WEBHOOK_FIELDS = ["id", "url", "event_types", "profile_id", "enabled", "created_at", "updated_at"]
 PAYLOAD_WIDTH = 80  # event payloads are cut to keep the table readable; --json shows them whole
 COPY_KEY_NOW = "baectl: copy the key now — it cannot be retrieved again"
+COPY_SECRET_NOW = "baectl: copy the secret now — it cannot be retrieved again"
+ERROR_WIDTH = 60  # a delivery's last error is cut in the table; --json shows it whole
 
 
 def _object(value: Any) -> dict[str, Any]:
@@ -71,7 +78,7 @@ def listing(api: AdminApi, args: argparse.Namespace, path: str, columns: list[tu
         page = api.page(path, query)
         items, next_cursor = page["items"], page.get("next_cursor")
         document = {"items": items, "next_cursor": next_cursor}
-    widths = {"payload": PAYLOAD_WIDTH}
+    widths = {"payload": PAYLOAD_WIDTH, "last_error": ERROR_WIDTH}
     _emit(args, document, table(items, columns, widths) if items else empty)
     if isinstance(next_cursor, str) and not args.json:
         print(f"baectl: more results: --cursor {next_cursor}", file=sys.stderr)
@@ -270,6 +277,55 @@ def list_keys(api: AdminApi, args: argparse.Namespace) -> None:
 def delete_key(api: AdminApi, args: argparse.Namespace) -> None:
     api.call("DELETE", f"/keys/{args.id}", expect_body=False)
     print(f"revoked key {args.id}")
+
+
+# --- webhooks ----------------------------------------------------------------------------------
+
+def _webhook_body(args: argparse.Namespace) -> dict[str, Any]:
+    return {"url": args.url, "event_types": args.event_type or ["*"], "profile_id": args.profile_id,
+            "enabled": not args.disabled}
+
+
+def _webhook_text(item: dict[str, Any], extra: tuple[str, ...] = ()) -> str:
+    shown = {**item, "event_types": joined(item.get("event_types")), "enabled": str(item.get("enabled")).lower()}
+    return "\n".join(labelled(shown, [*WEBHOOK_FIELDS, *extra], 12))
+
+
+def create_webhook(api: AdminApi, args: argparse.Namespace) -> None:
+    reply = _object(api.call("POST", "/webhooks", body=_webhook_body(args)))
+    _emit(args, reply, "created webhook\n" + _webhook_text(reply, ("secret",)))
+    print(COPY_SECRET_NOW, file=sys.stderr)
+
+
+def list_webhooks(api: AdminApi, args: argparse.Namespace) -> None:
+    listing(api, args, "/webhooks", WEBHOOK_COLUMNS, "no webhooks found")
+
+
+def get_webhook(api: AdminApi, args: argparse.Namespace) -> None:
+    reply = _object(api.call("GET", f"/webhooks/{args.id}"))
+    _emit(args, reply, _webhook_text(reply))
+
+
+def update_webhook(api: AdminApi, args: argparse.Namespace) -> None:
+    """A full PUT: the URL, event types (default every event), profile filter and state given replace the
+    current ones; the secret stays."""
+    reply = _object(api.call("PUT", f"/webhooks/{args.id}", body=_webhook_body(args)))
+    _emit(args, reply, _webhook_text(reply))
+
+
+def delete_webhook(api: AdminApi, args: argparse.Namespace) -> None:
+    api.call("DELETE", f"/webhooks/{args.id}", expect_body=False)
+    print(f"deleted webhook {args.id}")
+
+
+def webhook_deliveries(api: AdminApi, args: argparse.Namespace) -> None:
+    listing(api, args, f"/webhooks/{args.webhook_id}/deliveries", DELIVERY_COLUMNS, "no deliveries found")
+
+
+def rotate_secret(api: AdminApi, args: argparse.Namespace) -> None:
+    reply = _object(api.call("POST", f"/webhooks/{args.webhook_id}/rotate-secret"))
+    _emit(args, reply, "\n".join(labelled(reply, ["id", "secret", "previous_expires_at"], 21)))
+    print(COPY_SECRET_NOW + "; the previous one stays valid until previous_expires_at", file=sys.stderr)
 
 
 # --- sessions and their events ------------------------------------------------------------------

@@ -8,6 +8,7 @@ router, the translation and the OpenAPI document all read them from here.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,8 @@ class Route:
     # stream's JSON-RPC id (edge.proto, HttpRoute.wait_field); "" for every other route.
     wait_field: str = ""
     turn_id_field: str = ""
+    # Other `{name}` segments of the path, each filling the request field of its name (e.g. `{delivery_id}`).
+    path_fields: tuple[str, ...] = ()
 
     @property
     def session_scoped(self) -> bool:
@@ -92,7 +95,8 @@ def _route(method: MethodDescriptor, option: Any) -> Route:
     request = method.input_type
     credential_field = _credential_field(request)
     headers = tuple((header.name, header.field, header.description) for header in option.headers)
-    taken = {credential_field, option.id_field, option.body, *(field for _, field, _ in headers)}
+    path_fields = tuple(name for name in re.findall(r"\{(\w+)\}", option.path) if name != "id")
+    taken = {credential_field, option.id_field, option.body, *(field for _, field, _ in headers), *path_fields}
     if ("{id}" in option.path) != bool(option.id_field):
         raise ValueError(f"{method.name}: the path's {{id}} and id_field go together")
     for name in taken - {""}:
@@ -140,6 +144,7 @@ def _route(method: MethodDescriptor, option: Any) -> Route:
         headers=headers,
         wait_field=option.wait_field,
         turn_id_field=option.turn_id_field,
+        path_fields=path_fields,
     )
 
 

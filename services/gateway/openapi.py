@@ -196,6 +196,9 @@ def _route_operation(route: Route, schemas: Schemas) -> Schema:
         described = f"the {named}'s id" if route.id_field.endswith("_id") else f"the {named}"
         parameters.append({"name": "id", "in": "path", "required": True, "schema": {"type": "string"},
                            "description": described})
+    for name in route.path_fields:
+        parameters.append({"name": name, "in": "path", "required": True, "schema": {"type": "string"},
+                           "description": f"the {name.removesuffix('_id')}'s id"})
     for name in route.query_fields:
         json = request.fields_by_name[name].GetOptions().Extensions[edge_pb2.json]
         parameter: Schema = {"name": name, "in": "query", "required": False, "schema": {"type": "string"}}

@@ -157,6 +157,8 @@ class RestEndpoint:
         getattr(message, route.credential_field).CopyFrom(credential_of(request))
         if route.id_field:
             setattr(message, route.id_field, path_id)
+        for name in route.path_fields:
+            setattr(message, name, request.path_params.get(name, ""))
         for name in route.query_fields:
             setattr(message, name, request.query_params.get(name, ""))
         for header, field, _ in route.headers:

@@ -25,6 +25,7 @@ from services.session.api.operations import Operation, operations
 from services.session.api.own_calls import register
 from services.session.api.servicer import SessionServicer
 from services.session.engine.fire import Fire
+from services.session.api.webhooks import WebhooksApi
 from services.session.engine.gauges import register_gauges
 from services.session.engine.ownership import advertised_address
 from services.session.engine.ports import Sandboxes
@@ -33,11 +34,17 @@ from services.session.engine.schedules import ScheduleTicker
 from services.session.engine.triggers import TriggerRuns
 from services.session.engine.service import SessionEngine
 from services.session.engine.spans import SessionSpans
+from services.session.engine.webhook_delivery import WebhookDeliverer
 from services.session.remote.mcp import McpConnector
 from services.session.remote.peers import Peers
 from services.session.remote.runner import RunnerClient
 from services.session.remote.sandbox_pool import NoSandboxHosts, SandboxPool
+from services.session.remote.webhook_sender import WebhookSender
 from services.session.store import Store
+
+
+# How often each replica looks for due webhook deliveries: the longest a new event waits to be sent.
+WEBHOOK_POLL_SECONDS = 0.5
 
 
 def session_engine(settings: Settings, config: Config, store: Store) -> SessionEngine:
@@ -79,6 +86,8 @@ class SessionService:
     sweep: RetentionSweep
     ticker: ScheduleTicker
     trigger_runs: TriggerRuns
+    deliverer: WebhookDeliverer
+    webhook_sender: WebhookSender
 
     def registrar(self) -> Callable[[grpc.aio.Server], list[str]]:
         """Registers SessionService on a gRPC server: its methods and the gateway's `Calls` stream."""
@@ -90,6 +99,7 @@ class SessionService:
         self.auth.start()
         self.sweep.start()
         self.ticker.start()
+        self.deliverer.start()
 
     async def drain(self, budget: float) -> None:
         """Stop taking work; running turns and the sandbox stops of closed sessions end within `budget`."""
@@ -104,6 +114,8 @@ class SessionService:
         await self.ticker.stop()  # done already when the service drained first
         await self.trigger_runs.stop()  # turns still running after the drain stop; their runs stay `running`
         await self.sweep.stop()
+        await self.deliverer.stop()
+        await self.webhook_sender.close()
         await self.engine.stop()
         await self.auth.stop()  # writes the last coalesced last_used_at stamps
         await self.store.close()
@@ -124,6 +136,11 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
         closer=engine.closer, spans=engine.spans, vetting=rest,
     )
     trigger_runs = TriggerRuns(store=store, fire=fire)
+    webhook_sender = WebhookSender()
+    deliverer = WebhookDeliverer(
+        store, webhook_sender, config.webhooks, holder=engine.ownership.replica_id, max_age=settings.webhook_max_age,
+        backoff_scale=settings.webhook_backoff_scale, poll_interval=WEBHOOK_POLL_SECONDS,
+    )
     servicer = SessionServicer(
         rest=rest,
         admin=AdminApi(
@@ -131,6 +148,9 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
         ),
         schedules=SchedulesApi(store=store, auth=auth, test_seconds=settings.schedule_test_seconds),
         triggers=TriggersApi(store=store, auth=auth, runs=trigger_runs),
+        webhooks=WebhooksApi(
+            store=store, auth=auth, transport=webhook_sender, settings=config.webhooks, deliverer=deliverer
+        ),
         auth=auth,
         live=LiveApi(
             store=store, sessions=engine.registry, turns=engine.turns, sandboxes=engine.sandboxes,
@@ -151,5 +171,5 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
     )
     return SessionService(
         store=store, auth=auth, engine=engine, servicer=servicer, operations=served, gateway_calls=GatewayCalls(served),
-        sweep=sweep, ticker=ticker, trigger_runs=trigger_runs,
+        sweep=sweep, ticker=ticker, trigger_runs=trigger_runs, deliverer=deliverer, webhook_sender=webhook_sender,
     )

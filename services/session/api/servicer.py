@@ -29,6 +29,7 @@ from services.session.api.rest import ClientRestApi
 from services.session.api.sandbox_methods import SandboxMethods
 from services.session.api.schedules import SchedulesApi
 from services.session.api.triggers import TriggersApi
+from services.session.api.webhooks import WebhooksApi
 from services.session.engine.ownership import NotOwner, Ownership
 from services.session.engine.spans import SessionSpans
 
@@ -70,6 +71,7 @@ class SessionServicer:
         admin: AdminApi,
         schedules: SchedulesApi,
         triggers: TriggersApi,
+        webhooks: WebhooksApi,
         auth: Authenticator,
         live: LiveApi,
         sandboxes: SandboxMethods,
@@ -82,6 +84,7 @@ class SessionServicer:
         self.admin = admin
         self.schedules = schedules
         self.triggers = triggers
+        self.webhooks = webhooks
         self.auth = auth
         self.live = live
         self.sandboxes = sandboxes
@@ -223,6 +226,48 @@ class SessionServicer:
         self, request: admin_api_pb2.AdminRequest, incoming: Incoming
     ) -> admin_api_pb2.SandboxStatus:
         return await _answer(self.admin.sandbox_status(request))
+
+    # Webhooks.
+
+    async def create_webhook(
+        self, request: admin_api_pb2.CreateWebhookRequest, incoming: Incoming
+    ) -> admin_api_pb2.WebhookCreated:
+        return await _answer(self.webhooks.create_webhook(request))
+
+    async def list_webhooks(
+        self, request: admin_api_pb2.ListWebhooksRequest, incoming: Incoming
+    ) -> admin_api_pb2.WebhookPage:
+        return await _answer(self.webhooks.list_webhooks(request))
+
+    async def get_webhook(
+        self, request: admin_api_pb2.GetWebhookRequest, incoming: Incoming
+    ) -> admin_api_pb2.Webhook:
+        return await _answer(self.webhooks.get_webhook(request))
+
+    async def replace_webhook(
+        self, request: admin_api_pb2.ReplaceWebhookRequest, incoming: Incoming
+    ) -> admin_api_pb2.Webhook:
+        return await _answer(self.webhooks.replace_webhook(request))
+
+    async def delete_webhook(
+        self, request: admin_api_pb2.DeleteWebhookRequest, incoming: Incoming
+    ) -> admin_api_pb2.NoContent:
+        return await _answer(self.webhooks.delete_webhook(request))
+
+    async def rotate_webhook_secret(
+        self, request: admin_api_pb2.RotateWebhookSecretRequest, incoming: Incoming
+    ) -> admin_api_pb2.WebhookSecret:
+        return await _answer(self.webhooks.rotate_webhook_secret(request))
+
+    async def list_webhook_deliveries(
+        self, request: admin_api_pb2.ListWebhookDeliveriesRequest, incoming: Incoming
+    ) -> admin_api_pb2.WebhookDeliveryPage:
+        return await _answer(self.webhooks.list_webhook_deliveries(request))
+
+    async def retry_webhook_delivery(
+        self, request: admin_api_pb2.RetryWebhookDeliveryRequest, incoming: Incoming
+    ) -> admin_api_pb2.WebhookDelivery:
+        return await _answer(self.webhooks.retry_webhook_delivery(request))
 
     # The internal plane.
 

@@ -285,3 +285,50 @@ trigger_runs = Table(
     UniqueConstraint("trigger_id", "idempotency_key", name="trigger_runs_idempotency"),
 )
 Index("trigger_runs_trigger", trigger_runs.c.trigger_id, trigger_runs.c.seq)
+
+# Webhooks (store/webhooks.py). `secret` signs deliveries, so it is stored as it is (a digest would not
+# sign); it is returned once, by create and rotate-secret, and never logged. A rotated secret stays in
+# `previous_secret` until `previous_expires_at` (epoch seconds): deliveries are signed with both meanwhile.
+webhooks = Table(
+    "webhooks",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", ID, nullable=False, unique=True),
+    Column("url", Text, nullable=False),
+    Column("event_types", JsonText, nullable=False),  # a list of event types, or ["*"]
+    Column("profile_id", ID),  # NULL: events of every profile's sessions
+    Column("enabled", Boolean, nullable=False),
+    Column("secret", Text, nullable=False),
+    Column("previous_secret", Text),
+    Column("previous_expires_at", Float),
+    Column("created_at", String(32), nullable=False),
+    Column("updated_at", String(32), nullable=False),
+)
+
+# The outbox: one row per (webhook, event) to deliver, written in the transaction that appends the event
+# (events.append), so a crash neither loses nor invents one. `id` is the `webhook-id` of every attempt.
+# A row is due while `state` is pending and `next_attempt_at` (epoch seconds) has passed; a deliverer
+# claims it by moving `next_attempt_at` past its attempt, so a deliverer killed mid-attempt leaves it
+# due again once that claim runs out.
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", ID, nullable=False, unique=True),
+    Column("webhook_id", ID, nullable=False),
+    Column("event_id", ID, nullable=False),
+    Column("event_type", String(64), nullable=False),
+    Column("payload", Text, nullable=False),  # the request body, as every attempt sends it
+    Column("state", String(16), nullable=False),  # pending | delivered | failed
+    Column("attempts", Integer, nullable=False),
+    Column("last_status", Integer),  # the receiver's HTTP status; NULL: no answer (last_error says why)
+    Column("last_error", Text),
+    Column("next_attempt_at", Float),
+    # The replica (its id) whose claim `next_attempt_at` is while it attempts; NULL otherwise. A replica
+    # that starts again releases its previous process's claims at once instead of waiting them out.
+    Column("claimed_by", ID),
+    Column("created_at", String(32), nullable=False),
+    Column("delivered_at", String(32)),
+)
+Index("webhook_deliveries_due", webhook_deliveries.c.state, webhook_deliveries.c.next_attempt_at)
+Index("webhook_deliveries_webhook", webhook_deliveries.c.webhook_id, webhook_deliveries.c.seq)

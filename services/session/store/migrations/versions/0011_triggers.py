@@ -7,7 +7,7 @@ a call after that releases the old row's hold (`idempotency_key` to NULL, the ke
 `released_idempotency_key` for the runs listing). NULLs never collide, so calls without a key
 are unconstrained.
 
-Revision ID: 0010
+Revision ID: 0011
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0010"
-down_revision = "0009"
+revision = "0011"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 

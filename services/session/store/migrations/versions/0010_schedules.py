@@ -2,7 +2,7 @@
 or was skipped. UNIQUE(schedule_id, scheduled_for) makes a tick fire once across replicas: the
 replica whose insert of the run row succeeds fires it.
 
-Revision ID: 0009
+Revision ID: 0010
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009"
-down_revision = "0008"
+revision = "0010"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
