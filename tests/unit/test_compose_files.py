@@ -44,6 +44,7 @@ NOT_PASSED = {
     # Secrets as files: the compose files take secrets from .env; the Swarm stack and the Kubernetes
     # manifests mount them as files.
     "BAE_INTERNAL_TOKEN_FILE", "BAE_DATABASE_URL_FILE", "BAE_DATABASE_PASSWORD_FILE",
+    "BAE_SCHEDULE_TEST_SECONDS",  # test-only: a deployment never sets it
 }
 COMPOSE_FILES = ["docker-compose.yml", "docker-compose.replicas.yml"]
 
