@@ -1,4 +1,4 @@
-"""Schedule rows and their runs (engine/schedules.py fires them; api/admin.py serves them).
+"""Schedule rows and their runs (engine/schedules.py fires them; api/schedules.py serves them).
 
 A run row is inserted before its tick fires, and UNIQUE(schedule_id, scheduled_for) refuses a
 second one: of the replicas that find a tick due, the one whose insert succeeds fires it.
@@ -6,6 +6,8 @@ second one: of the replicas that find a tick due, the one whose insert succeeds 
 
 from __future__ import annotations
 
+import dataclasses
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Connection, Row, and_, delete, insert, select, update
@@ -25,7 +27,9 @@ BODY_FIELDS = (
 )
 
 
-class Outcome:
+class Outcome(StrEnum):
+    """A run's outcome, as stored and as the API writes it."""
+
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"
@@ -102,9 +106,7 @@ def replace(conn: Connection, schedule_id: str, fields: dict[str, Any], at: floa
     conn.execute(
         update(schedules).where(schedules.c.id == schedule_id).values(**values, checked_through=at, updated_at=stamp)
     )
-    return ScheduleRecord(
-        **{**current.__dict__, **values, "checked_through": at, "updated_at": stamp}
-    )
+    return dataclasses.replace(current, **values, checked_through=at, updated_at=stamp)
 
 
 def delete_schedule(conn: Connection, schedule_id: str) -> bool:
