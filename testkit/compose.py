@@ -16,6 +16,10 @@ import time
 
 import docker
 import httpx
+from docker.models.containers import Container
+
+from dataclasses import dataclass
+from typing import Callable
 
 from testkit import ROOT
 from testkit.live import result, rpc
@@ -30,8 +34,8 @@ SHELL_TOOL = {
 }
 
 
-def progress(message: str) -> None:
-    print(f"compose-test: {message}", file=sys.stderr, flush=True)
+def progress(message: str, prefix: str = "compose-test") -> None:
+    print(f"{prefix}: {message}", file=sys.stderr, flush=True)
 
 
 def wait_until(what: str, check, timeout: float = 120.0, every: float = 1.0):
@@ -128,3 +132,53 @@ class Deployment:
         found = docker.from_env().containers.list(filters={"label": f"bae.session_id={sid}"})
         assert len(found) == 1, found
         return found[0].labels["bae.host"]
+
+
+@dataclass
+class Failover:
+    """What `kill_owner_then_turn` saw: the session's log before the kill and after the next turn, the
+    next turn's answer, and how long after the kill another replica owned the session and the turn succeeded."""
+
+    before: list[dict]
+    after: list[dict]
+    outcome: dict
+    takeover: float
+    failover: float
+
+
+def kill_owner_then_turn(deployment: Deployment, sid: str, skey: str, *, owner_of: Callable[[str], list[str]],
+                         container_at: Callable[[str], Container], say: Callable[[str], None]) -> Failover:
+    """Run a turn, kill (SIGKILL) the session replica that owns the session, wait for another replica to
+    take it over, then run the next turn as a client does after a failover, until it succeeds."""
+    deployment.script({"text": "before"})
+    result(deployment.send(sid, skey, "before the kill"))
+    before = deployment.events(sid, skey)
+    (owner,) = owner_of(sid)
+    victim = container_at(owner)
+    say(f"docker kill {victim.name} (owns {sid})")
+    victim.kill()
+    killed = time.monotonic()
+    wait_until("another replica to take the session over", lambda: owner_of(sid) not in ([], [owner]),
+               timeout=30, every=0.2)
+    takeover = time.monotonic() - killed
+    say(f"takeover: another replica owned the session {takeover:.1f}s after the kill")
+
+    deployment.script({"text": "after"})
+    failures: list[str] = []
+
+    def next_turn() -> dict | None:
+        # What a client does after a failover: its driver registration was the dead replica's memory.
+        try:
+            result(rpc(deployment.client, sid, skey, "session.registerDriver"))
+            return result(deployment.send(sid, skey, "after the kill"))
+        except (AssertionError, httpx.HTTPError) as error:
+            failures.append(str(error)[:300])
+            return None
+
+    try:
+        outcome = wait_until("the next turn on another replica", next_turn, timeout=60, every=0.5)
+    finally:
+        say(f"failed attempts: {len(failures)}; the last: {failures[-1:]}")
+    failover = time.monotonic() - killed
+    say(f"failover: the next turn succeeded {failover:.1f}s after the kill")
+    return Failover(before, deployment.events(sid, skey), outcome, takeover, failover)

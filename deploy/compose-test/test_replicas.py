@@ -15,7 +15,6 @@ import json
 import os
 import secrets
 import sys
-import time
 
 import docker
 import httpx
@@ -26,8 +25,8 @@ pytestmark = pytest.mark.compose
 if "BAE_E2E_PROJECT" not in os.environ:
     pytest.skip("run through `make compose-test`", allow_module_level=True)
 
-from testkit.compose import STOP_SECONDS, Deployment, Project, progress, wait_until  # noqa: E402
-from testkit.live import result, rpc, types  # noqa: E402
+from testkit.compose import STOP_SECONDS, Deployment, Project, kill_owner_then_turn, progress, wait_until  # noqa: E402
+from testkit.live import result, types  # noqa: E402
 
 LEASE_SECONDS = 3
 # The other replica takes the session over within the lease and a heartbeat or two.
@@ -158,47 +157,16 @@ def test_turns_through_the_load_balancer_and_each_gateway(stack):
 
 def test_killed_replica_its_session_goes_on_on_the_other(stack):
     sid, skey = stack.open_session()
-    stack.script({"text": "before"})
-    result(stack.send(sid, skey, "before the kill"))
-    before = stack.events(sid, skey)
-    (owner,) = owner_of(sid)
-    victim = container_at(owner)
-    progress(f"docker kill {victim.name} (owns {sid})")
-    victim.kill()
-    killed = time.monotonic()
-    wait_until("the other replica to take the session over", lambda: owner_of(sid) not in ([], [owner]),
-               timeout=30, every=0.2)
-    takeover = time.monotonic() - killed
-    progress(f"takeover: the other replica owned the session {takeover:.1f}s after the kill")
-    assert takeover < TAKEOVER_BOUND
-
-    stack.script({"text": "after"})
-    failures: list[str] = []
-
-    def next_turn() -> dict | None:
-        # What a client does after a failover: its driver registration was the dead replica's memory.
-        try:
-            result(rpc(stack.client, sid, skey, "session.registerDriver"))
-            return result(stack.send(sid, skey, "after the kill"))
-        except (AssertionError, httpx.HTTPError) as error:
-            failures.append(str(error)[:300])
-            return None
-
-    try:
-        outcome = wait_until("the next turn on the other replica", next_turn, timeout=60, every=0.5)
-    finally:
-        progress(f"failed attempts: {len(failures)}; the last: {failures[-1:]}")
-    failover = time.monotonic() - killed
-    progress(f"failover: the next turn succeeded {failover:.1f}s after the kill")
-    assert outcome["message"]["content"] == [{"type": "text", "text": "after"}]
-    assert failover < FAILOVER_BOUND
+    seen = kill_owner_then_turn(stack, sid, skey, owner_of=owner_of, container_at=container_at, say=progress)
+    assert seen.takeover < TAKEOVER_BOUND
+    assert seen.outcome["message"]["content"] == [{"type": "text", "text": "after"}]
+    assert seen.failover < FAILOVER_BOUND
     # Nothing lost, nothing twice: the log is the first turn, then the one that succeeded.
-    after = stack.events(sid, skey)
-    assert after[: len(before)] == before
-    assert turns(before) == TEXT_TURN
+    assert seen.after[: len(seen.before)] == seen.before
+    assert turns(seen.before) == TEXT_TURN
     # Then the turn once, after the driver's registrations that reached the new owner.
-    assert [kind for kind in types(after[len(before):]) if kind != "session.driver.register"] == TEXT_TURN
-    assert len({event["id"] for event in after}) == len(after)
+    assert [kind for kind in types(seen.after[len(seen.before):]) if kind != "session.driver.register"] == TEXT_TURN
+    assert len({event["id"] for event in seen.after}) == len(seen.after)
 
 
 def test_down_leaves_nothing_behind(stack):

@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import docker
 import httpx
@@ -35,7 +34,7 @@ if "BAE_SWARM_STACK" not in os.environ:
     pytest.skip("run through `make swarm-test`", allow_module_level=True)
 
 from testkit import ROOT  # noqa: E402
-from testkit.compose import IMAGE, Deployment, wait_until  # noqa: E402
+from testkit.compose import IMAGE, Deployment, kill_owner_then_turn, progress as say, wait_until  # noqa: E402
 from testkit.live import result, rpc, types  # noqa: E402
 
 STACK = os.environ["BAE_SWARM_STACK"]
@@ -55,7 +54,7 @@ engine = docker.from_env()
 
 
 def progress(message: str) -> None:
-    print(f"swarm-test: {message}", file=sys.stderr, flush=True)
+    say(message, prefix="swarm-test")
 
 
 def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -237,44 +236,14 @@ def test_the_session_service_scales_to_three(stack):
 
 def test_the_killed_owner_tasks_session_goes_on(stack):
     sid, skey = stack.open_session()
-    stack.script({"text": "before"})
-    result(stack.send(sid, skey, "before the kill"))
-    before = stack.events(sid, skey)
-    (owner,) = owner_of(sid)
-    victim = task_at(owner)
-    progress(f"docker kill {victim.name} (owns {sid})")
-    victim.kill()
-    killed = time.monotonic()
-    wait_until("another replica to take the session over", lambda: owner_of(sid) not in ([], [owner]),
-               timeout=30, every=0.2)
-    takeover = time.monotonic() - killed
-    progress(f"takeover: another replica owned the session {takeover:.1f}s after the kill")
-    assert takeover < TAKEOVER_BOUND
-    stack.script({"text": "after"})
-    failures: list[str] = []
-
-    def next_turn() -> dict | None:
-        # What a client does after a failover: its driver registration was the dead replica's memory.
-        try:
-            result(rpc(stack.client, sid, skey, "session.registerDriver"))
-            return result(stack.send(sid, skey, "after the kill"))
-        except (AssertionError, httpx.HTTPError) as error:
-            failures.append(str(error)[:300])
-            return None
-
-    try:
-        outcome = wait_until("the next turn on another replica", next_turn, timeout=60, every=0.5)
-    finally:
-        progress(f"failed attempts: {len(failures)}; the last: {failures[-1:]}")
-    failover = time.monotonic() - killed
-    progress(f"failover: the next turn succeeded {failover:.1f}s after the kill")
-    assert outcome["message"]["content"] == [{"type": "text", "text": "after"}]
-    assert failover < FAILOVER_BOUND
+    seen = kill_owner_then_turn(stack, sid, skey, owner_of=owner_of, container_at=task_at, say=progress)
+    assert seen.takeover < TAKEOVER_BOUND
+    assert seen.outcome["message"]["content"] == [{"type": "text", "text": "after"}]
+    assert seen.failover < FAILOVER_BOUND
     # Nothing lost, nothing twice: the first turn, then the one that succeeded, once.
-    after = stack.events(sid, skey)
-    assert after[: len(before)] == before
-    assert [kind for kind in types(after[len(before):]) if kind != "session.driver.register"] == TEXT_TURN
-    ids = [event["id"] for event in after]
+    assert seen.after[: len(seen.before)] == seen.before
+    assert [kind for kind in types(seen.after[len(seen.before):]) if kind != "session.driver.register"] == TEXT_TURN
+    ids = [event["id"] for event in seen.after]
     assert len(ids) == len(set(ids))
     # Swarm replaces the killed task.
     wait_until("three healthy session tasks again", lambda: healthy({"session": 3}), timeout=120, every=2)
