@@ -90,7 +90,10 @@ class Listener:
 
     def close(self) -> None:
         if self._loop is not None and self._task is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._task.cancel)
+            try:
+                self._loop.call_soon_threadsafe(self._task.cancel)
+            except RuntimeError:
+                pass  # the stream ended on its own meanwhile and its loop is closed: nothing to cancel
         self._thread.join(10)
 
     def __enter__(self) -> "Listener":
