@@ -16,7 +16,7 @@ COPY deploy/wheels/ /wheels/
 COPY requirements.txt constraints.txt pyproject.toml setup.py ./
 # Runtime dependencies go to /opt/bae.
 # The generator (protoc and the mypy-protobuf plugins) and the lint and test tools stay in this stage.
-ARG DEV_ONLY='grpcio-tools|mypy-protobuf|mypy|ruff|import-linter|openapi-spec-validator|jsonschema|pipx|py-spy|pytest|pytest-asyncio|playwright|kubernetes-validate'
+ARG DEV_ONLY='grpcio-tools|mypy-protobuf|mypy|ruff|import-linter|openapi-spec-validator|pipx|py-spy|pytest|pytest-asyncio|playwright|kubernetes-validate|standardwebhooks'
 RUN grep -vE "^(${DEV_ONLY})==" requirements.txt > runtime-requirements.txt \
  && python3 -m venv /opt/bae \
  && /opt/bae/bin/pip install --quiet -r runtime-requirements.txt -c constraints.txt \

@@ -4,6 +4,7 @@
     make bench ARGS="rest"     # only the REST figures; also "turns", "observers", "compaction",
                                # "replicas", "sandbox" (bench/sandbox.py), "limits" (bench/limits.py),
                                # "storage" (bench/storage.py), "retention" (bench/retention.py),
+                               # "webhooks" (bench/webhooks.py),
                                # "streaming" (bench/streaming.py), "cpu" or "telemetry"
     .venv/bin/python -m bench.run rest     # the same, from the repository root
 
@@ -558,6 +559,14 @@ async def main(which: list[str]) -> None:
         mock = MockProcess()
         try:
             await bench_retention(mock, (turn_drivers, text_turns, close_all))
+        finally:
+            mock.stop()
+    if not which or "webhooks" in which:
+        from bench.webhooks import bench_webhooks
+
+        mock = MockProcess()
+        try:
+            await bench_webhooks(mock, (turn_drivers, text_turns, close_all))
         finally:
             mock.stop()
     if not which or "streaming" in which:

@@ -21,6 +21,7 @@ from bae.common.errors import UsageError, echo
 from bae.common.limits import DEFAULT_LIMITS, Limits, LimitsError, read_limits
 from bae.common.retention import DEFAULT_RETENTION, Retention, RetentionError, read_retention
 from bae.common.secret_files import SecretFileError, file_variant
+from bae.common.webhooks import DEFAULT_WEBHOOKS, WebhookConfigError, WebhookSettings, read_webhooks
 
 REDACTED = "\u2022" * 8
 
@@ -52,6 +53,9 @@ METRIC_NAMES = (
     # Retention (docs/observability.md): beyond TELEMETRY §4's fifteen.
     "bae.retention.sessions.deleted",
     "bae.retention.bytes.deleted",
+    # Webhooks (docs/observability.md): one count per delivery attempt, by outcome, and its latency.
+    "bae.webhook.deliveries",
+    "bae.webhook.latency",
 )
 
 
@@ -119,6 +123,8 @@ class Config:
     limits: Limits = DEFAULT_LIMITS
     # [retention]: how long closed sessions are kept, and their archive (bae.common.retention).
     retention: Retention = DEFAULT_RETENTION
+    # [webhooks]: the internal hosts webhook deliveries may reach (bae.common.webhooks).
+    webhooks: WebhookSettings = DEFAULT_WEBHOOKS
 
     def provider(self, name: str) -> ProviderEntry | None:
         return next((entry for entry in self.providers if entry.name == name), None)
@@ -197,14 +203,15 @@ def load_config(path: str | None, env: Mapping[str, str] | None = None) -> Confi
         telemetry = _parse_telemetry(document.get("telemetry"))
         limits = _parse_limits(document.get("limits"))
         retention = read_retention(_table(document.get("retention", {}), "retention"))
-    except (tomllib.TOMLDecodeError, _SchemaError, LimitsError, RetentionError) as exc:
+        webhooks = read_webhooks(_table(document.get("webhooks", {}), "webhooks"))
+    except (tomllib.TOMLDecodeError, _SchemaError, LimitsError, RetentionError, WebhookConfigError) as exc:
         raise UsageError(f'invalid config file "{path}": {exc}') from None
     # Startup order (§1.2): telemetry first, then the MCP and provider registries.
     _check_telemetry(telemetry, os.environ if env is None else env)
     _check_mcp_registry(mcp_servers)
     _check_provider_registry(providers)
     return Config(mcp_servers=mcp_servers, providers=providers, telemetry=telemetry, limits=limits,
-                  retention=retention)
+                  retention=retention, webhooks=webhooks)
 
 
 def _os_error_text(exc: OSError) -> str:

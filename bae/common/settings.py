@@ -7,6 +7,7 @@ prints before it exits with code 2.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 import urllib.parse
@@ -72,6 +73,17 @@ def parse_timeout(var: str, value: str) -> float:
     if seconds < 1:
         raise UsageError(f'{var}: "{value}" must be at least 1 second')
     return float(seconds)
+
+
+def parse_backoff_scale(value: str) -> float:
+    """BAE_WEBHOOK_BACKOFF_SCALE (test-only): a number more than 0 and at most 1."""
+    try:
+        scale = float(value.strip())
+    except ValueError:
+        scale = math.nan
+    if not 0 < scale <= 1:
+        raise UsageError(f'BAE_WEBHOOK_BACKOFF_SCALE: "{value}" must be a number more than 0 and at most 1')
+    return scale
 
 
 # A day: a longer interval would leave a closed session's container running for days.
@@ -280,11 +292,19 @@ class Settings:
     session_lease_seconds: float = 10.0
     # Seconds between retention sweeps (BAE_RETENTION_INTERVAL); [retention] says what they delete.
     retention_interval: float = 300.0
+    # Seconds after it was queued that a webhook delivery is retried for (BAE_WEBHOOK_MAX_AGE).
+    webhook_max_age: float = 86400.0
+    # Test-only: multiplies every webhook retry wait (BAE_WEBHOOK_BACKOFF_SCALE), so a test sees a
+    # schedule of hours in seconds. 1 in production.
+    webhook_backoff_scale: float = 1.0
     # Seconds between two passes comparing the sandbox hosts with the store (BAE_RECONCILE_INTERVAL).
     reconcile_interval: float = 60.0
     # The address other replicas and gateways reach this replica at (BAE_SESSION_ADVERTISE_ADDR);
     # None: BAE_SESSION_GRPC_ADDR, with a wildcard host replaced by this machine's address.
     session_advertise_addr: str | None = None
+    # Test-only (BAE_SCHEDULE_TEST_SECONDS): schedules also take a 6-field cron whose first field counts
+    # seconds, and a ticker gap of 5 s (not 60 s) counts as downtime; docs/configuration.md.
+    schedule_test_seconds: bool = False
     # Browser origins the client port answers CORS for (BAE_CORS_ORIGINS; "*": any); empty: no CORS.
     cors_origins: tuple[str, ...] = ()
 
@@ -372,7 +392,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         session_grpc_addrs=_grpc_targets(get("BAE_SESSION_GRPC_ADDRS", "")),
         session_lease_seconds=parse_timeout("BAE_SESSION_LEASE_SECONDS", get("BAE_SESSION_LEASE_SECONDS", "10")),
         retention_interval=parse_timeout("BAE_RETENTION_INTERVAL", get("BAE_RETENTION_INTERVAL", "300")),
+        webhook_max_age=parse_timeout("BAE_WEBHOOK_MAX_AGE", get("BAE_WEBHOOK_MAX_AGE", "86400")),
+        webhook_backoff_scale=parse_backoff_scale(get("BAE_WEBHOOK_BACKOFF_SCALE", "1")),
         session_advertise_addr=get("BAE_SESSION_ADVERTISE_ADDR", "").strip() or None,
         reconcile_interval=parse_reconcile_interval(get("BAE_RECONCILE_INTERVAL", "60")),
         cors_origins=parse_cors_origins(get("BAE_CORS_ORIGINS", "")),
+        schedule_test_seconds=is_truthy(get("BAE_SCHEDULE_TEST_SECONDS")),
     )

@@ -69,12 +69,14 @@ COUNTERS = {
     "bae.tool.calls": "tool_use blocks dispatched, by dispatch kind",
     "bae.retention.sessions.deleted": "Ended sessions deleted, by trigger (sweep or admin)",
     "bae.retention.bytes.deleted": "Stored event payload bytes of the sessions deleted, by trigger",
+    "bae.webhook.deliveries": "Webhook delivery attempts, by outcome (delivered, retry, failed, gone, refused)",
 }
 # Counters whose unit is not `1`.
 COUNTER_UNITS = {"bae.retention.bytes.deleted": "By"}
 HISTOGRAMS = {
     "bae.provider.latency": "Wall time of one provider HTTP call",
     "bae.tool.latency": "Server-side tool handling, until its tool.result is written",
+    "bae.webhook.latency": "Wall time of one webhook delivery attempt, resolution included",
 }
 
 # The RegisterDriver reply's trailer naming the session's `bae.session` span, which the

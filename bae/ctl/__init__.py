@@ -100,6 +100,35 @@ def profile_lists(parser: argparse.ArgumentParser) -> None:
                         help="update: drop the profile's overrides (the [limits] defaults apply)")
 
 
+def schedule_options(parser: argparse.ArgumentParser) -> None:
+    """What `create schedule` leaves to the server's defaults and `update schedule` keeps unless given."""
+    parser.add_argument("--timezone", metavar="ZONE", help="IANA time zone of the cron fields (default UTC)")
+    parser.add_argument("--overlap", choices=["skip", "queue", "allow"],
+                        help="when the previous run still runs (default skip)")
+    parser.add_argument("--catch-up", dest="catch_up", choices=["latest", "none"],
+                        help="ticks missed during downtime: run the latest once, or none (default latest)")
+    parser.add_argument("--keep-open", dest="close_after", action="store_false", default=None,
+                        help="leave each run's session open (default: closed when its turn ends)")
+    parser.add_argument("--close-after", dest="close_after", action="store_true", default=None,
+                        help="close each run's session when its turn ends (the default)")
+    parser.add_argument("--disabled", dest="enabled", action="store_false", default=None, help="fire nothing")
+    parser.add_argument("--enabled", dest="enabled", action="store_true", default=None, help="fire (the default)")
+
+
+def trigger_options(parser: argparse.ArgumentParser) -> None:
+    """What `create trigger` leaves to the server's default and `update trigger` keeps unless given."""
+    parser.add_argument("--keep-open", dest="close_after", action="store_false", default=None,
+                        help="leave each call's session open (default: closed when its turn ends)")
+    parser.add_argument("--close-after", dest="close_after", action="store_true", default=None,
+                        help="close each call's session when its turn ends (the default)")
+def webhook_fields(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", help="http:// or https:// receiver URL")
+    parser.add_argument("--event-type", action="append", metavar="TYPE",
+                        help="an event type to deliver (repeatable; default: every event, \"*\")")
+    parser.add_argument("--profile-id", metavar="ID", help="only events of this profile's sessions")
+    parser.add_argument("--disabled", action="store_true", help="keep the webhook but deliver nothing")
+
+
 def paging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=u32, metavar="N", help="one page of at most N items")
     parser.add_argument("--cursor", metavar="C", help="one page, starting after cursor C")
@@ -107,7 +136,7 @@ def paging(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argparse.ArgumentParser]]:
     b = Builder()
-    b.group((), "create", "create a profile or a client key")
+    b.group((), "create", "create a profile, a client key or a webhook")
     create = b.leaf(("create", "profile"), "create a profile", commands.create_profile)
     create.add_argument("name")
     create.add_argument("primary_provider", help="a [providers] entry name")
@@ -115,8 +144,25 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     key = b.leaf(("create", "key"), "create a client key (its plaintext is shown once)", commands.create_key)
     key.add_argument("name")
     key.add_argument("profile_id")
+    schedule = b.leaf(("create", "schedule"), "create a schedule: a session and a message per cron tick",
+                      commands.create_schedule)
+    schedule.add_argument("name")
+    schedule.add_argument("profile_id", help="a profile that allows no client tools")
+    schedule.add_argument("client_key_id", help="an active client key of that profile")
+    schedule.add_argument("cron", help='five fields, quoted: "0 6 * * 1-5"')
+    schedule.add_argument("message", help="the user message each run sends")
+    schedule_options(schedule)
+    trigger = b.leaf(("create", "trigger"), "create an HTTP trigger: POST /api/v1/triggers/<name> opens a session",
+                     commands.create_trigger)
+    trigger.add_argument("name", help="its URL's last segment: letters, digits, '.', '_', '-'")
+    trigger.add_argument("profile_id", help="a profile that allows no client tools")
+    trigger.add_argument("input_schema", help="a JSON Schema (draft 2020-12) as JSON text, or @FILE to read it")
+    trigger.add_argument("message_template", help="the user message, {field} filled from the call's JSON")
+    trigger_options(trigger)
+    webhook_fields(b.leaf(("create", "webhook"), "create a webhook (its signing secret is shown once)",
+                          commands.create_webhook))
 
-    b.group((), "list", "list profiles, keys, sessions or a session's events")
+    b.group((), "list", "list profiles, keys, sessions, a session's events or webhooks")
     paging(b.leaf(("list", "profiles"), "list profiles", commands.list_profiles))
     paging(b.leaf(("list", "keys"), "list active client keys", commands.list_keys))
     sessions = b.leaf(("list", "sessions"), "list sessions", commands.list_sessions)
@@ -125,22 +171,59 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     events = b.leaf(("list", "events"), "list a session's events", commands.list_events)
     events.add_argument("session_id")
     paging(events)
+    paging(b.leaf(("list", "schedules"), "list schedules", commands.list_schedules))
+    paging(b.leaf(("list", "triggers"), "list HTTP triggers", commands.list_triggers))
+    paging(b.leaf(("list", "webhooks"), "list webhooks", commands.list_webhooks))
 
-    b.group((), "get", "show one profile")
+    b.group((), "get", "show one profile, schedule, trigger or webhook")
     b.leaf(("get", "profile"), "show one profile", commands.get_profile).add_argument("id")
-    b.group((), "update", "replace a profile")
+    b.leaf(("get", "schedule"), "show one schedule", commands.get_schedule).add_argument("id")
+    b.leaf(("get", "trigger"), "show one HTTP trigger", commands.get_trigger).add_argument("id")
+    b.leaf(("get", "webhook"), "show one webhook (never its secret)", commands.get_webhook).add_argument("id")
+    b.group((), "update", "replace a profile, a schedule, a trigger or a webhook")
+    update_trigger = b.leaf(("update", "trigger"), "change an HTTP trigger: the options given, the rest kept",
+                            commands.update_trigger)
+    update_trigger.add_argument("id")
+    for option in ("name", "profile-id", "input-schema", "message-template"):
+        update_trigger.add_argument(f"--{option}", dest=option.replace("-", "_"))
+    trigger_options(update_trigger)
+    update_sched = b.leaf(("update", "schedule"), "change a schedule: the options given, the rest kept",
+                          commands.update_schedule)
+    update_sched.add_argument("id")
+    for option in ("name", "profile-id", "client-key-id", "cron", "message"):
+        update_sched.add_argument(f"--{option}", dest=option.replace("-", "_"))
+    schedule_options(update_sched)
     update = b.leaf(("update", "profile"), "replace a profile: unrepeated lists become empty; the name and "
                     "sandbox images are kept unless given", commands.update_profile)
     update.add_argument("id")
     update.add_argument("primary_provider")
     update.add_argument("--name", help="new name (default: keep the current one)")
     profile_lists(update)
-    b.group((), "delete", "delete a profile or a session, or revoke a client key")
+    update_hook = b.leaf(("update", "webhook"), "replace a webhook's URL, event types, profile filter and state "
+                         "(its secret stays)", commands.update_webhook)
+    update_hook.add_argument("id")
+    webhook_fields(update_hook)
+    b.group((), "delete", "delete a profile, a session or a webhook, or revoke a client key")
     b.leaf(("delete", "profile"), "delete a profile", commands.delete_profile, json_flag=False).add_argument("id")
     b.leaf(("delete", "key"), "revoke a client key and its session keys", commands.delete_key,
            json_flag=False).add_argument("id")
     b.leaf(("delete", "session"), "delete a closed or error session with its events and usage",
            commands.delete_session, json_flag=False).add_argument("id")
+    b.leaf(("delete", "schedule"), "delete a schedule and its runs (their sessions stay)", commands.delete_schedule,
+           json_flag=False).add_argument("id")
+    b.leaf(("delete", "trigger"), "delete an HTTP trigger and its runs (their sessions stay)", commands.delete_trigger,
+           json_flag=False).add_argument("id")
+    runs = b.leaf(("runs",), "list a schedule's or an HTTP trigger's runs, oldest first", commands.runs)
+    runs.add_argument("owner_id", metavar="SCHEDULE|TRIGGER", help="a schedule's sch_ id or a trigger's trg_ id")
+    paging(runs)
+    b.leaf(("delete", "webhook"), "delete a webhook, its pending deliveries and its delivery log",
+           commands.delete_webhook, json_flag=False).add_argument("id")
+    deliveries = b.leaf(("deliveries",), "a webhook's delivery log: attempts, status codes, next attempt",
+                        commands.webhook_deliveries)
+    deliveries.add_argument("webhook_id", metavar="WEBHOOK")
+    paging(deliveries)
+    b.leaf(("rotate-secret",), "issue a webhook's new signing secret (the old one stays valid 24 h)",
+           commands.rotate_secret).add_argument("webhook_id", metavar="WEBHOOK")
 
     b.group((), "export", "export a session as NDJSON")
     export = b.leaf(("export", "session"), "write a session (any state) as NDJSON: its row, then its events",

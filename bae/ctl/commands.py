@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -10,7 +11,7 @@ import time
 from typing import Any
 
 from bae.ctl.api import UNEXPECTED, AdminApi, CtlError
-from bae.ctl.output import as_json, created, profile, table
+from bae.ctl.output import as_json, created, joined, labelled, profile, table
 
 PROFILE_COLUMNS = [("ID", "id"), ("NAME", "name"), ("PRIMARY_PROVIDER", "primary_provider")]
 KEY_COLUMNS = [("ID", "id"), ("NAME", "name"), ("PREFIX", "prefix"), ("PROFILE_ID", "profile_id")]
@@ -26,8 +27,30 @@ USAGE_GROUPS = {"key": ("CLIENT_KEY_ID", "client_key_id"), "profile": ("PROFILE_
 USAGE_COLUMNS = [("INPUT", "input_tokens"), ("OUTPUT", "output_tokens"), ("CACHE_READ", "cache_read_input_tokens"),
                  ("CACHE_WRITE", "cache_creation_input_tokens"), ("CALLS", "provider_calls"), ("TURNS", "turns"),
                  ("COST_USD", "cost_usd")]
+SCHEDULE_COLUMNS = [("ID", "id"), ("NAME", "name"), ("CRON", "cron"), ("TIMEZONE", "timezone"),
+                    ("ENABLED", "enabled"), ("NEXT_FIRE_AT", "next_fire_at")]
+RUN_COLUMNS = [("RUN_ID", "run_id"), ("SCHEDULED_FOR", "scheduled_for"), ("FIRED_AT", "fired_at"),
+               ("SESSION_ID", "session_id"), ("OUTCOME", "outcome"), ("DETAIL", "detail")]
+SCHEDULE_FIELDS = ["id", "name", "profile_id", "client_key_id", "cron", "timezone", "message", "overlap", "catch_up",
+                   "close_after", "enabled", "next_fire_at", "created_at", "updated_at"]
+# What a POST or PUT sends; an option left out (None) keeps the current value, or the server's default.
+SCHEDULE_BODY = ("name", "profile_id", "client_key_id", "cron", "timezone", "message", "overlap", "catch_up",
+                 "close_after", "enabled")
+TRIGGER_COLUMNS = [("ID", "id"), ("NAME", "name"), ("PROFILE_ID", "profile_id"), ("CLOSE_AFTER", "close_after")]
+TRIGGER_RUN_COLUMNS = [("RUN_ID", "run_id"), ("FIRED_AT", "fired_at"), ("SESSION_ID", "session_id"),
+                       ("OUTCOME", "outcome"), ("IDEMPOTENCY_KEY", "idempotency_key"), ("DETAIL", "detail")]
+TRIGGER_FIELDS = ["id", "name", "profile_id", "input_schema", "message_template", "close_after", "created_at",
+                  "updated_at"]
+TRIGGER_BODY = ("name", "profile_id", "input_schema", "message_template", "close_after")
+WEBHOOK_COLUMNS = [("ID", "id"), ("URL", "url"), ("EVENT_TYPES", "event_types"), ("PROFILE_ID", "profile_id"),
+                   ("ENABLED", "enabled")]
+DELIVERY_COLUMNS = [("ID", "id"), ("EVENT_TYPE", "event_type"), ("STATE", "state"), ("ATTEMPTS", "attempts"),
+                    ("LAST_STATUS", "last_status"), ("NEXT_ATTEMPT_AT", "next_attempt_at"), ("LAST_ERROR", "last_error")]
+WEBHOOK_FIELDS = ["id", "url", "event_types", "profile_id", "enabled", "created_at", "updated_at"]
 PAYLOAD_WIDTH = 80  # event payloads are cut to keep the table readable; --json shows them whole
 COPY_KEY_NOW = "baectl: copy the key now — it cannot be retrieved again"
+COPY_SECRET_NOW = "baectl: copy the secret now — it cannot be retrieved again"
+ERROR_WIDTH = 60  # a delivery's last error is cut in the table; --json shows it whole
 
 
 def _object(value: Any) -> dict[str, Any]:
@@ -55,7 +78,7 @@ def listing(api: AdminApi, args: argparse.Namespace, path: str, columns: list[tu
         page = api.page(path, query)
         items, next_cursor = page["items"], page.get("next_cursor")
         document = {"items": items, "next_cursor": next_cursor}
-    widths = {"payload": PAYLOAD_WIDTH}
+    widths = {"payload": PAYLOAD_WIDTH, "last_error": ERROR_WIDTH}
     _emit(args, document, table(items, columns, widths) if items else empty)
     if isinstance(next_cursor, str) and not args.json:
         print(f"baectl: more results: --cursor {next_cursor}", file=sys.stderr)
@@ -129,6 +152,116 @@ def delete_profile(api: AdminApi, args: argparse.Namespace) -> None:
     print(f"deleted profile {args.id}")
 
 
+# --- schedules ---------------------------------------------------------------------------------
+
+def schedule_record(item: dict[str, Any]) -> str:
+    """`get`/`create`/`update schedule`: one field per line, values at column 16."""
+    shown = {key: (str(value).lower() if isinstance(value, bool) else value) for key, value in item.items()}
+    return "\n".join(labelled(shown, SCHEDULE_FIELDS, 15))
+
+
+def schedule_body(args: argparse.Namespace, current: dict[str, Any]) -> dict[str, Any]:
+    """The PUT or POST body: each option given, else the current value (create: none, the server's default)."""
+    body: dict[str, Any] = {key: current[key] for key in SCHEDULE_BODY if key in current}
+    for key in SCHEDULE_BODY:
+        value = getattr(args, key, None)
+        if value is not None:
+            body[key] = value
+    return body
+
+
+def create_schedule(api: AdminApi, args: argparse.Namespace) -> None:
+    reply = _object(api.call("POST", "/schedules", body=schedule_body(args, {})))
+    _emit(args, reply, "created schedule\n" + schedule_record(reply))
+
+
+def list_schedules(api: AdminApi, args: argparse.Namespace) -> None:
+    listing(api, args, "/schedules", SCHEDULE_COLUMNS, "no schedules found")
+
+
+def get_schedule(api: AdminApi, args: argparse.Namespace) -> None:
+    _emit(args, reply := _object(api.call("GET", f"/schedules/{args.id}")), schedule_record(reply))
+
+
+def update_schedule(api: AdminApi, args: argparse.Namespace) -> None:
+    """A full PUT of the current schedule with the options given changed."""
+    current = _object(api.call("GET", f"/schedules/{args.id}"))
+    reply = _object(api.call("PUT", f"/schedules/{args.id}", body=schedule_body(args, current)))
+    _emit(args, reply, schedule_record(reply))
+
+
+def delete_schedule(api: AdminApi, args: argparse.Namespace) -> None:
+    api.call("DELETE", f"/schedules/{args.id}", expect_body=False)
+    print(f"deleted schedule {args.id}")
+
+
+def runs(api: AdminApi, args: argparse.Namespace) -> None:
+    """A trigger's runs for a `trg_` id, else a schedule's (the id says whose)."""
+    if args.owner_id.startswith("trg_"):
+        listing(api, args, f"/triggers/{args.owner_id}/runs", TRIGGER_RUN_COLUMNS, "no runs found")
+    else:
+        listing(api, args, f"/schedules/{args.owner_id}/runs", RUN_COLUMNS, "no runs found")
+
+
+# --- HTTP triggers -----------------------------------------------------------------------------
+
+def trigger_record(item: dict[str, Any]) -> str:
+    """`get`/`create`/`update trigger`: one field per line, values at column 18; the schema as compact JSON."""
+    shown = {key: (str(value).lower() if isinstance(value, bool) else value) for key, value in item.items()}
+    if "input_schema" in item:
+        shown["input_schema"] = json.dumps(item["input_schema"], separators=(",", ":"))
+    return "\n".join(labelled(shown, TRIGGER_FIELDS, 17))
+
+
+def input_schema(text: str) -> Any:
+    """A schema given as JSON text, or @FILE."""
+    if text.startswith("@"):
+        try:
+            with open(text[1:], encoding="utf-8") as file:
+                text = file.read()
+        except OSError as exc:
+            raise CtlError(f"cannot read {text[1:]}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CtlError(f"input_schema is not JSON: {exc}") from None
+
+
+def trigger_body(args: argparse.Namespace, current: dict[str, Any]) -> dict[str, Any]:
+    """The PUT or POST body: each option given, else the current value (create: none, the server's default)."""
+    body: dict[str, Any] = {key: current[key] for key in TRIGGER_BODY if key in current}
+    for key in TRIGGER_BODY:
+        value = getattr(args, key, None)
+        if value is not None:
+            body[key] = input_schema(value) if key == "input_schema" else value
+    return body
+
+
+def create_trigger(api: AdminApi, args: argparse.Namespace) -> None:
+    reply = _object(api.call("POST", "/triggers", body=trigger_body(args, {})))
+    _emit(args, reply, "created trigger\n" + trigger_record(reply))
+
+
+def list_triggers(api: AdminApi, args: argparse.Namespace) -> None:
+    listing(api, args, "/triggers", TRIGGER_COLUMNS, "no triggers found")
+
+
+def get_trigger(api: AdminApi, args: argparse.Namespace) -> None:
+    _emit(args, reply := _object(api.call("GET", f"/triggers/{args.id}")), trigger_record(reply))
+
+
+def update_trigger(api: AdminApi, args: argparse.Namespace) -> None:
+    """A full PUT of the current trigger with the options given changed."""
+    current = _object(api.call("GET", f"/triggers/{args.id}"))
+    reply = _object(api.call("PUT", f"/triggers/{args.id}", body=trigger_body(args, current)))
+    _emit(args, reply, trigger_record(reply))
+
+
+def delete_trigger(api: AdminApi, args: argparse.Namespace) -> None:
+    api.call("DELETE", f"/triggers/{args.id}", expect_body=False)
+    print(f"deleted trigger {args.id}")
+
+
 # --- keys --------------------------------------------------------------------------------------
 
 def create_key(api: AdminApi, args: argparse.Namespace) -> None:
@@ -144,6 +277,55 @@ def list_keys(api: AdminApi, args: argparse.Namespace) -> None:
 def delete_key(api: AdminApi, args: argparse.Namespace) -> None:
     api.call("DELETE", f"/keys/{args.id}", expect_body=False)
     print(f"revoked key {args.id}")
+
+
+# --- webhooks ----------------------------------------------------------------------------------
+
+def _webhook_body(args: argparse.Namespace) -> dict[str, Any]:
+    return {"url": args.url, "event_types": args.event_type or ["*"], "profile_id": args.profile_id,
+            "enabled": not args.disabled}
+
+
+def _webhook_text(item: dict[str, Any], extra: tuple[str, ...] = ()) -> str:
+    shown = {**item, "event_types": joined(item.get("event_types")), "enabled": str(item.get("enabled")).lower()}
+    return "\n".join(labelled(shown, [*WEBHOOK_FIELDS, *extra], 12))
+
+
+def create_webhook(api: AdminApi, args: argparse.Namespace) -> None:
+    reply = _object(api.call("POST", "/webhooks", body=_webhook_body(args)))
+    _emit(args, reply, "created webhook\n" + _webhook_text(reply, ("secret",)))
+    print(COPY_SECRET_NOW, file=sys.stderr)
+
+
+def list_webhooks(api: AdminApi, args: argparse.Namespace) -> None:
+    listing(api, args, "/webhooks", WEBHOOK_COLUMNS, "no webhooks found")
+
+
+def get_webhook(api: AdminApi, args: argparse.Namespace) -> None:
+    reply = _object(api.call("GET", f"/webhooks/{args.id}"))
+    _emit(args, reply, _webhook_text(reply))
+
+
+def update_webhook(api: AdminApi, args: argparse.Namespace) -> None:
+    """A full PUT: the URL, event types (default every event), profile filter and state given replace the
+    current ones; the secret stays."""
+    reply = _object(api.call("PUT", f"/webhooks/{args.id}", body=_webhook_body(args)))
+    _emit(args, reply, _webhook_text(reply))
+
+
+def delete_webhook(api: AdminApi, args: argparse.Namespace) -> None:
+    api.call("DELETE", f"/webhooks/{args.id}", expect_body=False)
+    print(f"deleted webhook {args.id}")
+
+
+def webhook_deliveries(api: AdminApi, args: argparse.Namespace) -> None:
+    listing(api, args, f"/webhooks/{args.webhook_id}/deliveries", DELIVERY_COLUMNS, "no deliveries found")
+
+
+def rotate_secret(api: AdminApi, args: argparse.Namespace) -> None:
+    reply = _object(api.call("POST", f"/webhooks/{args.webhook_id}/rotate-secret"))
+    _emit(args, reply, "\n".join(labelled(reply, ["id", "secret", "previous_expires_at"], 21)))
+    print(COPY_SECRET_NOW + "; the previous one stays valid until previous_expires_at", file=sys.stderr)
 
 
 # --- sessions and their events ------------------------------------------------------------------

@@ -8,6 +8,7 @@ router, the translation and the OpenAPI document all read them from here.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,14 @@ class Route:
     # (server streaming) or the body's lines (client streaming).
     ndjson: bool = False
     client_streaming: bool = False
+    # Request fields read from headers: (header name, field, description) (edge.proto, HttpRoute.headers).
+    headers: tuple[tuple[str, str, str], ...] = ()
+    # The query field whose "true" has the route stream a turn, and the answer's field that is the
+    # stream's JSON-RPC id (edge.proto, HttpRoute.wait_field); "" for every other route.
+    wait_field: str = ""
+    turn_id_field: str = ""
+    # Other `{name}` segments of the path, each filling the request field of its name (e.g. `{delivery_id}`).
+    path_fields: tuple[str, ...] = ()
 
     @property
     def session_scoped(self) -> bool:
@@ -85,7 +94,9 @@ def _credential_field(request: Descriptor) -> str:
 def _route(method: MethodDescriptor, option: Any) -> Route:
     request = method.input_type
     credential_field = _credential_field(request)
-    taken = {credential_field, option.id_field, option.body}
+    headers = tuple((header.name, header.field, header.description) for header in option.headers)
+    path_fields = tuple(name for name in re.findall(r"\{(\w+)\}", option.path) if name != "id")
+    taken = {credential_field, option.id_field, option.body, *(field for _, field, _ in headers), *path_fields}
     if ("{id}" in option.path) != bool(option.id_field):
         raise ValueError(f"{method.name}: the path's {{id}} and id_field go together")
     for name in taken - {""}:
@@ -100,6 +111,18 @@ def _route(method: MethodDescriptor, option: Any) -> Route:
     for name in query:
         if request.fields_by_name[name].type != FieldDescriptor.TYPE_STRING:
             raise ValueError(f"{method.name}: query parameter {name} is not a string field")
+    for _, name, _ in headers:
+        field = request.fields_by_name[name]
+        if field.type != FieldDescriptor.TYPE_STRING or not field.has_presence:
+            raise ValueError(f"{method.name}: header field {name} is not an optional string field")
+    if option.wait_field:
+        kinds = method.output_type.oneofs_by_name.get("kind")
+        if option.wait_field not in query or not method.server_streaming or kinds is None or {
+                field.name for field in kinds.fields} != {"answer", "turn"}:
+            raise ValueError(f"{method.name}: a wait_field route streams a oneof `kind` of answer and turn")
+        answer = method.output_type.fields_by_name["answer"].message_type
+        if answer is None or option.turn_id_field not in answer.fields_by_name:
+            raise ValueError(f"{method.name}: the answer has no field {option.turn_id_field}")
     return Route(
         port=_PORTS[option.port],
         method=option.method,
@@ -118,6 +141,10 @@ def _route(method: MethodDescriptor, option: Any) -> Route:
         streaming=method.server_streaming,
         ndjson=option.ndjson,
         client_streaming=method.client_streaming,
+        headers=headers,
+        wait_field=option.wait_field,
+        turn_id_field=option.turn_id_field,
+        path_fields=path_fields,
     )
 
 

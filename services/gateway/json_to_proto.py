@@ -68,6 +68,18 @@ def read_body(target: Message, body: bytes, content_type: str) -> None:
     _read_whole(target, value, None)
 
 
+def read_json_value(target: Message, body: bytes, content_type: str) -> None:
+    """Fill a JsonValue from a REST body that may be any JSON value (a trigger's input): its compact
+    text; raises Unreadable."""
+    if not is_json_content_type(content_type):
+        raise Unreadable(CONTENT_TYPE_REJECTION)
+    try:
+        value = strict_load(body)
+    except JsonSyntaxError as exc:
+        raise Unreadable(f"Failed to parse the request body as JSON: {exc}") from None
+    target.json = dump(value)  # type: ignore[attr-defined]
+
+
 def read_params(target: Message, params: Any) -> str:
     """Fill `target` from JSON-RPC params (absent or null: {}); returns "" or the text of why they
     do not fit (answered as "Invalid params: <text>")."""

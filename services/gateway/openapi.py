@@ -192,16 +192,32 @@ def _route_operation(route: Route, schemas: Schemas) -> Schema:
     request = route.request.DESCRIPTOR
     parameters: list[Schema] = []
     if route.id_field:
+        named = route.id_field.removesuffix("_id").replace("_", " ")
+        described = f"the {named}'s id" if route.id_field.endswith("_id") else f"the {named}"
         parameters.append({"name": "id", "in": "path", "required": True, "schema": {"type": "string"},
-                           "description": f"the {route.id_field.removesuffix('_id')}'s id"})
+                           "description": described})
+    for name in route.path_fields:
+        parameters.append({"name": name, "in": "path", "required": True, "schema": {"type": "string"},
+                           "description": f"the {name.removesuffix('_id')}'s id"})
     for name in route.query_fields:
         json = request.fields_by_name[name].GetOptions().Extensions[edge_pb2.json]
         parameter: Schema = {"name": name, "in": "query", "required": False, "schema": {"type": "string"}}
         if json.description:
             parameter["description"] = json.description
         parameters.append(parameter)
+    for header, _, description in route.headers:
+        parameters.append({"name": header, "in": "header", "required": False, "schema": {"type": "string"},
+                           "description": description})
     reply = route.reply.DESCRIPTOR
     ok: Schema = {"description": route.summary}
+    responses: Schema = {}
+    if route.wait_field:
+        # The JSON answer; a call that waits streams the turn instead.
+        reply = reply.fields_by_name["answer"].message_type or reply
+        responses["200"] = {
+            "description": f"with ?{route.wait_field}=true: the turn as session.sendMessage streams it (NDJSON), "
+                           f"its result frame's id the answer's {route.turn_id_field}",
+            "content": {NDJSON: {"schema": ref("RpcFrame")}}}
     if route.ndjson and not route.client_streaming:
         ok["content"] = {NDJSON: {"schema": {"type": "string", "description": EXPORT_TEXT}}}
     elif route.status != 204:
@@ -211,7 +227,7 @@ def _route_operation(route: Route, schemas: Schemas) -> Schema:
         "tags": [route.port.value],
         "summary": route.summary,
         "security": [{SECURITY[route.credential][0]: []}],
-        "responses": {str(route.status): ok, **_problem_responses(_error_statuses(route.problems))},
+        "responses": {str(route.status): ok, **responses, **_problem_responses(_error_statuses(route.problems))},
     }
     if parameters:
         operation["parameters"] = parameters
@@ -220,7 +236,11 @@ def _route_operation(route: Route, schemas: Schemas) -> Schema:
             "type": "string", "description": EXPORT_TEXT}}}}
     elif route.body_field:
         body: Descriptor = request.fields_by_name[route.body_field].message_type
-        operation["requestBody"] = {"required": True, "content": {JSON: _media(schemas.read(body), schemas, body.name)}}
+        if body.full_name == JSON_VALUE:
+            schema: Schema = {"description": "any JSON value, as the route's own rules read it"}
+            operation["requestBody"] = {"required": True, "content": {JSON: {"schema": schema}}}
+        else:
+            operation["requestBody"] = {"required": True, "content": {JSON: _media(schemas.read(body), schemas, body.name)}}
     return operation
 
 

@@ -22,14 +22,16 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from bae.common.errors import BaeError, Internal, InvalidInput
+from bae.common.jsontext import dump
 from bae.common.protos import session_pb2_grpc
 from services.gateway.body import BodyReader
 from services.gateway.declaration import Route
-from services.gateway.json_to_proto import Unreadable, read_body
+from services.gateway.json_to_proto import JSON_VALUE, Unreadable, read_body, read_json_value
 from services.gateway.ndjson import ndjson_endpoint
 from services.gateway.problems import JSON, error_response
 from services.gateway.proto_to_json import writer_of
 from services.gateway.router import Endpoint
+from services.gateway.rpc import LiveStream
 from services.gateway.upstream import Metadata, Upstream, credential_of
 
 log = logging.getLogger("bae.gateway")
@@ -49,6 +51,8 @@ class RestEndpoint:
         upstream = self.upstream
         if route.ndjson:
             return ndjson_endpoint(route, upstream, self.bodies)
+        if route.wait_field:
+            return self._answer_or_turn(route)
         write = writer_of(route.reply.DESCRIPTOR)
 
         async def handle(request: Request) -> Response:
@@ -72,6 +76,49 @@ class RestEndpoint:
             if route.status == 204:
                 return Response(status_code=204)
             return Response(write(reply), route.status, media_type=JSON)
+
+        return handle
+
+    def _answer_or_turn(self, route: Route) -> Endpoint:
+        """A route that answers JSON, or with `?<wait_field>=true` streams the turn it started as
+        session.sendMessage's NDJSON (edge.proto, HttpRoute.wait_field)."""
+        upstream = self.upstream
+        answer_field = route.reply.DESCRIPTOR.fields_by_name["answer"]
+        write = writer_of(answer_field.message_type)
+
+        async def handle(request: Request) -> Response:
+            try:
+                message = await self._request(route, request)
+            except BaeError as error:
+                return error_response(error)
+            waits = getattr(message, route.wait_field) == "true"
+            timeout = upstream.timeout
+
+            # The answer (and, waiting, the turn's first frame) within the call's deadline, as a
+            # unary route's reply; the turn's frames after them take as long as the turn does.
+            async def invoke(stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata) -> tuple[Call, Read, Read]:
+                call = getattr(stub, route.rpc)(message, metadata=metadata)
+                try:
+                    first = await _read(call, timeout)
+                    return call, first, await _read(call, timeout) if waits and isinstance(first, Message) else grpc.aio.EOF
+                except BaseException:
+                    call.cancel()
+                    raise
+
+            try:
+                call, first, then = await upstream.call(None, invoke)  # any replica: it opens the session
+            except grpc.aio.AioRpcError as error:
+                return error_response(upstream.failure(error))
+            if not isinstance(first, Message) or first.WhichOneof("kind") != "answer":
+                call.cancel()
+                log.error("session service ended %s without its answer", route.rpc)
+                return error_response(Internal("internal server error"))
+            answer = first.answer  # type: ignore[attr-defined]
+            if then is grpc.aio.EOF:  # not waiting, or nothing to wait for (a repeated call)
+                call.cancel()
+                return Response(write(answer), route.status, media_type=JSON)
+            turn_id = dump(getattr(answer, route.turn_id_field))
+            return LiveStream(route.rpc, call, then, turn_id, answer.session_id, inner="turn")  # type: ignore[arg-type]
 
         return handle
 
@@ -110,11 +157,18 @@ class RestEndpoint:
         getattr(message, route.credential_field).CopyFrom(credential_of(request))
         if route.id_field:
             setattr(message, route.id_field, path_id)
+        for name in route.path_fields:
+            setattr(message, name, request.path_params.get(name, ""))
         for name in route.query_fields:
             setattr(message, name, request.query_params.get(name, ""))
+        for header, field, _ in route.headers:
+            if (value := request.headers.get(header)) is not None:
+                setattr(message, field, value)
         if route.body_field:
+            target = getattr(message, route.body_field)
+            read = read_json_value if target.DESCRIPTOR.full_name == JSON_VALUE else read_body
             try:
-                read_body(getattr(message, route.body_field), body, request.headers.get("content-type", ""))
+                read(target, body, request.headers.get("content-type", ""))
             except Unreadable as failure:
                 await self.bodies.check(request, route.credential, path_id)
                 raise InvalidInput(failure.text) from None

@@ -64,8 +64,10 @@ class LiveStream(StreamingResponse):
         first: Message,
         request_id_json: str | None,
         session_id: str,
+        inner: str = "",
     ) -> None:
         self.grpc_call = grpc_call
+        self.inner = inner  # the field of each message that holds the frame (a trigger's `turn`); "": the message
         super().__init__(self._frames(rpc_name, first, request_id_json, session_id))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -82,7 +84,7 @@ class LiveStream(StreamingResponse):
         lines = StreamLines(request_id_json, session_id)
         try:
             while frame is not grpc.aio.EOF:
-                if line := lines.frame(frame):
+                if line := lines.frame(getattr(frame, self.inner) if self.inner else frame):
                     yield line
                 frame = await self.grpc_call.read()
             if closing := lines.end():

@@ -18,21 +18,33 @@ from services.session.api.auth import Authenticator
 from services.session.api.live import LiveApi
 from services.session.api.rest import ClientRestApi
 from services.session.api.sandbox_methods import SandboxMethods
+from services.session.api.schedules import SchedulesApi
+from services.session.api.triggers import TriggersApi
 from services.session.api.gateway_calls import GatewayCalls
 from services.session.api.operations import Operation, operations
 from services.session.api.own_calls import register
 from services.session.api.servicer import SessionServicer
+from services.session.engine.fire import Fire
+from services.session.api.webhooks import WebhooksApi
 from services.session.engine.gauges import register_gauges
 from services.session.engine.ownership import advertised_address
 from services.session.engine.ports import Sandboxes
 from services.session.engine.retention_sweep import RetentionSweep
+from services.session.engine.schedules import ScheduleTicker
+from services.session.engine.triggers import TriggerRuns
 from services.session.engine.service import SessionEngine
 from services.session.engine.spans import SessionSpans
+from services.session.engine.webhook_delivery import WebhookDeliverer
 from services.session.remote.mcp import McpConnector
 from services.session.remote.peers import Peers
 from services.session.remote.runner import RunnerClient
 from services.session.remote.sandbox_pool import NoSandboxHosts, SandboxPool
+from services.session.remote.webhook_sender import WebhookSender
 from services.session.store import Store
+
+
+# How often each replica looks for due webhook deliveries: the longest a new event waits to be sent.
+WEBHOOK_POLL_SECONDS = 0.5
 
 
 def session_engine(settings: Settings, config: Config, store: Store) -> SessionEngine:
@@ -72,6 +84,10 @@ class SessionService:
     operations: dict[str, Operation]  # the servicer's methods, however a call arrives
     gateway_calls: GatewayCalls
     sweep: RetentionSweep
+    ticker: ScheduleTicker
+    trigger_runs: TriggerRuns
+    deliverer: WebhookDeliverer
+    webhook_sender: WebhookSender
 
     def registrar(self) -> Callable[[grpc.aio.Server], list[str]]:
         """Registers SessionService on a gRPC server: its methods and the gateway's `Calls` stream."""
@@ -82,15 +98,24 @@ class SessionService:
         await self.engine.start()
         self.auth.start()
         self.sweep.start()
+        self.ticker.start()
+        self.deliverer.start()
 
     async def drain(self, budget: float) -> None:
         """Stop taking work; running turns and the sandbox stops of closed sessions end within `budget`."""
         self.gateway_calls.drain()
+        # No new tick fires; a run whose turn is under way drains as any turn does, and one cut
+        # short stays `running` for a replica to resume (engine/schedules.py).
+        await self.ticker.stop()
         await self.engine.drain(budget)
 
     async def stop(self) -> None:
         """Tear down sessions, MCP, sandboxes and the store."""
+        await self.ticker.stop()  # done already when the service drained first
+        await self.trigger_runs.stop()  # turns still running after the drain stop; their runs stay `running`
         await self.sweep.stop()
+        await self.deliverer.stop()
+        await self.webhook_sender.close()
         await self.engine.stop()
         await self.auth.stop()  # writes the last coalesced last_used_at stamps
         await self.store.close()
@@ -102,13 +127,29 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
     await bootstrap_admin_key(store, options)
     auth = Authenticator(store, admin_auth_disabled=options.disabled)
     engine = session_engine(settings, config, store)
+    rest = ClientRestApi(
+        store=store, auth=auth, sessions=engine.registry, mcp=engine.mcp, closer=engine.closer,
+        spans=engine.spans, config=config,
+    )
+    fire = Fire(
+        store=store, registry=engine.registry, turns=engine.turns, mcp=engine.mcp, sandboxes=engine.sandboxes,
+        closer=engine.closer, spans=engine.spans, vetting=rest,
+    )
+    trigger_runs = TriggerRuns(store=store, fire=fire)
+    webhook_sender = WebhookSender()
+    deliverer = WebhookDeliverer(
+        store, webhook_sender, config.webhooks, holder=engine.ownership.replica_id, max_age=settings.webhook_max_age,
+        backoff_scale=settings.webhook_backoff_scale, poll_interval=WEBHOOK_POLL_SECONDS,
+    )
     servicer = SessionServicer(
-        rest=ClientRestApi(
-            store=store, auth=auth, sessions=engine.registry, mcp=engine.mcp, closer=engine.closer,
-            spans=engine.spans, config=config,
-        ),
+        rest=rest,
         admin=AdminApi(
             store=store, auth=auth, sandboxes=engine.sandboxes, revocations=engine.revocations, config=config
+        ),
+        schedules=SchedulesApi(store=store, auth=auth, test_seconds=settings.schedule_test_seconds),
+        triggers=TriggersApi(store=store, auth=auth, runs=trigger_runs),
+        webhooks=WebhooksApi(
+            store=store, auth=auth, transport=webhook_sender, settings=config.webhooks, deliverer=deliverer
         ),
         auth=auth,
         live=LiveApi(
@@ -125,7 +166,10 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
     sweep = RetentionSweep(
         store, config.retention, engine.ownership.replica_id, settings.retention_interval, settings.session_lease_seconds
     )
+    ticker = ScheduleTicker(
+        store=store, fire=fire, ownership=engine.ownership, test_seconds=settings.schedule_test_seconds
+    )
     return SessionService(
         store=store, auth=auth, engine=engine, servicer=servicer, operations=served, gateway_calls=GatewayCalls(served),
-        sweep=sweep,
+        sweep=sweep, ticker=ticker, trigger_runs=trigger_runs, deliverer=deliverer, webhook_sender=webhook_sender,
     )

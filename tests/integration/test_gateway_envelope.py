@@ -187,7 +187,7 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
                 raise RuntimeError("boom: secret stack detail")
             if path_id == "closed":
                 abort_with(context, Conflict("session is already closed", reason="session_closed"))
-            reply = self.rest_replies.get(route.rpc) or route.reply()
+            reply = self.rest_replies.get(route.rpc) or default_reply(route)
             return iter([reply]) if route.streaming else reply  # a page of events is a stream
 
         return handle
@@ -595,12 +595,22 @@ def concrete(path: str) -> str:
     return path.replace("{id}", "thing_a")
 
 
+def default_reply(route):
+    """The route's reply with every field at its default; a route that answers first (and may then
+    stream a turn, HttpRoute.wait_field) begins with its answer."""
+    reply = route.reply()
+    if route.wait_field:
+        reply.answer.SetInParent()
+    return reply
+
+
 def example_body(route) -> bytes:
-    """The route's body as its contract's example shows it; "{}" for a route without one."""
+    """The route's body as its contract's example shows it; "{}" for a route without one, or whose body is
+    any JSON value (JsonValue has no example: a trigger's input is whatever its schema asks for)."""
     if not route.body_field:
         return b"{}"
     body_type = route.request.DESCRIPTOR.fields_by_name[route.body_field].message_type
-    return body_type.GetOptions().Extensions[edge_pb2.json_message].example.encode()
+    return body_type.GetOptions().Extensions[edge_pb2.json_message].example.encode() or b"{}"
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=lambda route: route.rpc)
@@ -618,7 +628,8 @@ def test_rest_route_makes_its_call(gateway, double, route):
         assert response.content == b""
     else:
         assert response.headers["content-type"] == "application/json"
-        assert response.text == to_json(route.reply())
+        reply = default_reply(route)
+        assert response.text == to_json(reply.answer if route.wait_field else reply)
     request = double.last(route.rpc)
     assert getattr(request, route.credential_field) == edge_pb2.Credential(authorization="Bearer k", present=True)
     if route.id_field:

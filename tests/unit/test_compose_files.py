@@ -26,7 +26,7 @@ READ_BY = {
         "BAE_SUBAGENT_TIMEOUT", "BAE_MAX_SUBAGENTS_PER_SESSION", "BAE_DANGEROUSLY_DISABLE_ADMIN_AUTH",
         "BAE_ADMIN_KEY_HASH_FILE", "BAE_SQLITE_SYNCHRONOUS", "BAE_SANDBOX_IDLE_TIMEOUT",
         "BAE_SESSION_LEASE_SECONDS", "BAE_SESSION_ADVERTISE_ADDR", "BAE_RETENTION_INTERVAL",
-        "BAE_RECONCILE_INTERVAL"},
+        "BAE_RECONCILE_INTERVAL", "BAE_WEBHOOK_MAX_AGE"},
     "runner": EVERY_SERVICE | {"BAE_RPC_TIMEOUT", "BAE_PROVIDER_TIMEOUT", "BAE_DEMO_PROVIDER_ADDR"},
     "sandbox": EVERY_SERVICE | {
         "BAE_SANDBOX_DRIVER", "BAE_SANDBOX_MEMORY", "BAE_SANDBOX_CPUS", "BAE_SANDBOX_PIDS_LIMIT",
@@ -41,9 +41,11 @@ NOT_PASSED = {
     "BAE_SANDBOX_LISTEN_ADDR",
     "BAE_SESSION_REPLICAS",  # `bae run` only; compose scales with --scale
     "BAE_SANDBOX_HOST_ID",  # one value for every scaled replica would have each remove the others' containers
+    "BAE_SCHEDULE_TEST_SECONDS",  # test-only: never set in a deployment
     # Secrets as files: the compose files take secrets from .env; the Swarm stack and the Kubernetes
     # manifests mount them as files.
     "BAE_INTERNAL_TOKEN_FILE", "BAE_DATABASE_URL_FILE", "BAE_DATABASE_PASSWORD_FILE",
+    "BAE_WEBHOOK_BACKOFF_SCALE",  # test-only
 }
 COMPOSE_FILES = ["docker-compose.yml", "docker-compose.replicas.yml"]
 

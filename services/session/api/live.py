@@ -28,7 +28,7 @@ from services.session.api.faults import RpcError, RpcFault
 from services.session.api.jsonrpc import RpcCall, message_of, require_driver
 from services.session.api.pagination import PAGE_PAYLOAD_CHARS, fitting
 from services.session.engine.budgets import exhausted
-from services.session.engine.domain import CompactRequest, SessionState, TurnRequest
+from services.session.engine.domain import CompactRequest, SessionState, TurnOutcome, TurnRequest
 from services.session.engine.engine import TurnEngine
 from services.session.engine.errors import KeyRevoked, SessionNotOpen
 from services.session.engine.feed import Buffer, Item, Lagged, Notice, Watcher
@@ -239,17 +239,7 @@ class LiveApi:
             result = await work
         except KeyRevoked:
             return  # revoked while it queued: recorded nothing, and ends as the key's other streams do
-        reply = client_api_pb2.Message(
-            role=result.message["role"], content=edge_pb2.JsonValue(json=dump(result.message["content"]))
-        )
-        # The events that fit one frame go with the message; the others follow it (client_api.proto, TurnFrame).
-        first = _fitting_frame(result.events)
-        events = [event_of_view(view) for view in result.events[:first]]
-        yield TurnFrame(
-            result=client_api_pb2.SendMessageResult(message=reply, events=events),
-            result_continues=first < len(result.events),
-        )
-        for frame in event_frames(result.events[first:], _result_events):
+        for frame in result_frames(result):
             yield frame
 
     async def compact(self, call: RpcCall[client_api_pb2.CompactParams]) -> AsyncIterator[CompactionFrame]:
@@ -407,6 +397,21 @@ def delta_batch(deltas: list[Delta]) -> client_api_pb2.DeltaBatch:
             for delta in deltas
         ]
     )
+
+
+def result_frames(result: TurnOutcome) -> Iterator[TurnFrame]:
+    """A turn's terminal result as session.sendMessage ends with it: the message and the events that
+    fit one frame, the others after it (client_api.proto, TurnFrame)."""
+    reply = client_api_pb2.Message(
+        role=result.message["role"], content=edge_pb2.JsonValue(json=dump(result.message["content"]))
+    )
+    first = _fitting_frame(result.events)
+    events = [event_of_view(view) for view in result.events[:first]]
+    yield TurnFrame(
+        result=client_api_pb2.SendMessageResult(message=reply, events=events),
+        result_continues=first < len(result.events),
+    )
+    yield from event_frames(result.events[first:], _result_events)
 
 
 def _text_chars(row: tuple[int, EventView]) -> int:

@@ -369,3 +369,28 @@ class Peers(Protocol):
         """Best effort: a replica that cannot be reached holds nothing live for long."""
 
     async def close(self) -> None: ...
+
+
+# -- webhook deliveries ----------------------------------------------------------------------
+
+
+class WebhookAnswer(NamedTuple):
+    """What a receiver answered: its HTTP status, or None with `error` when there was no answer."""
+
+    status: int | None
+    error: str | None = None
+    # Not sent at all: the host resolved to an address [webhooks] does not allow.
+    refused: bool = False
+
+
+class WebhookTransport(Protocol):
+    """Outbound HTTP for webhook deliveries (remote/webhook_sender.py)."""
+
+    async def resolve(self, host: str, port: int) -> list[str]:
+        """Every IP address `host` resolves to now (an IP literal: itself); [] when it does not resolve."""
+        ...
+
+    async def post(self, url: str, address: str, headers: dict[str, str], body: bytes) -> WebhookAnswer:
+        """POST `body` to `url`, connecting to `address` (already checked) rather than resolving again, and
+        following no redirect."""
+        ...

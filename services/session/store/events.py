@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
@@ -14,7 +15,7 @@ from bae.common.errors import Unavailable
 from bae.common.ids import new_id
 from bae.common.timefmt import now
 from bae.common.jsontext import RawJson, dump, load
-from services.session.store import requests
+from services.session.store import requests, webhooks
 from services.session.store.locks import hold_session
 from services.session.store.requests import Last, PreviousRequests, Texts
 from services.session.store.schema import session_events, sessions, utf8_bytes
@@ -177,7 +178,8 @@ def append(
     caller's transaction roll back) instead of interleaving. The Store serializes a
     process's own appends to a session (see store.py), so only another process conflicts.
     A `provider.request` is stored by reference (requests.py), with `previous` remembering
-    the session's last one.
+    the session's last one. The webhook deliveries the events owe are queued in the same
+    transaction (webhooks.enqueue): committed with them, or not at all.
     """
     hold_session(conn, session_id)
     views = []
@@ -208,6 +210,10 @@ def append(
             if not any(name in str(exc.orig) for name in _ORDER_CONSTRAINTS):
                 raise
             raise OrderConflict(session_id) from None
+        webhooks.enqueue(
+            conn, session_id, [(view["id"], view["event_type"], view["created_at"], view.json) for view in views],
+            time.time(),
+        )
     if new_state is not None:
         conn.execute(
             _FINISH, {"session_id": session_id, "new_state": new_state, "closed_at": now()}

@@ -8,7 +8,7 @@ the profile checks and the session insert, or the audit row of a refusal.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from sqlalchemy import Connection
 
@@ -165,3 +165,16 @@ def _mint_session_key(conn: Connection, session_id: str, key: KeyRecord) -> str:
     """A session key bound to `session_id` (its row name) for the acting client key."""
     token, _ = keys.mint(conn, role="session", name=session_id, profile_id=key.profile_id, client_id=key.id)
     return token
+
+
+# Run in an open's transaction with the new session's id (open_session_then).
+Then = Callable[[Connection, str], None]
+
+
+def open_session_then(conn: Connection, key: KeyRecord, body: Declarations, vetting: Vetting, then: Then) -> Opened | Refused:
+    """`open_session`, and `then(conn, session_id)` in the same transaction: a server-side opener
+    (a schedule's run) records which session it opened atomically with the session itself."""
+    opened = open_session(conn, key, body, vetting)
+    if isinstance(opened, Opened):
+        then(conn, opened.session_id)
+    return opened

@@ -63,3 +63,63 @@ class Principal:
     client_key_id: str  # the acting client key
     session_id: str
     profile_id: str | None
+
+
+@dataclass(frozen=True)
+class ScheduleRecord:
+    id: str
+    name: str
+    profile_id: str
+    client_key_id: str
+    cron: str
+    timezone: str
+    message: str
+    overlap: str  # skip | queue | allow
+    catch_up: str  # latest | none
+    close_after: bool
+    enabled: bool
+    checked_through: float  # epoch seconds: the ticks after it are still to fire
+    created_at: str
+    updated_at: str
+
+
+@dataclass(frozen=True)
+class ScheduleRunRecord:
+    id: str
+    schedule_id: str
+    scheduled_for: str
+    fired_at: str
+    session_id: str | None
+    outcome: str  # running | completed | failed | skipped
+    detail: str | None
+    replica_id: str
+
+
+@dataclass(frozen=True)
+class TriggerRecord:
+    id: str
+    name: str
+    profile_id: str
+    input_schema: str  # JSON text
+    message_template: str
+    close_after: bool
+    created_at: str
+    updated_at: str
+
+
+@dataclass(frozen=True)
+class TriggerRunRecord:
+    id: str
+    trigger_id: str
+    fired_at: str
+    created_at: float  # epoch seconds: the idempotency window starts here
+    session_id: str | None
+    outcome: str  # running | completed | failed
+    detail: str | None
+    idempotency_key: str | None  # NULL once released (the window passed and the key came again)
+    released_idempotency_key: str | None
+    input_sha256: str
+
+    @property
+    def shown_idempotency_key(self) -> str | None:
+        return self.idempotency_key or self.released_idempotency_key

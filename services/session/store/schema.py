@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger, Column, ColumnElement, Connection, Dialect, Float, Index, Integer, LargeBinary, MetaData, String,
-    Table, Text, cast, func,
+    BigInteger, Boolean, Column, ColumnElement, Connection, Dialect, Float, Index, Integer, LargeBinary, MetaData,
+    String, Table, Text, UniqueConstraint, cast, func,
 )
 from sqlalchemy.types import TypeDecorator
 
@@ -205,3 +205,130 @@ usage_totals = Table(
 Index("usage_totals_key_day", usage_totals.c.client_key_id, usage_totals.c.day)
 Index("usage_totals_profile_day", usage_totals.c.profile_id, usage_totals.c.day)
 Index("usage_totals_day", usage_totals.c.day)
+
+# Schedules (store/schedules.py): a cron expression that opens a session and sends one message per tick.
+# `checked_through` (epoch seconds) is how far the ticker has looked: ticks after it are still to fire.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", ID, nullable=False, unique=True),
+    Column("name", Text, nullable=False),
+    Column("profile_id", ID, nullable=False),
+    Column("client_key_id", ID, nullable=False),
+    Column("cron", Text, nullable=False),
+    Column("timezone", String(64), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("overlap", String(16), nullable=False),  # skip | queue | allow
+    Column("catch_up", String(16), nullable=False),  # latest | none
+    Column("close_after", Boolean, nullable=False),
+    Column("enabled", Boolean, nullable=False),
+    Column("checked_through", Float, nullable=False),
+    Column("created_at", String(32), nullable=False),
+    Column("updated_at", String(32), nullable=False),
+)
+
+# One row per tick that fired or was skipped. The unique tick is what makes a tick fire once across
+# replicas: the replica whose insert succeeds fires it. `replica_id` is the replica driving the run
+# while it is `running`; another takes it over when that one stops beating (engine/schedules.py).
+schedule_runs = Table(
+    "schedule_runs",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", ID, nullable=False, unique=True),
+    Column("schedule_id", ID, nullable=False),
+    Column("scheduled_for", String(32), nullable=False),
+    Column("fired_at", String(32), nullable=False),
+    Column("session_id", ID),
+    Column("outcome", String(16), nullable=False),  # running | completed | failed | skipped
+    Column("detail", Text),
+    Column("replica_id", ID, nullable=False),
+    UniqueConstraint("schedule_id", "scheduled_for", name="schedule_runs_tick"),
+)
+Index("schedule_runs_outcome", schedule_runs.c.outcome)
+
+# HTTP triggers (store/triggers.py): a named call on the client port that validates its JSON body
+# against `input_schema` (JSON text), renders `message_template` and opens a session with it.
+triggers = Table(
+    "triggers",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", ID, nullable=False, unique=True),
+    Column("name", String(100), nullable=False, unique=True),
+    Column("profile_id", ID, nullable=False),
+    Column("input_schema", Text, nullable=False),
+    Column("message_template", Text, nullable=False),
+    Column("close_after", Boolean, nullable=False),
+    Column("created_at", String(32), nullable=False),
+    Column("updated_at", String(32), nullable=False),
+)
+
+# One row per accepted call, inserted in the transaction that opens its session. The unique
+# (trigger_id, idempotency_key) is what makes concurrent calls with one key start one run; a key
+# older than the idempotency window is released (moved to `released_idempotency_key`) when it
+# comes again. `created_at` (epoch seconds) dates that window; `input_sha256` tells a repeat
+# from a reuse with another body.
+trigger_runs = Table(
+    "trigger_runs",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", ID, nullable=False, unique=True),
+    Column("trigger_id", ID, nullable=False),
+    Column("fired_at", String(32), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("session_id", ID),
+    Column("outcome", String(16), nullable=False),  # running | completed | failed
+    Column("detail", Text),
+    Column("idempotency_key", String(200)),
+    Column("released_idempotency_key", String(200)),
+    Column("input_sha256", String(64), nullable=False),
+    UniqueConstraint("trigger_id", "idempotency_key", name="trigger_runs_idempotency"),
+)
+Index("trigger_runs_trigger", trigger_runs.c.trigger_id, trigger_runs.c.seq)
+
+# Webhooks (store/webhooks.py). `secret` signs deliveries, so it is stored as it is (a digest would not
+# sign); it is returned once, by create and rotate-secret, and never logged. A rotated secret stays in
+# `previous_secret` until `previous_expires_at` (epoch seconds): deliveries are signed with both meanwhile.
+webhooks = Table(
+    "webhooks",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", ID, nullable=False, unique=True),
+    Column("url", Text, nullable=False),
+    Column("event_types", JsonText, nullable=False),  # a list of event types, or ["*"]
+    Column("profile_id", ID),  # NULL: events of every profile's sessions
+    Column("enabled", Boolean, nullable=False),
+    Column("secret", Text, nullable=False),
+    Column("previous_secret", Text),
+    Column("previous_expires_at", Float),
+    Column("created_at", String(32), nullable=False),
+    Column("updated_at", String(32), nullable=False),
+)
+
+# The outbox: one row per (webhook, event) to deliver, written in the transaction that appends the event
+# (events.append), so a crash neither loses nor invents one. `id` is the `webhook-id` of every attempt.
+# A row is due while `state` is pending and `next_attempt_at` (epoch seconds) has passed; a deliverer
+# claims it by moving `next_attempt_at` past its attempt, so a deliverer killed mid-attempt leaves it
+# due again once that claim runs out.
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", ID, nullable=False, unique=True),
+    Column("webhook_id", ID, nullable=False),
+    Column("event_id", ID, nullable=False),
+    Column("event_type", String(64), nullable=False),
+    Column("payload", Text, nullable=False),  # the request body, as every attempt sends it
+    Column("state", String(16), nullable=False),  # pending | delivered | failed
+    Column("attempts", Integer, nullable=False),
+    Column("last_status", Integer),  # the receiver's HTTP status; NULL: no answer (last_error says why)
+    Column("last_error", Text),
+    Column("next_attempt_at", Float),
+    # The replica (its id) whose claim `next_attempt_at` is while it attempts; NULL otherwise. A replica
+    # that starts again releases its previous process's claims at once instead of waiting them out.
+    Column("claimed_by", ID),
+    Column("created_at", String(32), nullable=False),
+    Column("delivered_at", String(32)),
+)
+Index("webhook_deliveries_due", webhook_deliveries.c.state, webhook_deliveries.c.next_attempt_at)
+Index("webhook_deliveries_webhook", webhook_deliveries.c.webhook_id, webhook_deliveries.c.seq)

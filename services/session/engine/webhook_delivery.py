@@ -1,0 +1,214 @@
+"""The webhook deliverer: a background part of every session replica that sends the outbox's due
+deliveries (store/webhooks.py) to their receivers, as Standard Webhooks requests.
+
+- Turns never wait for it: events only queue rows, in their own transaction; this loop reads them.
+- Claim-based, so replicas share the work: a claim moves a row's `next_attempt_at` past its attempt
+  (CLAIM_SECONDS), and a replica killed mid-attempt leaves the row due again when the claim runs out,
+  or at once when it starts again (its claims carry its id, which a restart keeps).
+  Delivery is at least once; the `webhook-id` (the row's id) is the same on every attempt.
+- 2xx: delivered. 410: the webhook is disabled. Anything else (or no answer): retried after
+  bae.common.webhooks.retry_delay, until BAE_WEBHOOK_MAX_AGE after the delivery was queued; then failed.
+- The URL's host is resolved and every address checked again before each attempt (its DNS may have
+  changed since the webhook was created); the attempt connects to the checked address.
+- At most PER_WEBHOOK attempts run at once per webhook (per replica), and TOTAL in all: a webhook's rows
+  past its bound are not claimed, so one slow receiver neither takes every slot nor holds claims it
+  cannot start on.
+- The delivery log keeps delivered and failed deliveries LOG_DAYS after they were queued; each replica
+  prunes older ones about hourly, a batch per transaction, so the outbox does not grow without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import nullcontext
+from datetime import datetime, timezone
+
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from bae.common import telemetry
+from bae.common.timefmt import format_time
+from bae.common.webhooks import RefusedAddress, WebhookSettings, check_addresses, parse_url, retry_delay, \
+    signature_header
+from services.session.engine.ports import WebhookAnswer, WebhookTransport
+from services.session.engine.tasks import TaskOwner
+from services.session.store import webhooks
+from services.session.store.store import Store
+from services.session.store.webhooks import DueDelivery
+
+log = logging.getLogger("bae.session.webhooks")
+
+DELIVERIES = "bae.webhook.deliveries"
+LATENCY = "bae.webhook.latency"
+# Longer than an attempt may take (the transport's timeout), so a claim never runs out mid-attempt.
+CLAIM_SECONDS = 60.0
+BATCH = 50
+PER_WEBHOOK = 4
+TOTAL = 32
+LOG_DAYS = 7
+PRUNE_SECONDS = 3600.0
+PRUNE_BATCH = 500
+
+
+class WebhookDeliverer:
+    def __init__(
+        self, store: Store, transport: WebhookTransport, settings: WebhookSettings, *, holder: str, max_age: float,
+        backoff_scale: float, poll_interval: float,
+    ) -> None:
+        self.store = store
+        self.holder = holder  # this replica's id: its claims carry it
+        self.transport = transport
+        self.settings = settings
+        self.max_age = max_age
+        self.backoff_scale = backoff_scale  # test-only (BAE_WEBHOOK_BACKOFF_SCALE): 1 in production
+        self.poll_interval = poll_interval
+        self._tasks = TaskOwner("webhooks")
+        self._attempts = TaskOwner("webhook-attempt")
+        self._in_flight: dict[str, int] = {}  # attempts started and not ended, by webhook
+        self._wake = asyncio.Event()
+
+    def start(self) -> None:
+        self._tasks.spawn(self._run(), name="deliver")
+
+    def wake(self) -> None:
+        """Look for due deliveries now instead of at the next poll (after a retry asked for one)."""
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Shutdown: attempts under way are cancelled; their rows are due again when this replica starts
+        again, or when their claims run out."""
+        await self._tasks.cancel()
+        await self._attempts.cancel()
+
+    async def _run(self) -> None:
+        # A replica keeps its id across restarts (its address): what it held when it died is due again now.
+        try:
+            released = await self.store.write(webhooks.release_claims, self.holder, time.time())
+        except Exception:  # the store is not there yet: those claims run out by themselves
+            log.exception("releasing this replica's earlier webhook claims failed")
+            released = 0
+        if released:
+            log.info("sending again %d webhook delivery(ies) under way when this replica stopped", released)
+        pruned_at = 0.0
+        while True:
+            if time.monotonic() - pruned_at > PRUNE_SECONDS:
+                pruned_at = time.monotonic()
+                await self._prune()
+            try:
+                claimed = await self.deliver_due()
+            except Exception:  # the next poll tries again; a claimed row is due again after its claim
+                log.exception("webhook delivery pass failed")
+                claimed = 0
+            if claimed < BATCH:  # caught up (or every slot busy): wait for a poll, a retry or a free slot
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+                except TimeoutError:
+                    pass
+                self._wake.clear()
+
+    async def deliver_due(self) -> int:
+        """Claim a batch of due deliveries and start their attempts; returns how many were claimed."""
+        # Claim no more than can start now: the rest stay due, for another replica or the next pass.
+        free = min(BATCH, TOTAL - len(self._attempts))
+        if free <= 0:
+            return 0
+        at = time.time()
+        if not await self.store.read(webhooks.any_due, at):
+            return 0
+        due = await self.store.write(webhooks.claim_due, self.holder, at, at + CLAIM_SECONDS, free, self._room)
+        for delivery in due:
+            self._in_flight[delivery.webhook_id] = self._in_flight.get(delivery.webhook_id, 0) + 1
+            self._attempts.spawn(self._attempt(delivery), name=delivery.id)
+        return len(due)
+
+    def _room(self, webhook_id: str) -> int:
+        return PER_WEBHOOK - self._in_flight.get(webhook_id, 0)
+
+    async def _prune(self) -> None:
+        before = format_time(datetime.fromtimestamp(time.time() - LOG_DAYS * 86400, timezone.utc))
+        try:
+            while True:
+                if await self.store.write(webhooks.prune, before, PRUNE_BATCH) < PRUNE_BATCH:
+                    return
+                await asyncio.sleep(0.01)  # between batches: turns' writes go first
+        except Exception:  # pruning is housekeeping: the next hour tries again
+            log.exception("pruning the webhook delivery log failed")
+
+    async def _attempt(self, delivery: DueDelivery) -> None:
+        try:
+            await self.attempt(delivery)
+        finally:
+            left = self._in_flight[delivery.webhook_id] - 1
+            if left:
+                self._in_flight[delivery.webhook_id] = left
+            else:
+                del self._in_flight[delivery.webhook_id]
+            self._wake.set()  # a slot is free
+
+    async def attempt(self, delivery: DueDelivery) -> str:
+        """One attempt and its outcome recorded; returns the outcome (the metric's `outcome`)."""
+        started = time.perf_counter()
+        span = None
+        if telemetry.tracer is not None:
+            # The URL and the secrets stay out of the span: ids and the outcome are enough to find a delivery.
+            span = telemetry.tracer.start_span("bae.webhook.delivery", kind=SpanKind.CLIENT, attributes={
+                "bae.webhook.id": delivery.webhook_id, "bae.webhook.delivery.id": delivery.id,
+                "bae.webhook.event_type": delivery.event_type, "bae.webhook.attempt": delivery.attempts + 1,
+            })
+        with span if span is not None else nullcontext():
+            answer = await self._send(delivery)
+            outcome = await self._record(delivery, answer)
+            if span is not None:
+                span.set_attribute("bae.webhook.outcome", outcome)
+                if answer.status is not None:
+                    span.set_attribute("http.response.status_code", answer.status)
+                if outcome != "delivered":
+                    span.set_status(Status(StatusCode.ERROR, f"webhook delivery {outcome}"))
+        telemetry.count(DELIVERIES, {"outcome": outcome})
+        telemetry.record(LATENCY, (time.perf_counter() - started) * 1000, {"outcome": outcome})
+        return outcome
+
+    async def _send(self, delivery: DueDelivery) -> WebhookAnswer:
+        try:
+            target = parse_url(delivery.url)
+            addresses = await self.transport.resolve(target.host, target.port)
+            check_addresses(target, addresses, self.settings)
+        except RefusedAddress as refused:
+            return WebhookAnswer(None, f"refused: {refused}", refused=True)
+        body = delivery.payload.encode()
+        stamp = int(time.time())
+        headers = {
+            "content-type": "application/json",
+            "webhook-id": delivery.id,
+            "webhook-timestamp": str(stamp),
+            "webhook-signature": signature_header(delivery.secrets, delivery.id, stamp, body),
+        }
+        return await self.transport.post(delivery.url, addresses[0], headers, body)
+
+    async def _record(self, delivery: DueDelivery, answer: WebhookAnswer) -> str:
+        status = answer.status
+        delivered = status is not None and 200 <= status < 300
+        gone = status == 410
+        next_at: float | None = None
+        if not delivered and not gone:
+            at = time.time() + retry_delay(delivery.attempts + 1, self.backoff_scale)
+            if at - _epoch(delivery.created_at) <= self.max_age:
+                next_at = at
+        await self.store.write(
+            webhooks.record_attempt, delivery.id, status, answer.error, next_at, delivered, gone
+        )
+        if delivered:
+            return "delivered"
+        if gone:
+            log.warning("webhook %s answered 410 Gone: disabled", delivery.webhook_id)
+            return "gone"
+        if next_at is None:
+            log.warning("webhook delivery %s failed for good after %d attempt(s)", delivery.id, delivery.attempts + 1)
+            return "failed"
+        return "refused" if answer.refused else "retry"
+
+
+def _epoch(stamp: str) -> float:
+    """The epoch seconds of a store time (RFC 3339, Z)."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).astimezone(timezone.utc).timestamp()
