@@ -19,9 +19,9 @@ from bae.common.webhooks import (
 )
 from services.session.engine.ports import WebhookAnswer
 from services.session.engine.webhook_delivery import WebhookDeliverer
-from services.session.store import Store, sessions, webhooks
+from services.session.store import Store, events, sessions, webhooks
+from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 
-pytestmark = pytest.mark.unit
 
 HOLDER = "127.0.0.1:50051"  # a replica id
 
@@ -30,6 +30,7 @@ def any_room(webhook_id: str) -> int:
     return 100
 
 
+@pytest.mark.unit
 def test_retry_schedule_doubles_up_to_an_hour_within_the_max_age() -> None:
     assert [retry_delay(n) for n in (1, 2, 3, 4)] == [5, 10, 20, 40]
     assert retry_delay(30) == 3600
@@ -46,15 +47,18 @@ def test_retry_schedule_doubles_up_to_an_hour_within_the_max_age() -> None:
     ("::ffff:127.0.0.1", "loopback"), ("0.0.0.0", "unspecified"), ("224.0.0.1", "multicast"),
     ("fd00::1", "private"), ("100.64.0.1", "not globally routable"),
 ])
+@pytest.mark.unit
 def test_internal_addresses(address: str, reason: str) -> None:
     assert internal_reason(address) == reason
 
 
+@pytest.mark.unit
 def test_public_addresses_pass() -> None:
     assert internal_reason("93.184.216.34") is None
     assert internal_reason("2606:2800:220:1:248:1893:25c8:1946") is None
 
 
+@pytest.mark.unit
 def test_every_resolved_address_is_checked_unless_the_host_is_allowed() -> None:
     target = Target("https", "hooks.example.com", 443)
     check_addresses(target, ["93.184.216.34"], WebhookSettings())
@@ -75,16 +79,19 @@ def test_every_resolved_address_is_checked_unless_the_host_is_allowed() -> None:
     ("https://user:pw@example.com/", "credentials"), ("https://example.com:99999/", "not a valid URL"),
     ("https://example.com/" + "a" * MAX_URL_CHARS, "at most 2048"),
 ])
+@pytest.mark.unit
 def test_urls_that_never_pass(url: str, why: str) -> None:
     with pytest.raises(RefusedAddress, match=why):
         parse_url(url)
 
 
+@pytest.mark.unit
 def test_url_targets() -> None:
     assert parse_url("https://Hooks.Example.com/x?y=1") == Target("https", "hooks.example.com", 443)
     assert parse_url("http://[::1]:8080/") == Target("http", "::1", 8080)
 
 
+@pytest.mark.unit
 def test_webhook_settings() -> None:
     defaults = load_settings({})
     assert (defaults.webhook_max_age, defaults.webhook_backoff_scale) == (86400, 1)
@@ -97,6 +104,7 @@ def test_webhook_settings() -> None:
         load_settings({"BAE_WEBHOOK_MAX_AGE": "0"})
 
 
+@pytest.mark.unit
 def test_webhooks_table() -> None:
     assert read_webhooks({"allow_hosts": ["Receiver.Local", "[::1]"]}).allow_hosts == {"receiver.local", "::1"}
     with pytest.raises(WebhookConfigError, match="unknown key `allow`"):
@@ -105,6 +113,7 @@ def test_webhooks_table() -> None:
         read_webhooks({"allow_hosts": ["a", 3]})
 
 
+@pytest.mark.unit
 def test_config_file_reads_the_webhooks_table(tmp_path) -> None:
     path = tmp_path / "bae-config.toml"
     path.write_text('[webhooks]\nallow_hosts = ["127.0.0.1"]\n')
@@ -114,6 +123,7 @@ def test_config_file_reads_the_webhooks_table(tmp_path) -> None:
         load_config(str(path))
 
 
+@pytest.mark.unit
 def test_signatures_verify_with_the_standardwebhooks_library_during_a_rotation() -> None:
     old, new = new_secret(), new_secret()
     assert old.startswith("whsec_")
@@ -131,9 +141,13 @@ def test_signatures_verify_with_the_standardwebhooks_library_during_a_rotation()
 # -- the outbox and the deliverer, on a real store -------------------------------------------------
 
 
+# The outbox's tests run on SQLite and on PostgreSQL (testkit.postgres_support.STORES).
+on_each_store = pytest.mark.parametrize("store_url", STORES, indirect=True)
+
+
 @pytest.fixture
-async def store(tmp_path):
-    store = await Store.open(f"sqlite:///{tmp_path}/bae.db")
+async def store(store_url):  # noqa: F811 - the fixture
+    store = await Store.open(store_url)
     yield store
     await store.close()
 
@@ -157,6 +171,7 @@ async def _log(store: Store, webhook_id: str) -> list[webhooks.DeliveryRecord]:
     return [row for _, row in rows]
 
 
+@on_each_store
 async def test_events_queue_deliveries_by_event_type_and_profile(store) -> None:
     every, _ = await _hook(store, ["*"])
     closes, _ = await _hook(store, ["session.close"])
@@ -175,6 +190,41 @@ async def test_events_queue_deliveries_by_event_type_and_profile(store) -> None:
     assert await store.write(webhooks.claim_due, HOLDER, time.time(), time.time() + 60, 10, any_room) == []
 
 
+@on_each_store
+async def test_a_provider_request_stored_by_reference_is_sent_whole(store) -> None:
+    """A request shares its messages with the one before it in the store; its delivery's body holds the
+    event exactly as appended (and as the REST API reads it back), made when the delivery is claimed."""
+    await _hook(store, ["provider.request"])
+    sid = await _session(store, "pro_a")
+    history: list[dict] = []
+    appended = []
+    for turn in range(3):
+        history.append({"role": "user", "content": [{"type": "text", "text": f"question {turn}"}]})
+        (view,) = await store.append_events(sid, [(None, "provider.request", {"model": "m", "messages": list(history)})])
+        appended.append(view)
+        history.append({"role": "assistant", "content": [{"type": "text", "text": f"answer {turn}"}]})
+    due = await store.write(webhooks.claim_due, HOLDER, time.time(), time.time() + 60, 10, any_room)
+    by_event = {json.loads(d.payload)["data"]["id"]: json.loads(d.payload) for d in due}
+    assert len(by_event) == 3
+    for view in appended:
+        assert by_event[view["id"]]["data"] == json.loads(view.json)
+    read_back = dict((json.loads(text)["id"], json.loads(text)) for _, text in await store.read(
+        events.page_items, sid, 0, 10))
+    assert {event_id: body["data"] for event_id, body in by_event.items()} == read_back
+
+
+@on_each_store
+async def test_a_delivery_whose_event_was_deleted_fails_without_a_request(store) -> None:
+    hook, _ = await _hook(store, ["*"])
+    sid = await _session(store, "pro_a")
+    await store.append_events(sid, [("key_a", "session.close", {})])
+    await store.write(events.delete_some, sid, 10)
+    assert await _due(store) == []
+    (logged,) = await _log(store, hook.id)
+    assert (logged.state, logged.last_error) == ("failed", webhooks.EVENT_GONE)
+
+
+@on_each_store
 async def test_an_event_that_is_not_written_queues_nothing(store) -> None:
     hook, _ = await _hook(store, ["*"])
     sid = await _session(store, "pro_a")
@@ -216,6 +266,7 @@ async def _due(store: Store, at_least: float = 0.0) -> list[webhooks.DueDelivery
     return await store.write(webhooks.claim_due, HOLDER, time.time() + at_least, time.time() + 60, 10, any_room)
 
 
+@on_each_store
 async def test_retries_keep_the_webhook_id_until_a_2xx(store) -> None:
     hook, secret = await _hook(store, ["*"])
     sid = await _session(store, "pro_a")
@@ -225,7 +276,7 @@ async def test_retries_keep_the_webhook_id_until_a_2xx(store) -> None:
     outcomes = []
     for _ in range(3):
         (delivery,) = await _due(store, at_least=1.0)  # the scaled waits are milliseconds
-        outcomes.append(await deliverer.attempt(delivery))
+        outcomes += await deliverer.deliver([delivery])
     assert outcomes == ["retry", "retry", "delivered"]
     assert len({headers["webhook-id"] for _, headers, _ in transport.posts}) == 1
     for _, headers, body in transport.posts:
@@ -234,13 +285,14 @@ async def test_retries_keep_the_webhook_id_until_a_2xx(store) -> None:
     assert (logged.state, logged.attempts, logged.last_status) == ("delivered", 3, 204)
 
 
+@on_each_store
 async def test_410_disables_the_webhook_and_its_other_deliveries_wait(store) -> None:
     hook, _ = await _hook(store, ["*"])
     sid = await _session(store, "pro_a")
     await store.append_events(sid, [("key_a", "session.close", {}), ("key_a", "session.close", {})])
     first, second = await _due(store)
     deliverer = _deliverer(store, FakeTransport([410]))
-    assert await deliverer.attempt(first) == "gone"
+    assert await deliverer.deliver([first]) == ["gone"]
     current = await store.read(webhooks.get, hook.id)
     assert current is not None and not current.enabled
     await store.write(webhooks.retry, hook.id, second.id, time.time())
@@ -248,26 +300,29 @@ async def test_410_disables_the_webhook_and_its_other_deliveries_wait(store) -> 
     assert await _due(store, at_least=100) == []  # a disabled webhook's rows are not claimed
 
 
+@on_each_store
 async def test_an_address_that_changed_to_an_internal_one_is_refused_at_delivery(store) -> None:
     await _hook(store, ["*"])
     sid = await _session(store, "pro_a")
     await store.append_events(sid, [("key_a", "session.close", {})])
     transport = FakeTransport([204], addresses=["10.0.0.7"])
     (delivery,) = await _due(store)
-    assert await _deliverer(store, transport, allow=set()).attempt(delivery) == "refused"
+    assert await _deliverer(store, transport, allow=set()).deliver([delivery]) == ["refused"]
     assert transport.posts == []  # nothing was sent
 
 
+@on_each_store
 async def test_past_the_max_age_a_delivery_fails(store) -> None:
     hook, _ = await _hook(store, ["*"])
     sid = await _session(store, "pro_a")
     await store.append_events(sid, [("key_a", "session.close", {})])
     (delivery,) = await _due(store)
-    assert await _deliverer(store, FakeTransport([500]), max_age=0.000001).attempt(delivery) == "failed"
+    assert await _deliverer(store, FakeTransport([500]), max_age=0.000001).deliver([delivery]) == ["failed"]
     (logged,) = await _log(store, hook.id)
     assert (logged.state, logged.next_attempt_at, logged.last_status) == ("failed", None, 500)
 
 
+@on_each_store
 async def test_rotation_signs_with_both_secrets_until_the_old_one_expires(store) -> None:
     hook, old = await _hook(store, ["*"])
     new = await store.write(webhooks.rotate_secret, hook.id, time.time())
@@ -281,6 +336,7 @@ async def test_rotation_signs_with_both_secrets_until_the_old_one_expires(store)
     assert later.secrets == (new,)
 
 
+@on_each_store
 async def test_a_restarted_replica_sends_again_what_its_previous_process_had_claimed(store) -> None:
     hook, _ = await _hook(store, ["*"])
     sid = await _session(store, "pro_a")
@@ -292,6 +348,7 @@ async def test_a_restarted_replica_sends_again_what_its_previous_process_had_cla
     assert again.id == claimed.id
 
 
+@on_each_store
 async def test_the_log_is_pruned_of_finished_deliveries_only(store) -> None:
     hook, _ = await _hook(store, ["*"])
     sid = await _session(store, "pro_a")
@@ -299,11 +356,12 @@ async def test_the_log_is_pruned_of_finished_deliveries_only(store) -> None:
     assert await store.read(webhooks.any_due, time.time())
     first, _ = await _due(store)
     assert not await store.read(webhooks.any_due, time.time())  # both claimed
-    await _deliverer(store, FakeTransport([204])).attempt(first)
+    await _deliverer(store, FakeTransport([204])).deliver([first])
     assert await store.write(webhooks.prune, "9999-01-01T00:00:00.000Z", 10) == 1  # the delivered one
     assert [d.state for d in await _log(store, hook.id)] == ["pending"]
 
 
+@on_each_store
 async def test_a_busy_webhook_leaves_its_rows_to_the_others(store) -> None:
     slow, _ = await _hook(store, ["*"])
     fast, _ = await _hook(store, ["*"])
@@ -346,6 +404,7 @@ def redirecting_receiver():
     server.server_close()
 
 
+@pytest.mark.unit
 async def test_the_sender_connects_to_the_checked_address_and_follows_no_redirect(redirecting_receiver) -> None:
     from services.session.remote.webhook_sender import WebhookSender
 

@@ -6,7 +6,7 @@ import time
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
-    Connection, Result, Row, Select, and_, bindparam, delete, func, insert, select,
+    Connection, Result, Row, Select, and_, bindparam, delete, func, insert, or_, select,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -15,10 +15,11 @@ from bae.common.errors import Unavailable
 from bae.common.ids import new_id
 from bae.common.timefmt import now
 from bae.common.jsontext import RawJson, dump, load
-from services.session.store import requests, webhooks
+from bae.common.webhooks import matches
+from services.session.store import requests
 from services.session.store.locks import hold_session
 from services.session.store.requests import Last, PreviousRequests, Texts
-from services.session.store.schema import session_events, sessions, utf8_bytes
+from services.session.store.schema import session_events, sessions, utf8_bytes, webhook_deliveries, webhooks
 
 MESSAGE_EVENT_TYPES = ("client.message.send", "server.message.send", "session.compaction.completed")
 
@@ -179,7 +180,7 @@ def append(
     process's own appends to a session (see store.py), so only another process conflicts.
     A `provider.request` is stored by reference (requests.py), with `previous` remembering
     the session's last one. The webhook deliveries the events owe are queued in the same
-    transaction (webhooks.enqueue): committed with them, or not at all.
+    transaction (queue_deliveries): committed with them, or not at all.
     """
     hold_session(conn, session_id)
     views = []
@@ -210,15 +211,51 @@ def append(
             if not any(name in str(exc.orig) for name in _ORDER_CONSTRAINTS):
                 raise
             raise OrderConflict(session_id) from None
-        webhooks.enqueue(
-            conn, session_id, [(view["id"], view["event_type"], view["created_at"], view.json) for view in views],
-            time.time(),
-        )
+        queue_deliveries(conn, session_id, [(view["id"], view["event_type"]) for view in views], time.time())
     if new_state is not None:
         conn.execute(
             _FINISH, {"session_id": session_id, "new_state": new_state, "closed_at": now()}
         )
     return views
+
+
+# A webhook delivery's state when queued (store/webhooks.py reads and moves it on).
+DELIVERY_PENDING = "pending"
+# The enabled webhooks a session's events may go to: every profile's, and its own profile's.
+_LISTENING = select(webhooks.c.id, webhooks.c.event_types).where(
+    and_(
+        webhooks.c.enabled.is_(True),
+        or_(
+            webhooks.c.profile_id.is_(None),
+            webhooks.c.profile_id == select(sessions.c.profile_id)
+            .where(sessions.c.id == bindparam("session_id"))
+            .scalar_subquery(),
+        ),
+    )
+)
+
+
+def queue_deliveries(conn: Connection, session_id: str, appended: list[tuple[str, str]], at: float) -> int:
+    """Queue a delivery of each appended event (id, event type) to each enabled webhook whose filters it
+    matches, due at once; returns how many were queued. A delivery names its event: its body is made
+    from the stored event when it is sent (store/webhooks.py), so an event is written once however
+    many webhooks take it, and every attempt sends the same bytes."""
+    listening = conn.execute(_LISTENING, {"session_id": session_id}).all()
+    if not listening:
+        return 0
+    stamp = now()
+    rows = [
+        {
+            "id": new_id("msg_"), "webhook_id": webhook_id, "event_id": event_id, "event_type": event_type,
+            "state": DELIVERY_PENDING, "attempts": 0, "next_attempt_at": at, "created_at": stamp,
+        }
+        for event_id, event_type in appended
+        for webhook_id, event_types in listening
+        if matches(event_types, event_type)
+    ]
+    if rows:
+        conn.execute(insert(webhook_deliveries), rows)
+    return len(rows)
 
 
 def append_compaction(
@@ -341,6 +378,24 @@ def _as_appended(row: Row[Any], texts: Texts) -> StoredEvent:
     """A request stored by reference, its messages spliced back in."""
     payload = texts.payload(row.payload, row.messages_at, row.messages_runs)
     return StoredEvent(row.seq, row.id, row.session_id, row.client_key_id, row.event_type, payload, row.created_at)
+
+
+def wire_texts(conn: Connection, event_ids: list[str]) -> dict[str, tuple[str, str, str]]:
+    """The events of `event_ids` that exist, by id: (event type, created_at, wire text as the REST API
+    returns it)."""
+    found: dict[str, tuple[str, str, str]] = {}
+    texts: dict[str, Texts] = {}
+    query = select(*_EVENT_COLUMNS, session_events.c.messages_at, session_events.c.messages_runs).where(
+        session_events.c.id.in_(event_ids)
+    )
+    result: Result[Any] = conn.execute(query)
+    for row in result:
+        event: EventRow = row
+        if row.messages_runs is not None:
+            session_texts = texts.setdefault(row.session_id, Texts(conn, row.session_id))
+            event = _as_appended(row, session_texts)
+        found[row.id] = (row.event_type, row.created_at, event_json(event))
+    return found
 
 
 def page_items(conn: Connection, session_id: str, after_seq: int, limit: int) -> list[tuple[int, str]]:

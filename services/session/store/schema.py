@@ -318,7 +318,6 @@ webhook_deliveries = Table(
     Column("webhook_id", ID, nullable=False),
     Column("event_id", ID, nullable=False),
     Column("event_type", String(64), nullable=False),
-    Column("payload", Text, nullable=False),  # the request body, as every attempt sends it
     Column("state", String(16), nullable=False),  # pending | delivered | failed
     Column("attempts", Integer, nullable=False),
     Column("last_status", Integer),  # the receiver's HTTP status; NULL: no answer (last_error says why)

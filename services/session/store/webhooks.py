@@ -1,7 +1,8 @@
 """Webhook rows and their outbox of deliveries (docs/guides/webhooks.md).
 
-`enqueue` runs inside `events.append`'s transaction: an event and the deliveries it owes are
-committed together or not at all. The deliverer (engine/webhook_delivery.py) claims due rows by a
+Deliveries are queued by `events.append`, in its transaction (events.queue_deliveries): an event
+and the deliveries it owes are committed together or not at all. A delivery names its event, and
+its body is made from the stored event when it is claimed. The deliverer (engine/webhook_delivery.py) claims due rows by a
 compare-and-swap on `next_attempt_at`, so any number of replicas may deliver without sending one
 attempt twice at once, and a deliverer killed mid-attempt leaves its rows due again after the claim.
 """
@@ -11,19 +12,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, Unpack
 
-from sqlalchemy import Connection, Row, and_, bindparam, delete, insert, or_, select, update
+from sqlalchemy import Connection, Row, and_, bindparam, delete, insert, select, update
 
 from bae.common.ids import new_id
 from bae.common.jsontext import dump
 from bae.common.timefmt import now
-from bae.common.webhooks import PREVIOUS_SECRET_SECONDS, matches, new_secret
-from services.session.store.schema import sessions, webhook_deliveries, webhooks
+from bae.common.webhooks import PREVIOUS_SECRET_SECONDS, new_secret
+from services.session.store import events
+from services.session.store.schema import webhook_deliveries, webhooks
 
 # Due rows read per row a claim may take: room to pass over a busy webhook's rows to other webhooks'.
 CANDIDATES = 4
-PENDING = "pending"
+PENDING = events.DELIVERY_PENDING
 DELIVERED = "delivered"
 FAILED = "failed"
+# The error of a delivery whose event was deleted before it was sent.
+EVENT_GONE = "the event no longer exists: its session was deleted before the delivery was sent"
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,8 @@ class DeliveryRecord:
 
 @dataclass(frozen=True)
 class DueDelivery:
-    """A claimed delivery with what its attempt needs: the body, the URL and the secrets to sign with."""
+    """A claimed delivery with what its attempt needs: the body (made from its stored event), the URL and
+    the secrets to sign with."""
 
     id: str
     webhook_id: str
@@ -81,20 +86,6 @@ _DELIVERY = (
     webhook_deliveries.c.attempts, webhook_deliveries.c.last_status, webhook_deliveries.c.last_error,
     webhook_deliveries.c.next_attempt_at, webhook_deliveries.c.created_at, webhook_deliveries.c.delivered_at,
 )
-# The enabled webhooks a session's events may go to: every profile's, and its own profile's.
-_LISTENING = select(webhooks.c.id, webhooks.c.event_types).where(
-    and_(
-        webhooks.c.enabled.is_(True),
-        or_(
-            webhooks.c.profile_id.is_(None),
-            webhooks.c.profile_id == select(sessions.c.profile_id)
-            .where(sessions.c.id == bindparam("session_id"))
-            .scalar_subquery(),
-        ),
-    )
-)
-
-
 def record(row: Row[Any, Unpack[tuple[Any, ...]]]) -> WebhookRecord:
     return WebhookRecord(
         id=row.id, url=row.url, event_types=row.event_types, profile_id=row.profile_id, enabled=bool(row.enabled),
@@ -162,35 +153,6 @@ def rotate_secret(conn: Connection, webhook_id: str, at: float) -> str | None:
     return secret
 
 
-def enqueue(conn: Connection, session_id: str, appended: Sequence[tuple[str, str, str, str]], at: float) -> int:
-    """Queue a delivery of each appended event (id, event type, created_at, wire text) to each enabled webhook
-    whose filters it matches, due at once; returns how many were queued. The body is made here, once:
-    every attempt sends the same bytes."""
-    listening = conn.execute(_LISTENING, {"session_id": session_id}).all()
-    if not listening:
-        return 0
-    stamp = now()
-    rows = [
-        {
-            "id": new_id("msg_"),
-            "webhook_id": webhook_id,
-            "event_id": event_id,
-            "event_type": event_type,
-            "payload": '{"type":' + dump(event_type) + ',"timestamp":' + dump(created_at) + ',"data":' + text + "}",
-            "state": PENDING,
-            "attempts": 0,
-            "next_attempt_at": at,
-            "created_at": stamp,
-        }
-        for event_id, event_type, created_at, text in appended
-        for webhook_id, event_types in listening
-        if matches(event_types, event_type)
-    ]
-    if rows:
-        conn.execute(insert(webhook_deliveries), rows)
-    return len(rows)
-
-
 def any_due(conn: Connection, at: float) -> bool:
     """Whether some delivery of an enabled webhook is due (a read: an idle deliverer's poll writes nothing)."""
     due = (
@@ -222,14 +184,14 @@ def claim_due(
     first, and at most `room(webhook_id)` of each webhook (what its concurrency bound leaves free), so the
     rows of a slow receiver are never claimed to wait in line while their claims run out.
 
-    Each claim is a compare-and-swap on `next_attempt_at`: a row another deliverer claimed between
-    the read and the update is skipped."""
+    The claim is one compare-and-swap: a chosen row is taken only if it is still pending and due, so a
+    row another deliverer claimed between the read and the update (its `next_attempt_at` moved past
+    `at`) is skipped."""
     rows = conn.execute(
         select(
-            webhook_deliveries.c.id, webhook_deliveries.c.webhook_id, webhook_deliveries.c.event_type,
-            webhook_deliveries.c.payload, webhook_deliveries.c.attempts, webhook_deliveries.c.created_at,
-            webhook_deliveries.c.next_attempt_at, webhooks.c.url, webhooks.c.secret, webhooks.c.previous_secret,
-            webhooks.c.previous_expires_at,
+            webhook_deliveries.c.id, webhook_deliveries.c.webhook_id, webhook_deliveries.c.event_id,
+            webhook_deliveries.c.attempts, webhook_deliveries.c.created_at, webhooks.c.url, webhooks.c.secret,
+            webhooks.c.previous_secret, webhooks.c.previous_expires_at,
         )
         .select_from(webhook_deliveries.join(webhooks, webhooks.c.id == webhook_deliveries.c.webhook_id))
         .where(and_(
@@ -240,51 +202,93 @@ def claim_due(
         .order_by(webhook_deliveries.c.next_attempt_at)
         .limit(limit * CANDIDATES)
     ).all()
-    claimed: list[DueDelivery] = []
+    chosen: list[Row[Any, Unpack[tuple[Any, ...]]]] = []
     left: dict[str, int] = {}
     for row in rows:
-        if len(claimed) == limit:
+        if len(chosen) == limit:
             break
-        if left.setdefault(row.webhook_id, room(row.webhook_id)) <= 0:
+        if left.setdefault(row.webhook_id, room(row.webhook_id)) > 0:
+            left[row.webhook_id] -= 1
+            chosen.append(row)
+    if not chosen:
+        return []
+    taken = set(conn.execute(
+        update(webhook_deliveries)
+        .where(and_(
+            webhook_deliveries.c.id.in_([row.id for row in chosen]),
+            webhook_deliveries.c.state == PENDING,
+            webhook_deliveries.c.next_attempt_at <= at,
+        ))
+        .values(next_attempt_at=until, claimed_by=holder)
+        .returning(webhook_deliveries.c.id)
+    ).scalars())
+    mine = [row for row in chosen if row.id in taken]
+    bodies = events.wire_texts(conn, list({row.event_id for row in mine}))
+    claimed: list[DueDelivery] = []
+    orphans: list[str] = []
+    for row in mine:
+        if row.event_id not in bodies:
+            orphans.append(row.id)
             continue
-        taken = conn.execute(
-            update(webhook_deliveries)
-            .where(and_(webhook_deliveries.c.id == row.id, webhook_deliveries.c.next_attempt_at == row.next_attempt_at))
-            .values(next_attempt_at=until, claimed_by=holder)
-        ).rowcount
-        if not taken:
-            continue
-        left[row.webhook_id] -= 1
+        event_type, created_at, text = bodies[row.event_id]
         in_use: tuple[str, ...] = (row.secret,)
         if row.previous_secret is not None and row.previous_expires_at is not None and row.previous_expires_at > at:
             in_use += (row.previous_secret,)
         claimed.append(DueDelivery(
-            id=row.id, webhook_id=row.webhook_id, event_type=row.event_type, payload=row.payload,
+            id=row.id, webhook_id=row.webhook_id, event_type=event_type,
+            payload='{"type":' + dump(event_type) + ',"timestamp":' + dump(created_at) + ',"data":' + text + "}",
             attempts=row.attempts, created_at=row.created_at, url=row.url, secrets=in_use,
         ))
+    if orphans:  # the session was deleted (or its events pruned) before they were sent: nothing to send
+        conn.execute(
+            update(webhook_deliveries).where(webhook_deliveries.c.id.in_(orphans)).values(
+                state=FAILED, next_attempt_at=None, claimed_by=None, last_error=EVENT_GONE,
+            )
+        )
     return claimed
 
 
-def record_attempt(
-    conn: Connection, delivery_id: str, status: int | None, error: str | None, next_attempt_at: float | None,
-    delivered: bool, disable_webhook: bool,
-) -> None:
-    """An attempt's outcome: delivered, due again at `next_attempt_at`, or failed (neither). A 410 also
-    disables its webhook (`disable_webhook`), which stops its other deliveries being claimed."""
-    state = DELIVERED if delivered else PENDING if next_attempt_at is not None else FAILED
+@dataclass(frozen=True)
+class AttemptResult:
+    """What one attempt ended with: delivered, due again at `next_attempt_at`, or failed (neither).
+    `gone` (a 410) also disables the delivery's webhook."""
+
+    delivery_id: str
+    webhook_id: str
+    status: int | None
+    error: str | None
+    next_attempt_at: float | None
+    delivered: bool
+    gone: bool
+
+
+def record_attempts(conn: Connection, results: Sequence[AttemptResult]) -> None:
+    """The outcomes of a pass's attempts, in one statement (and one more when a receiver answered 410:
+    its webhook is disabled, which stops its other deliveries being claimed)."""
+    if not results:
+        return
+    stamp = now()
     conn.execute(
         update(webhook_deliveries)
-        .where(webhook_deliveries.c.id == delivery_id)
+        .where(webhook_deliveries.c.id == bindparam("b_id"))
         .values(
-            state=state, attempts=webhook_deliveries.c.attempts + 1, last_status=status, last_error=error,
-            next_attempt_at=next_attempt_at, claimed_by=None, delivered_at=now() if delivered else None,
-        )
+            state=bindparam("b_state"), attempts=webhook_deliveries.c.attempts + 1, last_status=bindparam("b_status"),
+            last_error=bindparam("b_error"), next_attempt_at=bindparam("b_next"), claimed_by=None,
+            delivered_at=bindparam("b_delivered_at"),
+        ),
+        [
+            {
+                "b_id": result.delivery_id,
+                "b_state": DELIVERED if result.delivered else PENDING if result.next_attempt_at is not None else FAILED,
+                "b_status": result.status, "b_error": result.error, "b_next": result.next_attempt_at,
+                "b_delivered_at": stamp if result.delivered else None,
+            }
+            for result in results
+        ],
     )
-    if disable_webhook:
-        webhook_id = select(webhook_deliveries.c.webhook_id).where(webhook_deliveries.c.id == delivery_id)
-        conn.execute(
-            update(webhooks).where(webhooks.c.id == webhook_id.scalar_subquery()).values(enabled=False, updated_at=now())
-        )
+    gone = {result.webhook_id for result in results if result.gone}
+    if gone:
+        conn.execute(update(webhooks).where(webhooks.c.id.in_(gone)).values(enabled=False, updated_at=stamp))
 
 
 def release_claims(conn: Connection, holder: str, at: float) -> int:

@@ -36,7 +36,6 @@ def upgrade() -> None:
         sa.Column("webhook_id", sa.String(64), nullable=False),
         sa.Column("event_id", sa.String(64), nullable=False),
         sa.Column("event_type", sa.String(64), nullable=False),
-        sa.Column("payload", sa.Text, nullable=False),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("attempts", sa.Integer, nullable=False),
         sa.Column("last_status", sa.Integer),
