@@ -3,6 +3,7 @@ receiver verifies them, the outbox written with the events, and the deliverer ag
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -334,6 +335,36 @@ async def test_rotation_signs_with_both_secrets_until_the_old_one_expires(store)
     (later,) = await store.write(webhooks.claim_due, HOLDER, time.time() + 100000, time.time() + 100060, 10,
                                       any_room)
     assert later.secrets == (new,)
+
+
+@pytest.mark.unit
+async def test_a_pass_lets_the_turns_running_on_its_replica_go_first(tmp_path) -> None:
+    store = await Store.open(f"sqlite:///{tmp_path}/bae.db")
+    turns_ended = asyncio.Event()
+    transport = FakeTransport([204])
+    deliverer = WebhookDeliverer(
+        store, transport, WebhookSettings(frozenset({"127.0.0.1"})), holder=HOLDER, max_age=86400,
+        backoff_scale=0.001, poll_interval=0.02, quiet=turns_ended.wait,
+    )
+    try:
+        await _hook(store, ["*"])
+        await store.append_events(await _session(store, "pro_a"), [("key_a", "session.close", {})])
+        deliverer.start()
+        await asyncio.sleep(0.2)  # a turn runs: the pass waits (TURNS_FIRST_SECONDS is 0.5)
+        assert transport.posts == []
+        turns_ended.set()
+        async with asyncio.timeout(5):
+            while not transport.posts:
+                await asyncio.sleep(0.01)
+        # A replica that never stops running turns still sends, after TURNS_FIRST_SECONDS.
+        turns_ended.clear()
+        await store.append_events(await _session(store, "pro_a"), [("key_a", "session.close", {})])
+        async with asyncio.timeout(5):
+            while len(transport.posts) < 2:
+                await asyncio.sleep(0.01)
+    finally:
+        await deliverer.stop()
+        await store.close()
 
 
 @on_each_store

@@ -145,6 +145,11 @@ class TurnEngine:
             return False
         return await self._owned(self._cancel_paused(live, parked, actor), session_id, None)
 
+    async def quiet(self) -> None:
+        """Wait until no turn or compaction runs on this replica (background work that can wait lets
+        them go first: engine/webhook_delivery.py)."""
+        await self._work.empty()
+
     async def drain(self, timeout: float) -> None:
         """Shutdown phases 1 and 2: take no new work, let running work finish within `timeout`."""
         self._accepting = False

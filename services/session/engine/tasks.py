@@ -24,21 +24,30 @@ class TaskOwner:
     def __init__(self, name: str) -> None:
         self.name = name
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._empty = asyncio.Event()
+        self._empty.set()
 
     def spawn(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
         task = asyncio.create_task(coro, name=f"{self.name}:{name}")
         self._tasks.add(task)
+        self._empty.clear()
         task.add_done_callback(self._finished)
         return task
 
     def _finished(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
+        if not self._tasks:
+            self._empty.set()
         # An EngineError is an answer for whoever awaits the task, not a failure.
         if not task.cancelled() and not isinstance(task.exception(), (EngineError, type(None))):
             log.error("%s failed", task.get_name(), exc_info=task.exception())
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+    async def empty(self) -> None:
+        """Wait until no task is left (at once when none is)."""
+        await self._empty.wait()
 
     async def drain(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for every task; True when none is left."""

@@ -13,6 +13,9 @@ deliveries (store/webhooks.py) to their receivers, as Standard Webhooks requests
   bae.common.webhooks.retry_delay, until BAE_WEBHOOK_MAX_AGE after the delivery was queued; then failed.
 - The URL's host is resolved and every address checked again before each attempt (its DNS may have
   changed since the webhook was created); the attempt connects to the checked address.
+- Turns first: a pass that is not catching up on a backlog waits for this replica to have no turn
+  running (TURNS_FIRST_SECONDS at most), since its sends take CPU the turn's loop would want. A
+  replica always busy still sends every TURNS_FIRST_SECONDS, and a backlog is sent back to back.
 - At most PER_WEBHOOK attempts run at once per webhook (per replica), and TOTAL in all: a webhook's rows
   past its bound are not claimed, so one slow receiver neither takes every slot nor holds claims it
   cannot start on.
@@ -25,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
+from typing import Awaitable, Callable
 from datetime import datetime, timezone
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -52,14 +56,17 @@ TOTAL = 32
 LOG_DAYS = 7
 PRUNE_SECONDS = 3600.0
 PRUNE_BATCH = 500
+# The longest a pass waits for the turns running on this replica to end.
+TURNS_FIRST_SECONDS = 0.5
 
 
 class WebhookDeliverer:
     def __init__(
         self, store: Store, transport: WebhookTransport, settings: WebhookSettings, *, holder: str, max_age: float,
-        backoff_scale: float, poll_interval: float,
+        backoff_scale: float, poll_interval: float, quiet: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
+        self.quiet = quiet  # returns once no turn runs on this replica (TurnEngine.quiet)
         self.holder = holder  # this replica's id: its claims carry it
         self.transport = transport
         self.settings = settings
@@ -70,6 +77,7 @@ class WebhookDeliverer:
         self._passes = TaskOwner("webhook-pass")
         self._in_flight: dict[str, int] = {}  # attempts started and not ended, by webhook
         self._sending = 0  # attempts started and not ended, in all
+        self._backlog = False  # the last pass claimed all it could: more may be due
         self._wake = asyncio.Event()
 
     def start(self) -> None:
@@ -99,6 +107,8 @@ class WebhookDeliverer:
             if time.monotonic() - pruned_at > PRUNE_SECONDS:
                 pruned_at = time.monotonic()
                 await self._prune()
+            if not self._backlog:
+                await self._turns_first()
             try:
                 claimed = await self.deliver_due()
             except Exception:  # the next poll tries again; a claimed row is due again after its claim
@@ -122,12 +132,19 @@ class WebhookDeliverer:
         if not self._sending and not await self.store.read(webhooks.any_due, at):
             return 0
         due = await self.store.write(webhooks.claim_due, self.holder, at, at + CLAIM_SECONDS, free, self._room)
+        self._backlog = len(due) == free
         for delivery in due:
             self._in_flight[delivery.webhook_id] = self._in_flight.get(delivery.webhook_id, 0) + 1
         self._sending += len(due)
         if due:
             self._passes.spawn(self.deliver(due, counted=True), name=due[0].id)
         return len(due)
+
+    async def _turns_first(self) -> None:
+        """Wait until no turn runs on this replica, TURNS_FIRST_SECONDS at most."""
+        if self.quiet is not None:
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self.quiet(), TURNS_FIRST_SECONDS)
 
     def _room(self, webhook_id: str) -> int:
         return PER_WEBHOOK - self._in_flight.get(webhook_id, 0)
