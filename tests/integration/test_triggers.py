@@ -146,7 +146,7 @@ def test_create_refuses_bad_definitions(stack):
          "input_schema must be at most 65536 characters of JSON"),
         ({"message_template": "Look at {branch}."},
          "message_template's placeholder {branch} is not a property of input_schema"),
-        ({"message_template": "Look at {repo.__class__}."}, "message_template has a lone '{'"),
+        ({"message_template": "Look at {repo.__class__}."}, "placeholder {repo.__class__} at character 8 is not a field name"),
         ({"message_template": "a } b"}, "message_template has a lone '}'"),
         ({"name": "has space"}, "name must be 1 to 100 letters, digits, '.', '_' or '-'"),
     ]

@@ -34,7 +34,8 @@ _VARIABLE = re.compile(
     r"(?P<session_key>bae_ses_[0-9a-f]{48})"
     r"|(?P<client_key>bae_[0-9a-f]{48})"
     r"|(?P<key_prefix>(?<=\"prefix\":\")bae_[0-9a-f]{4})"
-    r"|(?P<id>\b(?:pro|key|ses|evt|tu|sub|sbx|msg)_[0-9A-Za-z]{8,})"
+    r"|(?P<webhook_secret>whsec_[0-9A-Za-z+/=]{32})"
+    r"|(?P<id>\b(?:pro|key|ses|evt|tu|sub|sbx|msg|sch|run|trg|trn|wh)_[0-9A-Za-z]{8,})"
     r"|(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)"
     r"|(?P<mock>127\.0\.0\.1:\d+)"
 )
@@ -576,11 +577,99 @@ def run_rpc_script(s: Script, sid: str, skey: str, second_skey: str) -> None:
     s.rpc("unsubscribe as a notification", sid, skey, "session.unsubscribe", notification=True)
 
 
+def run_automation_script(s: Script, admin: dict[str, Any]) -> None:
+    """Schedules, HTTP triggers and webhooks: their admin routes, the trigger call, and their refusals."""
+    other, other_key = admin["other_key"]["profile_id"], admin["other_key"]["id"]
+    main = admin["profile"]["id"]
+    schedule = {"name": "nightly", "profile_id": other, "client_key_id": other_key, "cron": "0 0 29 2 *",
+                "timezone": "Europe/Paris", "message": "Triage the night's failures."}
+    post = "/admin/v1/schedules"
+    for label, body in [
+        ("not an object", []), ("without cron", {k: v for k, v in schedule.items() if k != "cron"}),
+        ("with a six-field cron", {**schedule, "cron": "* * * * * *"}),
+        ("with an unknown time zone", {**schedule, "timezone": "Mars/Olympus"}),
+        ("with an unknown overlap", {**schedule, "overlap": "sometimes"}),
+        ("with an unknown catch_up", {**schedule, "catch_up": "all"}),
+        ("with close_after a string", {**schedule, "close_after": "yes"}),
+        ("on a profile with client tools", {**schedule, "profile_id": main, "client_key_id": admin["key"]["id"]}),
+        ("with a key of another profile", {**schedule, "client_key_id": admin["key"]["id"]}),
+        ("on an unknown profile", {**schedule, "profile_id": "pro_nope"}),
+    ]:
+        s.admin_call(f"create a schedule {label}", "POST", post, body=body)
+    created = s.admin_call("create a schedule", "POST", post, body=schedule).json()
+    sch = f"{post}/{created['id']}"
+    s.admin_call("list schedules", "GET", post)
+    s.admin_call("get a schedule", "GET", sch)
+    s.admin_call("get an unknown schedule", "GET", f"{post}/sch_nope")
+    s.admin_call("replace a schedule", "PUT", sch, body={**schedule, "overlap": "queue", "catch_up": "none",
+                                                            "close_after": False, "enabled": False})
+    s.admin_call("list a schedule's runs", "GET", f"{sch}/runs")
+    s.admin_call("list an unknown schedule's runs", "GET", f"{post}/sch_nope/runs")
+    s.admin_call("list schedules with a bad key", "GET", post, auth="Bearer nope")
+    s.admin_call("delete a schedule", "DELETE", sch)
+    s.admin_call("delete it again", "DELETE", sch)
+
+    trigger = {"name": "ci-failure", "profile_id": other, "message_template": "Build {build} failed on {branch}.",
+               "input_schema": {"type": "object", "required": ["build", "branch"],
+                                "properties": {"build": {"type": "integer"}, "branch": {"type": "string"}}}}
+    post = "/admin/v1/triggers"
+    for label, body in [
+        ("with a schema that is not a schema", {**trigger, "input_schema": {"type": 5}}),
+        ("with a template that reads an attribute", {**trigger, "message_template": "{build.__class__}"}),
+        ("with an unclosed placeholder", {**trigger, "message_template": "Build {build"}),
+        ("with a name that is not a path segment", {**trigger, "name": "a/b"}),
+    ]:
+        s.admin_call(f"create a trigger {label}", "POST", post, body=body)
+    created = s.admin_call("create a trigger", "POST", post, body=trigger).json()
+    trg = f"{post}/{created['id']}"
+    s.admin_call("create a trigger with a taken name", "POST", post, body=trigger)
+    s.admin_call("list triggers", "GET", post)
+    s.admin_call("get a trigger", "GET", trg)
+    s.admin_call("replace a trigger", "PUT", trg, body={**trigger, "close_after": False})
+    s.admin_call("list a trigger's runs", "GET", f"{trg}/runs")
+    call = "/api/v1/triggers/ci-failure"
+    other_auth = f"Bearer {admin['other_key']['key']}"
+    s.send("call a trigger without a key", "client", "POST", call, body={"build": 1, "branch": "main"})
+    s.send("call a trigger with a key of another profile", "client", "POST", call,
+           auth=f"Bearer {admin['key']['key']}", body={"build": 1, "branch": "main"})
+    s.send("call an unknown trigger", "client", "POST", "/api/v1/triggers/nope", auth=other_auth, body={})
+    s.send("call a trigger with input its schema refuses", "client", "POST", call, auth=other_auth,
+           body={"build": "seven", "branch": "main"})
+    s.send("call a trigger with a body that is not JSON", "client", "POST", call, auth=other_auth, raw=b"{")
+    s.send("call a trigger with a bad wait", "client", "POST", call, auth=other_auth, params={"wait": "maybe"},
+           body={"build": 1, "branch": "main"})
+    s.send("call a trigger", "client", "POST", call, auth=other_auth, body={"build": 7, "branch": "main"})
+
+    post = "/admin/v1/webhooks"
+    hook = {"url": "https://93.184.215.14/hooks/bae", "event_types": ["session.close"], "profile_id": other}
+    for label, body in [
+        ("on a loopback address", {**hook, "url": "http://127.0.0.1:9/hook"}),
+        ("on a private address", {**hook, "url": "http://10.1.2.3/hook"}),
+        ("on the metadata address", {**hook, "url": "http://169.254.169.254/latest"}),
+        ("with a URL that is not http", {**hook, "url": "ftp://93.184.215.14/x"}),
+        ("with no event types", {**hook, "event_types": []}),
+        ("with an unknown event type", {**hook, "event_types": ["session.nope"]}),
+        ("on an unknown profile", {**hook, "profile_id": "pro_nope"}),
+    ]:
+        s.admin_call(f"create a webhook {label}", "POST", post, body=body)
+    created = s.admin_call("create a webhook", "POST", post, body=hook).json()
+    wh = f"{post}/{created['id']}"
+    s.admin_call("list webhooks", "GET", post)
+    s.admin_call("get a webhook", "GET", wh)
+    s.admin_call("replace a webhook", "PUT", wh, body={**hook, "event_types": ["*"], "enabled": False})
+    s.admin_call("rotate a webhook's secret", "POST", f"{wh}/rotate-secret")
+    s.admin_call("list a webhook's deliveries", "GET", f"{wh}/deliveries")
+    s.admin_call("retry an unknown delivery", "POST", f"{wh}/deliveries/msg_nope/retry")
+    s.admin_call("delete a webhook", "DELETE", wh)
+    s.admin_call("get a deleted webhook", "GET", wh)
+
+
 def record_wire(stack: StackClients) -> list[dict[str, Any]]:
     script = Script(stack)
     try:
         admin = run_admin_script(script)
         run_client_script(script, admin)
+        run_automation_script(script, admin)
     finally:
         script.close()
     return script.entries
@@ -610,7 +699,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, mock_llm: MockLLM) -> Iterat
 
 def test_the_wire_is_as_recorded(stack: StackClients, mock_llm: MockLLM) -> None:
     mock_llm.enqueue(Reply.text("Hi there."), Reply.text("Blocks seen."), Reply.text("Quiet."),
-                     Reply.text("The summary."))
+                     Reply.text("The summary."), Reply.text("Triaged."))
     entries = record_wire(stack)
     if os.environ.get("BAE_RECORD_WIRE") == "1":
         RECORDING.write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n")

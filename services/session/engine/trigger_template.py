@@ -14,7 +14,7 @@ from bae.common.errors import InvalidInput
 from bae.common.jsontext import dump
 
 # A placeholder names a top-level property of the input, as an identifier would.
-_TOKENS = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]{0,63})\}|[{}]")
+_TOKENS = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]{0,63})\}|\{[^{}]{1,64}\}|[{}]")
 
 Part = tuple[str, str]  # ("text", literal) or ("field", name)
 
@@ -32,6 +32,11 @@ def parse(template: str) -> list[Part]:
             parts.append(("field", token.group(1)))
         elif text in ("{{", "}}"):
             parts.append(("text", text[0]))
+        elif len(text) > 1:  # braces around something that is not a name: {x.y}, {x[0]}, {x!r}, { x }
+            raise InvalidInput(
+                f"message_template's placeholder {text} at character {token.start()} is not a field name: a "
+                "placeholder is {name} (letters, digits and _), and a literal brace is written {{ or }}"
+            )
         else:
             raise InvalidInput(
                 f"message_template has a lone {text!r} at character {token.start()}: a placeholder is "
