@@ -14,9 +14,10 @@ session, stays a call of its own, as does ImportSession (a client-streaming call
 bounds bodies (BAE_MAX_BODY_BYTES, at most 48 MiB) below what one message carries.
 
 The stream is opened on first use and again after it ended. A call whose stream
-breaks fails with the stream's status, as a call cut off mid-way does; a call the
-replica refused because it is shutting down was never acted on, and is sent once
-more on a new stream, which fails to open as a call to a stopped replica does.
+breaks fails UNAVAILABLE, as a call cut off mid-way does, whatever status gRPC
+gave the stream (logged); a call the replica refused because it is shutting down
+was never acted on, and is sent once more on a new stream, which fails to open as
+a call to a stopped replica does.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _NO_METADATA = grpc.aio.Metadata()
 # Stands for a cancelled streaming call among its replies.
 _CANCELLED = object()
+# What the calls on a stream that broke with a status other than UNAVAILABLE fail with (the status is logged).
+STREAM_BROKE = "the calls stream to the session service broke"
 # A streaming call's reader grants credit back after this many messages: half the replica's window.
 _CREDIT_EVERY = session_pb2.GATEWAY_WINDOW // 2
 _SERVICE = session_pb2.DESCRIPTOR.services_by_name["SessionService"]
@@ -264,9 +267,15 @@ class _CallStream:
                     self._deliver(reply)
             self._end(_error(grpc.StatusCode.UNAVAILABLE, "the session service ended the calls stream"))
         except grpc.aio.AioRpcError as error:
-            if error.code() != grpc.StatusCode.UNAVAILABLE:
+            if error.code() == grpc.StatusCode.UNAVAILABLE:
+                self._end(error)
+            else:
+                # The stream's status is the connection's, not a call's (each call's comes in its last
+                # reply): a replica killed under it can end it INTERNAL "Internal error from Core",
+                # grpc.aio's status for a write that failed on the broken connection. Its calls were
+                # cut off by an outage, as on a connection of their own: UNAVAILABLE (503), not 500.
                 log.warning("the calls stream broke: %s %s", error.code().name, error.details())
-            self._end(error)
+                self._end(_error(grpc.StatusCode.UNAVAILABLE, STREAM_BROKE))
         finally:
             self._end(_error(grpc.StatusCode.CANCELLED, "the calls stream was closed"))
             await self._writer.close()

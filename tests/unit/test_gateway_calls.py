@@ -4,8 +4,9 @@ The serving end (services/session/api/gateway_calls.py) with operations of the t
 the calling end (services/gateway/session_calls.py) as the gateway uses it, through the
 generated stub: calls share one stream and each ends as a call of its own would, a streaming
 call runs at most its window ahead of its reader and holds back no other call, a call named
-by no method fails alone, and a draining replica refuses new calls (sent once more) while it
-answers those it took.
+by no method fails alone, a draining replica refuses new calls (sent once more) while it
+answers those it took, and a call whose stream broke fails UNAVAILABLE whatever status the
+stream ended with.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ import grpc
 import pytest
 
 from bae.common import error_codes
-from bae.common.errors import NotFound
+from bae.common.errors import NotFound, Unavailable
+from bae.common.internal import InternalPlane
 from bae.common.protos import admin_api_pb2, client_api_pb2, errors_pb2, session_pb2, session_pb2_grpc
-from services.gateway.session_calls import SessionCallsChannel
+from services.gateway.problems import status_of
+from services.gateway.session_calls import STREAM_BROKE, SessionCallsChannel
+from services.gateway.upstream import Upstream
 from services.session.api.gateway_calls import GatewayCalls
 from services.session.api.operations import Incoming, operations
 from services.session.api.own_calls import register
@@ -67,12 +71,23 @@ class Servicer:
             yield client_api_pb2.SubscriptionFrame(accepted=True)
 
 
+class BrokenCalls(GatewayCalls):
+    """A `Calls` stream that ends INTERNAL "Internal error from Core" once a call came: the status
+    grpc.aio gives the gateway's stream when a write fails on the connection to a replica killed under it."""
+
+    async def serve(
+        self, packs: AsyncIterator[session_pb2.GatewayCalls], context: grpc.aio.ServicerContext
+    ) -> None:
+        async for _ in packs:
+            await context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
+
+
 class Replica:
     """The serving end on a loopback port, and a gateway's channel to it."""
 
-    def __init__(self) -> None:
+    def __init__(self, calls: type[GatewayCalls] = GatewayCalls) -> None:
         self.servicer = Servicer()
-        self.calls = GatewayCalls(operations(self.servicer))
+        self.calls = calls(operations(self.servicer))
 
     async def __aenter__(self) -> "Replica":
         self.server = grpc.aio.server()
@@ -192,6 +207,20 @@ def test_a_draining_replica_answers_the_calls_it_took_and_refuses_new_ones_as_ne
             assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
             servicer.release.set()
             assert (await held).name == "held"
+
+    asyncio.run(scenario())
+
+
+def test_a_call_whose_stream_broke_fails_unavailable_whatever_status_the_stream_ended_with() -> None:
+    async def scenario() -> None:
+        async with Replica(BrokenCalls) as replica:
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await replica.stub.GetProfile(admin_api_pb2.GetProfileRequest(profile_id="x"), timeout=10)
+            assert (raised.value.code(), raised.value.details()) == (grpc.StatusCode.UNAVAILABLE, STREAM_BROKE)
+            # What the gateway answers: 503, the session service being unavailable, not a 500.
+            upstream = Upstream([replica.address], 10.0, InternalPlane("t" * 32, 30.0))
+            failure = upstream.failure(raised.value)
+            assert isinstance(failure, Unavailable) and status_of(failure) == 503
 
     asyncio.run(scenario())
 
