@@ -45,3 +45,34 @@ async def test_a_postgresql_outage_is_a_503_and_the_password_never_logged(caplog
     finally:
         server.stop()
     assert "s3cret-pw" not in caplog.text
+
+
+@pytest.mark.unit
+def test_a_failure_that_invalidates_the_connection_is_raised_as_it_is() -> None:
+    """After a failure that invalidated the connection, SQLAlchemy refuses `conn.info`
+    (PendingRollbackError): releasing the transaction's record of its locks must not raise that
+    instead of the failure, which unavailable() turns into a 503."""
+    from sqlalchemy.exc import OperationalError, PendingRollbackError
+
+    from services.session.store.postgres import INFO_KEY, _holding
+
+    class InvalidatedOnFailure:
+        def __init__(self) -> None:
+            self._info: dict = {}
+            self.invalidated = False
+
+        @property
+        def info(self) -> dict:
+            if self.invalidated:
+                raise PendingRollbackError("Can't reconnect until invalid transaction is rolled back")
+            return self._info
+
+    def fails(conn: InvalidatedOnFailure) -> None:
+        assert INFO_KEY in conn.info
+        conn.invalidated = True
+        raise OperationalError("SELECT 1", {}, Exception("connection lost"))
+
+    conn = InvalidatedOnFailure()
+    with pytest.raises(OperationalError):
+        _holding(conn, object(), fails, ())  # type: ignore[arg-type]
+    assert conn._info == {}

@@ -92,11 +92,14 @@ def unavailable(error: BaseException) -> StoreUnavailable | None:
 
 def _holding(conn: Connection, held: Held, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
     """`fn(conn, *args)`, with the session locks it takes recorded in `held` (released after the commit)."""
-    conn.info[INFO_KEY] = held
+    # The dict is taken once: after a failure that invalidated the connection, `conn.info` itself
+    # raises (PendingRollbackError), which would hide the failure unavailable() maps to a 503.
+    info = conn.info
+    info[INFO_KEY] = held
     try:
         return fn(conn, *args)
     finally:
-        del conn.info[INFO_KEY]
+        info.pop(INFO_KEY, None)
 
 
 class PostgresBackend:
