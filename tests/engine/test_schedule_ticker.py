@@ -15,8 +15,8 @@ import pytest
 
 from bae.common.timefmt import format_time
 from services.session.api.rest import ClientRestApi
-from services.session.engine.fire import Fire
-from services.session.engine.schedules import TURN_CUT_OFF, ScheduleTicker
+from services.session.engine.fire import TURN_CUT_OFF, Fire
+from services.session.engine.schedules import ScheduleTicker
 from services.session.engine.service import SessionEngine
 from services.session.store import Store, events, keys, profiles, schedules, sessions
 from services.session.store.records import ScheduleRecord, ScheduleRunRecord
