@@ -14,7 +14,8 @@ which one fires each (docs/engine.md, "Schedules").
   taken over by a compare-and-swap on that name, and resumed from what the log shows: no session
   yet, it is opened; the message not sent yet, it is sent; the turn ended, its outcome is read
   from the log; the turn cut off by the stop, the run failed (the turn is not run again, which
-  could repeat its tool calls). Then the session is closed as `close_after` says.
+  could repeat its tool calls). Then the session is closed as `close_after` says. A session whose
+  lease another replica holds goes with its run to that replica.
 """
 
 from __future__ import annotations
@@ -134,9 +135,15 @@ class ScheduleTicker:
     async def _run(self, run: ScheduleRunRecord) -> None:
         try:
             outcome, detail = await self._outcome_of(run)
-        except NotOwner:
-            # Its session's lease has not lapsed yet: resumed by a later pass.
-            self._driving.discard(run.id)
+        except NotOwner as owner:
+            # Its session's lease is still its stopped owner's (a later pass takes the run again), or a
+            # live replica took the session over: the run goes to the lease's holder, which alone can
+            # finish it (a replica's id is its address). Kept here, a live replica's session would
+            # make every pass take the run again and fail to claim it.
+            try:
+                await self.store.write(schedules.take_run, run.id, self.ownership.replica_id, owner.address)
+            finally:
+                self._driving.discard(run.id)
             return
         except Exception:
             log.exception("schedule run %s failed", run.id)
