@@ -99,6 +99,7 @@ class SessionService:
         self.auth.start()
         self.sweep.start()
         self.ticker.start()
+        self.trigger_runs.start()
         self.deliverer.start()
 
     async def drain(self, budget: float) -> None:
@@ -107,12 +108,14 @@ class SessionService:
         # No new tick fires; a run whose turn is under way drains as any turn does, and one cut
         # short stays `running` for a replica to resume (engine/schedules.py).
         await self.ticker.stop()
+        await self.trigger_runs.drain()  # no more takeovers; a call's turn under way drains as any turn
         await self.engine.drain(budget)
 
     async def stop(self) -> None:
         """Tear down sessions, MCP, sandboxes and the store."""
         await self.ticker.stop()  # done already when the service drained first
-        await self.trigger_runs.stop()  # turns still running after the drain stop; their runs stay `running`
+        # Turns still running after the drain stop; their runs stay `running`, finished by a replica that finds them.
+        await self.trigger_runs.stop()
         await self.sweep.stop()
         await self.deliverer.stop()
         await self.webhook_sender.close()
@@ -135,7 +138,7 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
         store=store, registry=engine.registry, turns=engine.turns, mcp=engine.mcp, sandboxes=engine.sandboxes,
         closer=engine.closer, spans=engine.spans, vetting=rest,
     )
-    trigger_runs = TriggerRuns(store=store, fire=fire)
+    trigger_runs = TriggerRuns(store=store, fire=fire, ownership=engine.ownership)
     webhook_sender = WebhookSender()
     deliverer = WebhookDeliverer(
         store, webhook_sender, config.webhooks, holder=engine.ownership.replica_id, max_age=settings.webhook_max_age,

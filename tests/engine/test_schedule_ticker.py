@@ -15,10 +15,10 @@ import pytest
 
 from bae.common.timefmt import format_time
 from services.session.api.rest import ClientRestApi
-from services.session.engine.fire import Fire
-from services.session.engine.schedules import TURN_CUT_OFF, ScheduleTicker
+from services.session.engine.fire import TURN_CUT_OFF, Fire
+from services.session.engine.schedules import ScheduleTicker
 from services.session.engine.service import SessionEngine
-from services.session.store import Store, events, keys, profiles, schedules, sessions
+from services.session.store import Store, events, keys, leases, profiles, schedules, sessions
 from services.session.store.records import ScheduleRecord, ScheduleRunRecord
 from testkit.fakes import FAKE_PROVIDERS, ScriptedSteps, Step, fake_engine
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
@@ -197,6 +197,35 @@ async def test_a_run_whose_turn_died_with_its_replica_fails_from_its_log_and_is_
     assert harness.steps.sent == []  # the message is never sent twice
     assert (await harness.kinds(session_id))[-1] == "session.close"
 
+
+async def test_a_run_whose_session_a_live_replica_took_over_goes_to_that_replica(harness: Harness):
+    now = whole_second(0.5)
+    schedule = await harness.schedule(since=now)
+    tick = format_time(datetime.fromtimestamp(now - 0.5, timezone.utc))
+    stranded = await harness.store.write(schedules.claim_tick, schedule, tick, "10.0.0.9:50051")
+    assert stranded is not None
+    adopter = "10.0.0.8:50051"
+    await harness.store.write(leases.heartbeat, adopter, adopter, "2026-01-01T00:00:00Z", time.time() + 60)
+
+    def opened_and_adopted(conn) -> None:
+        session_id = sessions.create(
+            conn, client_key_id=schedule.client_key_id, profile_id=schedule.profile_id, state="open",
+            client_version=None, client_tools=[], sandbox_tools=[], subagent_tools=[], compaction=None,
+        )
+        schedules.set_session(conn, stranded.id, session_id)
+        leases.claim(conn, session_id, adopter, adopter, time.time())
+
+    await harness.store.write(opened_and_adopted)
+    await harness.ticker.tick(now)
+
+    async def handed() -> bool:
+        (run,) = await harness.runs(schedule.id)
+        return run.replica_id == adopter
+
+    await eventually(handed)
+    (run,) = await harness.runs(schedule.id)
+    assert run.outcome == "running"  # the adopter finishes it
+    assert harness.steps.sent == []
 
 async def test_a_revoked_key_fails_the_run_with_its_reason(harness: Harness):
     now = whole_second(0.5)

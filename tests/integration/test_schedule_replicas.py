@@ -6,6 +6,9 @@ a turn is made to hang and the replica running it is killed: the other replica t
 once the dead one's lease lapses, finds in the session's log that the turn never ended, fails the run
 and closes the session, and keeps ticking. Then: one run per tick, one session per run, and every
 run's outcome is what its session's log says.
+
+An HTTP trigger's run, the same way: its replica killed mid-turn, the other replica fails the run from
+the session's log and closes the session.
 """
 
 from __future__ import annotations
@@ -143,14 +146,50 @@ def waiting_for_provider(stack, session_id: str) -> bool:
     return bool(events) and events[-1]["event_type"] == "provider.request"
 
 
-def run_replica(stack, run_id: str) -> str:
+def run_replica(stack, run_id: str, table: str = "schedule_runs") -> str:
     """The replica a run names as the one driving it, read from the store."""
 
     async def read() -> str:
         conn = await asyncpg.connect(stack.stack.env["BAE_DATABASE_URL"])
         try:
-            return await conn.fetchval("SELECT replica_id FROM schedule_runs WHERE id = $1", run_id)
+            return await conn.fetchval(f"SELECT replica_id FROM {table} WHERE id = $1", run_id)
         finally:
             await conn.close()
 
     return asyncio.run(read())
+
+
+def test_a_trigger_run_whose_replica_is_killed_mid_turn_is_failed_and_closed_by_the_other(start_stack, mock,
+                                                                                          postgres_url):  # noqa: F811
+    mock.reset()
+    port = consecutive_ports(2)
+    stack = start_stack(
+        config_toml=mock_provider_toml(mock.base_url), MOCK_LLM_TOKEN=TOKEN,
+        BAE_DATABASE_URL=postgres_url, BAE_SESSION_REPLICAS="2", BAE_SESSION_GRPC_ADDR=f"127.0.0.1:{port}",
+        BAE_SESSION_LEASE_SECONDS=str(LEASE_SECONDS),
+    )
+    profile = stack.create_profile("triggered")
+    key = stack.create_key(profile["id"])["key"]
+    created = stack.admin.post("/admin/v1/triggers", json={
+        "name": "triage", "profile_id": profile["id"], "input_schema": {"type": "object"}, "message_template": "go"})
+    assert created.status_code == 201, created.text
+    trigger = created.json()
+    release = threading.Event()
+    mock.enqueue(Reply.held(release))  # the turn waits until its replica is killed
+    called = stack.client.post("/api/v1/triggers/triage", json={}, headers={"Authorization": f"Bearer {key}"})
+    assert called.status_code == 202, called.text
+    run_id, session_id = called.json()["trigger_run_id"], called.json()["session_id"]
+    wait_for(lambda: waiting_for_provider(stack, session_id), timeout=30)
+    owner = replica_processes(stack)[run_replica(stack, run_id, "trigger_runs")]
+    stack.stack.processes[owner].send_signal(signal.SIGKILL)
+    stack.stack.processes[owner].wait(10)
+    release.set()
+
+    runs_path = f"/admin/v1/triggers/{trigger['id']}/runs"
+    [run] = wait_for(lambda: (found := every_item(stack, runs_path)) and found[0]["outcome"] != "running" and found,
+                     timeout=LEASE_SECONDS + 30)
+    assert (run["outcome"], run["detail"]) == ("failed", "the turn did not finish: the replica running it stopped")
+    events = every_item(stack, f"/admin/v1/sessions/{session_id}/events")
+    assert [e["event_type"] for e in events].count("client.message.send") == 1  # not sent again
+    assert events[-1]["event_type"] == "session.close"  # close_after, by default
+    assert len(mock.requests) == 1

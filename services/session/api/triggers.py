@@ -246,15 +246,15 @@ class TriggersApi:
             raise InvalidInput("the request body must be a JSON value", reason=INVALID_INPUT)
         value = load(request.input.json)
         message = rendered_message(trigger, value)
-        call = Call(trigger.id, idempotency_key, input_digest(value), time.time(), IDEMPOTENCY_WINDOW)
-        started = await self.runs.start(trigger, key, call)
+        call = Call(trigger.id, idempotency_key, input_digest(value), message, time.time(), IDEMPOTENCY_WINDOW)
+        started = await self.runs.open(trigger, key, call)
         run = started.run
         answer = admin_api_pb2.TriggerCalled(trigger_run_id=run.id, session_id=run.session_id or "")
         if isinstance(started, Repeated):
             yield admin_api_pb2.TriggerCallFrame(answer=answer)
             return
         watcher = Watcher(key=key.id, deltas=False) if request.wait == "true" else None
-        turn = self.runs.run(trigger, run, key.id, message, watcher)
+        turn = self.runs.run(trigger, run, key.id, watcher)
         yield admin_api_pb2.TriggerCallFrame(answer=answer)
         if watcher is None:
             return

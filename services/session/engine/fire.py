@@ -7,25 +7,35 @@ subagents apply as they would: `open` is `POST /api/v1/sessions` (store/opening.
 API's vetting), `drive` is `session.registerDriver` then `session.sendMessage` (the engine's
 `run_turn`), `close` is `DELETE /api/v1/sessions/{id}`. Nothing answers client tools, so an opener
 must not use a profile that allows them (the schedules and triggers APIs refuse one at create time).
+
+A run (a schedule's tick, a trigger's call) whose replica stopped is resumed by another replica,
+which reads what the run's session log says (`logged_outcome`): its message not sent yet, it is
+sent; the turn ended, that is the run's outcome; the turn cut off by the stop, the run failed
+(TURN_CUT_OFF: the turn is not run again, which could repeat its tool calls).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Collection, Iterable, Protocol, TypeVar
+
+from bae.common.jsontext import load
 
 from services.session.engine.closing import SessionCloser
-from services.session.engine.domain import Message, TurnOutcome, TurnRequest
+from services.session.engine.domain import Message, TurnEnd, TurnOutcome, TurnRequest
 from services.session.engine.engine import TurnEngine
 from services.session.engine.feed import Watcher
 from services.session.engine.mcp_sessions import SessionMcp
 from services.session.engine.registry import SessionRegistry
 from services.session.engine.sandboxes import SessionSandboxes
 from services.session.engine.spans import SessionSpans
-from services.session.store import opening
+from services.session.store import fired, opening
+from services.session.store.fired import Outcome
 from services.session.store.opening import Opened, Refused, Then, Vetting
 from services.session.store.records import KeyRecord
 from services.session.store.store import Store
+
+TURN_CUT_OFF = "the turn did not finish: the replica running it stopped"
 
 
 @dataclass(frozen=True)
@@ -106,3 +116,56 @@ class Fire:
         if session is not None:
             await self.closer.close(session_id, attribute_to=key_id)
             self.spans.end(session_id)
+
+    async def logged_outcome(self, session_id: str) -> tuple[str, str | None] | None:
+        """What a resumed run's session log says: None when its message was never sent (send it now)."""
+        state, messages = await self.store.read(fired.turn_log, session_id)
+        if state is None:
+            return Outcome.FAILED, "the session was deleted"
+        return outcome_from_log(state, messages)
+
+
+def turn_outcome(end: TurnEnd, opener: str) -> tuple[str, str | None]:
+    """A run's outcome from its turn's end; `opener` names who cannot answer client tools ("a schedule")."""
+    if end == TurnEnd.COMPLETED:
+        return Outcome.COMPLETED, None
+    if end == TurnEnd.PAUSED:
+        return Outcome.FAILED, f"the turn paused for client tools, which {opener} cannot answer"
+    return Outcome.FAILED, "the provider is currently unavailable; the session is in error"
+
+
+def outcome_from_log(state: str, messages: list[tuple[str, str]]) -> tuple[str, str | None] | None:
+    """A run's outcome as its session's messages (event_type, payload) tell it; None: the user message
+    was never recorded. Completed: the last message is the assistant's, with no tool call left open."""
+    if not any(event_type == "client.message.send" for event_type, _ in messages):
+        return None if state == "open" else (Outcome.FAILED, f"the session is {state} and its message was never sent")
+    event_type, payload = messages[-1]
+    if event_type == "server.message.send":
+        message = load(payload)
+        content = message.get("content")
+        calls = isinstance(content, list) and any(
+            isinstance(block, dict) and block.get("type") == "tool_use" for block in content
+        )
+        if message.get("role") == "assistant" and not calls:
+            return Outcome.COMPLETED, None
+    if state == "error":
+        return Outcome.FAILED, "the provider is currently unavailable; the session is in error"
+    return Outcome.FAILED, TURN_CUT_OFF
+
+
+class Run(Protocol):
+    """A schedule's or a trigger's run row, as the check for stranded runs reads it."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def replica_id(self) -> str: ...
+
+
+R = TypeVar("R", bound=Run)
+
+
+def stranded(running: Iterable[R], live: Collection[str], me: str, driving: Collection[str]) -> list[R]:
+    """Of the running runs, those no replica drives: their replica is not live, or it is this one
+    and it does not drive them (it restarted). A live other replica's runs are its own."""
+    return [run for run in running if run.id not in driving and (run.replica_id == me or run.replica_id not in live)]

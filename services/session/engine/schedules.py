@@ -14,7 +14,8 @@ which one fires each (docs/engine.md, "Schedules").
   taken over by a compare-and-swap on that name, and resumed from what the log shows: no session
   yet, it is opened; the message not sent yet, it is sent; the turn ended, its outcome is read
   from the log; the turn cut off by the stop, the run failed (the turn is not run again, which
-  could repeat its tool calls). Then the session is closed as `close_after` says.
+  could repeat its tool calls). Then the session is closed as `close_after` says. A session whose
+  lease another replica holds goes with its run to that replica.
 """
 
 from __future__ import annotations
@@ -25,11 +26,9 @@ import time
 from datetime import datetime, timezone
 
 from bae.common.errors import BaeError
-from bae.common.jsontext import load
 from bae.common.timefmt import format_time
-from services.session.engine.domain import TurnEnd
 from services.session.engine.errors import EngineError
-from services.session.engine.fire import Fire
+from services.session.engine.fire import Fire, stranded, turn_outcome
 from services.session.engine.ownership import NotOwner, Ownership
 from services.session.engine.schedule_times import timing
 from services.session.engine.tasks import TaskOwner
@@ -51,8 +50,6 @@ RUNNING_PER_READ = 200
 QUEUE_POLL = 0.5
 # A run's detail is bounded: an error's text can be long.
 MAX_DETAIL_CHARS = 1000
-
-TURN_CUT_OFF = "the turn did not finish: the replica running it stopped"
 
 
 class ScheduleTicker:
@@ -130,9 +127,7 @@ class ScheduleTicker:
             return
         live = {replica.id for replica in await self.ownership.replicas()}
         me = self.ownership.replica_id
-        for run in running:
-            if run.id in self._driving or (run.replica_id != me and run.replica_id in live):
-                continue
+        for run in stranded(running, live, me, self._driving):
             if await self.store.write(schedules.take_run, run.id, run.replica_id, me):
                 log.info("resuming schedule run %s left by replica %s", run.id, run.replica_id)
                 self._drive(run)
@@ -140,9 +135,15 @@ class ScheduleTicker:
     async def _run(self, run: ScheduleRunRecord) -> None:
         try:
             outcome, detail = await self._outcome_of(run)
-        except NotOwner:
-            # Its session's lease has not lapsed yet: resumed by a later pass.
-            self._driving.discard(run.id)
+        except NotOwner as owner:
+            # Its session's lease is still its stopped owner's (a later pass takes the run again), or a
+            # live replica took the session over: the run goes to the lease's holder, which alone can
+            # finish it (a replica's id is its address). Kept here, a live replica's session would
+            # make every pass take the run again and fail to claim it.
+            try:
+                await self.store.write(schedules.take_run, run.id, self.ownership.replica_id, owner.address)
+            finally:
+                self._driving.discard(run.id)
             return
         except Exception:
             log.exception("schedule run %s failed", run.id)
@@ -170,10 +171,10 @@ class ScheduleTicker:
                 sent = None
             else:
                 await self.ownership.claim(session_id)  # NotOwner until its dead owner's lease lapses
-                sent = await self._logged_outcome(session_id)
+                sent = await self.fire.logged_outcome(session_id)
             if sent is None:
                 ended = await self.fire.drive(session_id, schedule.client_key_id, schedule.message)
-                sent = turn_outcome(ended.end)
+                sent = turn_outcome(ended.end, "a schedule")
         except (BaeError, EngineError) as exc:
             sent = Outcome.FAILED, str(exc)
         if schedule.close_after and session_id is not None:
@@ -190,37 +191,3 @@ class ScheduleTicker:
             if await self.store.read(schedules.running_before, schedule_id, scheduled_for) is None:
                 return
             await asyncio.sleep(QUEUE_POLL)
-
-    async def _logged_outcome(self, session_id: str) -> tuple[str, str | None] | None:
-        """What a resumed run's session log says: None when its message was never sent (send it now)."""
-        state, messages = await self.store.read(schedules.turn_log, session_id)
-        if state is None:
-            return Outcome.FAILED, "the session was deleted"
-        return outcome_from_log(state, messages)
-
-
-def turn_outcome(end: TurnEnd) -> tuple[str, str | None]:
-    if end == TurnEnd.COMPLETED:
-        return Outcome.COMPLETED, None
-    if end == TurnEnd.PAUSED:
-        return Outcome.FAILED, "the turn paused for client tools, which a schedule cannot answer"
-    return Outcome.FAILED, "the provider is currently unavailable; the session is in error"
-
-
-def outcome_from_log(state: str, messages: list[tuple[str, str]]) -> tuple[str, str | None] | None:
-    """A run's outcome as its session's messages (event_type, payload) tell it; None: the user message
-    was never recorded. Completed: the last message is the assistant's, with no tool call left open."""
-    if not any(event_type == "client.message.send" for event_type, _ in messages):
-        return None if state == "open" else (Outcome.FAILED, f"the session is {state} and its message was never sent")
-    event_type, payload = messages[-1]
-    if event_type == "server.message.send":
-        message = load(payload)
-        content = message.get("content")
-        calls = isinstance(content, list) and any(
-            isinstance(block, dict) and block.get("type") == "tool_use" for block in content
-        )
-        if message.get("role") == "assistant" and not calls:
-            return Outcome.COMPLETED, None
-    if state == "error":
-        return Outcome.FAILED, "the provider is currently unavailable; the session is in error"
-    return Outcome.FAILED, TURN_CUT_OFF

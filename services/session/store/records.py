@@ -119,6 +119,8 @@ class TriggerRunRecord:
     idempotency_key: str | None  # NULL once released (the window passed and the key came again)
     released_idempotency_key: str | None
     input_sha256: str
+    replica_id: str  # the replica driving the run
+    message: str | None  # the call's rendered message, kept while the run runs
 
     @property
     def shown_idempotency_key(self) -> str | None:

@@ -15,7 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from bae.common.ids import new_id
 from bae.common.timefmt import now
-from services.session.store import events, keys, opening, sessions
+from services.session.store import keys, opening
 from services.session.store.records import KeyRecord, ScheduleRecord, ScheduleRunRecord
 from services.session.store.schema import keys as key_rows
 from services.session.store.schema import schedule_runs, schedules
@@ -249,11 +249,3 @@ def claim_tick(
             return None
     return insert_run(conn, schedule.id, scheduled_for, Outcome.RUNNING, None, replica_id)
 
-
-def turn_log(conn: Connection, session_id: str) -> tuple[str | None, list[tuple[str, str]]]:
-    """A run's session as its log tells it: the session's state (None: gone), and its messages as
-    (event_type, payload text), in order."""
-    session = sessions.get(conn, session_id)
-    if session is None:
-        return None, []
-    return session.state, [(row.event_type, row.payload) for row in events.message_rows(conn, session_id)]

@@ -282,9 +282,12 @@ trigger_runs = Table(
     Column("idempotency_key", String(200)),
     Column("released_idempotency_key", String(200)),
     Column("input_sha256", String(64), nullable=False),
+    Column("replica_id", ID, nullable=False),  # the replica driving the run (engine/triggers.py)
+    Column("message", Text),  # the rendered message, kept while the run runs: a resumed run sends it
     UniqueConstraint("trigger_id", "idempotency_key", name="trigger_runs_idempotency"),
 )
 Index("trigger_runs_trigger", trigger_runs.c.trigger_id, trigger_runs.c.seq)
+Index("trigger_runs_outcome", trigger_runs.c.outcome, trigger_runs.c.seq)
 
 # Webhooks (store/webhooks.py). `secret` signs deliveries, so it is stored as it is (a digest would not
 # sign); it is returned once, by create and rotate-secret, and never logged. A rotated secret stays in

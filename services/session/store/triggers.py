@@ -3,6 +3,9 @@
 A call's run row is inserted in the transaction that opens its session (`start_run`). With an
 Idempotency-Key, UNIQUE(trigger_id, idempotency_key) lets one of concurrent calls insert it; the
 others find the winner's row and answer its run, so one key starts one session.
+
+A run row names the replica driving it and keeps the call's message while it runs: a running run
+whose replica stopped is taken by another with a compare-and-swap on that name (`take_run`).
 """
 
 from __future__ import annotations
@@ -17,18 +20,13 @@ from bae.common.errors import Conflict
 from bae.common.ids import new_id
 from bae.common.timefmt import now
 from services.session.store import opening
+from services.session.store.fired import Outcome
 from services.session.store.opening import Declarations, Opened, Refused, Vetting
 from services.session.store.records import KeyRecord, TriggerRecord, TriggerRunRecord
 from services.session.store.schema import trigger_runs, triggers
 
 # Fields a POST or PUT sets (the rest are the row's own: id and timestamps).
 BODY_FIELDS = ("name", "profile_id", "input_schema", "message_template", "close_after")
-
-
-class Outcome:
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
 
 
 class DuplicateName(Conflict):
@@ -70,6 +68,8 @@ def run_record(row: Row[Any]) -> TriggerRunRecord:
         idempotency_key=row.idempotency_key,
         released_idempotency_key=row.released_idempotency_key,
         input_sha256=row.input_sha256,
+        replica_id=row.replica_id,
+        message=row.message,
     )
 
 
@@ -141,6 +141,7 @@ class Call:
     trigger_id: str
     idempotency_key: str | None
     input_sha256: str
+    message: str  # the rendered message the run sends
     at: float  # epoch seconds
     window: float  # how long a key is held, in seconds
 
@@ -173,10 +174,15 @@ def _repeat_of(run: TriggerRunRecord, call: Call) -> Repeated:
     return Repeated(run)
 
 
-def _insert_run(conn: Connection, call: Call) -> TriggerRunRecord | None:
+def new_run_id() -> str:
+    """A run's id, made before its row is: the replica marks the run its own before it commits."""
+    return new_id("trn_")
+
+
+def _insert_run(conn: Connection, call: Call, run_id: str, replica_id: str) -> TriggerRunRecord | None:
     """The call's run row, or None when a concurrent call with the same key inserted one first."""
     row: dict[str, Any] = {
-        "id": new_id("trn_"),
+        "id": run_id,
         "trigger_id": call.trigger_id,
         "fired_at": now(),
         "created_at": call.at,
@@ -186,6 +192,8 @@ def _insert_run(conn: Connection, call: Call) -> TriggerRunRecord | None:
         "idempotency_key": call.idempotency_key,
         "released_idempotency_key": None,
         "input_sha256": call.input_sha256,
+        "replica_id": replica_id,
+        "message": call.message,
     }
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     # On PostgreSQL an insert that meets an uncommitted row with the same key waits for that
@@ -199,9 +207,9 @@ def _insert_run(conn: Connection, call: Call) -> TriggerRunRecord | None:
 
 
 def start_run(
-    conn: Connection, call: Call, key: KeyRecord, body: Declarations, vetting: Vetting
+    conn: Connection, call: Call, run_id: str, replica_id: str, key: KeyRecord, body: Declarations, vetting: Vetting
 ) -> Started | Repeated | Refused:
-    """Record the call's run and open its session, in one transaction.
+    """Record the call's run (`run_id`, driven by `replica_id`) and open its session, in one transaction.
 
     A key held by an earlier call within the window answers that call's run (same body) or raises
     KeyReused (another body); a key older than the window is released first. A refused open (an
@@ -217,7 +225,7 @@ def start_run(
                 .where(trigger_runs.c.id == held.id)
                 .values(idempotency_key=None, released_idempotency_key=call.idempotency_key)
             )
-    run = _insert_run(conn, call)
+    run = _insert_run(conn, call, run_id, replica_id)
     if run is None:
         winner = _held(conn, call)
         assert winner is not None  # the conflicting row committed: the insert saw it
@@ -230,10 +238,34 @@ def start_run(
     return Started(TriggerRunRecord(**{**run.__dict__, "session_id": opened.session_id}), opened)
 
 
+def running(conn: Connection, after_seq: int, limit: int) -> list[tuple[int, TriggerRunRecord]]:
+    """Runs still running on any replica, oldest first, from `after_seq` on (the check for runs whose
+    replica stopped)."""
+    rows = conn.execute(
+        select(trigger_runs)
+        .where(and_(trigger_runs.c.outcome == Outcome.RUNNING, trigger_runs.c.seq > after_seq))
+        .order_by(trigger_runs.c.seq)
+        .limit(limit)
+    )
+    return [(row.seq, run_record(row)) for row in rows]
+
+
+def take_run(conn: Connection, run_id: str, from_replica: str, to_replica: str) -> bool:
+    """Move a running run to `to_replica` if `from_replica` still has it (a compare-and-swap: of two
+    replicas taking over a stopped one's run, one does)."""
+    return bool(conn.execute(
+        update(trigger_runs)
+        .where(and_(trigger_runs.c.id == run_id, trigger_runs.c.replica_id == from_replica,
+                    trigger_runs.c.outcome == Outcome.RUNNING))
+        .values(replica_id=to_replica)
+    ).rowcount)
+
+
 def finish(conn: Connection, run_id: str, outcome: str, detail: str | None) -> None:
-    """A running run's outcome (a run already ended keeps its first)."""
+    """A running run's outcome (a run already ended keeps its first). Its message goes: the session's
+    log has it, and only a resumed run needed it here."""
     conn.execute(
         update(trigger_runs)
         .where(and_(trigger_runs.c.id == run_id, trigger_runs.c.outcome == Outcome.RUNNING))
-        .values(outcome=outcome, detail=detail)
+        .values(outcome=outcome, detail=detail, message=None)
     )

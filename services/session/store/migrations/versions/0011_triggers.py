@@ -7,6 +7,10 @@ a call after that releases the old row's hold (`idempotency_key` to NULL, the ke
 `released_idempotency_key` for the runs listing). NULLs never collide, so calls without a key
 are unconstrained.
 
+A run row names the replica driving it (`replica_id`) and keeps the call's rendered `message` until
+it ends: a running run whose replica stopped is taken over by another, which sends the message if
+the session's log shows it was never sent (engine/triggers.py).
+
 Revision ID: 0011
 """
 
@@ -47,6 +51,9 @@ def upgrade() -> None:
         sa.Column("idempotency_key", sa.String(200)),
         sa.Column("released_idempotency_key", sa.String(200)),
         sa.Column("input_sha256", sa.String(64), nullable=False),
+        sa.Column("replica_id", sa.String(64), nullable=False),
+        sa.Column("message", sa.Text),
         sa.UniqueConstraint("trigger_id", "idempotency_key", name="trigger_runs_idempotency"),
     )
     op.create_index("trigger_runs_trigger", "trigger_runs", ["trigger_id", "seq"])
+    op.create_index("trigger_runs_outcome", "trigger_runs", ["outcome", "seq"])

@@ -1,10 +1,10 @@
-"""A resumed schedule run's outcome, read from its session's messages (engine/schedules.py)."""
+"""A resumed run's outcome (a schedule's or a trigger's), read from its session's messages (engine/fire.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.session.engine.schedules import TURN_CUT_OFF, outcome_from_log
+from services.session.engine.fire import TURN_CUT_OFF, outcome_from_log
 
 pytestmark = pytest.mark.unit
 
