@@ -142,7 +142,7 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
     webhook_sender = WebhookSender()
     deliverer = WebhookDeliverer(
         store, webhook_sender, config.webhooks, holder=engine.ownership.replica_id, max_age=settings.webhook_max_age,
-        backoff_scale=settings.webhook_backoff_scale, poll_interval=WEBHOOK_POLL_SECONDS, quiet=engine.turns.quiet,
+        backoff_scale=settings.webhook_backoff_scale, poll_interval=WEBHOOK_POLL_SECONDS, turns=engine.turns,
     )
     servicer = SessionServicer(
         rest=rest,

@@ -8,6 +8,7 @@ import json
 import time
 
 import pytest
+from sqlalchemy import text
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
@@ -181,6 +182,11 @@ async def test_events_queue_deliveries_by_event_type_and_profile(store) -> None:
     sid = await _session(store, "pro_a")
     views = await store.append_events(sid, [("key_a", "client.message.send", {"content": "hi"}),
                                             ("key_a", "session.close", {"reason": "client_close"})])
+    # Queued with the events: one outbox row each, naming the webhooks it matched; deliveries once expanded.
+    assert await _log(store, every.id) == []
+    assert await store.read(webhooks.any_due, 0.0)  # the outbox waits, though no delivery is due yet
+    assert await store.write(webhooks.expand, 100) == 2
+    assert await store.write(webhooks.expand, 100) == 0
     assert [d.event_id for d in await _log(store, every.id)] == [view["id"] for view in views]
     assert [d.event_type for d in await _log(store, closes.id)] == ["session.close"]
     assert await _log(store, other_profile.id) == [] and await _log(store, disabled.id) == []
@@ -189,6 +195,18 @@ async def test_events_queue_deliveries_by_event_type_and_profile(store) -> None:
     assert body == {"type": "session.close", "timestamp": views[1]["created_at"], "data": json.loads(views[1].json)}
     # Claimed: not due again until the claim runs out.
     assert await store.write(webhooks.claim_due, HOLDER, time.time(), time.time() + 60, 10, any_room) == []
+
+
+@on_each_store
+async def test_a_webhook_deleted_before_its_events_are_expanded_gets_no_delivery(store) -> None:
+    kept, _ = await _hook(store, ["*"])
+    dropped, _ = await _hook(store, ["*"])
+    sid = await _session(store, "pro_a")
+    await store.append_events(sid, [("key_a", "session.close", {})])
+    assert await store.write(webhooks.delete_one, dropped.id)
+    due = await _due(store)  # expands first
+    assert [d.webhook_id for d in due] == [kept.id]
+    assert await store.read(webhooks.deliveries_page, dropped.id, 0, 10) is None
 
 
 @on_each_store
@@ -237,7 +255,27 @@ async def test_an_event_that_is_not_written_queues_nothing(store) -> None:
 
     with pytest.raises(RuntimeError):
         await store.write(append_then_fail)
-    assert await _log(store, hook.id) == []
+    assert not await store.read(webhooks.any_due, time.time() + 100)  # nothing in the outbox either
+    assert await _due(store) == [] and await _log(store, hook.id) == []
+
+
+@on_each_store
+async def test_two_replicas_expanding_at_once_make_each_delivery_once(store, store_url) -> None:  # noqa: F811
+    await _hook(store, ["*"])
+    await _hook(store, ["*"])
+    sid = await _session(store, "pro_a")
+    for _ in range(20):
+        await store.append_events(sid, [("key_a", "session.close", {}) for _ in range(10)])
+    other = await Store.open(store_url)
+    try:
+        taken = await asyncio.gather(*(replica.write(webhooks.expand, 7) for _ in range(15)
+                                       for replica in (store, other)))
+    finally:
+        await other.close()
+    assert sum(taken) == 200
+    delivered = await store.read(lambda conn: conn.execute(text(
+        "SELECT count(*), count(DISTINCT webhook_id || event_id) FROM webhook_deliveries")).one())
+    assert tuple(delivered) == (400, 400)
 
 
 class FakeTransport:
@@ -341,10 +379,21 @@ async def test_rotation_signs_with_both_secrets_until_the_old_one_expires(store)
 async def test_a_pass_lets_the_turns_running_on_its_replica_go_first(tmp_path) -> None:
     store = await Store.open(f"sqlite:///{tmp_path}/bae.db")
     turns_ended = asyncio.Event()
+
+    class Turns:
+        def busy(self) -> bool:
+            return not turns_ended.is_set()
+
+        async def quiet(self) -> None:
+            await turns_ended.wait()
+
+        async def next_end(self) -> None:
+            await asyncio.Event().wait()  # never: the polls find the work
+
     transport = FakeTransport([204])
     deliverer = WebhookDeliverer(
         store, transport, WebhookSettings(frozenset({"127.0.0.1"})), holder=HOLDER, max_age=86400,
-        backoff_scale=0.001, poll_interval=0.02, quiet=turns_ended.wait,
+        backoff_scale=0.001, poll_interval=0.02, turns=Turns(),
     )
     try:
         await _hook(store, ["*"])

@@ -145,10 +145,18 @@ class TurnEngine:
             return False
         return await self._owned(self._cancel_paused(live, parked, actor), session_id, None)
 
+    def busy(self) -> bool:
+        """Whether a turn or a compaction runs on this replica now."""
+        return len(self._work) > 0
+
     async def quiet(self) -> None:
         """Wait until no turn or compaction runs on this replica (background work that can wait lets
         them go first: engine/webhook_delivery.py)."""
         await self._work.empty()
+
+    async def next_end(self) -> None:
+        """Wait until a turn or a compaction ends on this replica (its events may owe webhook deliveries)."""
+        await self._work.next_end()
 
     async def drain(self, timeout: float) -> None:
         """Shutdown phases 1 and 2: take no new work, let running work finish within `timeout`."""

@@ -26,6 +26,7 @@ class TaskOwner:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._empty = asyncio.Event()
         self._empty.set()
+        self._ended = asyncio.Event()
 
     def spawn(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
         task = asyncio.create_task(coro, name=f"{self.name}:{name}")
@@ -36,6 +37,7 @@ class TaskOwner:
 
     def _finished(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
+        self._ended.set()
         if not self._tasks:
             self._empty.set()
         # An EngineError is an answer for whoever awaits the task, not a failure.
@@ -48,6 +50,11 @@ class TaskOwner:
     async def empty(self) -> None:
         """Wait until no task is left (at once when none is)."""
         await self._empty.wait()
+
+    async def next_end(self) -> None:
+        """Wait until a task ends (for one waiter at a time)."""
+        self._ended.clear()
+        await self._ended.wait()
 
     async def drain(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for every task; True when none is left."""

@@ -14,8 +14,11 @@ deliveries (store/webhooks.py) to their receivers, as Standard Webhooks requests
 - The URL's host is resolved and every address checked again before each attempt (its DNS may have
   changed since the webhook was created); the attempt connects to the checked address.
 - Turns first: a pass that is not catching up on a backlog waits for this replica to have no turn
-  running (TURNS_FIRST_SECONDS at most), since its sends take CPU the turn's loop would want. A
-  replica always busy still sends every TURNS_FIRST_SECONDS, and a backlog is sent back to back.
+  running (TURNS_FIRST_SECONDS at most), and for the last one's answer to leave, since its sends
+  take CPU the turn's loop would want. A replica always busy still sends every TURNS_FIRST_SECONDS,
+  and a backlog is sent back to back.
+  While webhooks have had work lately (ACTIVE_SECONDS), a turn's end starts a pass too: what it
+  queued goes out right after it, before the next turn, instead of piling up to the next poll.
 - At most PER_WEBHOOK attempts run at once per webhook (per replica), and TOTAL in all: a webhook's rows
   past its bound are not claimed, so one slow receiver neither takes every slot nor holds claims it
   cannot start on.
@@ -29,7 +32,7 @@ import asyncio
 import logging
 import time
 from contextlib import nullcontext, suppress
-from typing import Awaitable, Callable
+from typing import Any, Protocol
 from datetime import datetime, timezone
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -58,15 +61,35 @@ PRUNE_SECONDS = 3600.0
 PRUNE_BATCH = 500
 # The longest a pass waits for the turns running on this replica to end.
 TURNS_FIRST_SECONDS = 0.5
+# Seconds a pass waits after the turns ended, for the last one's answer to leave.
+SETTLE_SECONDS = 0.01
+# Seconds after the last work found that a turn's end still starts a pass (then only polls do).
+ACTIVE_SECONDS = 60.0
+
+
+class Turns(Protocol):
+    """The turns of this replica, as the deliverer defers to them (TurnEngine)."""
+
+    def busy(self) -> bool:
+        """Whether a turn or a compaction runs now."""
+        ...
+
+    async def quiet(self) -> None:
+        """Return once no turn or compaction runs."""
+        ...
+
+    async def next_end(self) -> None:
+        """Return when a turn or a compaction ends."""
+        ...
 
 
 class WebhookDeliverer:
     def __init__(
         self, store: Store, transport: WebhookTransport, settings: WebhookSettings, *, holder: str, max_age: float,
-        backoff_scale: float, poll_interval: float, quiet: Callable[[], Awaitable[None]] | None = None,
+        backoff_scale: float, poll_interval: float, turns: Turns | None = None,
     ) -> None:
         self.store = store
-        self.quiet = quiet  # returns once no turn runs on this replica (TurnEngine.quiet)
+        self.turns = turns
         self.holder = holder  # this replica's id: its claims carry it
         self.transport = transport
         self.settings = settings
@@ -78,6 +101,8 @@ class WebhookDeliverer:
         self._in_flight: dict[str, int] = {}  # attempts started and not ended, by webhook
         self._sending = 0  # attempts started and not ended, in all
         self._backlog = False  # the last pass claimed all it could: more may be due
+        self._turn_ended = False  # what woke the loop last was a turn's end
+        self._active_at = -ACTIVE_SECONDS  # time.monotonic() when work was last found
         self._wake = asyncio.Event()
 
     def start(self) -> None:
@@ -115,10 +140,7 @@ class WebhookDeliverer:
                 log.exception("webhook delivery pass failed")
                 claimed = 0
             if claimed < BATCH:  # caught up (or every slot busy): wait for a poll, a retry or a free slot
-                try:
-                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
-                except TimeoutError:
-                    pass
+                await self._wait_for_work()
                 self._wake.clear()
 
     async def deliver_due(self) -> int:
@@ -133,6 +155,8 @@ class WebhookDeliverer:
             return 0
         due = await self.store.write(webhooks.claim_due, self.holder, at, at + CLAIM_SECONDS, free, self._room)
         self._backlog = len(due) == free
+        if due:
+            self._active_at = time.monotonic()
         for delivery in due:
             self._in_flight[delivery.webhook_id] = self._in_flight.get(delivery.webhook_id, 0) + 1
         self._sending += len(due)
@@ -140,11 +164,29 @@ class WebhookDeliverer:
             self._passes.spawn(self.deliver(due, counted=True), name=due[0].id)
         return len(due)
 
+    async def _wait_for_work(self) -> None:
+        """Until the next poll, a wake (a retry, a free slot), or, while webhooks have had work lately,
+        the end of a turn."""
+        waiting: list[asyncio.Task[Any]] = [asyncio.create_task(self._wake.wait())]
+        ended: asyncio.Task[None] | None = None
+        if self.turns is not None and time.monotonic() - self._active_at < ACTIVE_SECONDS:
+            ended = asyncio.create_task(self.turns.next_end())
+            waiting.append(ended)
+        try:
+            await asyncio.wait(waiting, timeout=self.poll_interval, return_when=asyncio.FIRST_COMPLETED)
+            self._turn_ended = ended is not None and ended.done()
+        finally:
+            for waiter in waiting:
+                waiter.cancel()
+
     async def _turns_first(self) -> None:
-        """Wait until no turn runs on this replica, TURNS_FIRST_SECONDS at most."""
-        if self.quiet is not None:
-            with suppress(TimeoutError):
-                await asyncio.wait_for(self.quiet(), TURNS_FIRST_SECONDS)
+        """Wait until no turn runs on this replica (TURNS_FIRST_SECONDS at most), then, if one ran or just
+        ended, SETTLE_SECONDS more for its answer to leave."""
+        if self.turns is None or not (self._turn_ended or self.turns.busy()):
+            return
+        with suppress(TimeoutError):
+            await asyncio.wait_for(self.turns.quiet(), TURNS_FIRST_SECONDS)
+            await asyncio.sleep(SETTLE_SECONDS)
 
     def _room(self, webhook_id: str) -> int:
         return PER_WEBHOOK - self._in_flight.get(webhook_id, 0)

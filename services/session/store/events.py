@@ -19,7 +19,7 @@ from bae.common.webhooks import matches
 from services.session.store import requests
 from services.session.store.locks import hold_session
 from services.session.store.requests import Last, PreviousRequests, Texts
-from services.session.store.schema import session_events, sessions, utf8_bytes, webhook_deliveries, webhooks
+from services.session.store.schema import session_events, sessions, utf8_bytes, webhook_outbox, webhooks
 
 MESSAGE_EVENT_TYPES = ("client.message.send", "server.message.send", "session.compaction.completed")
 
@@ -219,8 +219,6 @@ def append(
     return views
 
 
-# A webhook delivery's state when queued (store/webhooks.py reads and moves it on).
-DELIVERY_PENDING = "pending"
 # The enabled webhooks a session's events may go to: every profile's, and its own profile's.
 _LISTENING = select(webhooks.c.id, webhooks.c.event_types).where(
     and_(
@@ -236,25 +234,21 @@ _LISTENING = select(webhooks.c.id, webhooks.c.event_types).where(
 
 
 def queue_deliveries(conn: Connection, session_id: str, appended: list[tuple[str, str]], at: float) -> int:
-    """Queue a delivery of each appended event (id, event type) to each enabled webhook whose filters it
-    matches, due at once; returns how many were queued. A delivery names its event: its body is made
-    from the stored event when it is sent (store/webhooks.py), so an event is written once however
-    many webhooks take it, and every attempt sends the same bytes."""
+    """Queue each appended event (id, event type) for the enabled webhooks whose filters it matches, due
+    at once: one webhook_outbox row per event that matched any, naming them; returns how many rows.
+    The deliverer makes each row its deliveries (store/webhooks.py), and a delivery's body is made
+    from the stored event when it is sent, so an event is written once however many webhooks take it."""
     listening = conn.execute(_LISTENING, {"session_id": session_id}).all()
     if not listening:
         return 0
-    stamp = now()
-    rows = [
-        {
-            "id": new_id("msg_"), "webhook_id": webhook_id, "event_id": event_id, "event_type": event_type,
-            "state": DELIVERY_PENDING, "attempts": 0, "next_attempt_at": at, "created_at": stamp,
-        }
-        for event_id, event_type in appended
-        for webhook_id, event_types in listening
-        if matches(event_types, event_type)
-    ]
+    rows = []
+    for event_id, event_type in appended:
+        matched = [webhook_id for webhook_id, event_types in listening if matches(event_types, event_type)]
+        if matched:
+            rows.append({"event_id": event_id, "event_type": event_type, "webhook_ids": ",".join(matched),
+                         "queued_at": at})
     if rows:
-        conn.execute(insert(webhook_deliveries), rows)
+        conn.execute(insert(webhook_outbox), rows)
     return len(rows)
 
 

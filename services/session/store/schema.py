@@ -334,3 +334,15 @@ webhook_deliveries = Table(
 )
 Index("webhook_deliveries_due", webhook_deliveries.c.state, webhook_deliveries.c.next_attempt_at)
 Index("webhook_deliveries_webhook", webhook_deliveries.c.webhook_id, webhook_deliveries.c.seq)
+# Events owed to webhooks, as their transaction queued them: one row per event, naming the webhooks it
+# matched (comma-separated ids); the deliverer turns each into its webhook_deliveries rows. A row here
+# costs a turn one insert into one b-tree, where a delivery row costs one per (event, webhook) into four.
+webhook_outbox = Table(
+    "webhook_outbox",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("event_id", ID, nullable=False),
+    Column("event_type", String(64), nullable=False),
+    Column("webhook_ids", Text, nullable=False),
+    Column("queued_at", Float, nullable=False),  # epoch seconds: when its deliveries are first due
+)

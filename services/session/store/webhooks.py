@@ -1,8 +1,10 @@
 """Webhook rows and their outbox of deliveries (docs/guides/webhooks.md).
 
-Deliveries are queued by `events.append`, in its transaction (events.queue_deliveries): an event
-and the deliveries it owes are committed together or not at all. A delivery names its event, and
-its body is made from the stored event when it is claimed. The deliverer (engine/webhook_delivery.py) claims due rows by a
+Events owed to webhooks are queued by `events.append`, in its transaction (events.queue_deliveries):
+an event and what it owes are committed together or not at all. A pass first makes those outbox rows
+deliveries (`expand`, one row per event and webhook, in one transaction that deletes the outbox rows
+it read, so two replicas never expand one twice), then claims due deliveries. A delivery names its
+event, and its body is made from the stored event when it is claimed. The deliverer (engine/webhook_delivery.py) claims due rows by a
 compare-and-swap on `next_attempt_at`, so any number of replicas may deliver without sending one
 attempt twice at once, and a deliverer killed mid-attempt leaves its rows due again after the claim.
 """
@@ -19,11 +21,13 @@ from bae.common.jsontext import dump
 from bae.common.timefmt import now
 from bae.common.webhooks import PREVIOUS_SECRET_SECONDS, new_secret
 from services.session.store import events
-from services.session.store.schema import webhook_deliveries, webhooks
+from services.session.store.schema import webhook_deliveries, webhook_outbox, webhooks
 
+# Outbox rows a claim expands first: a turn queues about 4, and a pass claims at most 50 deliveries.
+EXPAND_BATCH = 500
 # Due rows read per row a claim may take: room to pass over a busy webhook's rows to other webhooks'.
 CANDIDATES = 4
-PENDING = events.DELIVERY_PENDING
+PENDING = "pending"
 DELIVERED = "delivered"
 FAILED = "failed"
 # The error of a delivery whose event was deleted before it was sent.
@@ -154,7 +158,10 @@ def rotate_secret(conn: Connection, webhook_id: str, at: float) -> str | None:
 
 
 def any_due(conn: Connection, at: float) -> bool:
-    """Whether some delivery of an enabled webhook is due (a read: an idle deliverer's poll writes nothing)."""
+    """Whether some event waits in the outbox, or some delivery of an enabled webhook is due (a read: an
+    idle deliverer's poll writes nothing)."""
+    if conn.execute(select(webhook_outbox.c.seq).limit(1)).first() is not None:
+        return True
     due = (
         select(webhook_deliveries.c.seq)
         .select_from(webhook_deliveries.join(webhooks, webhooks.c.id == webhook_deliveries.c.webhook_id))
@@ -177,6 +184,41 @@ def prune(conn: Connection, created_before: str, limit: int) -> int:
     return len(seqs)
 
 
+def expand(conn: Connection, limit: int) -> int:
+    """Make up to `limit` outbox rows, oldest first, their deliveries (one per event and webhook that
+    still exists), due when the event was queued; returns how many outbox rows were taken. The rows are
+    deleted by the statement that reads them, so no two expansions (replicas, on PostgreSQL) take one."""
+    # SKIP LOCKED (PostgreSQL; SQLite's writes are serialized): rows another expansion holds are left to
+    # it, so concurrent passes take different rows instead of waiting for the same ones.
+    oldest = (
+        select(webhook_outbox.c.seq).order_by(webhook_outbox.c.seq).limit(limit)
+        .with_for_update(skip_locked=True).scalar_subquery()
+    )
+    taken = conn.execute(
+        delete(webhook_outbox).where(webhook_outbox.c.seq.in_(oldest)).returning(
+            webhook_outbox.c.event_id, webhook_outbox.c.event_type, webhook_outbox.c.webhook_ids,
+            webhook_outbox.c.queued_at,
+        )
+    ).all()
+    if not taken:
+        return 0
+    named = {webhook_id for row in taken for webhook_id in row.webhook_ids.split(",")}
+    existing = set(conn.execute(select(webhooks.c.id).where(webhooks.c.id.in_(named))).scalars())
+    stamp = now()
+    rows = [
+        {
+            "id": new_id("msg_"), "webhook_id": webhook_id, "event_id": row.event_id, "event_type": row.event_type,
+            "state": PENDING, "attempts": 0, "next_attempt_at": row.queued_at, "created_at": stamp,
+        }
+        for row in taken
+        for webhook_id in row.webhook_ids.split(",")
+        if webhook_id in existing  # a webhook deleted since: nothing to deliver
+    ]
+    if rows:
+        conn.execute(insert(webhook_deliveries), rows)
+    return len(taken)
+
+
 def claim_due(
     conn: Connection, holder: str, at: float, until: float, limit: int, room: Callable[[str], int]
 ) -> list[DueDelivery]:
@@ -186,7 +228,8 @@ def claim_due(
 
     The claim is one compare-and-swap: a chosen row is taken only if it is still pending and due, so a
     row another deliverer claimed between the read and the update (its `next_attempt_at` moved past
-    `at`) is skipped."""
+    `at`) is skipped. The outbox is expanded first (EXPAND_BATCH rows), in the same transaction."""
+    expand(conn, EXPAND_BATCH)
     rows = conn.execute(
         select(
             webhook_deliveries.c.id, webhook_deliveries.c.webhook_id, webhook_deliveries.c.event_id,

@@ -1,4 +1,4 @@
-"""Webhooks: the endpoints, their signing secrets, and the outbox of deliveries.
+"""Webhooks: the endpoints, their signing secrets, the outbox of events owed to them, and the deliveries.
 
 Revision ID: 0009
 """
@@ -47,3 +47,11 @@ def upgrade() -> None:
     )
     op.create_index("webhook_deliveries_due", "webhook_deliveries", ["state", "next_attempt_at"])
     op.create_index("webhook_deliveries_webhook", "webhook_deliveries", ["webhook_id", "seq"])
+    op.create_table(
+        "webhook_outbox",
+        sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("event_id", sa.String(64), nullable=False),
+        sa.Column("event_type", sa.String(64), nullable=False),
+        sa.Column("webhook_ids", sa.Text, nullable=False),
+        sa.Column("queued_at", sa.Float, nullable=False),
+    )
