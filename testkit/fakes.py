@@ -14,7 +14,7 @@ import itertools
 import json
 import re
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from bae.common.config import Config, ProviderEntry
@@ -406,3 +406,10 @@ def fake_engine(
         sandbox_idle_timeout=sandbox_idle_timeout,
         reconcile_interval=reconcile_interval,
     )
+
+
+async def eventually(condition: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
+    """Wait until `condition()` holds (a TimeoutError after `timeout` seconds)."""
+    async with asyncio.timeout(timeout):
+        while not await condition():
+            await asyncio.sleep(0.01)

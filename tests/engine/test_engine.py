@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -42,7 +42,7 @@ from services.session.engine.ports import (
 from services.session.engine.service import SessionEngine
 from services.session.store import Store, profiles, sessions
 from services.session.engine.subagents import Subagent
-from testkit.fakes import FakeCommand, FakeMcp, FakeSandboxes, ScriptedSteps, Step, fake_engine
+from testkit.fakes import FakeCommand, FakeMcp, FakeSandboxes, ScriptedSteps, Step, fake_engine, eventually
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.engine, pytest.mark.parametrize("store_url", STORES, indirect=True)]
@@ -126,11 +126,6 @@ async def harness(store_url) -> AsyncIterator[EngineHarness]:  # noqa: F811 - th
     await engine.stop()
     await store.close()
 
-
-async def eventually(condition: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await condition():
-            await asyncio.sleep(0.01)
 
 
 def user(text: str) -> Message:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,7 +20,7 @@ from services.session.engine.schedules import ScheduleTicker
 from services.session.engine.service import SessionEngine
 from services.session.store import Store, events, keys, leases, profiles, schedules, sessions
 from services.session.store.records import ScheduleRecord, ScheduleRunRecord
-from testkit.fakes import FAKE_PROVIDERS, ScriptedSteps, Step, fake_engine
+from testkit.fakes import FAKE_PROVIDERS, ScriptedSteps, Step, fake_engine, eventually
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.engine, pytest.mark.parametrize("store_url", STORES, indirect=True)]
@@ -85,11 +85,6 @@ async def harness(store_url) -> AsyncIterator[Harness]:  # noqa: F811 - the fixt
     await engine.stop()
     await store.close()
 
-
-async def eventually(condition: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await condition():
-            await asyncio.sleep(0.02)
 
 
 def whole_second(offset: float = 0.0) -> float:

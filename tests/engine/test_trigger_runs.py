@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -22,7 +22,7 @@ from services.session.engine.triggers import TriggerRuns
 from services.session.store import Store, events, keys, leases, profiles, triggers
 from services.session.store.records import KeyRecord, TriggerRecord, TriggerRunRecord
 from services.session.store.triggers import Call, Repeated, Started
-from testkit.fakes import FAKE_PROVIDERS, ScriptedSteps, Step, fake_engine
+from testkit.fakes import FAKE_PROVIDERS, ScriptedSteps, Step, fake_engine, eventually
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.engine, pytest.mark.parametrize("store_url", STORES, indirect=True)]
@@ -108,11 +108,6 @@ async def harness(store_url) -> AsyncIterator[Harness]:  # noqa: F811 - the fixt
 def call(trigger: TriggerRecord, key: str | None, digest: str = "body-a", at: float | None = None) -> Call:
     return Call(trigger.id, key, digest, "triage #1", time.time() if at is None else at, DAY)
 
-
-async def eventually(condition: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await condition():
-            await asyncio.sleep(0.02)
 
 
 STOPPED = "10.0.0.9:50051"  # a replica that never beat (or stopped beating)

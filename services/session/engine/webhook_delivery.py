@@ -99,7 +99,6 @@ class WebhookDeliverer:
         self._tasks = TaskOwner("webhooks")
         self._passes = TaskOwner("webhook-pass")
         self._in_flight: dict[str, int] = {}  # attempts started and not ended, by webhook
-        self._sending = 0  # attempts started and not ended, in all
         self._backlog = False  # the last pass claimed all it could: more may be due
         self._turn_ended = False  # what woke the loop last was a turn's end
         self._active_at = -ACTIVE_SECONDS  # time.monotonic() when work was last found
@@ -107,6 +106,11 @@ class WebhookDeliverer:
 
     def start(self) -> None:
         self._tasks.spawn(self._run(), name="deliver")
+
+    @property
+    def _sending(self) -> int:
+        """Attempts started and not ended, in all."""
+        return sum(self._in_flight.values())
 
     def wake(self) -> None:
         """Look for due deliveries now instead of at the next poll (after a retry asked for one)."""
@@ -157,10 +161,8 @@ class WebhookDeliverer:
         self._backlog = len(due) == free
         if due:
             self._active_at = time.monotonic()
-        for delivery in due:
-            self._in_flight[delivery.webhook_id] = self._in_flight.get(delivery.webhook_id, 0) + 1
-        self._sending += len(due)
-        if due:
+            for delivery in due:
+                self._in_flight[delivery.webhook_id] = self._in_flight.get(delivery.webhook_id, 0) + 1
             self._passes.spawn(self.deliver(due, counted=True), name=due[0].id)
         return len(due)
 
@@ -218,7 +220,6 @@ class WebhookDeliverer:
                 self._free_slot(delivery.webhook_id)
 
     def _free_slot(self, webhook_id: str) -> None:
-        self._sending -= 1
         left = self._in_flight[webhook_id] - 1
         if left:
             self._in_flight[webhook_id] = left
