@@ -47,10 +47,19 @@ def wait_for(condition: Callable[[], Any], timeout: float) -> Any:
     return value
 
 
+def admin_read(stack, path: str, params: dict, patience: float = 10.0):
+    """A GET on the admin port. Just after a replica is killed, a call the gateway had sent it answers
+    503 "try again shortly" (the spec's answer for a cut call): it is tried again, as a client would."""
+    deadline = time.monotonic() + patience
+    while (page := stack.admin.get(path, params=params)).status_code == 503 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return page
+
+
 def every_item(stack, path: str, **params: str) -> list[dict]:
     items, cursor = [], ""
     while True:
-        page = stack.admin.get(path, params={"limit": 200, "cursor": cursor, **params})
+        page = admin_read(stack, path, {"limit": 200, "cursor": cursor, **params})
         assert page.status_code == 200, page.text
         items += page.json()["items"]
         cursor = page.json()["next_cursor"]
