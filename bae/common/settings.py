@@ -239,6 +239,22 @@ def parse_cors_origins(value: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(origins))
 
 
+_PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)+")
+MAX_PREFIX_CHARS = 200
+
+
+def parse_console_prefix(value: str) -> str:
+    """BAE_CONSOLE_PREFIX: "" or a path such as "/ops/bae" (segments of unreserved URL characters, no
+    trailing slash), so it can be put into a page, a URL and a cookie path as it is."""
+    value = value.strip()
+    if value and (len(value) > MAX_PREFIX_CHARS or not _PREFIX.fullmatch(value)):
+        raise UsageError(
+            f"BAE_CONSOLE_PREFIX={value[:MAX_PREFIX_CHARS]!r} is not a path prefix such as /bae: segments of "
+            "letters, digits and . _ ~ -, each after a /, with no trailing slash"
+        )
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     addr: Address
@@ -307,6 +323,11 @@ class Settings:
     schedule_test_seconds: bool = False
     # Browser origins the client port answers CORS for (BAE_CORS_ORIGINS; "*": any); empty: no CORS.
     cors_origins: tuple[str, ...] = ()
+    # The web console at /console/ on the admin port (BAE_CONSOLE=0 turns it off: its routes are 404).
+    console_enabled: bool = True
+    # The path a reverse proxy serves the admin port under (BAE_CONSOLE_PREFIX, e.g. "/bae"): the proxy
+    # strips it, the console puts it back in the links, requests and cookie path it makes. "": none.
+    console_prefix: str = ""
 
     @property
     def session_targets(self) -> list[str]:
@@ -397,5 +418,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         session_advertise_addr=get("BAE_SESSION_ADVERTISE_ADDR", "").strip() or None,
         reconcile_interval=parse_reconcile_interval(get("BAE_RECONCILE_INTERVAL", "60")),
         cors_origins=parse_cors_origins(get("BAE_CORS_ORIGINS", "")),
+        console_enabled=get("BAE_CONSOLE", "1").strip() != "0",
+        console_prefix=parse_console_prefix(get("BAE_CONSOLE_PREFIX", "")),
         schedule_test_seconds=is_truthy(get("BAE_SCHEDULE_TEST_SECONDS")),
     )

@@ -6,9 +6,11 @@ gateway answers itself from own_routes.py.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Router
+from starlette.routing import BaseRoute, Router
 
 from bae import API_VERSIONS, __version__
 from bae.common.jsontext import dump
@@ -73,5 +75,8 @@ def client_app(rest: RestEndpoint, rpc: RpcEndpoint, readyz: Readiness) -> Route
     return build_router({RPC_PATH: {"POST": rpc}, **_api_routes(Port.CLIENT, rest), **own_routes(Port.CLIENT, readyz, None, rpc)})
 
 
-def admin_app(rest: RestEndpoint, rpc: RpcEndpoint, readyz: Readiness, metrics: MetricsEndpoint) -> Router:
-    return build_router({**_api_routes(Port.ADMIN, rest), **own_routes(Port.ADMIN, readyz, metrics, rpc)})
+def admin_app(
+    rest: RestEndpoint, rpc: RpcEndpoint, readyz: Readiness, metrics: MetricsEndpoint, console: Sequence[BaseRoute]
+) -> Router:
+    """`console`: the web console's routes (services/gateway/console), none when BAE_CONSOLE=0."""
+    return build_router({**_api_routes(Port.ADMIN, rest), **own_routes(Port.ADMIN, readyz, metrics, rpc)}, console)

@@ -9,11 +9,11 @@ the gateway sits on every request's latency path.
 from __future__ import annotations
 
 import logging
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.routing import Route, Router
+from starlette.routing import BaseRoute, Route, Router
 from starlette.types import Receive, Scope, Send
 
 from bae.common.errors import Internal, NotFound, echo
@@ -58,13 +58,13 @@ async def no_route(scope: Scope, receive: Receive, send: Send) -> None:
     await response(scope, receive, send)
 
 
-def build_router(table: dict[str, dict[str, Endpoint]]) -> Router:
+def build_router(table: dict[str, dict[str, Endpoint]], more: Sequence[BaseRoute] = ()) -> Router:
     """An ASGI app serving {path template: {method: endpoint}}; `{id}` matches one non-empty segment.
     A literal path is tried before the templates (`/admin/v1/sessions/import` before `/admin/v1/sessions/{id}`);
-    otherwise the table's order is kept."""
+    otherwise the table's order is kept. `more` (the console's routes) is tried last."""
     ordered = sorted(table.items(), key=lambda item: "{" in item[0])
     return Router(
-        [Route(path, MethodTable(path, endpoints)) for path, endpoints in ordered],
+        [*(Route(path, MethodTable(path, endpoints)) for path, endpoints in ordered), *more],
         redirect_slashes=False,  # a path is a route or a 404, never a redirect
         default=no_route,
     )

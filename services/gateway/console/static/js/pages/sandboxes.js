@@ -1,0 +1,5 @@
+import { h } from "../dom.js";
+
+export async function render(main) {
+  main.append(h("h1", {}, "sandboxes"), h("p", {}, "Not built yet."));
+}
