@@ -73,38 +73,45 @@ export async function render(main) {
   main.append(h("h1", {}, "Usage"), form, results);
 
   let chart = null;
+  // Each show() takes a number; an answer that arrives after a newer show() began, or after the
+  // page was left, draws nothing.
+  let shows = 0;
+  let left = false;
   const chartWidth = () => Math.max(320, results.clientWidth);
   const resize = () => chart?.setSize({ width: chartWidth(), height: CHART_HEIGHT });
   window.addEventListener("resize", resize);
 
   async function show() {
+    const mine = ++shows;
+    const [from, to] = [since.value, until.value];
     chart?.destroy();
     chart = null;
     clear(results).append(h("p", { role: "status" }, "Loading…"));
-    if ((dayStart(until.value) - dayStart(since.value)) / DAY_SECONDS >= MAX_DAYS) {
+    if ((dayStart(to) - dayStart(from)) / DAY_SECONDS >= MAX_DAYS) {
       clear(results).append(h("div", { class: "error", role: "alert" }, `Choose at most ${MAX_DAYS} days.`));
       return;
     }
     let byDay, byKey, byProfile, keys, profiles, uPlot;
     try {
       [byDay, byKey, byProfile, keys, profiles, uPlot] = await Promise.all([
-        usage("day", since.value, until.value),
-        usage("key", since.value, until.value),
-        usage("profile", since.value, until.value),
+        usage("day", from, to),
+        usage("key", from, to),
+        usage("profile", from, to),
         allPages("/admin/v1/keys?limit=200"),
         allPages("/admin/v1/profiles?limit=200"),
         loadUplot(),
       ]);
     } catch (error) {
-      clear(results).append(problemBlock(error));
+      if (mine === shows && !left) clear(results).append(problemBlock(error));
       return;
     }
+    if (mine !== shows || left) return;
     const keyName = new Map(keys.map((k) => [k.id, k.name]));
     const profileName = new Map(profiles.map((p) => [p.id, p.name]));
     const named = (names, id) => (names.has(id) ? `${names.get(id)} (${id})` : id);
     const plot = h("div", { id: "usage-chart", role: "img", "aria-label": "Input and output tokens per UTC day; the table below has the numbers" });
     clear(results).append(
-      h("h2", {}, `Tokens per day, ${since.value} to ${until.value} (UTC)`),
+      h("h2", {}, `Tokens per day, ${from} to ${to} (UTC)`),
       plot,
       h(
         "details",
@@ -131,7 +138,7 @@ export async function render(main) {
         ],
         axes: [{}, { size: 70, values: (u, ticks) => ticks.map((v) => count(v)) }],
       },
-      chartData(since.value, until.value, byDay),
+      chartData(from, to, byDay),
       plot,
     );
   }
@@ -142,6 +149,7 @@ export async function render(main) {
   });
   await show();
   return () => {
+    left = true;
     window.removeEventListener("resize", resize);
     chart?.destroy();
   };
