@@ -4,6 +4,8 @@ tokens kept out of every log."""
 
 from __future__ import annotations
 
+import json
+import time
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from pathlib import Path
 from typing import Iterator
@@ -12,6 +14,7 @@ import httpx
 import pytest
 
 from testkit.stack import RunningStack, launch_stack
+from tests.integration.test_ctl import baectl, fails, ok
 
 pytestmark = pytest.mark.stack
 
@@ -197,3 +200,58 @@ def test_a_sign_in_link_works_once(stack, browser):
     by_console = browser.post("/admin/v1/console-links", headers=with_cookie(cookie[COOKIE], csrf))
     assert by_console.status_code == 201
     assert browser.post("/console/sign-in/link", json={"link": by_console.json()["link"]}).status_code == 200
+
+
+def test_baectl_console_prints_a_link_that_works_once(stack, browser):
+    printed = ok(baectl(stack, "console"))
+    prefix = f"{stack.admin_url}/console/#link="
+    assert printed.startswith(prefix) and printed.count("\n") == 1
+    link = printed.strip().removeprefix(prefix)
+    assert link.startswith("bcl_")
+    assert browser.post("/console/sign-in/link", json={"link": link}).status_code == 200
+    assert browser.post("/console/sign-in/link", json={"link": link}).status_code == 401
+    as_json = json.loads(ok(baectl(stack, "console", "--json")))
+    assert set(as_json) == {"link", "expires_at", "url"} and as_json["url"] == prefix + as_json["link"]
+    assert "no valid admin token" in fails(baectl(stack, "console", BAE_ADMIN_TOKEN="bae_admin_" + "0" * 48))
+
+
+def after_restart(request) -> httpx.Response:
+    """`request()` once the gateway reaches the restarted session service again (503 until then)."""
+    deadline = time.monotonic() + 30
+    while (response := request()).status_code == 503 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return response
+
+
+def test_rotating_the_admin_key_and_the_auth_switch_end_console_sessions(tmp_path):
+    stack = launch_stack(tmp_path)
+    try:
+        with httpx.Client(base_url=stack.admin_url, timeout=30, cookies=keeps_no_cookie()) as browser:
+            cookie, _ = sign_in(browser, stack.admin_key)
+            link = stack.admin.post("/admin/v1/console-links").json()["link"]
+            stack.stack.session_args = ["--rotate-admin-key"]
+            stack.stack.restart("session")
+            refused = after_restart(lambda: browser.get("/admin/v1/profiles", headers=with_cookie(cookie)))
+            assert refused.status_code == 401
+            assert browser.get("/console/session", headers=with_cookie(cookie)).status_code == 401
+            assert browser.post("/console/sign-in/link", json={"link": link}).status_code == 401
+            new_key = Path(stack.settings.admin_key_file).read_text().strip()
+            assert browser.post("/console/sign-in", json={"token": stack.admin_key}).status_code == 401
+            cookie, _ = sign_in(browser, new_key)
+            assert browser.get("/admin/v1/profiles", headers=with_cookie(cookie)).status_code == 200
+
+            # Without admin auth any token signs in; such a session ends when admin auth is back.
+            stack.stack.session_args = ["--dangerously-disable-admin-auth"]
+            stack.stack.restart("session")
+            after_restart(lambda: browser.get("/console/session", headers=with_cookie(cookie)))
+            unguarded, _ = sign_in(browser, "anything")
+            assert browser.get("/admin/v1/profiles", headers=with_cookie(unguarded)).status_code == 200
+            assert browser.get("/console/session", headers=with_cookie(unguarded)).status_code == 200
+            stack.stack.session_args = []
+            stack.stack.restart("session")
+            refused = after_restart(lambda: browser.get("/console/session", headers=with_cookie(unguarded)))
+            assert refused.status_code == 401
+            assert browser.get("/admin/v1/profiles", headers=with_cookie(unguarded)).status_code == 401
+            assert browser.get("/admin/v1/profiles", headers=with_cookie(cookie)).status_code == 200
+    finally:
+        stack.close()
