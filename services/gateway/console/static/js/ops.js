@@ -201,7 +201,7 @@ export function secretBox({ title, secret, note }) {
 }
 
 // The fields a resource answers that a PUT does not take.
-export function withoutFields(item, fields) {
+function withoutFields(item, fields) {
   const copy = { ...item };
   for (const field of fields) delete copy[field];
   return copy;
@@ -227,9 +227,15 @@ export async function resourcePage(main, spec) {
   };
   const list = listing(spec.path, [...spec.columns, actionsColumn], { label: spec.title, empty: `No ${spec.noun}s yet.` });
 
-  function done(message, extra) {
+  // After a change the server accepted: said in the panel, then the list read again (a failure to
+  // read it is said there too; the change stands).
+  async function done(message, extra) {
     ui.show(extra || null, statusLine(message));
-    return list.reload();
+    try {
+      await list.reload();
+    } catch (error) {
+      ui.element.append(problemBlock(error));
+    }
   }
 
   async function create() {
@@ -293,7 +299,7 @@ export async function resourcePage(main, spec) {
 
   main.append(
     h("h1", {}, spec.title),
-    h("p", {}, button(`New ${spec.noun}`, null, create, "", "new")),
+    h("p", {}, button(`New ${spec.noun}`, null, create, null, "new")),
     ui.element,
     list.element,
   );

@@ -78,15 +78,20 @@ export async function render(main) {
         cancel: ui.close,
         confirm: async () => {
           await api(`/admin/v1/keys/${encodeURIComponent(key.id)}`, { method: "DELETE" });
-          const still = await openSessionsOf(key.id);
-          ui.show(
-            heading(`Key ${key.name} revoked`),
-            statusLine(
-              `Revoked ${key.name} (${key.id}). ${plural(open.length - still.length, "session was", "sessions were")} closed` +
-                (still.length ? `; ${plural(still.length, "session stays", "sessions stay")} open for the keys that joined.` : "."),
-            ),
-          );
-          await list.reload();
+          // Revoked: from here on a failure to read is said beside the result, never as a refusal.
+          try {
+            const still = await openSessionsOf(key.id);
+            ui.show(
+              heading(`Key ${key.name} revoked`),
+              statusLine(
+                `Revoked ${key.name} (${key.id}). ${plural(open.length - still.length, "session was", "sessions were")} closed` +
+                  (still.length ? `; ${plural(still.length, "session stays", "sessions stay")} open for the keys that joined.` : "."),
+              ),
+            );
+            await list.reload();
+          } catch (error) {
+            ui.show(heading(`Key ${key.name} revoked`), statusLine(`Revoked ${key.name} (${key.id}).`), problemBlock(error));
+          }
         },
       }),
     );
