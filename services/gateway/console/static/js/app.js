@@ -82,18 +82,33 @@ async function signedInWith(session) {
   await show();
 }
 
-async function start() {
-  // A sign-in link (`baectl console`) carries a one-time token in the fragment, which never reaches
-  // the server's logs; it is taken off the address bar before anything else happens.
-  const link = new URLSearchParams(location.hash.slice(1)).get("link");
-  if (link) {
-    history.replaceState(null, "", `${PREFIX}/console/#/sessions`);
-    try {
-      return await signedInWith(await api("/console/sign-in/link", { method: "POST", body: { link } }));
-    } catch (error) {
-      return signInForm(error);
-    }
+function signedOut(problem) {
+  signedIn = false;
+  setCsrfToken("");
+  if (stopPage) stopPage();
+  stopPage = null;
+  signInForm(problem);
+}
+
+// A sign-in link (`baectl console`) carries a one-time token in the fragment, which never reaches the
+// server's logs; it is taken off the address bar before anything else happens. It may arrive with the
+// page's first load or, in a console already open, as a change of the fragment.
+function linkInAddress() {
+  return new URLSearchParams(location.hash.slice(1)).get("link");
+}
+
+async function signInWithLink(link) {
+  history.replaceState(null, "", `${PREFIX}/console/#/sessions`);
+  try {
+    await signedInWith(await api("/console/sign-in/link", { method: "POST", body: { link } }));
+  } catch (error) {
+    signedOut(error);
   }
+}
+
+async function start() {
+  const link = linkInAddress();
+  if (link) return signInWithLink(link);
   try {
     await signedInWith(await api("/console/session"));
   } catch {
@@ -105,18 +120,14 @@ document.getElementById("sign-out").addEventListener("click", async () => {
   try {
     await api("/console/sign-out", { method: "POST" });
   } finally {
-    signedIn = false;
-    setCsrfToken("");
-    if (stopPage) stopPage();
-    stopPage = null;
-    signInForm(null);
+    signedOut(null);
   }
 });
 window.addEventListener("bae:signed-out", () => {
-  if (signedIn) {
-    signedIn = false;
-    signInForm(new Error("Your console session ended; sign in again."));
-  }
+  if (signedIn) signedOut(new Error("Your console session ended; sign in again."));
 });
-window.addEventListener("hashchange", show);
+window.addEventListener("hashchange", () => {
+  const link = linkInAddress();
+  return link ? signInWithLink(link) : show();
+});
 start();
