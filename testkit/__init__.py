@@ -12,7 +12,7 @@ from pathlib import Path
 # The repository.
 ROOT = Path(__file__).resolve().parent.parent
 
-# The store's migration revisions, oldest first ("0001", ..., "0012_console_sessions"): what a new store
+# The store's migration revisions, oldest first ("0001", "0002", ...): what a new store
 # applies. Each is its file's `revision = "..."`; the files' names sort in the order they apply.
 REVISIONS = [
     re.search(r'^revision = "([^"]+)"$', path.read_text(encoding="utf-8"), re.MULTILINE).group(1)  # type: ignore[union-attr]

@@ -6,7 +6,7 @@ with (NULL while admin auth is disabled): a session or link is valid only while 
 active, so rotating the admin key ends them all. Rows past `expires_at` are deleted at the next
 sign-in or link (store/console.py).
 
-Revision ID: 0012_console_sessions
+Revision ID: 0012
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0012_console_sessions"
+revision = "0012"
 down_revision = "0011"
 branch_labels = None
 depends_on = None
