@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,11 @@ from testkit import ROOT
 pytestmark = pytest.mark.stack
 
 VERSION = "bae 0.1.0 (api v1)\n"
+CONSOLE_STATIC = "services/gateway/console/static"
+
+
+def console_files(source: Path) -> set[str]:
+    return {path.relative_to(source).as_posix() for path in (source / CONSOLE_STATIC).rglob("*") if path.is_file()}
 SERVICES = ("gateway", "session", "runner", "sandbox")
 WHEELHOUSE = ROOT / "deploy" / "wheels"
 FILL = ("-m", "pip", "wheel", "--quiet", "-w", str(WHEELHOUSE), "-r", "requirements.txt", "-c", "constraints.txt",
@@ -126,6 +132,10 @@ def test_pip_installs_the_wheel_and_its_dependencies_into_a_clean_venv(wheelhous
                 source)
     assert built.returncode == 0, built.stderr
     wheel = next(dist.glob("bae-*.whl"))
+    # The web console's pages, scripts and vendored libraries ship in the wheel: it fetches nothing at runtime.
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {name for name in archive.namelist() if name.startswith(f"{CONSOLE_STATIC}/")}
+    assert shipped == console_files(source), "console files missing from the wheel"
 
     created = run(sys.executable, "-m", "venv", "--without-pip", venv)
     assert created.returncode == 0, created.stderr
