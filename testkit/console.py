@@ -28,10 +28,13 @@ class ConsolePage:
         self.requests: list[str] = []  # every URL the page asked for, in order
         self.responses: list["Response"] = []
         page.on("request", self._requested)
-        page.on("response", self.responses.append)
+        page.on("response", self._answered)
 
     def _requested(self, request: "Request") -> None:
         self.requests.append(request.url)
+
+    def _answered(self, response: "Response") -> None:
+        self.responses.append(response)
 
     def open(self, fragment: str = "#/sessions") -> None:
         """Load the console's page at `fragment` (a route such as #/sessions/ses_…)."""
@@ -53,8 +56,11 @@ class ConsolePage:
         self.sign_in()
 
     def wait_for(self, expression: str, shown: str = "main") -> None:
-        """Wait until the JavaScript `expression` holds; on a timeout the test fails saying what `shown` held."""
-        wait_for(self.page, expression, shown)
+        """Wait until the JavaScript `expression` holds; on a timeout the test fails saying what `shown` held.
+
+        It is sent as a function: the console's policy forbids eval, which a bare expression would need
+        once it is polled."""
+        wait_for(self.page, f"() => ({expression})", shown)
 
     def event_ids(self) -> list[str]:
         """The ids of the events the session page shows, in the page's order."""
@@ -65,7 +71,11 @@ class ConsolePage:
         self.wait_for(f"document.querySelectorAll('[data-event-id]').length >= {count}", "#turns")
 
     def wait_for_event(self, event_id: str) -> None:
-        self.wait_for(f"document.querySelector('[data-event-id={event_id!r}]') !== null", "#turns")
+        self.wait_for(f"document.querySelector('[data-event-id=\"{event_id}\"]') !== null", "#turns")
+
+    def wait_for_stream(self, state: str) -> None:
+        """Wait until the session page's event stream is in `state` ("live", "ended", ...)."""
+        self.wait_for(f"document.getElementById('stream-state')?.dataset.state === {state!r}", "#stream-state")
 
     def foreign_requests(self) -> list[str]:
         """The requests that went anywhere but the admin port's origin."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -123,7 +124,7 @@ def test_the_session_page_shows_a_client_tool_turn_live(console, stack, mock):
     sid, skey, _ = new_session(stack)
     register(stack, sid, skey)
     console.open_signed_in(f"#/sessions/{sid}")
-    console.wait_for("document.getElementById('stream-state').dataset.state === 'live'", "#stream-state")
+    console.wait_for_stream("live")
     console.wait_for_events(2)  # session.open, session.driver.register
 
     # Call 1: the provider writes a line, stops in the middle (the page shows the text so far, as
@@ -141,7 +142,7 @@ def test_the_session_page_shows_a_client_tool_turn_live(console, stack, mock):
     first = result(outcome["frames"])
     assert first["message"]["content"][-1]["dispatch"] == "client"
     console.wait_for_event(first["events"][-1]["id"])
-    console.wait_for("document.querySelector('[data-turn=\"1\"] .turn-status').textContent === 'waiting for client tools'",
+    console.wait_for("document.querySelector('[data-turn=\"1\"] .turn-status')?.textContent === 'waiting for client tools'",
                      "[data-turn='1']")
     assert console.page.query_selector(".live-call") is None  # the response replaced the deltas
 
@@ -157,7 +158,7 @@ def test_the_session_page_shows_a_client_tool_turn_live(console, stack, mock):
     thread.join(30)
     second = result(outcome["frames"])
     console.wait_for_event(second["events"][-1]["id"])
-    console.wait_for("document.querySelector('[data-turn=\"1\"] .turn-status').textContent === 'done'", "[data-turn='1']")
+    console.wait_for("document.querySelector('[data-turn=\"1\"] .turn-status')?.textContent === 'done'", "[data-turn='1']")
 
     events = all_events(stack, sid, skey)
     assert console.event_ids() == [event["id"] for event in events]
@@ -192,7 +193,7 @@ def test_the_session_page_survives_a_dropped_stream_and_shows_every_event_once(c
     sid, skey, _ = new_session(stack)
     register(stack, sid, skey)
     console.open_signed_in(f"#/sessions/{sid}")
-    console.wait_for("document.getElementById('stream-state').dataset.state === 'live'", "#stream-state")
+    console.wait_for_stream("live")
     mock.enqueue(Reply.text("before the drop"))
     result(send(stack, sid, skey, "one"))
     console.wait_for_events(len(all_events(stack, sid, skey)))
@@ -201,6 +202,7 @@ def test_the_session_page_survives_a_dropped_stream_and_shows_every_event_once(c
     # page tries again, backing off while the service is away, and comes back with since_event_id.
     with console.page.expect_request(lambda request: "since_event_id=" in request.url and "/events/stream" in request.url):
         stack.stack.restart("session")
+        served_again(stack, sid)
         mock.enqueue(Reply.text("after the drop"), Reply.text("and once more"))
         result(send(stack, sid, skey, "two"))
     result(send(stack, sid, skey, "three"))
@@ -209,11 +211,21 @@ def test_the_session_page_survives_a_dropped_stream_and_shows_every_event_once(c
 
     # Closed: the stream ends for good, which the page says instead of reconnecting.
     assert stack.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"}).status_code == 200
-    console.wait_for("document.getElementById('stream-state').dataset.state === 'ended'", "#stream-state")
-    console.wait_for("document.getElementById('session-state').textContent === 'closed'", "#session-facts")
+    console.wait_for_stream("ended")
+    console.wait_for("document.getElementById('session-state')?.textContent === 'closed'", "#session-facts")
     events = all_events(stack, sid, skey)
     assert console.event_ids() == [event["id"] for event in events]
     assert [event["event_type"] for event in events].count("server.message.send") == 3
+
+
+def served_again(stack: RunningStack, sid: str, patience: float = 30.0) -> None:
+    """Wait until the gateway reaches the restarted session service: until then a call is answered
+    503 "try again shortly"."""
+    deadline = time.monotonic() + patience
+    while (answer := stack.admin.get(f"/admin/v1/sessions/{sid}")).status_code == 503:
+        assert time.monotonic() < deadline, answer.text
+        time.sleep(0.1)
+    assert answer.status_code == 200, answer.text
 
 
 def test_the_first_load_of_the_sessions_page_is_small(console, stack):
