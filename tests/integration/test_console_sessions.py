@@ -97,6 +97,14 @@ def test_the_list_filters_pages_and_links_to_each_session(console, stack):
                      "#session-results")
     assert session_links(console) == opened[:50]
 
+    # A time range: created after a time to come matches none of them.
+    console.page.fill("#filter-after", "2999-06-15T12:00:00")
+    console.page.click("#session-filters button[type=submit]")
+    console.wait_for("location.hash.includes('created_after=2999-06-15T')")
+    console.wait_for("document.querySelector('#session-results')?.textContent.includes('No session matches')",
+                     "#session-results")
+    console.page.fill("#filter-after", "")
+
     # The filters are in the address: a reload keeps them, with the id prefix and the key added.
     console.page.fill("#filter-id", opened[52][:12])
     console.page.select_option("#filter-key", key["id"])

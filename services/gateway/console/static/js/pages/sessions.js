@@ -25,8 +25,10 @@ export async function render(main) {
   // The cursors of the pages before the one shown ("" is the first page): Previous pops one.
   const cursors = [];
   let cursor = "";
+  let loads = 0; // an answer to an older load than the last is dropped
 
   async function load() {
+    const mine = ++loads;
     const query = new URLSearchParams();
     for (const name of FILTERS) if (filters[name]) query.set(name, filters[name]);
     query.set("limit", String(PAGE_SIZE));
@@ -35,9 +37,10 @@ export async function render(main) {
     try {
       page = await api(`/admin/v1/sessions?${query}`);
     } catch (error) {
-      clear(results).append(errorBlock(error));
+      if (mine === loads) clear(results).append(errorBlock(error));
       return;
     }
+    if (mine !== loads) return;
     const previous = h("button", { type: "button", class: "secondary", id: "sessions-previous", disabled: !cursors.length }, "Previous");
     const next = h("button", { type: "button", class: "secondary", id: "sessions-next", disabled: !page.next_cursor }, "Next");
     previous.addEventListener("click", () => {
