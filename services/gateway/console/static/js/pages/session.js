@@ -57,7 +57,7 @@ export async function render(main, [sessionId]) {
     clear(facts).append(
       fact("State", h("span", { class: `state state-${session.state}`, id: "session-state" }, session.state)),
       fact("Profile", profile ? `${profile.name} (${session.profile_id})` : session.profile_id),
-      fact("Client key", keyId ? (keyNames.has(keyId) ? `${keyNames.get(keyId)} ${keyId}` : keyId) : "—"),
+      fact("Client key", keyId ? [keyNames.get(keyId) || "", " ", h("span", { class: "mono muted" }, keyId)] : "—"),
       fact("Client version", session.client_version || "—"),
       fact("Created", formatTime(session.created_at)),
       fact("Closed", formatTime(session.closed_at) || "—"),
