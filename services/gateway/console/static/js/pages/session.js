@@ -56,7 +56,7 @@ export async function render(main, [sessionId]) {
     const keyId = session.client_key_id || creatorKeyId;
     clear(facts).append(
       fact("State", h("span", { class: `state state-${session.state}`, id: "session-state" }, session.state)),
-      fact("Profile", profile ? `${profile.name} (${session.profile_id})` : session.profile_id),
+      fact("Profile", profile ? `${profile.name} ` : "", h("span", { class: "mono muted" }, session.profile_id)),
       fact("Client key", keyId ? [keyNames.get(keyId) || "", " ", h("span", { class: "mono muted" }, keyId)] : "—"),
       fact("Client version", session.client_version || "—"),
       fact("Created", formatTime(session.created_at)),
