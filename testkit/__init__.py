@@ -6,13 +6,15 @@ Not shipped with the package: it runs from the repository root (pytest's `python
 compose test mounts it into an image that has only the server's dependencies.
 """
 
+import re
 from pathlib import Path
 
 # The repository.
 ROOT = Path(__file__).resolve().parent.parent
 
-# The store's migration revisions, oldest first ("0001", "0002", ...): what a new store applies.
-REVISIONS = sorted(
-    path.name.split("_", 1)[0]
-    for path in (ROOT / "services" / "session" / "store" / "migrations" / "versions").glob("[0-9]*_*.py")
-)
+# The store's migration revisions, oldest first ("0001", ..., "0012_console_sessions"): what a new store
+# applies. Each is its file's `revision = "..."`; the files' names sort in the order they apply.
+REVISIONS = [
+    re.search(r'^revision = "([^"]+)"$', path.read_text(encoding="utf-8"), re.MULTILINE).group(1)  # type: ignore[union-attr]
+    for path in sorted((ROOT / "services" / "session" / "store" / "migrations" / "versions").glob("[0-9]*_*.py"))
+]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Iterator
 
 
 class Anything:
@@ -11,6 +11,10 @@ class Anything:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Anything:
         return self
+
+    def __iter__(self) -> Iterator[Any]:
+        """As a list of routes (the console's), it has none: those are not the API's."""
+        return iter(())
 
 
 def served_routes(factory: Any) -> set[tuple[str, str]]:

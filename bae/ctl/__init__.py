@@ -247,6 +247,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     usage.add_argument("--since", metavar="YYYY-MM-DD", help="first UTC day counted")
     usage.add_argument("--until", metavar="YYYY-MM-DD", help="last UTC day counted (included)")
     paging(usage)
+    b.leaf(("console",), "print a one-time link that signs a browser into the web console", commands.console)
     b.leaf(("config",), "show the server's loaded bae-config.toml, secrets redacted", commands.config)
     b.leaf(("providers",), "list the provider registry", commands.providers)
     b.leaf(("mcp-servers",), "list the MCP server registry", commands.mcp_servers)

@@ -409,6 +409,22 @@ def usage(api: AdminApi, args: argparse.Namespace) -> None:
     listing(api, args, "/usage", [USAGE_GROUPS[args.group_by], *USAGE_COLUMNS], "no usage recorded", params)
 
 
+# --- the web console -----------------------------------------------------------------------------
+
+def console(api: AdminApi, args: argparse.Namespace) -> None:
+    """A one-time sign-in link to the web console: the console's URL with the link in its fragment,
+    which the browser never sends to a server (docs/console.md)."""
+    reply = _object(api.call("POST", "/console-links"))
+    link = reply.get("link")
+    if not isinstance(link, str):
+        raise CtlError(UNEXPECTED)
+    url = f"{api.base}/console/#link={link}"
+    _emit(args, {**reply, "url": url}, url)
+    if not args.json:
+        print(f"baectl: open it within 60 s (until {reply.get('expires_at')}); it signs one browser in, once",
+              file=sys.stderr)
+
+
 # --- registries, config, sandbox images ----------------------------------------------------------
 
 def _registry(api: AdminApi, args: argparse.Namespace, path: str, columns: list[tuple[str, str]],

@@ -19,6 +19,7 @@ from bae.common.protos import edge_pb2, session_pb2
 from bae.common.settings import Address, Settings
 from services.gateway.app import admin_app, client_app
 from services.gateway.console.app import console_routes
+from services.gateway.console.session import ConsoleCookie
 from services.gateway.body import BodyReader
 from services.gateway.connections import PortLimits, protocol_for
 from services.gateway.cors import with_cors
@@ -100,8 +101,13 @@ class Gateway:
         # CORS outside the rate limit: a 429 must reach a page's script readable, with its Retry-After.
         client = with_cors(client_router, self.rate_limit, settings.cors_origins)
         self.client = _uvicorn(Observed(client), settings, "client")
-        console = console_routes(settings.console_prefix) if settings.console_enabled else []
-        self.admin = _uvicorn(Observed(admin_app(rest, self.rpc, self.readyz, self.metrics, console)), settings, "admin")
+        admin: ASGIApp
+        if settings.console_enabled:
+            console = console_routes(settings.console_prefix, self.upstream)
+            admin = ConsoleCookie(admin_app(rest, self.rpc, self.readyz, self.metrics, console), self.upstream)
+        else:
+            admin = admin_app(rest, self.rpc, self.readyz, self.metrics, [])
+        self.admin = _uvicorn(Observed(admin), settings, "admin")
         self._sockets: list[socket.socket] = []
 
     async def _ask_rate_policy(self, authorization: str) -> session_pb2.RatePolicy:

@@ -31,10 +31,18 @@ T = TypeVar("T")
 Metadata = tuple[tuple[str, str], ...]
 
 
+# Where the admin port's console cookie filter (console/session.py) leaves the `bae_console` cookie of a
+# request without an Authorization header, once its CSRF token was checked.
+CONSOLE_SESSION_SCOPE_KEY = "bae.console_session"
+
+
 def credential_of(request: Request) -> edge_pb2.Credential:
-    """The request's Authorization header as it came: the session service authenticates."""
+    """The request's Authorization header as it came, or its console cookie: the session service authenticates."""
     authorization = request.headers.get("authorization")
-    return edge_pb2.Credential(authorization=authorization or "", present=authorization is not None)
+    return edge_pb2.Credential(
+        authorization=authorization or "", present=authorization is not None,
+        console_session=request.scope.get(CONSOLE_SESSION_SCOPE_KEY, ""),
+    )
 
 
 # A call follows at most this many refusals (one is usual: the session moved once).

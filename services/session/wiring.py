@@ -15,6 +15,7 @@ from bae.common.settings import Settings
 from services.session.api.admin import AdminApi
 from services.session.api.admin_key import AdminKeyOptions, bootstrap_admin_key
 from services.session.api.auth import Authenticator
+from services.session.api.console import ConsoleApi
 from services.session.api.live import LiveApi
 from services.session.api.rest import ClientRestApi
 from services.session.api.sandbox_methods import SandboxMethods
@@ -154,6 +155,7 @@ async def session_service(settings: Settings, config: Config, options: AdminKeyO
         webhooks=WebhooksApi(
             store=store, auth=auth, transport=webhook_sender, settings=config.webhooks, deliverer=deliverer
         ),
+        console=ConsoleApi(store=store, auth=auth),
         auth=auth,
         live=LiveApi(
             store=store, sessions=engine.registry, turns=engine.turns, sandboxes=engine.sandboxes,

@@ -7,9 +7,11 @@ from starlette.requests import Request
 from starlette.routing import BaseRoute, Mount, Route
 
 from services.gateway.console.assets import Assets, Shell
+from services.gateway.console.session import SignInRoutes
+from services.gateway.upstream import Upstream
 
 
-def console_routes(prefix: str) -> list[BaseRoute]:
+def console_routes(prefix: str, upstream: Upstream) -> list[BaseRoute]:
     shell = Shell(prefix)
 
     async def to_shell(request: Request) -> Response:
@@ -18,5 +20,6 @@ def console_routes(prefix: str) -> list[BaseRoute]:
     return [
         Route("/console", to_shell),
         Route("/console/", shell.page),
+        *SignInRoutes(upstream, prefix).routes(),
         Mount("/console/static", app=Assets()),
     ]

@@ -8,12 +8,16 @@ hashes (digest -> row id); the row is still re-read on every request.
 Those Argon2id checks run in `admin_hash`, off the store threads and throttled.
 Lookups that only read run on the store's reader (`Store.read`); the lookups
 themselves are store functions (store/keys.py, store/access.py).
+The admin checks also take a web console session (its cookie's value, on the
+admin port only), valid while it has not expired and the admin key it was
+signed in with is still active (store/console.py, docs/console.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import datetime, timezone
 from typing import Any, Callable, TypeVar
 
 from bae.common.errors import Unauthenticated
@@ -21,7 +25,8 @@ from bae.common.ids import token_digest
 from bae.common.timefmt import now
 from services.session.api.admin_hash import AdminHashVerifier
 from services.session.api.calls import Credential
-from services.session.store import access, keys
+from services.session.store import access, console, keys
+from services.session.store.console import ConsoleSessionRecord
 from services.session.store.records import KeyRecord, Principal, ProfileRecord, SessionRecord
 from services.session.store.store import Store
 
@@ -100,9 +105,32 @@ class Authenticator:
         return row
 
     async def require_admin(self, credential: Credential) -> None:
+        await self.admin_key_id(credential)
+
+    async def admin_key_id(self, credential: Credential) -> str | None:
+        """The id of the admin key `credential` is, or its console session was signed in with; None
+        while admin auth is disabled (anything is accepted then). Unauthenticated otherwise."""
         if self.admin_auth_disabled:
-            return
-        token = credential.token()
+            return None
+        if credential.console_session is not None:
+            return (await self.console_session(credential.console_session)).admin_key_id
+        return await self.admin_key_of(credential.token())
+
+    async def console_session(self, token: str) -> ConsoleSessionRecord:
+        """The console session whose cookie holds `token`: not expired, its admin key still active.
+        One signed in while admin auth was disabled is valid only while it still is."""
+        record = await self.store.read(console.active_session, token_digest(token), datetime.now(timezone.utc))
+        if record is None or (record.admin_key_id is None and not self.admin_auth_disabled):
+            raise Unauthenticated("the console session ended; sign in again")
+        if record.admin_key_id is not None:
+            self.stamps.stamp(record.admin_key_id)
+        return record
+
+    async def admin_key_of(self, token: str) -> str | None:
+        """The id of the active admin key `token` is; None while admin auth is disabled (any token is
+        accepted then), else Unauthenticated."""
+        if self.admin_auth_disabled:
+            return None
         digest = token_digest(token)
         row, hashes, stale = await self.store.read(keys.admin_lookup, digest, self._admin_hashes.verified_row(digest))
         if stale:
@@ -113,6 +141,7 @@ class Authenticator:
         if row_id is None:
             raise Unauthenticated("invalid admin key")
         self.stamps.stamp(row_id)
+        return row_id
 
     # last_used_at.
 

@@ -17,15 +17,20 @@ class Credential:
     """The bearer token of the Authorization header, or why there is none (SERVER-SPEC §2.2).
 
     Parsed once; a handler asks for `token()` at the point where the spec checks it,
-    so a refusal keeps its place in each route's check order.
+    so a refusal keeps its place in each route's check order. A request without the header
+    may instead carry the web console's session cookie (`console_session`, admin port only),
+    which only the admin checks accept (auth.Authenticator).
     """
 
     _token: str | None
     _problem: str | None = None
+    console_session: str | None = None
 
     @classmethod
     def of(cls, credential: edge_pb2.Credential) -> "Credential":
         header = credential.authorization
+        if not credential.present and credential.console_session:
+            return cls(None, "missing Authorization header", credential.console_session)
         if not credential.present or not header.isascii():
             return cls(None, "missing Authorization header")
         if header[:7] not in ("Bearer ", "bearer "):

@@ -21,6 +21,7 @@ from bae.common.protos import admin_api_pb2, client_api_pb2, edge_pb2, session_p
 from services.session.api.admin import AdminApi
 from services.session.api.auth import Authenticator
 from services.session.api.calls import Credential
+from services.session.api.console import ConsoleApi
 from services.session.api.faults import rpc_error
 from services.session.api.jsonrpc import RpcCall
 from services.session.api.live import LiveApi
@@ -72,6 +73,7 @@ class SessionServicer:
         schedules: SchedulesApi,
         triggers: TriggersApi,
         webhooks: WebhooksApi,
+        console: ConsoleApi,
         auth: Authenticator,
         live: LiveApi,
         sandboxes: SandboxMethods,
@@ -85,6 +87,7 @@ class SessionServicer:
         self.schedules = schedules
         self.triggers = triggers
         self.webhooks = webhooks
+        self.console = console
         self.auth = auth
         self.live = live
         self.sandboxes = sandboxes
@@ -268,6 +271,33 @@ class SessionServicer:
         self, request: admin_api_pb2.RetryWebhookDeliveryRequest, incoming: Incoming
     ) -> admin_api_pb2.WebhookDelivery:
         return await _answer(self.webhooks.retry_webhook_delivery(request))
+
+    # The web console's sign-in.
+
+    async def create_console_link(
+        self, request: admin_api_pb2.CreateConsoleLinkRequest, incoming: Incoming
+    ) -> admin_api_pb2.ConsoleLink:
+        return await _answer(self.console.create_link(request))
+
+    async def sign_in_console(
+        self, request: admin_api_pb2.ConsoleSignInRequest, incoming: Incoming
+    ) -> admin_api_pb2.ConsoleSessionStarted:
+        return await _answer(self.console.sign_in(request))
+
+    async def exchange_console_link(
+        self, request: admin_api_pb2.ExchangeConsoleLinkRequest, incoming: Incoming
+    ) -> admin_api_pb2.ConsoleSessionStarted:
+        return await _answer(self.console.exchange_link(request))
+
+    async def get_console_session(
+        self, request: admin_api_pb2.ConsoleSessionRequest, incoming: Incoming
+    ) -> admin_api_pb2.ConsoleSession:
+        return await _answer(self.console.get_session(request))
+
+    async def sign_out_console(
+        self, request: admin_api_pb2.ConsoleSessionRequest, incoming: Incoming
+    ) -> admin_api_pb2.NoContent:
+        return await _answer(self.console.sign_out(request))
 
     # The internal plane.
 

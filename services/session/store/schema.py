@@ -346,3 +346,28 @@ webhook_outbox = Table(
     Column("webhook_ids", Text, nullable=False),
     Column("queued_at", Float, nullable=False),  # epoch seconds: when its deliveries are first due
 )
+
+# The web console's sign-in (store/console.py, docs/console.md). A row is known by the SHA-256 digest of
+# its token (the `bae_console` cookie's value, or a sign-in link's), never the token. `admin_key_id`: the
+# admin key it was signed in with, which must still be active (NULL while admin auth is disabled).
+console_sessions = Table(
+    "console_sessions",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("admin_key_id", ID),
+    Column("created_at", String(32), nullable=False),
+    Column("expires_at", String(32), nullable=False),
+)
+Index("console_sessions_expires", console_sessions.c.expires_at)
+console_links = Table(
+    "console_links",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("admin_key_id", ID),
+    Column("created_at", String(32), nullable=False),
+    Column("expires_at", String(32), nullable=False),
+    Column("used_at", String(32)),  # set by the one exchange it allows
+)
+Index("console_links_expires", console_links.c.expires_at)
