@@ -226,6 +226,32 @@ def test_the_session_page_survives_a_dropped_stream_and_shows_every_event_once(c
     assert [event["event_type"] for event in events].count("server.message.send") == 3
 
 
+def test_a_page_opened_during_a_provider_call_shows_its_text_so_far(console, stack, mock):
+    mock.reset()
+    sid, skey, _ = new_session(stack)
+    register(stack, sid, skey)
+    console.open_signed_in(f"#/sessions/{sid}")
+    console.wait_for_stream("live")  # a listener for deltas: the provider call is streamed
+    resume = threading.Event()
+    mock.enqueue(Reply.text("alpha bravo charlie").streaming(pieces=["alpha ", "bravo ", "charlie"], pause_at=2,
+                                                             resume=resume))
+    thread, outcome = turn_in_background(stack, sid, skey, "spell")
+    shows_so_far = "document.querySelector('.live-call pre.delta')?.textContent === 'alpha bravo '"
+    console.wait_for(shows_so_far, "#turns")
+
+    # A page that comes in mid-call gets the call's text so far (one catch-up delta per block),
+    # then the live deltas after it, then the response that replaces them.
+    console.page.reload()
+    console.wait_for_stream("live")
+    console.wait_for(shows_so_far, "#turns")
+    resume.set()
+    thread.join(30)
+    final = result(outcome["frames"])
+    console.wait_for_event(final["events"][-1]["id"])
+    assert console.page.query_selector(".live-call") is None
+    assert console.event_ids() == [event["id"] for event in all_events(stack, sid, skey)]
+
+
 def served_again(stack: RunningStack, sid: str, patience: float = 30.0) -> None:
     """Wait until the gateway reaches the restarted session service: until then a call is answered
     503 "try again shortly"."""
