@@ -80,8 +80,8 @@ export async function render(main, [sessionId]) {
     view = {
       status,
       meta,
-      bars: h("div", { class: "waterfall", "aria-label": `${title}: provider calls and tool dispatches` }),
-      live: h("div", { class: "live", "aria-live": "polite" }),
+      bars: h("ul", { class: "waterfall", "aria-label": `${title}: provider calls and tool dispatches` }),
+      live: h("div", { class: "live" }),
       list: h("ol", { class: "events" }),
       blocks: new Map(), // "<request event id> <index>" -> the <pre> its deltas grow
     };
@@ -259,7 +259,7 @@ function drawWaterfall(box, { start, end, bars }) {
     block.style.left = `${((bar.start - start) / span) * 100}%`;
     block.style.width = `${Math.max((took / span) * 100, 0.5)}%`;
     box.append(
-      h("div", { class: "wf-row", dataset: { kind: bar.kind, id: bar.id } },
+      h("li", { class: "wf-row", dataset: { kind: bar.kind, id: bar.id } },
         h("span", { class: "wf-label" }, bar.label),
         h("span", { class: "wf-track" }, block),
         h("span", { class: "wf-ms" }, done ? `${took} ms` : "running")),
