@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from bae.common.internal import InternalPlane
+
 from services.gateway.console.app import console_routes
 from services.gateway.console.assets import CSP, STATIC
 from services.gateway.router import build_router
+from services.gateway.upstream import Upstream
 
 pytestmark = pytest.mark.unit
 
@@ -26,7 +29,9 @@ IMPORT = re.compile(r"""(?:import|from)\s*\(?\s*["'](\.{1,2}/[^"']+)["']""")
 
 
 def client(prefix: str = "") -> TestClient:
-    return TestClient(build_router({}, console_routes(prefix)))
+    # Serving files calls no session replica: the upstream's address is never dialled.
+    upstream = Upstream(["127.0.0.1:9"], 1.0, InternalPlane("t" * 32, 30))
+    return TestClient(build_router({}, console_routes(prefix, upstream)))
 
 
 class Tags(HTMLParser):
