@@ -267,3 +267,72 @@ def test_the_first_load_of_the_sessions_page_is_small(console, stack):
     console.page.wait_for_selector("#session-results table, #session-results p")
     loaded = console.wire_bytes({"document", "script", "stylesheet"})
     assert 0 < loaded <= FIRST_LOAD_BUDGET, loaded
+
+
+def event(event_type: str, payload: dict, at: str) -> dict:
+    return {"id": f"evt_{event_type}_{at}", "session_id": "ses_x", "client_key_id": None, "event_type": event_type,
+            "payload": payload, "created_at": f"2026-07-06T18:26:{at}Z"}
+
+
+# Sandbox and subagent events, as docs/reference/events.md gives them, and a turn stopped by the loop limit.
+SANDBOX_EVENTS = [
+    event("session.sandbox.available", {"images": [{"name": "python:3.12", "status": "available"},
+                                                   {"name": "node:22", "status": "error", "detail": "pull failed"}]}, "00.000"),
+    event("session.sandbox.start", {"image": "python:3.12", "dispatch": "remote"}, "01.000"),
+    event("session.sandbox.running", {"image": "python:3.12", "sandbox_id": "sbx_1", "dispatch": "remote",
+                                      "unsandboxed": False}, "02.000"),
+    event("session.sandbox.stop", {"image": "python:3.12", "sandbox_id": "sbx_1", "reason": "idle_timeout",
+                                   "dispatch": "remote"}, "03.000"),
+    event("session.sandbox.stopped", {"image": "python:3.12", "sandbox_id": "sbx_1", "reason": "idle_timeout",
+                                      "dispatch": "remote", "unsandboxed": False}, "04.000"),
+]
+SUBAGENT = {"dispatch": "remote", "harness": "claude-code", "model": "m", "detail": ""}
+SUBAGENT_EVENTS = [
+    event("session.subagent.start", {**SUBAGENT, "subagent_id": "sba_1"}, "00.000"),
+    event("session.subagent.running", {**SUBAGENT, "subagent_id": "sba_1"}, "01.000"),
+    event("session.subagent.start", {**SUBAGENT, "subagent_id": "sba_2"}, "01.500"),
+    event("session.subagent.failed", {**SUBAGENT, "subagent_id": "sba_1", "reason": "timeout", "exit_code": 137}, "02.000"),
+    event("session.subagent.completed", {**SUBAGENT, "subagent_id": "sba_2", "exit_code": 0}, "03.000"),
+]
+LOOP_LIMIT_TURN = [
+    event("client.message.send", {"role": "user", "content": "go"}, "00.000"),
+    event("provider.request", {"attempt": 0, "kind": "primary", "provider": "anthropic", "base_url": "http://p/",
+                               "model": "m", "max_tokens": 1, "messages": [], "tools": []}, "00.100"),
+    event("provider.response", {"attempt": 0, "kind": "primary", "provider": "anthropic", "ok": True, "status": 200,
+                                "body": {}, "usage": {"input_tokens": 1000, "output_tokens": 100}}, "00.350"),
+    event("tool.call", {"id": "tu_1", "name": "search", "input": {}, "dispatch": "mcp", "server_name": "web"}, "00.360"),
+    event("mcp.request", {"method": "tools/call", "server_name": "web", "tool": "search", "input": {}}, "00.370"),
+    event("mcp.response", {"server_name": "web", "ok": True, "result": {}}, "00.800"),
+    event("tool.result", {"tool_use_id": "tu_1", "dispatch": "mcp", "server_name": "web", "is_error": True,
+                          "content": "no"}, "00.810"),
+    event("session.error", {"reason": "loop_limit", "max_iterations": 8}, "00.900"),
+]
+
+
+def test_the_page_derives_sandbox_subagent_and_turn_state_from_the_events(console):
+    """What the session page shows of events a mock provider cannot make (sandboxes, subagents, MCP,
+    the loop limit), from js/timeline.js in the page itself."""
+    console.open()
+    console.page.wait_for_selector("#admin-token")
+    derived = console.page.evaluate(
+        """async ([sandboxEvents, subagentEvents, turn]) => {
+            const t = await import("./static/js/timeline.js");
+            const prices = t.pricesOf([{provider: "anthropic", base_url: "http://p", model: "m",
+                                        price_input_per_mtok: 3, price_output_per_mtok: 15}]);
+            return {sandboxes: t.sandboxes(sandboxEvents), subagents: t.subagents(subagentEvents),
+                    status: t.turnStatus(turn), usage: t.usage(turn, prices), waterfall: t.waterfall(turn),
+                    starts: turn.map(t.startsTurn)};
+        }""",
+        [SANDBOX_EVENTS, SUBAGENT_EVENTS, LOOP_LIMIT_TURN],
+    )
+    assert [(s["image"], s["state"], s.get("sandbox_id"), s["detail"]) for s in derived["sandboxes"]] == [
+        ("python:3.12", "stopped", "sbx_1", "idle_timeout"), ("node:22", "image error", None, "pull failed"),
+    ]
+    assert [(a["id"], a["state"], a["detail"]) for a in derived["subagents"]] == [
+        ("sba_1", "failed", "timeout, exit 137"), ("sba_2", "completed", "exit 0"),
+    ]
+    assert derived["status"] == "failed: loop_limit"
+    assert derived["usage"] == {"calls": 1, "input": 1000, "output": 100, "cost": 0.0045, "priced": True}
+    bars = [(b["kind"], b.get("dispatch"), b["end"] - b["start"], b["ok"]) for b in derived["waterfall"]["bars"]]
+    assert bars == [("provider", None, 250, True), ("tool", "mcp", 450, False)]
+    assert derived["starts"] == [True] + [False] * 7
