@@ -19,6 +19,7 @@ const STREAM_STATES = {
 };
 
 export async function render(main, [sessionId]) {
+  const route = location.hash;
   const path = `/admin/v1/sessions/${encodeURIComponent(sessionId)}`;
   const [record, providers] = await Promise.all([api(path), api("/admin/v1/providers")]);
   const prices = pricesOf(providers.items);
@@ -206,6 +207,8 @@ export async function render(main, [sessionId]) {
   }
 
   showSummaries();
+  // Left while its first answers were awaited: another page is shown, and no stream is started.
+  if (location.hash !== route) return null;
   return followSession(sessionId, { onEvent, onDelta, onState });
 }
 
