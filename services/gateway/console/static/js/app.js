@@ -7,7 +7,7 @@ import { h, clear, errorBlock } from "./dom.js";
 
 const ROUTES = [
   [/^#\/sessions\/([^/]+)$/, () => import("./pages/session.js")],
-  [/^#\/sessions$/, () => import("./pages/sessions.js")],
+  [/^#\/sessions(?:\?.*)?$/, () => import("./pages/sessions.js")], // the query: the list's filters
   [/^#\/profiles$/, () => import("./pages/profiles.js")],
   [/^#\/keys$/, () => import("./pages/keys.js")],
   [/^#\/schedules$/, () => import("./pages/schedules.js")],
