@@ -36,7 +36,7 @@ PG_TESTS := tests/unit/test_store.py tests/unit/test_session_bodies.py tests/uni
 	tests/unit/test_postgres_outage.py \
 	tests/integration/test_client_rest.py tests/integration/test_admin_api.py \
 	tests/integration/test_live_turns.py tests/integration/test_live_stack.py tests/integration/test_live_processes.py \
-	tests/integration/test_retention.py
+	tests/integration/test_retention.py tests/integration/test_session_filters.py
 
 test: venv protos
 	$(PY) -m pytest $(PYTEST_ARGS)

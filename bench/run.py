@@ -4,7 +4,7 @@
     make bench ARGS="rest"     # only the REST figures; also "turns", "observers", "compaction",
                                # "replicas", "sandbox" (bench/sandbox.py), "limits" (bench/limits.py),
                                # "storage" (bench/storage.py), "retention" (bench/retention.py),
-                               # "webhooks" (bench/webhooks.py),
+                               # "webhooks" (bench/webhooks.py), "console" (bench/console.py),
                                # "streaming" (bench/streaming.py), "cpu" or "telemetry"
     .venv/bin/python -m bench.run rest     # the same, from the repository root
 
@@ -38,6 +38,8 @@ sessions, read from /proc: where the cores go when they are the limit.
 Streaming (bench/streaming.py): time to the first `session.delta` through the stack against the
 same streaming call made directly with the SDK, the streaming turn's added latency next to the
 non-streaming turn's (same answer), and deltas per second to 1 and to 100 delta subscribers.
+Console (bench/console.py): what the web console watching a session (an SSE subscriber on the admin
+port, with and without deltas) adds to its text turns, in alternating runs, next to an A/A figure.
 Telemetry (only when asked for): REST p50 and text-turn latency with [telemetry]
 off, and on at sample ratio 1.0 exporting to the tests' OTLP receiver; two rounds,
 alternating, on fresh stacks.
@@ -567,6 +569,14 @@ async def main(which: list[str]) -> None:
         mock = MockProcess()
         try:
             await bench_webhooks(mock, (turn_drivers, text_turns, close_all))
+        finally:
+            mock.stop()
+    if not which or "console" in which:
+        from bench.console import bench_console
+
+        mock = MockProcess()
+        try:
+            await bench_console(mock)
         finally:
             mock.stop()
     if not which or "streaming" in which:

@@ -10,7 +10,7 @@ import httpx
 
 from bae.common.settings import Settings
 from bae.launcher.stack import Stack
-from testkit import postgres_support
+from testkit import postgres_support, stack_logs
 from testkit.openapi_check import OpenApiCheck
 from testkit.ports import free_port
 from testkit.processes import service_env
@@ -99,6 +99,8 @@ class RunningStack(StackClients):
         self.stack = stack
         self.tmp = tmp
         super().__init__(stack.client_url, stack.admin_url, Path(stack.settings.admin_key_file).read_text().strip())
+        if stack.log_dir is not None:
+            stack_logs.started(stack.log_dir)
 
     @property
     def settings(self) -> Settings:
@@ -106,6 +108,8 @@ class RunningStack(StackClients):
 
     def close(self) -> dict[str, int]:  # type: ignore[override]
         super().close()
+        if self.stack.log_dir is not None:
+            stack_logs.stopped(self.stack.log_dir)
         return self.stack.stop()
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 
+from testkit import stack_logs
 from testkit.mockllm import MockLLM
 from testkit.stack import RunningStack, StackFactory, launch_stack
 
@@ -61,6 +62,22 @@ def mock() -> Iterator[MockLLM]:
     llm = MockLLM().start()
     yield llm
     llm.stop()
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    stack_logs.test_started()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test that fails in its setup or its call shows its stacks' service log warnings and errors
+    (testkit/stack_logs.py): the logs are gone with the temporary directory after the run."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and report.when in ("setup", "call"):
+        shown = stack_logs.failure_report()
+        if shown:
+            report.sections.append(("stack service logs: warnings and errors", shown))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -11,4 +11,5 @@ def now() -> str:
 
 def format_time(moment: datetime) -> str:
     moment = moment.astimezone(timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    # The year in four digits (strftime's %Y writes 999 for 0999), so that stamps compare as text.
+    return f"{moment.year:04d}" + moment.strftime("-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"

@@ -134,6 +134,18 @@ def paging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cursor", metavar="C", help="one page, starting after cursor C")
 
 
+def session_filters(parser: argparse.ArgumentParser) -> None:
+    """GET /admin/v1/sessions's filters (they combine with AND)."""
+    parser.add_argument("--state", choices=["open", "closed", "error"], help="only sessions in this state")
+    parser.add_argument("--profile-id", metavar="ID", help="only this profile's sessions")
+    parser.add_argument("--client-key-id", metavar="ID", help="only the sessions this client key opened")
+    parser.add_argument("--created-after", type=commands.day_or_time, metavar="DATE",
+                        help="only sessions created at or after: YYYY-MM-DD (UTC, its start) or an RFC 3339 time")
+    parser.add_argument("--created-before", type=commands.day_or_time, metavar="DATE",
+                        help="only sessions created before: YYYY-MM-DD (UTC, its start) or an RFC 3339 time")
+    parser.add_argument("--id-prefix", metavar="PREFIX", help="only sessions whose id starts with PREFIX")
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argparse.ArgumentParser]]:
     b = Builder()
     b.group((), "create", "create a profile, a client key or a webhook")
@@ -167,7 +179,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     paging(b.leaf(("list", "keys"), "list active client keys", commands.list_keys))
     sessions = b.leaf(("list", "sessions"), "list sessions", commands.list_sessions)
     paging(sessions)
-    sessions.add_argument("--state", choices=["open", "closed", "error"], help="only sessions in this state")
+    session_filters(sessions)
     events = b.leaf(("list", "events"), "list a session's events", commands.list_events)
     events.add_argument("session_id")
     paging(events)
@@ -236,7 +248,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     b.group((), "purge", "delete ended sessions in bulk")
     purge = b.leaf(("purge", "sessions"), "delete every closed or error session closed before a date",
                    commands.purge_sessions)
-    purge.add_argument("--closed-before", required=True, type=commands.closed_before, metavar="DATE",
+    purge.add_argument("--closed-before", required=True, type=commands.day_or_time, metavar="DATE",
                        help="YYYY-MM-DD (UTC, its start) or an RFC 3339 time")
     purge.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
 
@@ -298,7 +310,7 @@ def aliases(b: Builder) -> None:
     b.group((), "sessions", "sessions (alias forms)")
     sessions = b.leaf(("sessions", "list"), "= list sessions", commands.list_sessions)
     paging(sessions)
-    sessions.add_argument("--state", choices=["open", "closed", "error"])
+    session_filters(sessions)
     events = b.leaf(("events",), "= list events", commands.list_events)
     events.add_argument("session_id")
     paging(events)

@@ -15,8 +15,10 @@ from bae.ctl.output import as_json, created, joined, labelled, profile, table
 
 PROFILE_COLUMNS = [("ID", "id"), ("NAME", "name"), ("PRIMARY_PROVIDER", "primary_provider")]
 KEY_COLUMNS = [("ID", "id"), ("NAME", "name"), ("PREFIX", "prefix"), ("PROFILE_ID", "profile_id")]
+# CLIENT_KEY_ID came later: last, so the columns before it keep their places for scripts that read them.
 SESSION_COLUMNS = [("ID", "id"), ("PROFILE_ID", "profile_id"), ("STATE", "state"),
-                   ("CLIENT_VERSION", "client_version"), ("CREATED_AT", "created_at"), ("CLOSED_AT", "closed_at")]
+                   ("CLIENT_VERSION", "client_version"), ("CREATED_AT", "created_at"), ("CLOSED_AT", "closed_at"),
+                   ("CLIENT_KEY_ID", "client_key_id")]
 EVENT_COLUMNS = [("ID", "id"), ("EVENT_TYPE", "event_type"), ("CLIENT_KEY_ID", "client_key_id"),
                  ("CREATED_AT", "created_at"), ("PAYLOAD", "payload")]
 PROVIDER_COLUMNS = [("NAME", "name"), ("PROVIDER", "provider"), ("MODEL", "model"), ("BASE_URL", "base_url")]
@@ -330,17 +332,21 @@ def rotate_secret(api: AdminApi, args: argparse.Namespace) -> None:
 
 # --- sessions and their events ------------------------------------------------------------------
 
+SESSION_FILTERS = ("state", "profile_id", "client_key_id", "created_after", "created_before", "id_prefix")
+
+
 def list_sessions(api: AdminApi, args: argparse.Namespace) -> None:
-    listing(api, args, "/sessions", SESSION_COLUMNS, "no sessions found",
-            {"state": args.state} if args.state else {})
+    filters = {name: getattr(args, name) for name in SESSION_FILTERS if getattr(args, name)}
+    listing(api, args, "/sessions", SESSION_COLUMNS, "no sessions found", filters)
 
 
 def list_events(api: AdminApi, args: argparse.Namespace) -> None:
     listing(api, args, f"/sessions/{args.session_id}/events", EVENT_COLUMNS, "no events found")
 
 
-def closed_before(text: str) -> str:
-    """--closed-before: a UTC day (YYYY-MM-DD, its start) or a whole RFC 3339 time, sent as given."""
+def day_or_time(text: str) -> str:
+    """--closed-before, --created-after/-before: a UTC day (YYYY-MM-DD, its start) or a whole RFC 3339
+    time, sent as given."""
     if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
         return f"{text}T00:00:00Z"
     return text

@@ -162,7 +162,8 @@ async def test_sessions_and_events(service):
     opened = await service.call("OpenSession", key=key["key"], body={"client_version": "9"})
     listed = await service.admin("ListSessions", query={"state": "open"})
     assert listed["items"] == [{
-        "id": opened["session_id"], "profile_id": profile["id"], "state": "open", "client_version": "9",
+        "id": opened["session_id"], "profile_id": profile["id"], "client_key_id": key["id"], "state": "open",
+        "client_version": "9",
         "created_at": listed["items"][0]["created_at"], "closed_at": None,
     }]
     assert (await service.admin("ListSessions", query={"state": "closed"}))["items"] == []

@@ -436,7 +436,10 @@ def run_client_script(s: Script, admin: dict[str, Any]) -> None:
 
     # Admin views of what the client side did.
     for query in [{}, {"state": "open"}, {"state": "closed"}, {"state": "error"}, {"state": ""},
-                  {"state": "bogus"}, {"state": "bogus", "limit": "x"}, {"limit": "2"}, {"limit": "2", "cursor": "2"}]:
+                  {"state": "bogus"}, {"state": "bogus", "limit": "x"}, {"limit": "2"}, {"limit": "2", "cursor": "2"},
+                  {"created_after": "2026-01-01", "created_before": "2026-01-01T00:00:00Z"},
+                  {"created_after": "2026-02-01T00:00:00Z", "created_before": "2026-01-01T00:00:00Z"},
+                  {"id_prefix": "ses_*"}, {"profile_id": "p" * 65}, {"state": "closed", "id_prefix": "ses_"}]:
         s.admin_call(f"list sessions {query}", "GET", "/admin/v1/sessions", params=query)
     s.admin_call("a session's events", "GET", f"/admin/v1/sessions/{sid}/events", params={"limit": "3"})
     s.admin_call("a session's events, page 2", "GET", f"/admin/v1/sessions/{sid}/events",

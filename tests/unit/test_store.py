@@ -16,6 +16,7 @@ from services.gateway.proto_to_json import to_json
 from services.session.api.event_messages import event_of_row, event_of_view
 from services.session.store import Store, access, events, keys, profiles, sessions
 from services.session.store.schema import session_events
+from services.session.store.schema import sessions as sessions_table
 from testkit import REVISIONS
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 
@@ -214,3 +215,48 @@ async def test_a_session_key_and_its_records_are_read_as_the_separate_reads_give
         assert await store.read(access.session_key_and_records, digest, session_id) == (None, None, None)
     await store.write(keys.revoke_client, client.id)
     assert await store.read(access.session_key_and_records, "b" * 64, sid) == (None, None, None)
+
+
+async def test_the_session_list_filters_combine_and_page(store):
+    """Each filter of the admin's list, together (AND), and across pages: a cursor continues the
+    filtered list. Times compare inclusive after, exclusive before; an id prefix matches exactly."""
+    rows = [  # id, profile, key, state, created_at
+        ("ses_a1", "pro_1", "key_1", "open", "2026-01-01T00:00:00.000Z"),
+        ("ses_a2", "pro_2", "key_1", "closed", "2026-01-02T00:00:00.000Z"),
+        ("sesXa3", "pro_1", "key_2", "open", "2026-01-03T00:00:00.000Z"),
+        ("ses_b4", "pro_1", "key_1", "error", "2026-01-04T00:00:00.000Z"),
+        ("SES_a5", "pro_1", "key_1", "open", "2026-01-05T00:00:00.000Z"),
+        ("ses_a6", "pro_1", "key_1", "open", "2026-01-06T00:00:00.000Z"),
+    ]
+    await store.write(lambda conn: conn.execute(insert(sessions_table), [
+        {"id": sid, "profile_id": profile, "client_key_id": key, "state": state, "created_at": created,
+         "closed_at": None if state == "open" else created, "client_tools": {}, "sandbox_tools": {},
+         "subagent_tools": {}} for sid, profile, key, state, created in rows]))
+
+    async def listed(kept: sessions.SessionFilter, after_seq: int = 0, limit: int = 50) -> list[str]:
+        return [row.id for row in await store.read(sessions.page, kept, after_seq, limit)]
+
+    assert await listed(sessions.SessionFilter()) == [row[0] for row in rows]
+    assert await listed(sessions.SessionFilter(profile_id="pro_2")) == ["ses_a2"]
+    assert await listed(sessions.SessionFilter(client_key_id="key_2")) == ["sesXa3"]
+    assert await listed(sessions.SessionFilter(profile_id="pro_9")) == []
+    assert await listed(sessions.SessionFilter(created_after="2026-01-05T00:00:00.000Z")) == ["SES_a5", "ses_a6"]
+    assert await listed(sessions.SessionFilter(created_before="2026-01-02T00:00:00.000Z")) == ["ses_a1"]
+    # `_` is no wildcard and case counts (LIKE would match both on SQLite).
+    assert await listed(sessions.SessionFilter(id_prefix="ses_a")) == ["ses_a1", "ses_a2", "ses_a6"]
+    assert await listed(sessions.SessionFilter(id_prefix="SES_")) == ["SES_a5"]
+    assert await listed(sessions.SessionFilter(id_prefix="ses_a1")) == ["ses_a1"]
+    everything = sessions.SessionFilter(
+        state="open", profile_id="pro_1", client_key_id="key_1", created_after="2026-01-01T00:00:00.000Z",
+        created_before="2026-01-06T00:00:00.001Z", id_prefix="ses_",
+    )
+    assert await listed(everything) == ["ses_a1", "ses_a6"]
+
+    # Pages of two through pro_1's key_1 sessions: each starts after the last row of the one before.
+    kept = sessions.SessionFilter(profile_id="pro_1", client_key_id="key_1")
+    first = await store.read(sessions.page, kept, 0, 2)
+    assert [row.id for row in first] == ["ses_a1", "ses_b4"]
+    assert await listed(kept, first[-1].seq, 2) == ["SES_a5", "ses_a6"]
+    assert await listed(kept, (await store.read(sessions.page, kept, 0, 4))[-1].seq, 2) == []
+    # The summary names the key that opened the session.
+    assert sessions.summary_view(first[0])["client_key_id"] == "key_1"

@@ -6,6 +6,7 @@ one of bae.common.errors' kinds.
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import datetime, timezone
 from typing import Any, AsyncIterator, Iterator
@@ -68,11 +69,46 @@ def rfc3339(text: str, name: str) -> str:
     """An RFC 3339 time with its offset, in the store's form (UTC, milliseconds, Z)."""
     try:
         moment = datetime.fromisoformat(text.strip())
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
+        # A time near year 1 or 9999 may leave the calendar in UTC (OverflowError).
+        stamp = format_time(moment.astimezone(timezone.utc)) if moment.tzinfo is not None else None
+    except (ValueError, OverflowError):
+        stamp = None
+    if stamp is None:
         raise InvalidInput(f'invalid {name} "{echo(text)}"; expected an RFC 3339 time such as 2026-01-01T00:00:00Z')
-    return format_time(moment.astimezone(timezone.utc))
+    return stamp
+
+
+# An id_prefix: letters, digits, _ and - (the ids the service makes are `ses_` and hex), at most an id's length.
+_ID_PREFIX = re.compile(rf"[A-Za-z0-9_-]{{1,{events.ID_CHARS}}}")
+
+
+def session_filter(request: admin_api_pb2.ListSessionsRequest) -> sessions.SessionFilter:
+    """The list's query filters, checked; a bad one raises InvalidInput (400)."""
+    state = request.state or None
+    if state is not None and state not in sessions.STATES:
+        raise InvalidInput(f'invalid state filter "{echo(state)}"; expected one of open, closed, error')
+    for name in ("profile_id", "client_key_id"):
+        value = getattr(request, name)
+        if len(value) > events.ID_CHARS:
+            raise InvalidInput(
+                f'invalid {name} filter "{echo(value)}"; expected an id of at most {events.ID_CHARS} characters'
+            )
+    if request.id_prefix and not _ID_PREFIX.fullmatch(request.id_prefix):
+        raise InvalidInput(
+            f'invalid id_prefix filter "{echo(request.id_prefix)}"; expected 1 to {events.ID_CHARS} letters, digits, _ or -'
+        )
+    after = rfc3339(request.created_after, "created_after") if request.created_after else None
+    before = rfc3339(request.created_before, "created_before") if request.created_before else None
+    if after is not None and before is not None and after > before:
+        raise InvalidInput(f"created_after ({after}) is after created_before ({before})")
+    return sessions.SessionFilter(
+        state=state,
+        profile_id=request.profile_id or None,
+        client_key_id=request.client_key_id or None,
+        created_after=after,
+        created_before=before,
+        id_prefix=request.id_prefix or None,
+    )
 
 
 def duplicate_name() -> Conflict:
@@ -202,10 +238,7 @@ class AdminApi:
     async def list_sessions(self, request: admin_api_pb2.ListSessionsRequest) -> admin_api_pb2.SessionPage:
         await self._admin(request.credential)
         page = page_request(request.cursor, request.limit)
-        state = request.state or None
-        if state is not None and state not in sessions.STATES:
-            raise InvalidInput(f'invalid state filter "{echo(state)}"; expected one of open, closed, error')
-        rows = await self.store.read(sessions.page, state, page.after_seq, page.fetch)
+        rows = await self.store.read(sessions.page, session_filter(request), page.after_seq, page.fetch)
         items, next_cursor = page.page([(row.seq, row) for row in rows])
         return admin_api_pb2.SessionPage(items=[session_summary(row) for row in items], next_cursor=next_cursor)
 

@@ -108,6 +108,11 @@ Index("sessions_state_seq", sessions.c.state, sessions.c.seq)
 Index("sessions_key_state", sessions.c.client_key_id, sessions.c.state)
 # The retention sweep's search: closed and error sessions by when they ended (revision 0007).
 Index("sessions_state_closed_at", sessions.c.state, sessions.c.closed_at)
+# The admin list's filters (revision 0013): a profile's or a key's sessions in seq order, the page's
+# order, and a range of creation times.
+Index("sessions_profile_seq", sessions.c.profile_id, sessions.c.seq)
+Index("sessions_key_seq", sessions.c.client_key_id, sessions.c.seq)
+Index("sessions_created_at", sessions.c.created_at)
 
 session_events = Table(
     "session_events",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
 
 from bae.common.ids import new_id
 from bae.common.timefmt import now
@@ -20,6 +21,7 @@ _SUMMARY_COLUMNS = (
     sessions.c.seq,
     sessions.c.id,
     sessions.c.profile_id,
+    sessions.c.client_key_id,
     sessions.c.state,
     sessions.c.client_version,
     sessions.c.created_at,
@@ -116,10 +118,36 @@ def states(conn: Connection, session_ids: list[str]) -> dict[str, str]:
     return {row[0]: row[1] for row in rows}
 
 
-def page(conn: Connection, state: str | None, after_seq: int, limit: int) -> list[Row[Any]]:
+@dataclass(frozen=True)
+class SessionFilter:
+    """What the admin's session list keeps: every condition set must hold (None: no condition).
+    The times are in the store's form (bae.common.timefmt), so they compare as the stored text."""
+
+    state: str | None = None
+    profile_id: str | None = None
+    client_key_id: str | None = None
+    created_after: str | None = None  # inclusive
+    created_before: str | None = None  # exclusive
+    id_prefix: str | None = None
+
+
+def page(conn: Connection, kept: SessionFilter, after_seq: int, limit: int) -> list[Row[Any]]:
+    """The first `limit` sessions after `after_seq` that `kept` keeps, in seq order: a cursor from
+    one page continues the same filtered list."""
     query = select(*_SUMMARY_COLUMNS).where(sessions.c.seq > after_seq)
-    if state is not None:
-        query = query.where(sessions.c.state == state)
+    if kept.state is not None:
+        query = query.where(sessions.c.state == kept.state)
+    if kept.profile_id is not None:
+        query = query.where(sessions.c.profile_id == kept.profile_id)
+    if kept.client_key_id is not None:
+        query = query.where(sessions.c.client_key_id == kept.client_key_id)
+    if kept.created_after is not None:
+        query = query.where(sessions.c.created_at >= kept.created_after)
+    if kept.created_before is not None:
+        query = query.where(sessions.c.created_at < kept.created_before)
+    if kept.id_prefix is not None:
+        # Not LIKE: SQLite's is case-insensitive and `_` is its wildcard; this compares exactly.
+        query = query.where(func.substr(sessions.c.id, 1, len(kept.id_prefix)) == kept.id_prefix)
     return list(conn.execute(query.order_by(sessions.c.seq).limit(limit)))
 
 
@@ -128,6 +156,7 @@ def summary_view(row: Row[Any] | SessionRecord) -> dict[str, Any]:
     return {
         "id": row.id,
         "profile_id": row.profile_id,
+        "client_key_id": row.client_key_id,
         "state": row.state,
         "client_version": row.client_version,
         "created_at": row.created_at,
