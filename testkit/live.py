@@ -91,8 +91,10 @@ def register(stack, sid: str, skey: str) -> None:
     assert result(rpc(stack.client, sid, skey, "session.registerDriver")) == {"registered": True}
 
 
-def send(stack, sid: str, skey: str, content) -> list[dict]:
-    return rpc(stack.client, sid, skey, "session.sendMessage", {"message": {"role": "user", "content": content}})
+def send(stack, sid: str, skey: str, content, **params) -> list[dict]:
+    """`session.sendMessage` with `content`, and `params` beside the message (e.g. stream_deltas=True)."""
+    return rpc(stack.client, sid, skey, "session.sendMessage",
+               {"message": {"role": "user", "content": content}, **params})
 
 
 def all_events(stack, sid: str, skey: str) -> list[dict]:
@@ -114,13 +116,13 @@ def session_state(stack, sid: str) -> str:
     return next(row["state"] for row in listed if row["id"] == sid)
 
 
-def turn_in_background(stack, sid: str, skey: str, text: str) -> tuple[threading.Thread, dict]:
+def turn_in_background(stack, sid: str, skey: str, text, **params) -> tuple[threading.Thread, dict]:
     """`send` on a thread of its own; its outcome gets "frames", or "error" when the call failed."""
     outcome: dict = {}
 
     def run() -> None:
         try:
-            outcome["frames"] = send(stack, sid, skey, text)
+            outcome["frames"] = send(stack, sid, skey, text, **params)
         except Exception as exc:  # the stream is cut when the service (or the session's replica) stops
             outcome["error"] = exc
 

@@ -140,7 +140,7 @@ def test_the_session_page_shows_a_client_tool_turn_live(console, stack, mock):
     resume = threading.Event()
     mock.enqueue(Reply.tool_use([("tu_1", "get_time", {})], text="Let me look at the clock.")
                  .streaming(pieces=["Let me look ", "at the clock."], pause_at=1, resume=resume))
-    thread, outcome = turn_in_background(stack, sid, skey, "What time is it?")
+    thread, outcome = turn_in_background(stack, sid, skey, "What time is it?", stream_deltas=True)
     console.wait_for("[...document.querySelectorAll('.live-call pre.delta')].some(p => p.textContent === 'Let me look ')",
                      "#turns")
     assert types_shown(console)[-2:] == ["client.message.send", "provider.request"]
@@ -231,11 +231,12 @@ def test_a_page_opened_during_a_provider_call_shows_its_text_so_far(console, sta
     sid, skey, _ = new_session(stack)
     register(stack, sid, skey)
     console.open_signed_in(f"#/sessions/{sid}")
-    console.wait_for_stream("live")  # a listener for deltas: the provider call is streamed
+    console.wait_for_stream("live")
     resume = threading.Event()
     mock.enqueue(Reply.text("alpha bravo charlie").streaming(pieces=["alpha ", "bravo ", "charlie"], pause_at=2,
                                                              resume=resume))
-    thread, outcome = turn_in_background(stack, sid, skey, "spell")
+    # The driver asks for deltas: the call streams, and the page shows them (it never makes a call stream).
+    thread, outcome = turn_in_background(stack, sid, skey, "spell", stream_deltas=True)
     shows_so_far = "document.querySelector('.live-call pre.delta')?.textContent === 'alpha bravo '"
     console.wait_for(shows_so_far, "#turns")
 

@@ -277,11 +277,18 @@ def test_server_sent_events_carry_events_with_ids_and_deltas_without(stack, mock
 
 def test_the_admin_stream_takes_the_admin_token_for_any_session(stack, mock):
     sid, skey = open_on(stack, "anthropic")
-    mock.enqueue(Reply.text(TEXT).streaming())
+    mock.enqueue(Reply.text(TEXT).streaming(), Reply.text(TEXT).streaming())
     with sse(stack, sid, stack.admin_key, admin=True, deltas="true") as watching:
         assert watching.status == 200
-        result(send(stack, sid, skey, "Say it."))
-        got = watching.wait_for(lambda items: "server.message.send" in types(events_of(items)))
+        # Watching changes nothing of the session: asking for deltas makes no call stream...
+        first = result(send(stack, sid, skey, "Say it."))
+        got = watching.wait_for(lambda items: first["events"][-1] in events_of(items))
+        assert "stream" not in mock.requests[-1]["body"]
+        assert deltas_of(got) == []
+        # ...but the deltas of a call that streams for a client reach the watcher too.
+        second = result(send(stack, sid, skey, "Again.", stream_deltas=True))
+        got = watching.wait_for(lambda items: second["events"][-1] in events_of(items))
+        assert mock.requests[-1]["body"]["stream"] is True
     assert "".join(delta["text"] for delta in deltas_of(got)) == TEXT
     # A session key is not the admin token; an unknown session is 404.
     with sse(stack, sid, skey, admin=True) as refused:

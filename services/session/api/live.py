@@ -127,24 +127,29 @@ class LiveApi:
         overrides = call.profile.limits if call.profile is not None else None  # None: the profile was deleted
         limit = self.limits.overridden(overrides).max_subscribers_per_session
         live = await self._attach_observed(call.session)
-        async for frame in self._observe(call.session_id, live, call.actor, since, params.deltas, limit):
+        async for frame in self._observe(call.session_id, live, call.actor, since, params.deltas, limit, streams=True):
             yield frame
 
     async def watch(self, request: admin_api_pb2.WatchSessionRequest) -> AsyncIterator[SubscriptionFrame]:
         """The admin port's view of a session: as `session.subscribe`, for a session in any state,
-        counted against no limit. Raises NotFound before the first frame for an unknown session."""
+        counted against no limit. Watching changes nothing of the session: with `deltas` it gets the
+        deltas of provider calls that stream for a client, but makes no call stream itself (an
+        operator's console would otherwise turn every watched call into a streaming one). Raises
+        NotFound before the first frame for an unknown session."""
         session = await self.store.get_session(request.session_id)
         if session is None:
             raise NotFound(f"no session {echo(request.session_id)}")
         live = await self._attach_observed(session)
         since = request.since_event_id if request.HasField("since_event_id") else None
-        async for frame in self._observe(request.session_id, live, "", since, request.deltas, None):
+        async for frame in self._observe(request.session_id, live, "", since, request.deltas, None, streams=False):
             yield frame
 
     async def _observe(
-        self, session_id: str, live: LiveSession | None, key: str, since: str | None, deltas: bool, limit: int | None
+        self, session_id: str, live: LiveSession | None, key: str, since: str | None, deltas: bool, limit: int | None,
+        *, streams: bool,
     ) -> AsyncIterator[SubscriptionFrame]:
-        """An observer of `live` (None: replay only) acting as `key`, counted against `limit` (None: not counted)."""
+        """An observer of `live` (None: replay only) acting as `key`, counted against `limit` (None: not counted).
+        With `deltas` and `streams`, the session's provider calls stream while it watches."""
         if live is None:
             yield SubscriptionFrame(observer=client_api_pb2.Observer(key=key, live=False))
             async for frame in self._replay(session_id, since):
@@ -153,7 +158,8 @@ class LiveApi:
         feed = live.feed
         if limit is not None and not feed.admit_subscriber(limit):
             raise RpcFault(RpcCode.QUOTA_EXCEEDED, QuotaExceeded("max_subscribers_per_session", limit).detail)
-        feed.delta_subscribers += deltas
+        asks_streaming = deltas and streams
+        feed.delta_subscribers += asks_streaming
         try:
             # The position and the catch-up at the same moment: the live part starts right after both.
             observer = client_api_pb2.Observer(key=key, live=key not in feed.revoked, position=feed.position)
@@ -167,7 +173,7 @@ class LiveApi:
             yield SubscriptionFrame(replayed=True)
             await feed.until_let_go()
         finally:
-            feed.delta_subscribers -= deltas
+            feed.delta_subscribers -= asks_streaming
             if limit is not None:
                 feed.leave_subscriber()
 
