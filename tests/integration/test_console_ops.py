@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from testkit.browser import wait_for
+from testkit.console import ConsolePage
 from testkit.live import register, send, terminal
 from testkit.mockllm import MockLLM, Reply
 from testkit.stack import RunningStack, launch_stack, mock_provider_toml
@@ -41,10 +42,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, mock: MockLLM) -> Iterator[R
 
 def sign_in(page: "Page", stack: RunningStack, route: str) -> None:
     """Open the console at `route` (e.g. "#/keys") and sign in with the admin key."""
-    page.goto(f"{stack.admin_url}/console/{route}")
-    page.fill("#admin-token", stack.admin_key)
-    page.click("#sign-in button[type=submit]")
-    page.wait_for_selector("#nav", state="visible")
+    ConsolePage(page, stack).open_signed_in(route)
 
 
 def shown(page: "Page", selector: str) -> str:

@@ -219,21 +219,23 @@ class SessionFeed:
         self.position += len(events)
         if any(event["event_type"] == PROVIDER_RESPONSE for event in events):
             self.stream.clear()
-        for relay in list(self.relays):
-            relay.push(*events)
+        # The callers' own streams first: their tasks wake first, so a turn's answer is on its way
+        # before the observers' copies (watching a session must not slow its turns).
         for watcher in list(self.watchers):
             wanted = [event for event in events if watcher.wants(event)]
             if wanted:
                 watcher.push(*wanted)
+        for relay in list(self.relays):
+            relay.push(*events)
 
     def publish_deltas(self, deltas: Sequence[Delta]) -> None:
         self.position += len(deltas)
         self.stream.add(deltas)
-        for relay in list(self.relays):
-            relay.push(*deltas)
         for watcher in list(self.watchers):
             if watcher.deltas:
                 watcher.push(*deltas)
+        for relay in list(self.relays):
+            relay.push(*deltas)
 
     def wants_deltas(self) -> bool:
         """Whether someone listens for deltas: a subscriber, or a caller whose work runs now."""
