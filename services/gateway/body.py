@@ -37,14 +37,7 @@ class BodyReader:
             raise self.too_large()
         if declared is None or declared > PRECHECK_BYTES:
             await self.check(request, credential, session_id)
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_bytes:
-                raise self.too_large()
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return await read_within(request, self.max_bytes, self.too_large())
 
     def too_large(self) -> TooLarge:
         return TooLarge(f"request body exceeds the limit of {self.max_bytes} bytes (BAE_MAX_BODY_BYTES)")
@@ -67,3 +60,15 @@ def content_length(request: Request) -> int | None:
     if not value.strip().isdigit():
         raise InvalidInput("invalid Content-Length header")
     return int(value)
+
+
+async def read_within(request: Request, max_bytes: int, too_large: TooLarge) -> bytes:
+    """The body as it arrives, counted: raises `too_large` once it passes `max_bytes`."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -28,7 +28,7 @@ from bae.common.console import COOKIE_NAME, MAX_TOKEN_CHARS, SESSION_SECONDS, cs
 from bae.common.errors import BaeError, InvalidInput, TooLarge, Unauthenticated
 from bae.common.jsontext import dump
 from bae.common.protos import admin_api_pb2, edge_pb2, session_pb2
-from services.gateway.body import content_length
+from services.gateway.body import content_length, read_within
 from services.gateway.json_to_proto import Unreadable, read_body
 from services.gateway.problems import JSON, error_response, problem_response
 from services.gateway.router import Endpoint, MethodTable
@@ -115,17 +115,11 @@ class ConsoleCookie:
 
 async def _body(request: Request) -> bytes:
     """The request's body, at most MAX_BODY_BYTES; TooLarge beyond."""
+    too_large = TooLarge(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
     declared = content_length(request)
     if declared is not None and declared > MAX_BODY_BYTES:
-        raise TooLarge(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise TooLarge(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        raise too_large
+    return await read_within(request, MAX_BODY_BYTES, too_large)
 
 
 async def _read(request: Request, body: Message) -> None:
@@ -152,19 +146,18 @@ class SignInRoutes:
     async def sign_in(self, request: Request) -> Response:
         """POST /console/sign-in {"token": "<admin key>"}."""
         sign_in = admin_api_pb2.ConsoleSignInRequest()
-        try:
-            await _read(request, sign_in.body)
-            started = await self.calls.call("SignInConsole", sign_in)
-        except BaeError as error:
-            return error_response(error)
-        return self._started(request, started)
+        return await self._start(request, "SignInConsole", sign_in, sign_in.body)
 
     async def sign_in_link(self, request: Request) -> Response:
         """POST /console/sign-in/link {"link": "bcl_..."}."""
         exchange = admin_api_pb2.ExchangeConsoleLinkRequest()
+        return await self._start(request, "ExchangeConsoleLink", exchange, exchange.body)
+
+    async def _start(self, request: Request, rpc: str, call: Message, body: Message) -> Response:
+        """Read the request's JSON into `body` (part of `call`), then `rpc(call)`: a new console session."""
         try:
-            await _read(request, exchange.body)
-            started = await self.calls.call("ExchangeConsoleLink", exchange)
+            await _read(request, body)
+            started = await self.calls.call(rpc, call)
         except BaeError as error:
             return error_response(error)
         return self._started(request, started)

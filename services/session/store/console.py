@@ -44,16 +44,22 @@ def _sweep(conn: Connection, stamp: str) -> None:
     conn.execute(delete(console_links).where(console_links.c.expires_at <= stamp))
 
 
-def start_session(conn: Connection, digest: str, admin_key_id: str | None, at: datetime) -> str:
-    """Store a console session (its token's `digest`) of `admin_key_id`; returns when it expires."""
+def _insert(conn: Connection, table: Table, digest: str, admin_key_id: str | None, at: datetime, seconds: int) -> str:
+    """Store a row of `table` (a session or a link) that lasts `seconds` from `at`, after deleting the
+    rows that ran out; returns when it expires."""
     stamp = format_time(at)
     _sweep(conn, stamp)
-    expires_at = format_time(at + timedelta(seconds=SESSION_SECONDS))
+    expires_at = format_time(at + timedelta(seconds=seconds))
     conn.execute(
-        insert(console_sessions),
+        insert(table),
         {"token_hash": digest, "admin_key_id": admin_key_id, "created_at": stamp, "expires_at": expires_at},
     )
     return expires_at
+
+
+def start_session(conn: Connection, digest: str, admin_key_id: str | None, at: datetime) -> str:
+    """Store a console session (its token's `digest`) of `admin_key_id`; returns when it expires."""
+    return _insert(conn, console_sessions, digest, admin_key_id, at, SESSION_SECONDS)
 
 
 def active_session(conn: Connection, digest: str, at: datetime) -> ConsoleSessionRecord | None:
@@ -73,15 +79,7 @@ def end_session(conn: Connection, digest: str) -> None:
 
 def create_link(conn: Connection, digest: str, admin_key_id: str | None, at: datetime) -> str:
     """Store a sign-in link (its token's `digest`) of `admin_key_id`; returns when it expires."""
-    stamp = format_time(at)
-    _sweep(conn, stamp)
-    expires_at = format_time(at + timedelta(seconds=LINK_SECONDS))
-    conn.execute(
-        insert(console_links),
-        {"token_hash": digest, "admin_key_id": admin_key_id, "created_at": stamp, "expires_at": expires_at,
-         "used_at": None},
-    )
-    return expires_at
+    return _insert(conn, console_links, digest, admin_key_id, at, LINK_SECONDS)
 
 
 def exchange_link(conn: Connection, link_digest: str, session_digest: str, at: datetime) -> ConsoleSessionRecord | None:
