@@ -18,9 +18,9 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml setup.py
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
-protos: baeproto/__init__.py
+protos: bae/proto/__init__.py
 
-baeproto/__init__.py: $(PROTOS) tools/genproto.py $(STAMP)
+bae/proto/__init__.py: $(PROTOS) tools/genproto.py $(STAMP)
 	$(PY) tools/genproto.py
 
 run: venv protos
@@ -55,10 +55,10 @@ test-inprocess: venv protos
 test-postgres: venv protos
 	BAE_TEST_STORE=postgresql $(PY) -m pytest $(PYTEST_ARGS)
 
-# Ruff, mypy (strict over services/ and bae/) and the import contracts (lint-imports), all configured
+# Ruff, mypy (strict over bae/) and the import contracts (lint-imports), all configured
 # in pyproject.toml.
 lint: venv protos
-	$(VENV)/bin/ruff check bae services tests testkit bench deploy examples
+	$(VENV)/bin/ruff check bae tests testkit bench deploy examples
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-logo
 
@@ -84,4 +84,4 @@ swarm-test: venv
 	bash deploy/swarm-test/run.sh
 
 clean:
-	rm -rf $(VENV) baeproto .pytest_cache
+	rm -rf $(VENV) bae/proto .pytest_cache

@@ -1,8 +1,8 @@
-"""Build hook: the gRPC code in baeproto/ is generated from protos/ when missing or stale.
+"""Build hook: the gRPC code in bae/proto/ is generated from protos/ when missing or stale.
 
-It runs before setuptools collects the packages, so baeproto is packaged (and
+It runs before setuptools collects the packages, so bae.proto is packaged (and
 mapped by an editable install) like any other. Everything else is declared in
-pyproject.toml. A source tree without protos/ packages the baeproto/ it ships with.
+pyproject.toml. A source tree without protos/ packages the bae/proto/ it ships with.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def protos_fresh() -> bool:
     sys.path.insert(0, str(ROOT))
     from bae.common.protodigest import proto_digest
 
-    generated = ROOT / "baeproto" / "__init__.py"
+    generated = ROOT / "bae" / "proto" / "__init__.py"
     return generated.is_file() and f'SOURCE_DIGEST = "{proto_digest()}"' in generated.read_text()
 
 

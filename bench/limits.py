@@ -1,8 +1,8 @@
 """Limits: what the checks cost on the turn path, and what one key at its quotas costs the others.
 
-Checks: a request spends its key's token bucket in the gateway (services/gateway/rate_limit.py);
+Checks: a request spends its key's token bucket in the gateway (bae/services/gateway/rate_limit.py);
 a provider call of a session with budgets first checks the session's usage totals and the key's
-of today as the replica follows them (services/session/engine/budgets.py: read once, then kept
+of today as the replica follows them (bae/services/session/engine/budgets.py: read once, then kept
 by the charges it records; the key's day read again once KEY_TOTALS_MAX_AGE old).
 Both are timed here in this process, on a real SQLite store with a month of usage rows: the p50
 of each and of the two together, per provider call; and, apart, a check that reads the key's
@@ -29,13 +29,13 @@ from bae.common.limits import Limits
 from bench.common import TOKEN, client_key, load, ms, open_session, percentile
 from bench.http1 import Connection
 from bench.table import record
-from services.gateway.rate_limit import Bucket, RateLimit
-from services.session.engine.budgets import KEY_TOTALS_MAX_AGE, KeySpends, Spend, exhausted
+from bae.services.gateway.rate_limit import Bucket, RateLimit
+from bae.services.session.engine.budgets import KEY_TOTALS_MAX_AGE, KeySpends, Spend, exhausted
 from sqlalchemy import insert
 
 from bae.common.timefmt import now
-from services.session.store import Store
-from services.session.store.schema import usage_totals
+from bae.services.session.store import Store
+from bae.services.session.store.schema import usage_totals
 from testkit.stack import launch_stack, mock_provider_toml
 
 BUDGETS = Limits(session_tokens=10**9, session_cost_usd=1000.0, key_daily_tokens=10**10, key_daily_cost_usd=10_000.0)

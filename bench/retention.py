@@ -23,9 +23,9 @@ from sqlalchemy import Connection, func, insert, select
 
 from bench.common import TOKEN, client_key, ms, open_session, percentile
 from bench.table import record
-from services.session.store import Store
-from services.session.store.events import ImportedEvent, insert_imported
-from services.session.store.schema import sessions
+from bae.services.session.store import Store
+from bae.services.session.store.events import ImportedEvent, insert_imported
+from bae.services.session.store.schema import sessions
 from testkit.stack import launch_stack, mock_provider_toml
 
 SESSIONS = 1000

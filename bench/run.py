@@ -75,7 +75,7 @@ from bench.common import (
     start_stack,
 )
 from bench.table import print_table, record
-from services.runner.clients import ANTHROPIC, ProviderClients
+from bae.services.runner.clients import ANTHROPIC, ProviderClients
 from testkit import ROOT
 from testkit.ports import free_port
 from testkit.stack import launch_stack, mock_provider_toml
@@ -195,7 +195,7 @@ async def short_session_turns(client: httpx.AsyncClient, url: str, key: str, tot
 
 async def provider_calls(clients: ProviderClients, mock: MockProcess, messages: list, count: int) -> list[float]:
     """The provider call of a turn with `messages`, made directly the way the runner makes it: the
-    runner's own client (services/runner/clients.py) posting the same body through the SDK."""
+    runner's own client (bae/services/runner/clients.py) posting the same body through the SDK."""
     body = {"model": "mock-model", "max_tokens": 4096, "messages": messages}
     samples = []
     for _ in range(count):

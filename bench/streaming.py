@@ -3,7 +3,7 @@
 A private stack with three standalone mock LLMs (bench.common.MockProcess), each answering the same
 text every time, streamed when the call asks for a stream and as one JSON body otherwise: "mock"
 answers SHORT_PIECES pieces of "tok " (a typical answer) and "long" LONG_PIECES pieces, with no pause
-between events (`--pace 0`); "paced" PACED_PIECES pieces, PACE seconds apart (a fast provider). "Directly" is the runner's own SDK client (services/runner/clients.py)
+between events (`--pace 0`); "paced" PACED_PIECES pieces, PACE seconds apart (a fast provider). "Directly" is the runner's own SDK client (bae/services/runner/clients.py)
 making the call the runner makes, from this process. Everything through the stack is read on bench/
 http1.py's StampedStream, whose bytes are stamped the moment the event loop reads them.
 
@@ -47,7 +47,7 @@ import httpx
 from bench.common import TOKEN, MockProcess, client_key, open_session, percentile, rpc
 from bench.http1 import StampedStream
 from bench.table import record
-from services.runner.clients import ANTHROPIC, ProviderClients, ProviderStream
+from bae.services.runner.clients import ANTHROPIC, ProviderClients, ProviderStream
 from testkit.stack import launch_stack, mock_provider_toml
 
 SHORT_PIECES = 200

@@ -30,7 +30,7 @@ from sqlalchemy import Connection
 
 from bench.common import TOKEN, client_key, ms, open_session, percentile
 from bench.table import record
-from services.session.store import Store, events, sessions, webhooks
+from bae.services.session.store import Store, events, sessions, webhooks
 from testkit.stack import launch_stack, mock_provider_toml
 
 TurnHelpers = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]

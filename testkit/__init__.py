@@ -16,5 +16,5 @@ ROOT = Path(__file__).resolve().parent.parent
 # applies. Each is its file's `revision = "..."`; the files' names sort in the order they apply.
 REVISIONS = [
     re.search(r'^revision = "([^"]+)"$', path.read_text(encoding="utf-8"), re.MULTILINE).group(1)  # type: ignore[union-attr]
-    for path in sorted((ROOT / "services" / "session" / "store" / "migrations" / "versions").glob("[0-9]*_*.py"))
+    for path in sorted((ROOT / "bae" / "services" / "session" / "store" / "migrations" / "versions").glob("[0-9]*_*.py"))
 ]

@@ -93,7 +93,7 @@ def sandboxes_of_hosts(prefix: str) -> list:
 
 
 class SandboxHostProcess(ServiceProcess):
-    """`python -m services.sandbox` as a child process on a free loopback port."""
+    """`python -m bae.services.sandbox` as a child process on a free loopback port."""
 
     def __init__(self, host_id: str, address: str | None = None, **env: str) -> None:
         """`address`: listen there (e.g. to stand in for a host that was killed) instead of a free port."""
@@ -103,7 +103,7 @@ class SandboxHostProcess(ServiceProcess):
         log = tempfile.NamedTemporaryFile(prefix=f"sandbox-{host_id}-", suffix=".log", delete=False)
         log.close()
         super().__init__(
-            "services.sandbox",
+            "bae.services.sandbox",
             env=service_env(
                 BAE_SANDBOX_LISTEN_ADDR=self.address,
                 BAE_SANDBOX_HOST_ID=host_id,

@@ -1,4 +1,4 @@
-"""In-memory fakes of the turn engine's ports (services/session/engine/ports.py), and an engine
+"""In-memory fakes of the turn engine's ports (bae/services/session/engine/ports.py), and an engine
 built on them: turns, tool loops and shutdown run in the test's own event loop with no runner,
 sandbox host, MCP server or peer replica behind them. The store is the real one.
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from bae.common.config import Config, ProviderEntry
 from bae.common.errors import BaeError, Unavailable
 from bae.common.jsontext import RawJson, dump
-from services.session.engine.domain import Usage
-from services.session.engine.ports import (
+from bae.services.session.engine.domain import Usage
+from bae.services.session.engine.ports import (
     CommandState,
     CommandStatus,
     Delta,
@@ -42,9 +42,9 @@ from services.session.engine.ports import (
     StepResult,
     StepUpdate,
 )
-from services.session.engine.service import SessionEngine
-from services.session.engine.spans import SessionSpans
-from services.session.store import ProfileRecord, Store
+from bae.services.session.engine.service import SessionEngine
+from bae.services.session.engine.spans import SessionSpans
+from bae.services.session.store import ProfileRecord, Store
 
 # -- provider steps -------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """The stack in this process, for tests that cross no process boundary: the session service as
-`python -m services.session` builds it (services/session/wiring.py) and the runner, each on a
+`python -m bae.services.session` builds it (bae/services/session/wiring.py) and the runner, each on a
 grpc.aio server on a loopback port, and the gateway's two ports served by uvicorn, all on one
 event loop of their own thread (grpc.aio objects belong to the loop that made them). The sandbox
 hosts are left out: a session gets no sandbox.
@@ -26,11 +26,11 @@ from bae.common.grpcutil import channel, internal_server
 from bae.common.internal import InternalPlane
 from bae.common.protos import session_pb2_grpc
 from bae.common.settings import Address, load_settings
-from services.gateway.server import Gateway, bind
-from services.runner.clients import ProviderClients
-from services.runner.server import RunnerService, registrar
-from services.session.__main__ import admin_key_options, parse_args
-from services.session.wiring import SessionService, session_service
+from bae.services.gateway.server import Gateway, bind
+from bae.services.runner.clients import ProviderClients
+from bae.services.runner.server import RunnerService, registrar
+from bae.services.session.__main__ import admin_key_options, parse_args
+from bae.services.session.wiring import SessionService, session_service
 from testkit.processes import TEST_PLANE
 from testkit.session_service import CONFIG, Service
 from testkit.stack import StackClients, stack_env, with_test_limits
@@ -195,7 +195,7 @@ def launch_inprocess_stack(tmp: Path, config_toml: str | None = None, **env: str
 
 class InProcessService(Service):
     """testkit.session_service.Service in this process: the session service alone, as
-    `python -m services.session serve <args>` builds it, on a loopback port, called over real gRPC."""
+    `python -m bae.services.session serve <args>` builds it, on a loopback port, called over real gRPC."""
 
     def __init__(self, tmp: Path, args: Sequence[str] = (), **env: str) -> None:
         config = tmp / "bae-config.toml"

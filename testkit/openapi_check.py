@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 from jsonschema import Draft202012Validator
 
-from services.gateway import openapi
+from bae.services.gateway import openapi
 
 DOCUMENTS = {"client": json.loads(openapi.CLIENT_DOCUMENT), "admin": json.loads(openapi.ADMIN_DOCUMENT)}
 # Answered by the router itself, on any path: no route (404), or not this method (405).

@@ -12,10 +12,10 @@ import pytest
 from bae.common import error_codes
 from bae.common.grpcutil import channel
 from bae.common.protos import edge_pb2, session_pb2, session_pb2_grpc
-from services.gateway.declaration import ROUTES
-from services.gateway.json_to_proto import Unreadable, read_body
-from services.gateway.problems import status_of
-from services.gateway.proto_to_json import to_json
+from bae.services.gateway.declaration import ROUTES
+from bae.services.gateway.json_to_proto import Unreadable, read_body
+from bae.services.gateway.problems import status_of
+from bae.services.gateway.proto_to_json import to_json
 from testkit.processes import TEST_PLANE, ServiceProcess
 from testkit.stack import TEST_LIMITS, stack_env
 
@@ -59,7 +59,7 @@ class Service:
         if not config.exists():
             config.write_text(CONFIG)
         self.env = stack_env(tmp, BAE_CONFIG=str(config), **env)
-        self.process = ServiceProcess("services.session", "serve", *args, env=self.env, log_path=tmp / "session.log")
+        self.process = ServiceProcess("bae.services.session", "serve", *args, env=self.env, log_path=tmp / "session.log")
         self.process.wait_grpc_serving(self.env["BAE_SESSION_GRPC_ADDR"])
         self.channel = channel(self.env["BAE_SESSION_GRPC_ADDR"], TEST_PLANE)
         self.stub = session_pb2_grpc.SessionServiceStub(self.channel)

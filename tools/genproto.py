@@ -1,4 +1,4 @@
-"""Generate the Python gRPC code for protos/, and its type stubs, into ./baeproto (git-ignored).
+"""Generate the Python gRPC code for protos/, and its type stubs, into ./bae/proto (git-ignored).
 
 The generated package records a digest of the .proto sources it came from;
 `bae.common.protos` refuses to load it when the sources have changed since, so a
@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from bae.common.protodigest import PROTO_ROOT, proto_digest  # noqa: E402
 
-OUT = ROOT / "baeproto"
+OUT = ROOT / "bae" / "proto"
 
 
 def main() -> int:

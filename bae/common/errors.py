@@ -8,7 +8,7 @@ kinds once, in one table of its own:
 - the internal plane: ``bae.common.error_codes`` (kind <-> gRPC status code, the rest in
   the ``bae-error-bin`` trailer), so a kind raised in one service is raised again, the same,
   by the caller in another;
-- HTTP: the gateway's problem table (services/gateway/problems.py: kind -> status, RFC 7807 body);
+- HTTP: the gateway's problem table (bae/services/gateway/problems.py: kind -> status, RFC 7807 body);
 - JSON-RPC: the session service's ``api/faults.py`` (kind -> error code).
 """
 

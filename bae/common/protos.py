@@ -1,6 +1,6 @@
 """The generated gRPC modules, checked against their .proto sources.
 
-Import contracts from here, never from `baeproto` directly:
+Import contracts from here, never from `bae.proto` directly:
 
     from bae.common.protos import session_pb2, session_pb2_grpc
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from bae.common.protodigest import PROTO_ROOT, proto_digest
 
 try:
-    import baeproto
+    import bae.proto as baeproto
 except ImportError as exc:  # pragma: no cover - exercised by a fresh clone
     raise ImportError("generated protobuf code is missing: run `make protos`") from exc
 
@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a fresh clone
 if PROTO_ROOT.is_dir() and baeproto.SOURCE_DIGEST != proto_digest():
     raise ImportError("generated protobuf code is stale (protos/ changed): run `make protos`")
 
-from baeproto.v1 import (  # noqa: E402
+from bae.proto.v1 import (  # noqa: E402
     admin_api_pb2,
     client_api_pb2,
     edge_pb2,

@@ -1,7 +1,7 @@
 """Retention: the `[retention]` table of bae-config.toml and a profile's `retention` override.
 
 Closed and error sessions are kept `closed_session_days` after their `closed_at`, then the sweep
-deletes them (services/session/engine/retention.py), archiving each first when `archive` is
+deletes them (bae/services/session/engine/retention.py), archiving each first when `archive` is
 "ndjson". Unset, sessions are kept forever. A profile's `retention.closed_session_days` replaces
 the default for its sessions.
 """

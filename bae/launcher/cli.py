@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         command, rest = "session", ["migrate", *rest]
     if command in SERVICES:
         # Imported on demand: each service loads only its own dependencies.
-        service_main: Callable[[list[str]], int] = importlib.import_module(f"services.{command}.__main__").main
+        service_main: Callable[[list[str]], int] = importlib.import_module(f"bae.services.{command}.__main__").main
         return service_main(rest)
     print(f"bae: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
     return 2

@@ -31,7 +31,7 @@ from bae.common.secret_files import secret_setting
 from bae.common.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-# The demo provider's registry name and model (services/runner/demo.py).
+# The demo provider's registry name and model (bae/services/runner/demo.py).
 DEMO_PROVIDER = "demo"
 DEMO_MODEL = "bae-demo-echo"
 

@@ -17,8 +17,8 @@ import pytest
 
 from bae.common.errors import BaeError, Unavailable
 from bae.common.jsontext import load
-from services.session.engine.domain import CompactRequest, Message, TurnEnd, TurnRequest, Usage
-from services.session.engine.errors import (
+from bae.services.session.engine.domain import CompactRequest, Message, TurnEnd, TurnRequest, Usage
+from bae.services.session.engine.errors import (
     CompactionFailed,
     LoopFailed,
     OrphanToolResult,
@@ -27,10 +27,10 @@ from services.session.engine.errors import (
     ShuttingDown,
     TurnInProgress,
 )
-from services.session.engine.feed import Watcher
-from services.session.engine.live import LiveSession
-from services.session.engine.loop import MAX_ITERATIONS
-from services.session.engine.ports import (
+from bae.services.session.engine.feed import Watcher
+from bae.services.session.engine.live import LiveSession
+from bae.services.session.engine.loop import MAX_ITERATIONS
+from bae.services.session.engine.ports import (
     CommandState,
     CommandStatus,
     Delta,
@@ -39,9 +39,9 @@ from services.session.engine.ports import (
     HostInventory,
     SandboxHandle,
 )
-from services.session.engine.service import SessionEngine
-from services.session.store import Store, profiles, sessions
-from services.session.engine.subagents import Subagent
+from bae.services.session.engine.service import SessionEngine
+from bae.services.session.store import Store, profiles, sessions
+from bae.services.session.engine.subagents import Subagent
 from testkit.fakes import FakeCommand, FakeMcp, FakeSandboxes, ScriptedSteps, Step, fake_engine, eventually
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from bae.common.timefmt import format_time
-from services.session.api.rest import ClientRestApi
-from services.session.engine.fire import TURN_CUT_OFF, Fire
-from services.session.engine.schedules import ScheduleTicker
-from services.session.engine.service import SessionEngine
-from services.session.store import Store, events, keys, leases, profiles, schedules, sessions
-from services.session.store.records import ScheduleRecord, ScheduleRunRecord
+from bae.services.session.api.rest import ClientRestApi
+from bae.services.session.engine.fire import TURN_CUT_OFF, Fire
+from bae.services.session.engine.schedules import ScheduleTicker
+from bae.services.session.engine.service import SessionEngine
+from bae.services.session.store import Store, events, keys, leases, profiles, schedules, sessions
+from bae.services.session.store.records import ScheduleRecord, ScheduleRunRecord
 from testkit.fakes import FAKE_PROVIDERS, ScriptedSteps, Step, fake_engine, eventually
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 

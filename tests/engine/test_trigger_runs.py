@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from bae.common.errors import Conflict, Unprocessable
-from services.session.api.rest import ClientRestApi
-from services.session.engine.fire import TURN_CUT_OFF, Fire, ServerDeclarations
-from services.session.engine.service import SessionEngine
-from services.session.engine.triggers import TriggerRuns
-from services.session.store import Store, events, keys, leases, profiles, triggers
-from services.session.store.records import KeyRecord, TriggerRecord, TriggerRunRecord
-from services.session.store.triggers import Call, Repeated, Started
+from bae.services.session.api.rest import ClientRestApi
+from bae.services.session.engine.fire import TURN_CUT_OFF, Fire, ServerDeclarations
+from bae.services.session.engine.service import SessionEngine
+from bae.services.session.engine.triggers import TriggerRuns
+from bae.services.session.store import Store, events, keys, leases, profiles, triggers
+from bae.services.session.store.records import KeyRecord, TriggerRecord, TriggerRunRecord
+from bae.services.session.store.triggers import Call, Repeated, Started
 from testkit.fakes import FAKE_PROVIDERS, ScriptedSteps, Step, fake_engine, eventually
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 

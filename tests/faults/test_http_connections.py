@@ -19,7 +19,7 @@ import httpx
 import pytest
 import uvicorn
 
-from services.gateway.connections import PortLimits, protocol_for
+from bae.services.gateway.connections import PortLimits, protocol_for
 
 from testkit.ports import free_port
 from testkit.processes import ServiceProcess, service_env
@@ -44,7 +44,7 @@ class Gateway(ServiceProcess):
             BAE_LOG="warning",
             **settings,
         )
-        super().__init__("services.gateway", env=env, log_path=log_path)
+        super().__init__("bae.services.gateway", env=env, log_path=log_path)
         deadline = time.monotonic() + 15
         while not self.healthy():
             assert self.process.poll() is None, log_path.read_text()

@@ -1,4 +1,4 @@
-"""`session.subscribe` observers through the gateway's relay (SERVER-SPEC §6.4, services/gateway/fanout.py).
+"""`session.subscribe` observers through the gateway's relay (SERVER-SPEC §6.4, bae/services/gateway/fanout.py).
 
 The session service sends a session's events once per gateway (its `Relay` stream) and the gateway
 copies them to each observer. These tests hold the Relay contract at the session service's gRPC

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.stack
 
 def run_session(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "services.session", *args],
+        [sys.executable, "-m", "bae.services.session", *args],
         cwd=ROOT, env=stack_env(tmp_path, **env), capture_output=True, text=True, timeout=30,
     )
 

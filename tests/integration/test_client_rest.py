@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import update
 
-from services.session.store import Store
-from services.session.store.schema import profiles
+from bae.services.session.store import Store
+from bae.services.session.store.schema import profiles
 from testkit.inprocess import InProcessService
 from testkit.session_service import problem_of, profile_body
 from testkit.stack import database_url_of

@@ -182,7 +182,7 @@ def test_the_demo_provider_refuses_a_large_body_without_reading_it(demo: Running
 
 def test_a_demo_provider_address_that_is_not_loopback_is_refused_at_start() -> None:
     env = service_env(BAE_DEMO_PROVIDER_ADDR="0.0.0.0:8089", BAE_RUNNER_GRPC_ADDR=f"127.0.0.1:{free_port()}")
-    result = subprocess.run([sys.executable, "-m", "services.runner"], cwd=ROOT, env=env, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "bae.services.runner"], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [

@@ -48,7 +48,7 @@ def test_bae_command() -> None:
 
 def test_a_sandbox_host_refuses_the_hosts_network_at_start() -> None:
     env = service_env(BAE_SANDBOX_LISTEN_ADDR="127.0.0.1:1", BAE_SANDBOX_NETWORK="host")
-    result = subprocess.run([sys.executable, "-m", "services.sandbox"], cwd=ROOT, env=env, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "bae.services.sandbox"], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.startswith('error: BAE_SANDBOX_NETWORK: "host" would give sandboxes the host\'s network')
@@ -56,7 +56,7 @@ def test_a_sandbox_host_refuses_the_hosts_network_at_start() -> None:
 
 def test_the_gateway_refuses_an_entry_of_bae_cors_origins_that_is_not_an_origin() -> None:
     env = service_env(BAE_CORS_ORIGINS="https://app.example.com/")
-    result = subprocess.run([sys.executable, "-m", "services.gateway"], cwd=ROOT, env=env, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "bae.services.gateway"], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.startswith('error: BAE_CORS_ORIGINS: "https://app.example.com/" is not an origin (an origin '

@@ -1,7 +1,7 @@
 """The gateway as a process, in front of a scripted SessionService double.
 
 The double is a real gRPC server (threads, so tests can use plain blocking
-httpx); the gateway is the real `python -m services.gateway` subprocess.
+httpx); the gateway is the real `python -m bae.services.gateway` subprocess.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from bae.common import error_codes
 from bae.common.errors import BaeError, Conflict, Unauthenticated
 from bae.common.protos import client_api_pb2, edge_pb2, session_pb2, session_pb2_grpc
 from bae.common.session_routing import OWNER_KEY, call_field
-from services.gateway.declaration import ROUTES, RPC_METHODS
-from services.gateway.proto_to_json import to_json
+from bae.services.gateway.declaration import ROUTES, RPC_METHODS
+from bae.services.gateway.proto_to_json import to_json
 from testkit import ROOT
 from testkit.ports import free_port
 from testkit.processes import ServiceProcess, service_env
@@ -288,10 +288,10 @@ def gateway_env(session_addr: str, **overrides: str) -> dict[str, str]:
 
 
 class Gateway(ServiceProcess):
-    """A running `python -m services.gateway` and clients for its two ports."""
+    """A running `python -m bae.services.gateway` and clients for its two ports."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        super().__init__("services.gateway", env=env, log_path=log_path)
+        super().__init__("bae.services.gateway", env=env, log_path=log_path)
         self.env = env
         self.client_url = f"http://{env['BAE_ADDR']}"
         self.admin_url = f"http://{env['BAE_ADMIN_ADDR']}"
@@ -768,7 +768,7 @@ def test_recovers_once_the_session_service_comes_up(tmp_path):
 
 
 def run_gateway(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.gateway"], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "bae.services.gateway"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=20)
 
 

@@ -10,8 +10,8 @@ import uuid
 import pytest
 
 from bae.common.errors import BaeError
-from services.session.engine.ports import SandboxHandle
-from services.session.remote.sandbox_pool import SandboxPool
+from bae.services.session.engine.ports import SandboxHandle
+from bae.services.session.remote.sandbox_pool import SandboxPool
 from testkit.docker_support import TEST_IMAGE, SandboxHostProcess, require_docker
 from testkit.live import new_session, register, result, send, session_state, terminal
 from testkit.mockllm import Reply

@@ -18,7 +18,7 @@ from testkit import ROOT
 pytestmark = pytest.mark.stack
 
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
-PACKAGES = ("bae", "services", "testkit", "bench")
+PACKAGES = ("bae", "testkit", "bench")
 
 
 def lint_copy(tmp_path: Path, violations: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -44,15 +44,15 @@ def test_the_unchanged_copy_keeps_every_contract(tmp_path: Path) -> None:
     ("violations", "contract"),
     [
         (
-            {"services/gateway/app.py": "\nimport services.session.store  # noqa\n"},
+            {"bae/services/gateway/app.py": "\nimport bae.services.session.store  # noqa\n"},
             "The gateway reaches the other services over gRPC only BROKEN",
         ),
         (
-            {"services/runner/canonical.py": "\nimport services.sandbox.output  # noqa\n"},
+            {"bae/services/runner/canonical.py": "\nimport bae.services.sandbox.output  # noqa\n"},
             "The services do not import each other BROKEN",
         ),
         (
-            {"bae/common/ids.py": "\nimport services.gateway.problems  # noqa\n"},
+            {"bae/common/ids.py": "\nimport bae.services.gateway.problems  # noqa\n"},
             "bae imports no service BROKEN",
         ),
         (
@@ -60,15 +60,15 @@ def test_the_unchanged_copy_keeps_every_contract(tmp_path: Path) -> None:
             "bae.client imports nothing else of bae BROKEN",
         ),
         (
-            {"services/session/store/records.py": "\nimport services.session.engine.domain  # noqa\n"},
+            {"bae/services/session/store/records.py": "\nimport bae.services.session.engine.domain  # noqa\n"},
             "Session service layers: __main__ -> wiring -> api -> remote -> engine -> store BROKEN",
         ),
         (
-            {"services/session/engine/domain.py": "\nimport services.session.remote.peers  # noqa\n"},
+            {"bae/services/session/engine/domain.py": "\nimport bae.services.session.remote.peers  # noqa\n"},
             "Session service layers: __main__ -> wiring -> api -> remote -> engine -> store BROKEN",
         ),
         (
-            {"services/gateway/problems.py": "\nimport testkit.ports  # noqa\n"},
+            {"bae/services/gateway/problems.py": "\nimport testkit.ports  # noqa\n"},
             "Top-level layers: bench -> testkit -> services -> bae BROKEN",
         ),
         (

@@ -109,7 +109,7 @@ async def test_admin_calls_still_need_the_admin_key(stack):
     assert "sneaky" not in names
 
 
-@pytest.mark.parametrize("module", ["services.session", "services.runner", "services.sandbox", "services.gateway"])
+@pytest.mark.parametrize("module", ["bae.services.session", "bae.services.runner", "bae.services.sandbox", "bae.services.gateway"])
 @pytest.mark.parametrize("token", ["", "short-token"])
 def test_a_service_without_a_usable_token_does_not_start(tmp_path, module, token):
     env = stack_env(tmp_path, BAE_INTERNAL_TOKEN=token, BAE_SANDBOX_LISTEN_ADDR=f"127.0.0.1:{free_port()}")

@@ -12,8 +12,8 @@ import pytest
 
 from bae.common.grpcutil import MAX_MESSAGE_BYTES
 from bae.common.jsontext import RawJson
-from services.session.api.event_messages import EVENT_PIECE_CHARS
-from services.session.api.pagination import PAGE_PAYLOAD_CHARS
+from bae.services.session.api.event_messages import EVENT_PIECE_CHARS
+from bae.services.session.api.pagination import PAGE_PAYLOAD_CHARS
 from testkit.inprocess import launch_inprocess_stack
 from testkit.live import new_session, notifications, register, result, send, types
 from testkit.mockllm import Reply

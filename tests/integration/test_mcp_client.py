@@ -15,7 +15,7 @@ from typing import Iterator
 import pytest
 
 from bae.common.config import Config, McpServer
-from services.session.remote.mcp import McpSessionConnections
+from bae.services.session.remote.mcp import McpSessionConnections
 from testkit.mcp_support import TOOLS_SERVER, http_tools_server, live_children, pid_alive
 from testkit.ports import free_port
 

@@ -11,7 +11,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
-from services.gateway import app, openapi
+from bae.services.gateway import app, openapi
 from testkit.routes import served_routes
 from testkit.inprocess import launch_inprocess_stack
 from testkit.stack import StackClients, mock_provider_toml

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from services.sandbox.resident_shell import encode
+from bae.services.sandbox.resident_shell import encode
 
 # The system's sh, a child process: not a unit test, though no service runs.
 pytestmark = pytest.mark.stack

@@ -12,8 +12,8 @@ from typing import Iterator
 import pytest
 
 from bae.common.retention import Retention
-from services.session.engine.retention_sweep import RetentionSweep
-from services.session.store import Store, leases, retention
+from bae.services.session.engine.retention_sweep import RetentionSweep
+from bae.services.session.store import Store, leases, retention
 from testkit.live import declared, register, result, send
 from testkit.mockllm import MockLLM, Reply
 from testkit.stack import RunningStack, launch_stack, mock_provider_toml, store_url
@@ -270,9 +270,9 @@ async def test_one_replica_at_a_time_holds_the_sweep(tmp_path):
 async def test_a_new_sqlite_store_gives_deleted_pages_back(tmp_path):
     """A database this version creates is in auto_vacuum=INCREMENTAL mode: after a session is deleted,
     reclaiming leaves no free page and the file shrinks."""
-    from services.session.engine.session_files import delete_session
-    from services.session.store.events import ImportedEvent, insert_imported
-    from services.session.store.schema import sessions as sessions_table
+    from bae.services.session.engine.session_files import delete_session
+    from bae.services.session.store.events import ImportedEvent, insert_imported
+    from bae.services.session.store.schema import sessions as sessions_table
     from sqlalchemy import insert
 
     path = tmp_path / "bae.db"

@@ -17,9 +17,9 @@ import pytest
 
 from bae.common.grpcutil import channel as internal_channel
 from bae.common.protos import runner_pb2, runner_pb2_grpc
-from services.session.engine.domain import Usage
-from services.session.engine.ports import StepFailed, StepMessages, StepOutcome, StepRequest, StepResult, StepUpdate
-from services.session.remote.runner import MAX_STEP_REQUEST_BYTES, RunnerClient
+from bae.services.session.engine.domain import Usage
+from bae.services.session.engine.ports import StepFailed, StepMessages, StepOutcome, StepRequest, StepResult, StepUpdate
+from bae.services.session.remote.runner import MAX_STEP_REQUEST_BYTES, RunnerClient
 from testkit.mockllm import MockLLM, Reply
 from testkit.ports import free_port
 from testkit.processes import TEST_PLANE, ServiceProcess, service_env
@@ -63,7 +63,7 @@ def llm() -> Iterator[MockLLM]:
 
 
 def start_runner(llm: MockLLM, tmp: Path) -> tuple[ServiceProcess, str]:
-    """A running `python -m services.runner` and its gRPC address."""
+    """A running `python -m bae.services.runner` and its gRPC address."""
     config = tmp / "bae-config.toml"
     config.write_text(runner_config(llm.base_url))
     address = f"127.0.0.1:{free_port()}"
@@ -75,7 +75,7 @@ def start_runner(llm: MockLLM, tmp: Path) -> tuple[ServiceProcess, str]:
         MOCK_LLM_TOKEN=TOKEN,
     )
     process = ServiceProcess(
-        "services.runner", "--config", str(config), env=env, log_path=tmp / "runner.log"
+        "bae.services.runner", "--config", str(config), env=env, log_path=tmp / "runner.log"
     )
     try:
         process.wait_grpc_serving(address, "baeproto.v1.Runner")
@@ -87,7 +87,7 @@ def start_runner(llm: MockLLM, tmp: Path) -> tuple[ServiceProcess, str]:
 
 @pytest.fixture(scope="module")
 def runner(llm: MockLLM, tmp_path_factory) -> Iterator[str]:
-    """The gRPC address of a running `python -m services.runner`."""
+    """The gRPC address of a running `python -m bae.services.runner`."""
     process, address = start_runner(llm, tmp_path_factory.mktemp("runner"))
     yield address
     assert process.stop() == 0, "SIGTERM must stop the runner cleanly"
@@ -829,7 +829,7 @@ def test_a_second_runner_on_a_port_in_use_fails_to_start(runner, llm, tmp_path):
     # Sharing the port would split the session service's connections between the two.
     env = service_env(BAE_RUNNER_GRPC_ADDR=runner, MOCK_LLM_TOKEN=TOKEN)
     (tmp_path / "bae-config.toml").write_text(runner_config(llm.base_url))
-    second = ServiceProcess("services.runner", "--config", str(tmp_path / "bae-config.toml"), env=env,
+    second = ServiceProcess("bae.services.runner", "--config", str(tmp_path / "bae-config.toml"), env=env,
                             log_path=tmp_path / "second.log")
     try:
         assert second.process.wait(30) == 1

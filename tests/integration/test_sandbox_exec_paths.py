@@ -12,11 +12,11 @@ import uuid
 
 import pytest
 
-from services.sandbox.config import SandboxConfig
-from services.sandbox.docker_driver import DockerDriver
-from services.sandbox.docker_socket import unix_socket_path
+from bae.services.sandbox.config import SandboxConfig
+from bae.services.sandbox.docker_driver import DockerDriver
+from bae.services.sandbox.docker_socket import unix_socket_path
 from bae.common.errors import DeadlineExceeded, NotFound
-from services.sandbox.resident_shell import ResidentShell, ResidentShells
+from bae.services.sandbox.resident_shell import ResidentShell, ResidentShells
 from testkit.docker_support import TEST_IMAGE, containers_with, docker_client, require_docker
 
 pytestmark = pytest.mark.docker

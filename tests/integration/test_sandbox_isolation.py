@@ -11,7 +11,7 @@ import pytest
 
 from bae.common.grpcutil import channel as internal_channel
 from bae.common.protos import sandbox_pb2_grpc
-from services.sandbox.docker_driver import SHELL_CAPABILITIES
+from bae.services.sandbox.docker_driver import SHELL_CAPABILITIES
 from testkit.docker_support import TEST_IMAGE, containers_with, docker_client, require_docker
 from testkit.processes import TEST_PLANE
 from testkit.sandboxes import Driver, image_refusals, typed_payloads, wait_provisioned

@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
-from services.session.engine.ports import ExecResult
+from bae.services.session.engine.ports import ExecResult
 from bae.common.errors import BaeError, DeadlineExceeded, Forbidden
-from services.session.remote.sandbox_pool import SandboxPool
+from bae.services.session.remote.sandbox_pool import SandboxPool
 from testkit.docker_support import TEST_IMAGE, SandboxHostProcess, containers_with, require_docker
 from testkit.processes import TEST_PLANE
 

@@ -13,7 +13,7 @@ import pytest
 
 from bae.common.grpcutil import channel as internal_channel
 from bae.common.protos import sandbox_pb2, sandbox_pb2_grpc
-from services.sandbox.docker_driver import SHELL_CAPABILITIES
+from bae.services.sandbox.docker_driver import SHELL_CAPABILITIES
 from testkit import ROOT
 from testkit.docker_support import (
     TEST_IMAGE,
@@ -296,7 +296,7 @@ async def test_shutdown_removes_this_hosts_sandboxes(stub, host):
 def _run_host(**env: str) -> subprocess.CompletedProcess:
     """Run a sandbox host with only `env` (and PATH) set; for start-up failures."""
     return subprocess.run(
-        [sys.executable, "-m", "services.sandbox"],
+        [sys.executable, "-m", "bae.services.sandbox"],
         cwd=ROOT,
         env={"PATH": "/usr/bin:/bin", **env},
         capture_output=True,

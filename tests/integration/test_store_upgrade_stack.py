@@ -62,11 +62,11 @@ def test_migrate_command_upgrades_alone_and_says_what_it_applied(tmp_path):
     path = tmp_path / "bae.db"
     shutil.copy(FIXTURE, path)
     env = {"PATH": "/usr/bin:/bin", "BAE_DATABASE_URL": f"sqlite:///{path}", "HOME": str(tmp_path)}
-    ran = subprocess.run([sys.executable, "-m", "services.session", "migrate"], env=env, capture_output=True,
+    ran = subprocess.run([sys.executable, "-m", "bae.services.session", "migrate"], env=env, capture_output=True,
                          text=True, timeout=60, cwd=ROOT)
     assert ran.returncode == 0, ran.stderr
     assert f"applied {' '.join(REVISIONS[1:])}" in ran.stdout
-    again = subprocess.run([sys.executable, "-m", "services.session", "migrate"], env=env, capture_output=True,
+    again = subprocess.run([sys.executable, "-m", "bae.services.session", "migrate"], env=env, capture_output=True,
                            text=True, timeout=60, cwd=ROOT)
     assert again.returncode == 0 and f"already at {REVISIONS[-1]}" in again.stdout, again.stdout
     assert sqlite3.connect(path).execute("SELECT version_num FROM alembic_version").fetchall() == [(REVISIONS[-1],)]

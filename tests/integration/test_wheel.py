@@ -29,7 +29,7 @@ from testkit import ROOT
 pytestmark = pytest.mark.stack
 
 VERSION = "bae 0.1.0 (api v1)\n"
-CONSOLE_STATIC = "services/gateway/console/static"
+CONSOLE_STATIC = "bae/services/gateway/console/static"
 
 
 def console_files(source: Path) -> set[str]:
@@ -47,10 +47,9 @@ INSTALL = (*OFFLINE, "--no-compile")
 # under Alembic) and the two __main__ modules that run their command when imported.
 IMPORT_ALL = """
 import importlib, pkgutil
-import bae, baeproto, services
+import bae
 skipped = ("bae.__main__", "bae.ctl.__main__")
-names = [info.name for package in (bae, baeproto, services)
-         for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+names = [info.name for info in pkgutil.walk_packages(bae.__path__, "bae.")
          if ".migrations" not in info.name and info.name not in skipped]
 for name in names:
     importlib.import_module(name)
@@ -73,7 +72,7 @@ def clone(target: Path) -> None:
         if source.is_file():
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name)
-    assert not (target / "baeproto").exists()  # generated at build time, as on a fresh clone
+    assert not (target / "bae" / "proto").exists()  # generated at build time, as on a fresh clone
 
 
 def canonical(name: str) -> str:
@@ -149,7 +148,7 @@ def test_pip_installs_the_wheel_and_its_dependencies_into_a_clean_venv(wheelhous
 
     # Everything comes from the new venv: nothing from this repository or its venv.
     env = clean_env(venv / "bin", tmp_path)
-    paths = run(python, "-c", "import sys, bae, baeproto; print(bae.__file__, baeproto.__file__, *sys.path)",
+    paths = run(python, "-c", "import sys, bae, bae.proto; print(bae.__file__, bae.proto.__file__, *sys.path)",
                 cwd=tmp_path, env=env)
     assert paths.returncode == 0, paths.stderr
     assert not [path for path in paths.stdout.split() if path.startswith(str(ROOT))], paths.stdout

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from services.runner import anthropic_wire, openai_wire
+from bae.services.runner import anthropic_wire, openai_wire
 from bae.common.jsontext import RawJson
-from services.runner.canonical import History, Usage, WireFormatError, strip_routing_fields
+from bae.services.runner.canonical import History, Usage, WireFormatError, strip_routing_fields
 
 pytestmark = pytest.mark.unit
 

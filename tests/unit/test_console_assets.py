@@ -16,10 +16,10 @@ from starlette.testclient import TestClient
 
 from bae.common.internal import InternalPlane
 
-from services.gateway.console.app import console_routes
-from services.gateway.console.assets import CSP, STATIC
-from services.gateway.router import build_router
-from services.gateway.upstream import Upstream
+from bae.services.gateway.console.app import console_routes
+from bae.services.gateway.console.assets import CSP, STATIC
+from bae.services.gateway.router import build_router
+from bae.services.gateway.upstream import Upstream
 
 pytestmark = pytest.mark.unit
 

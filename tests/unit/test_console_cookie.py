@@ -1,4 +1,4 @@
-"""The console's cookie and CSRF check in the gateway (services/gateway/console/session.py), against a
+"""The console's cookie and CSRF check in the gateway (bae/services/gateway/console/session.py), against a
 stand-in for the session service: the cookie's attributes (Secure over https, the prefix in its Path) and
 what the admin port's cookie filter lets through."""
 
@@ -16,8 +16,8 @@ from starlette.testclient import TestClient
 
 from bae.common.console import csrf_token
 from bae.common.protos import admin_api_pb2
-from services.gateway.console.session import ConsoleCookie, SignInRoutes
-from services.gateway.upstream import credential_of
+from bae.services.gateway.console.session import ConsoleCookie, SignInRoutes
+from bae.services.gateway.upstream import credential_of
 
 pytestmark = pytest.mark.unit
 

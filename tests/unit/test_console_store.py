@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import func, select
 
 from bae.common.console import LINK_SECONDS, SESSION_SECONDS
-from services.session.store import Store, console, keys
-from services.session.store.schema import console_links, console_sessions
+from bae.services.session.store import Store, console, keys
+from bae.services.session.store.schema import console_links, console_sessions
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.parametrize("store_url", STORES, indirect=True)

@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from services.gateway import app
-from services.gateway.declaration import RPC_METHODS
+from bae.services.gateway import app
+from bae.services.gateway.declaration import RPC_METHODS
 from testkit.routes import served_routes
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DOCS = ROOT / "docs"
-SOURCES = [*ROOT.joinpath("bae").rglob("*.py"), *ROOT.joinpath("services").rglob("*.py")]
+SOURCES = [*ROOT.joinpath("bae").rglob("*.py")]
 
 
 def source_text() -> str:

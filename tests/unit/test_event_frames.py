@@ -7,9 +7,9 @@ import json
 import pytest
 
 from bae.common.protos import client_api_pb2
-from services.gateway.proto_to_json import to_json
-from services.session.api import live
-from services.session.store.events import EventView
+from bae.services.gateway.proto_to_json import to_json
+from bae.services.session.api import live
+from bae.services.session.store.events import EventView
 
 pytestmark = pytest.mark.unit
 
@@ -52,8 +52,8 @@ def test_nothing_to_send_is_no_frame():
 
 
 def test_an_event_over_a_piece_goes_in_pieces_and_the_gateway_writes_its_line_whole(monkeypatch):
-    from services.gateway.frames import StreamLines
-    from services.session.api import event_messages
+    from bae.services.gateway.frames import StreamLines
+    from bae.services.session.api import event_messages
 
     monkeypatch.setattr(event_messages, "EVENT_PIECE_CHARS", 100)
     small, large = event(1, 10), event(2, 350)
@@ -70,8 +70,8 @@ def test_an_event_over_a_piece_goes_in_pieces_and_the_gateway_writes_its_line_wh
 
 
 def test_a_result_whose_events_go_on_is_one_line(monkeypatch):
-    from services.gateway.frames import StreamLines
-    from services.session.api import event_messages
+    from bae.services.gateway.frames import StreamLines
+    from bae.services.session.api import event_messages
 
     monkeypatch.setattr(event_messages, "EVENT_PIECE_CHARS", 100)
     small, large = event(1, 10), event(2, 350)

@@ -1,4 +1,4 @@
-"""The gateway's fan-out of a session's relay to its observers (services/gateway/fanout.py), against a
+"""The gateway's fan-out of a session's relay to its observers (bae/services/gateway/fanout.py), against a
 scripted relay: what each observer gets, what ends it, and that a session has one relay."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from bae.common.protos import client_api_pb2, edge_pb2, session_pb2
-from services.gateway.fanout import LAG_LIMIT, Ending, Fanout, Observer, ReplayedCalls
-from services.gateway.frames import SSE_WIRE
+from bae.services.gateway.fanout import LAG_LIMIT, Ending, Fanout, Observer, ReplayedCalls
+from bae.services.gateway.frames import SSE_WIRE
 
 pytestmark = pytest.mark.unit
 

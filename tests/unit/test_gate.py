@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from services.session.engine.gate import KeyRevoked, ParkedTurn, TurnGate, TurnInProgress
+from bae.services.session.engine.gate import KeyRevoked, ParkedTurn, TurnGate, TurnInProgress
 
 pytestmark = pytest.mark.unit
 

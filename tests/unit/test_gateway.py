@@ -10,11 +10,11 @@ from starlette.routing import Match
 
 from bae.common.internal import InternalPlane
 from bae.common.protos import client_api_pb2, edge_pb2
-from services.gateway.declaration import RPC_METHODS
-from services.gateway.envelope import Call, Rejected, parse_envelope
-from services.gateway.frames import error_frame, event_frame, internal_error_frame, result_frame, rpc_error_frame
-from services.gateway.router import build_router
-from services.gateway.upstream import Upstream
+from bae.services.gateway.declaration import RPC_METHODS
+from bae.services.gateway.envelope import Call, Rejected, parse_envelope
+from bae.services.gateway.frames import error_frame, event_frame, internal_error_frame, result_frame, rpc_error_frame
+from bae.services.gateway.router import build_router
+from bae.services.gateway.upstream import Upstream
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """The gateway's `Calls` stream (session.proto) between its two ends, on a loopback gRPC server.
 
-The serving end (services/session/api/gateway_calls.py) with operations of the test's own,
-the calling end (services/gateway/session_calls.py) as the gateway uses it, through the
+The serving end (bae/services/session/api/gateway_calls.py) with operations of the test's own,
+the calling end (bae/services/gateway/session_calls.py) as the gateway uses it, through the
 generated stub: calls share one stream and each ends as a call of its own would, a streaming
 call runs at most its window ahead of its reader and holds back no other call, a call named
 by no method fails alone, a draining replica refuses new calls (sent once more) while it
@@ -21,13 +21,13 @@ from bae.common import error_codes
 from bae.common.errors import NotFound, Unavailable
 from bae.common.internal import InternalPlane
 from bae.common.protos import admin_api_pb2, client_api_pb2, errors_pb2, session_pb2, session_pb2_grpc
-from services.gateway.problems import status_of
-from services.gateway.session_calls import STREAM_BROKE, SessionCallsChannel
-from services.gateway.upstream import Upstream
-from services.session.api.gateway_calls import GatewayCalls
-from services.session.api.operations import Incoming, operations
-from services.session.api.own_calls import register
-from services.session.engine.ownership import NotOwner
+from bae.services.gateway.problems import status_of
+from bae.services.gateway.session_calls import STREAM_BROKE, SessionCallsChannel
+from bae.services.gateway.upstream import Upstream
+from bae.services.session.api.gateway_calls import GatewayCalls
+from bae.services.session.api.operations import Incoming, operations
+from bae.services.session.api.own_calls import register
+from bae.services.session.engine.ownership import NotOwner
 
 pytestmark = pytest.mark.unit
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from bae.common.protos import runner_pb2
-from services.session.remote import runner
-from services.session.engine.ports import StepFailed, StepMessages
-from services.session.remote.runner import HELD_MESSAGE_OVERHEAD, HeldHistories
+from bae.services.session.remote import runner
+from bae.services.session.engine.ports import StepFailed, StepMessages
+from bae.services.session.remote.runner import HELD_MESSAGE_OVERHEAD, HeldHistories
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from services.session.engine.history import History
+from bae.services.session.engine.history import History
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from bae.common.protos import admin_api_pb2, client_api_pb2, edge_pb2
-from services.gateway.json_to_proto import CONTENT_TYPE_REJECTION, Unreadable, read_body, read_params
-from services.gateway.proto_to_json import to_json
+from bae.services.gateway.json_to_proto import CONTENT_TYPE_REJECTION, Unreadable, read_body, read_params
+from bae.services.gateway.proto_to_json import to_json
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,7 @@ import pytest
 from bae.common.errors import UsageError
 from bae.common.settings import load_settings
 from bae.common.truncation import marker
-from services.session.remote.mcp_output import LineReader, Shortener, rebuild
+from bae.services.session.remote.mcp_output import LineReader, Shortener, rebuild
 
 pytestmark = pytest.mark.unit
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.session.engine.merge import (
+from bae.services.session.engine.merge import (
     ABANDONED_TEXT,
     MergeInvalid,
     is_continuation,

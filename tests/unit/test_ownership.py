@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from services.session.engine.ownership import NotOwner, Ownership
-from services.session.store import Store, sessions
+from bae.services.session.engine.ownership import NotOwner, Ownership
+from bae.services.session.store import Store, sessions
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 
 # Each test on a SQLite file (unit) and on PostgreSQL (postgres).

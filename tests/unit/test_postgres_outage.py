@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.session.store import Store, sessions
-from services.session.store.sqlite import StoreUnavailable
+from bae.services.session.store import Store, sessions
+from bae.services.session.store.sqlite import StoreUnavailable
 from testkit import postgres_support
 
 pytestmark = pytest.mark.postgres
@@ -54,7 +54,7 @@ def test_a_failure_that_invalidates_the_connection_is_raised_as_it_is() -> None:
     instead of the failure, which unavailable() turns into a 503."""
     from sqlalchemy.exc import OperationalError, PendingRollbackError
 
-    from services.session.store.postgres import INFO_KEY, _holding
+    from bae.services.session.store.postgres import INFO_KEY, _holding
 
     class InvalidatedOnFailure:
         def __init__(self) -> None:

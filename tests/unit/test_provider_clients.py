@@ -11,7 +11,7 @@ import time
 import httpx2
 import pytest
 
-from services.runner.clients import (
+from bae.services.runner.clients import (
     ANTHROPIC,
     CLIENTS_PER_PROVIDER,
     REQUESTS_PER_CLIENT,

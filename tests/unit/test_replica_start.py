@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from bae.common.ids import token_digest
-from services.session.api.admin_key import AdminKeyOptions, bootstrap_admin_key
-from services.session.store import Store
-from services.session.store import keys
+from bae.services.session.api.admin_key import AdminKeyOptions, bootstrap_admin_key
+from bae.services.session.store import Store
+from bae.services.session.store import keys
 from testkit import REVISIONS, postgres_support
 
 pytestmark = pytest.mark.postgres

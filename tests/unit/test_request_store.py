@@ -7,8 +7,8 @@ import pytest
 from sqlalchemy import text
 
 from bae.common.jsontext import RawJson, dump
-from services.session.store import Store
-from services.session.store.requests import RequestJson
+from bae.services.session.store import Store
+from bae.services.session.store.requests import RequestJson
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 from tests.unit.test_store import new_session, store  # noqa: F401 - the fixture
 
@@ -101,7 +101,7 @@ async def test_a_compaction_and_another_writer_and_a_rollback_still_read_back_wh
             appended += [v.json for v in await writer.append_events(sid, [(None, "provider.request", as_sent(history))])]
 
         def append_then_fail(conn):
-            from services.session.store import events
+            from bae.services.session.store import events
             events.append(conn, sid, [(None, "provider.request", as_sent([*history, message("user", "lost")]))],
                           previous=first._previous_requests)
             raise RuntimeError("the transaction rolls back")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.sandbox.resident_shell import MAX_LINE, encode
+from bae.services.sandbox.resident_shell import MAX_LINE, encode
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.session.engine.fire import TURN_CUT_OFF, outcome_from_log
+from bae.services.session.engine.fire import TURN_CUT_OFF, outcome_from_log
 
 pytestmark = pytest.mark.unit
 

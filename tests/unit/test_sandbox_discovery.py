@@ -8,8 +8,8 @@ import socket
 import pytest
 
 from bae.common.internal import InternalPlane
-from services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery, resolve_all
-from services.session.remote.sandbox_pool import SandboxPool
+from bae.services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery, resolve_all
+from bae.services.session.remote.sandbox_pool import SandboxPool
 
 pytestmark = pytest.mark.unit
 

@@ -6,9 +6,9 @@ import pytest
 
 from bae.common.errors import UsageError
 from bae.common.settings import load_settings
-from services.sandbox.config import load_sandbox_config
+from bae.services.sandbox.config import load_sandbox_config
 from bae.common.truncation import utf8_prefix
-from services.sandbox.output import CappedOutput
+from bae.services.sandbox.output import CappedOutput
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import pytest
 
 from bae.common.errors import InvalidInput
-from services.session.engine.schedule_times import MAX_TICKS_PER_PASS, timing
+from bae.services.session.engine.schedule_times import MAX_TICKS_PER_PASS, timing
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,9 @@ import pytest
 
 from bae.common.errors import InvalidInput, Unprocessable
 from bae.common.protos import client_api_pb2
-from services.gateway.json_to_proto import read_body
-from services.session.api import bodies
-from services.session.api.pagination import PageRequest, page_request
+from bae.services.gateway.json_to_proto import read_body
+from bae.services.session.api import bodies
+from bae.services.session.api.pagination import PageRequest, page_request
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from bae.common.limits import Limits
-from services.session.engine.budgets import KeySpends, Spend, exhausted
-from services.session.store.usage import Charge, Totals
+from bae.services.session.engine.budgets import KeySpends, Spend, exhausted
+from bae.services.session.store.usage import Charge, Totals
 
 CHARGE = Charge("key_a", "pro_a", input_tokens=10, output_tokens=5, provider_calls=1, cost_usd=0.1)
 

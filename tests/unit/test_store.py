@@ -12,11 +12,11 @@ from sqlalchemy.util import await_only
 
 from bae.common.errors import Unavailable
 from bae.common.jsontext import RawJson, dump
-from services.gateway.proto_to_json import to_json
-from services.session.api.event_messages import event_of_row, event_of_view
-from services.session.store import Store, access, events, keys, profiles, sessions
-from services.session.store.schema import session_events
-from services.session.store.schema import sessions as sessions_table
+from bae.services.gateway.proto_to_json import to_json
+from bae.services.session.api.event_messages import event_of_row, event_of_view
+from bae.services.session.store import Store, access, events, keys, profiles, sessions
+from bae.services.session.store.schema import session_events
+from bae.services.session.store.schema import sessions as sessions_table
 from testkit import REVISIONS
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 

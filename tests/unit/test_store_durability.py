@@ -15,8 +15,8 @@ import pytest
 
 from bae.common.errors import Unavailable, UsageError
 from bae.common.settings import load_settings
-from services.session.store import Store, sessions
-from services.session.store.sqlite import WAL_AUTOCHECKPOINT_PAGES, StoreUnavailable
+from bae.services.session.store import Store, sessions
+from bae.services.session.store.sqlite import WAL_AUTOCHECKPOINT_PAGES, StoreUnavailable
 
 pytestmark = pytest.mark.unit
 

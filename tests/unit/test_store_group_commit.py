@@ -10,8 +10,8 @@ import threading
 import pytest
 from sqlalchemy import Connection
 
-from services.session.store import Store, events, sessions
-from services.session.store.sqlite import StoreUnavailable
+from bae.services.session.store import Store, events, sessions
+from bae.services.session.store.sqlite import StoreUnavailable
 
 pytestmark = pytest.mark.unit
 

@@ -11,9 +11,9 @@ from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from bae.common.ids import token_digest
-from services.session.store import Store, events, keys
-from services.session.store.migrations import migrate
-from services.session.store.postgres import asyncpg_url
+from bae.services.session.store import Store, events, keys
+from bae.services.session.store.migrations import migrate
+from bae.services.session.store.postgres import asyncpg_url
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 from testkit import REVISIONS
 from fixtures.make_store_0e5055c import ADMIN, CLIENT, SESSION

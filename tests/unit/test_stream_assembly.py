@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.runner import anthropic_wire, openai_wire
-from services.runner.canonical import DeltaKind, Piece, WireFormatError
+from bae.services.runner import anthropic_wire, openai_wire
+from bae.services.runner.canonical import DeltaKind, Piece, WireFormatError
 
 pytestmark = pytest.mark.unit
 

@@ -16,7 +16,7 @@ from bae.common.propagation import request_id
 from bae.common.config import Telemetry
 from bae.common.errors import UsageError
 from bae.common.logs import JsonFormatter, TextFormatter
-from services.gateway.prometheus import exposition
+from bae.services.gateway.prometheus import exposition
 
 pytestmark = pytest.mark.unit
 

@@ -8,9 +8,9 @@ import pytest
 
 from bae.common.errors import InvalidInput
 from bae.common.protos import admin_api_pb2, edge_pb2
-from services.session.api.triggers import input_digest, rendered_message, trigger_fields
-from services.session.engine import trigger_template
-from services.session.store.records import TriggerRecord
+from bae.services.session.api.triggers import input_digest, rendered_message, trigger_fields
+from bae.services.session.engine import trigger_template
+from bae.services.session.store.records import TriggerRecord
 
 pytestmark = pytest.mark.unit
 

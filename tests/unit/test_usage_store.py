@@ -7,8 +7,8 @@ import pytest
 
 from bae.common.jsontext import RawJson
 from bae.common.timefmt import now
-from services.session.store import Store, sessions, usage
-from services.session.store.usage import Charge, Totals
+from bae.services.session.store import Store, sessions, usage
+from bae.services.session.store.usage import Charge, Totals
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.parametrize("store_url", STORES, indirect=True)

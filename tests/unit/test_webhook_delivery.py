@@ -19,9 +19,9 @@ from bae.common.webhooks import (
     MAX_URL_CHARS, RefusedAddress, Target, WebhookConfigError, WebhookSettings, check_addresses, internal_reason,
     new_secret, parse_url, read_webhooks, retry_delay, schedule, signature_header,
 )
-from services.session.engine.ports import WebhookAnswer
-from services.session.engine.webhook_delivery import WebhookDeliverer
-from services.session.store import Store, events, sessions, webhooks
+from bae.services.session.engine.ports import WebhookAnswer
+from bae.services.session.engine.webhook_delivery import WebhookDeliverer
+from bae.services.session.store import Store, events, sessions, webhooks
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
 
 
@@ -249,7 +249,7 @@ async def test_an_event_that_is_not_written_queues_nothing(store) -> None:
     sid = await _session(store, "pro_a")
 
     def append_then_fail(conn):
-        from services.session.store import events
+        from bae.services.session.store import events
         events.append(conn, sid, [("key_a", "client.message.send", {"content": "hi"})])
         raise RuntimeError("the transaction rolls back")
 
@@ -486,7 +486,7 @@ def redirecting_receiver():
 
 @pytest.mark.unit
 async def test_the_sender_connects_to_the_checked_address_and_follows_no_redirect(redirecting_receiver) -> None:
-    from services.session.remote.webhook_sender import WebhookSender
+    from bae.services.session.remote.webhook_sender import WebhookSender
 
     port, seen = redirecting_receiver
     sender = WebhookSender(timeout=5)

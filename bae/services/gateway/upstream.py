@@ -1,0 +1,284 @@
+"""The connections to the session replicas and how their failures read over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import itertools
+import logging
+import socket
+from collections import OrderedDict
+from typing import Awaitable, Callable, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from google.protobuf.message import Message
+from starlette.requests import Request
+
+from google.protobuf.message import DecodeError
+
+from bae.common import error_codes
+from bae.common.errors import BaeError, DeadlineExceeded, Internal, Unavailable
+from bae.common.grpcutil import channel
+from bae.common.internal import InternalPlane
+from bae.common.protos import edge_pb2, session_pb2_grpc
+from bae.common.session_routing import REDIRECTED_KEY, owner_of
+from bae.services.gateway.session_calls import SessionCallsChannel
+
+log = logging.getLogger("bae.gateway")
+
+T = TypeVar("T")
+Metadata = tuple[tuple[str, str], ...]
+
+
+# Where the admin port's console cookie filter (console/session.py) leaves the `bae_console` cookie of a
+# request without an Authorization header, once its CSRF token was checked.
+CONSOLE_SESSION_SCOPE_KEY = "bae.console_session"
+
+
+def credential_of(request: Request) -> edge_pb2.Credential:
+    """The request's Authorization header as it came, or its console cookie: the session service authenticates."""
+    authorization = request.headers.get("authorization")
+    return edge_pb2.Credential(
+        authorization=authorization or "", present=authorization is not None,
+        console_session=request.scope.get(CONSOLE_SESSION_SCOPE_KEY, ""),
+    )
+
+
+# A call follows at most this many refusals (one is usual: the session moved once).
+MAX_HOPS = 3
+# Sessions whose replica is remembered; the oldest are forgotten first.
+OWNER_CACHE = 65_536
+# Replicas known by address are health-checked this often, each check bounded by the same time: a
+# replica whose host vanished (no connection reset) is then avoided within about two seconds instead
+# of costing every call its full deadline.
+PROBE_INTERVAL = 1.0
+
+Invoke = Callable[[session_pb2_grpc.SessionServiceStub, Metadata], Awaitable[T]]
+
+
+def _is_host_name(target: str) -> bool:
+    host = target.rpartition(":")[0].strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return host != "localhost"
+    return False
+
+
+def _address(host: str, port: str) -> str:
+    """One spelling per address: a lower-case host name, or an IP written as `ipaddress` writes it."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return f"{host.lower()}:{port}"
+    return f"[{ip.compressed}]:{port}" if ip.version == 6 else f"{ip.compressed}:{port}"
+
+
+def _normal(target: str) -> str:
+    host, _, port = target.rpartition(":")
+    return _address(host, port)
+
+
+async def _resolved(target: str) -> set[str]:
+    """`target`'s addresses (itself if it names none): a host name stands for every replica it resolves to."""
+    host, _, port = target.rpartition(":")
+    if not _is_host_name(target) and host.strip("[]") != "localhost":
+        return {_normal(target)}
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return {_normal(target)}
+    return {_normal(target), *(_address(str(info[4][0]), port) for info in infos)}
+
+
+class Upstream:
+    """Channels to the session replicas, and which replica each session was last served by.
+
+    A call for a session goes to its replica; one without a session (or for a
+    session not seen yet) goes to the next configured target that is not known
+    to be down. A replica that does not own the session refuses the call before
+    acting on it and names the owner (bae.common.session_routing), and the call is sent
+    there. Each target may be a host name: its channel balances over every
+    address the name resolves to (a scaled compose service).
+
+    A call is sent again elsewhere only when it was never sent (its replica
+    refused the connection); one cut off mid-way fails, as it may have acted.
+    """
+
+    def __init__(self, targets: list[str], timeout: float, plane: InternalPlane) -> None:
+        # Must be made inside the event loop that will use the channels (grpc.aio binds to it).
+        self.targets = targets
+        self.timeout = timeout
+        self._plane = plane
+        self._stubs: dict[str, session_pb2_grpc.SessionServiceStub] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._owners: OrderedDict[str, str] = OrderedDict()
+        self._turn = itertools.count()
+        self._silent: set[str] = set()  # replicas whose last health check went unanswered
+        self._probe: asyncio.Task[None] | None = None
+        # Health checks go over channels of their own: their failed connects while a replica is
+        # down must not put the calls' channel into reconnect backoff when it comes back.
+        self._probe_stubs: dict[str, health_pb2_grpc.HealthStub] = {}
+        self._probe_channels: list[grpc.aio.Channel] = []
+        # Where a refusal may send a call: the targets and what they resolved to when last asked.
+        self._replicas = {_normal(target) for target in targets}
+
+    def start(self) -> None:
+        self._probe = asyncio.create_task(self._probe_replicas(), name="upstream-probe")
+
+    @property
+    def address(self) -> str:
+        return ", ".join(self.targets)
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        chan = self._channels.get(address)
+        if chan is None:
+            # A configured host name may stand for several replicas: balance over its addresses.
+            balanced = address in self.targets and _is_host_name(address)
+            chan = channel(address, self._plane, balanced=balanced)
+            if not balanced:  # a stream stays with one replica: a balanced target's calls would all go to it
+                chan = SessionCallsChannel(chan)
+            self._channels[address] = chan
+            self._stubs[address] = session_pb2_grpc.SessionServiceStub(chan)
+        return chan
+
+    def stub(self, address: str) -> session_pb2_grpc.SessionServiceStub:
+        self.channel(address)
+        return self._stubs[address]
+
+    async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
+        await asyncio.gather(*(chan.close() for chan in [*self._channels.values(), *self._probe_channels]))
+
+    async def _probe_replicas(self) -> None:
+        while True:
+            await asyncio.sleep(PROBE_INTERVAL)
+            addresses = [address for address in self._channels if not _is_host_name(address)]
+            answers = await asyncio.gather(*(self._answers(address) for address in addresses))
+            silent = {address for address, answered in zip(addresses, answers) if not answered}
+            for address in silent - self._silent:
+                log.warning("session replica at %s stopped answering; routing around it", address)
+                for session_id in [sid for sid, owner in self._owners.items() if owner == address]:
+                    del self._owners[session_id]
+            self._silent = silent
+
+    async def _answers(self, address: str) -> bool:
+        stub = self._probe_stubs.get(address)
+        if stub is None:
+            # A subchannel pool of its own too: gRPC shares connections (and their backoff) between
+            # channels with the same arguments. Health checks need no internal token.
+            chan = grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+            self._probe_channels.append(chan)
+            stub = self._probe_stubs[address] = health_pb2_grpc.HealthStub(chan)
+        try:
+            await stub.Check(health_pb2.HealthCheckRequest(), timeout=PROBE_INTERVAL)
+        except grpc.aio.AioRpcError:
+            return False
+        return True
+
+    def _refused(self, address: str) -> bool:
+        """Whether the last attempt to connect to `address` failed (so a call there was never sent)."""
+        return bool(self.channel(address).get_state(try_to_connect=True) == grpc.ChannelConnectivity.TRANSIENT_FAILURE)
+
+    def _usable(self, address: str) -> bool:
+        return address not in self._silent and not self._refused(address)
+
+    def _pick(self, session_id: str | None, avoid: str | None = None) -> str:
+        owner = self._owners.get(session_id) if session_id else None
+        if owner is not None and owner != avoid and self._usable(owner):
+            return owner
+        start = next(self._turn)
+        for offset in range(len(self.targets)):
+            target = self.targets[(start + offset) % len(self.targets)]
+            if target != avoid and self._usable(target):
+                return target
+        return self.targets[start % len(self.targets)]
+
+    async def _is_replica(self, address: str) -> bool:
+        """Whether `address` is a configured target or one of their addresses. A refusal naming any
+        other address is not followed: the call would carry the internal token there. A name is
+        resolved again when an address is not known yet (a compose service scaled up)."""
+        if _normal(address) in self._replicas:
+            return True
+        resolved = await asyncio.gather(*(_resolved(target) for target in self.targets))
+        self._replicas = set().union(*resolved)
+        return _normal(address) in self._replicas
+
+    def _remember(self, session_id: str, address: str) -> None:
+        self._owners[session_id] = address
+        self._owners.move_to_end(session_id)
+        if len(self._owners) > OWNER_CACHE:
+            self._owners.popitem(last=False)
+
+    async def call(self, session_id: str | None, invoke: Invoke[T]) -> T:
+        """`invoke(stub, metadata)` on the replica for `session_id`, following refusals."""
+        address = self._pick(session_id)
+        metadata: Metadata = ()
+        for hop in range(MAX_HOPS):
+            try:
+                result = await invoke(self.stub(address), metadata)
+            except grpc.aio.AioRpcError as error:
+                owner = owner_of(error)
+                unreachable = error.code() == grpc.StatusCode.UNAVAILABLE and owner is None and self._refused(address)
+                if session_id and (owner is not None or unreachable
+                                   or error.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
+                    self._owners.pop(session_id, None)  # the next call asks afresh
+                # An owner that stopped answering holds its sessions until its lease lapses: 503 now.
+                if hop == MAX_HOPS - 1 or not (owner or unreachable) or owner in self._silent:
+                    raise
+                if owner is not None and not await self._is_replica(owner):
+                    log.warning("session replica refused a call naming %s as its owner, which is none of "
+                                "the session targets (%s) nor their addresses; not followed",
+                                owner, self.address)
+                    raise
+                if owner is not None:
+                    address, metadata = owner, ((REDIRECTED_KEY, "1"),)
+                else:  # never sent: another replica takes the session or names its owner
+                    address, metadata = self._pick(session_id, avoid=address), ()
+                continue
+            if session_id:
+                self._remember(session_id, address)
+            return result
+        raise AssertionError("unreachable")
+
+    async def open_stream(
+        self, session_id: str, rpc_name: str, request: Message
+    ) -> tuple[grpc.aio.UnaryStreamCall, Message | object]:
+        """Start a live call on the session's replica and read its first frame (`accepted`, or a
+        relay's start), or EOF; a refusal before it raises as any call's does. Live calls carry no
+        deadline: a turn or a subscription lasts as long as it lasts."""
+
+        async def invoke(
+            stub: session_pb2_grpc.SessionServiceStub, metadata: Metadata
+        ) -> tuple[grpc.aio.UnaryStreamCall, Message | object]:
+            grpc_call = getattr(stub, rpc_name)(request, metadata=metadata)
+            try:
+                return grpc_call, await grpc_call.read()
+            except BaseException:
+                grpc_call.cancel()
+                raise
+
+        return await self.call(session_id, invoke)
+
+    def failure(self, error: grpc.aio.AioRpcError) -> BaeError:
+        """The error a failed call answers: the service's own, or a generic one that names the outage.
+
+        Addresses and gRPC's own texts go to the log only, never to the client.
+        """
+        try:
+            raised = error_codes.raised_by(error)
+        except DecodeError:
+            log.error("session service sent a malformed error trailer: %s", error.details())
+            return Internal("internal server error")
+        if raised is not None:
+            return raised
+        code = error.code()
+        log.error("session service at %s: call failed: %s %s", self.address, code.name, error.details())
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return Unavailable("the session service is unavailable; try again shortly")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return DeadlineExceeded(f"the session service did not answer within {self.timeout:g}s")
+        return Internal("internal server error")

@@ -1,0 +1,142 @@
+"""The demo provider: a scripted echo model, so a first session needs no API key.
+
+DEMO ONLY, never a real model. The runner serves it on BAE_DEMO_PROVIDER_ADDR (loopback only),
+and only when that is set (`make demo` / `bae run --demo` set it, with a
+bae-config.toml entry pointing at it). It speaks the Anthropic Messages wire
+(`POST /v1/messages`), so the runner reaches it through the same SDK client and
+attempt walk as a real provider. Its script, applied to the last message:
+
+- tool results: one text block, `[demo] <tool> returned: <content>` per result;
+- user text naming one of the request's tools: a `tool_use` of the first such
+  tool (input `{}`), preceded by `[demo] calling <tool>`;
+- any other user text: `[demo] you said: <text>`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from bae.common.settings import Address
+from bae.services.runner.canonical import JsonObject
+
+log = logging.getLogger("bae.runner.demo")
+
+PREFIX = "[demo]"
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def _text_of(content: Any) -> str:
+    """The text of a message's or tool result's content (a string or a block list)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(block.get("text", "") for block in content
+                        if isinstance(block, dict) and block.get("type") == "text")
+    return ""
+
+
+def _tool_names(messages: list[JsonObject]) -> dict[str, str]:
+    """tool_use id -> tool name, over the whole history (to name each result's tool)."""
+    names: dict[str, str] = {}
+    for message in messages:
+        content = message.get("content")
+        for block in content if isinstance(content, list) else []:
+            if isinstance(block, dict) and block.get("type") == "tool_use":
+                names[str(block.get("id"))] = str(block.get("name"))
+    return names
+
+
+def reply_blocks(messages: list[JsonObject], tools: list[JsonObject]) -> list[JsonObject]:
+    """The scripted answer to a request's messages and tools (see the module docstring)."""
+    last = messages[-1] if messages else {}
+    content = last.get("content")
+    results = [block for block in content if isinstance(block, dict) and block.get("type") == "tool_result"] \
+        if isinstance(content, list) else []
+    if results:
+        names = _tool_names(messages)
+        lines = [f"{PREFIX} {names.get(str(r.get('tool_use_id')), 'the tool')} returned: {_text_of(r.get('content'))}"
+                 for r in results]
+        return [{"type": "text", "text": "\n".join(lines)}]
+    text = _text_of(content)
+    lowered = text.lower()
+    for tool in tools:
+        name = tool.get("name") if isinstance(tool, dict) else None
+        if isinstance(name, str) and name and name.lower() in lowered:
+            return [
+                {"type": "text", "text": f"{PREFIX} calling {name}"},
+                {"type": "tool_use", "id": f"toolu_demo_{secrets.token_hex(8)}", "name": name, "input": {}},
+            ]
+    return [{"type": "text", "text": f"{PREFIX} you said: {text}"}]
+
+
+async def _bounded_body(request: Request) -> bytes | None:
+    """The body, or None as soon as it is known to be over MAX_BODY_BYTES (announced, or counted
+    as it arrives): the rest is never read, so a huge body costs no more memory than the limit."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def messages_endpoint(request: Request) -> JSONResponse:
+    body = await _bounded_body(request)
+    if body is None:
+        return _error(413, f"request too large (over {MAX_BODY_BYTES} bytes)")
+    try:
+        parsed = json.loads(body)
+        messages, tools = parsed.get("messages") or [], parsed.get("tools") or []
+        if not isinstance(messages, list) or not isinstance(tools, list):
+            raise ValueError("messages and tools must be arrays")
+    except (ValueError, AttributeError) as exc:
+        return _error(400, f"invalid request: {exc}")
+    blocks = reply_blocks(messages, tools)
+    return JSONResponse({
+        "id": f"msg_demo_{secrets.token_hex(8)}",
+        "type": "message",
+        "role": "assistant",
+        "model": str(parsed.get("model", "")),
+        "content": blocks,
+        "stop_reason": "tool_use" if blocks[-1]["type"] == "tool_use" else "end_turn",
+        "usage": {"input_tokens": len(body) // 4, "output_tokens": sum(len(json.dumps(b)) for b in blocks) // 4},
+    })
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"type": "error", "error": {"type": "invalid_request_error", "message": message}},
+                        status_code=status)
+
+
+class DemoProvider:
+    """The demo endpoint on `address`, in the runner's event loop."""
+
+    def __init__(self, address: Address) -> None:
+        app = Starlette(routes=[Route("/v1/messages", messages_endpoint, methods=["POST"])])
+        config = uvicorn.Config(app, host=address.host, port=address.port, lifespan="off",
+                                access_log=False, log_config=None, server_header=False)
+        config.load()
+        self.address = address
+        self.server = uvicorn.Server(config)
+        self.server.lifespan = config.lifespan_class(config)
+
+    async def start(self) -> None:
+        await self.server.startup()  # a port that cannot be bound ends the process (exit 1)
+        log.warning("DEMO provider (scripted echo model, not a real LLM) serving on http://%s", self.address)
+
+    async def stop(self) -> None:
+        await self.server.shutdown()

@@ -1,6 +1,0 @@
-"""Persistent state of the session service: keys, profiles, sessions, events."""
-
-from services.session.store.records import KeyRecord, Principal, ProfileRecord, SessionRecord
-from services.session.store.store import Store
-
-__all__ = ["KeyRecord", "Principal", "ProfileRecord", "SessionRecord", "Store"]
