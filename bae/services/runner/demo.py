@@ -7,15 +7,25 @@ bae-config.toml entry pointing at it). It speaks the Anthropic Messages wire
 attempt walk as a real provider. Its script, applied to the last message:
 
 - tool results: one text block, `[demo] <tool> returned: <content>` per result;
-- user text naming one of the request's tools: a `tool_use` of the first such
-  tool (input `{}`), preceded by `[demo] calling <tool>`;
+- user text in which names of the request's tools are each followed by a JSON
+  object (`add {"a": 2, "b": 3}`): one `tool_use` per such name, in the order
+  of the text, each with its object as input, preceded by
+  `[demo] calling <tool>, <tool>…`. Where names overlap, the one that starts
+  first wins, then the longest (`bash {…}` calls `bash`, not `sh`). An object
+  that is not valid JSON is answered `[demo] cannot read the input of <tool>:
+  <reason>`, with no tool call;
+- other user text naming one of the request's tools: a `tool_use` of the first
+  such tool in the request's order (input `{}`), preceded by `[demo] calling <tool>`;
 - any other user text: `[demo] you said: <text>`.
+
+Names match case-insensitively, anywhere in the text.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 from typing import Any
 
@@ -55,6 +65,31 @@ def _tool_names(messages: list[JsonObject]) -> dict[str, str]:
     return names
 
 
+def _tool_use(name: str, tool_input: JsonObject) -> JsonObject:
+    return {"type": "tool_use", "id": f"toolu_demo_{secrets.token_hex(8)}", "name": name, "input": tool_input}
+
+
+def _calls_with_input(text: str, names: list[str]) -> list[JsonObject] | str:
+    """The tool_use blocks of each name followed by a JSON object, in text order; a reason
+    (the answer's text) when such an object does not parse; [] when no name is followed by one."""
+    found: list[tuple[int, int, int, str]] = []  # (start, -length, end, name): the earliest, then the longest
+    for name in names:
+        for match in re.finditer(re.escape(name) + r"\s*(?=\{)", text, re.IGNORECASE):
+            found.append((match.start(), -len(name), match.end(), name))
+    blocks: list[JsonObject] = []
+    consumed = 0  # where the last object ended: a name inside it is part of that input
+    decoder = json.JSONDecoder()
+    for start, _, end, name in sorted(found):
+        if start < consumed:
+            continue
+        try:
+            tool_input, consumed = decoder.raw_decode(text, end)
+        except json.JSONDecodeError as exc:
+            return f"{PREFIX} cannot read the input of {name}: {exc}"
+        blocks.append(_tool_use(name, tool_input))  # a value read from a "{" is an object
+    return blocks
+
+
 def reply_blocks(messages: list[JsonObject], tools: list[JsonObject]) -> list[JsonObject]:
     """The scripted answer to a request's messages and tools (see the module docstring)."""
     last = messages[-1] if messages else {}
@@ -67,14 +102,18 @@ def reply_blocks(messages: list[JsonObject], tools: list[JsonObject]) -> list[Js
                  for r in results]
         return [{"type": "text", "text": "\n".join(lines)}]
     text = _text_of(content)
+    names = [tool["name"] for tool in tools
+             if isinstance(tool, dict) and isinstance(tool.get("name"), str) and tool["name"]]
+    calls = _calls_with_input(text, names)
+    if isinstance(calls, str):
+        return [{"type": "text", "text": calls}]
+    if calls:
+        called = ", ".join(str(block["name"]) for block in calls)
+        return [{"type": "text", "text": f"{PREFIX} calling {called}"}, *calls]
     lowered = text.lower()
-    for tool in tools:
-        name = tool.get("name") if isinstance(tool, dict) else None
-        if isinstance(name, str) and name and name.lower() in lowered:
-            return [
-                {"type": "text", "text": f"{PREFIX} calling {name}"},
-                {"type": "tool_use", "id": f"toolu_demo_{secrets.token_hex(8)}", "name": name, "input": {}},
-            ]
+    for name in names:
+        if name.lower() in lowered:
+            return [{"type": "text", "text": f"{PREFIX} calling {name}"}, _tool_use(name, {})]
     return [{"type": "text", "text": f"{PREFIX} you said: {text}"}]
 
 
