@@ -158,6 +158,7 @@ def test_guide(path: Path, tmp_path: Path) -> None:
             pytest.fail(f"{path.name} did not finish in {GUIDE_TIMEOUT:.0f} s; its output:\n{output}")
         if done.returncode != 0:
             pytest.fail(f"{path.name} failed (exit {done.returncode}); its output:\n{done.stdout}", pytrace=False)
+        print(done.stdout)  # shown with `pytest -rP`: what a reader would see
 
     if guide.stack == "none":
         run_guide(env)
