@@ -91,3 +91,9 @@ def test_a_line_starting_with_an_inline_code_span_is_no_fence() -> None:
 @pytest.mark.parametrize("path", sorted((ROOT / "docs" / "guides").glob("*.md")), ids=lambda path: path.stem)
 def test_every_guide_parses(path: Path) -> None:
     guides.read(path)
+
+
+def test_every_guide_is_in_the_index() -> None:
+    guides_dir = ROOT / "docs" / "guides"
+    index = (guides_dir / "README.md").read_text()
+    assert {path.name for path in guides_dir.glob("*.md") if f"]({path.name})" not in index} == {"README.md"}
