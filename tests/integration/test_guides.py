@@ -44,7 +44,8 @@ def python_path() -> str:
 
 def base_env(work: Path) -> dict[str, str]:
     """The stack's environment: every port free, the store and its key files under ./data."""
-    env = stack_env(work / "data")
+    # SQLite under ./data as a reader has it, also when the suite runs its stacks on PostgreSQL.
+    env = stack_env(work / "data", BAE_DB_PATH=str(work / "data" / "bae.db"))
     env.pop("BAE_CONFIG", None)
     env["BAE_DEMO_PROVIDER_ADDR"] = f"127.0.0.1:{free_port()}"
     env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
