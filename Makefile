@@ -11,10 +11,11 @@ PROTOS := $(shell find protos -name '*.proto')
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt constraints.txt pyproject.toml setup.py
+$(STAMP): requirements.txt constraints.txt pyproject.toml setup.py clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
+	$(PY) -m pip install --quiet --no-deps -e clients/python
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
@@ -55,12 +56,12 @@ test-inprocess: venv protos
 test-postgres: venv protos
 	BAE_TEST_STORE=postgresql $(PY) -m pytest $(PYTEST_ARGS)
 
-# Ruff, mypy (strict over bae/) and the import contracts (lint-imports), all configured
-# in pyproject.toml.
+# Ruff, mypy (strict over bae/ and the client library) and the import contracts (lint-imports), all
+# configured in pyproject.toml. PYTHONPATH: lint-imports finds bae_client in its source tree.
 lint: venv protos
-	$(VENV)/bin/ruff check bae tests testkit bench deploy examples
+	$(VENV)/bin/ruff check bae clients/python tests testkit bench deploy examples
 	$(VENV)/bin/mypy
-	$(VENV)/bin/lint-imports --no-logo
+	PYTHONPATH=clients/python $(VENV)/bin/lint-imports --no-logo
 
 bench: venv protos
 	$(PY) -m bench.run $(ARGS)
