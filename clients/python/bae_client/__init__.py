@@ -15,6 +15,7 @@ with `async`/`await`. docs/reference/client.md is the reference.
 """
 
 from bae_client._protocol import Reply
+from bae_client.aio import AsyncClient, AsyncSession, AsyncSubscription
 from bae_client.errors import (
     ApiError,
     ApplicationError,
@@ -54,6 +55,9 @@ __all__ = [
     "PAYLOAD_TYPES",
     "ApiError",
     "ApplicationError",
+    "AsyncClient",
+    "AsyncSession",
+    "AsyncSubscription",
     "BaeError",
     "BudgetExhaustedError",
     "Client",

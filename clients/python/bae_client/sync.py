@@ -330,20 +330,21 @@ class Subscription:
         self.subscribed = True
 
     def _reconnect(self, cause: BaseException) -> None:
+        """Connect again from the last event delivered, retrying while the server is unreachable (it may be
+        restarting) for up to RESUME_WINDOW seconds."""
         self._drop()
         started = time.monotonic()
-        for attempt in range(1_000_000):
-            if self._closed:
-                return
+        attempt = 0
+        while not self._closed:
             time.sleep(p.RESUME_BACKOFF[min(attempt, len(p.RESUME_BACKOFF) - 1)])
+            attempt += 1
             try:
                 self._connect()
                 self.reconnects += 1
                 return
-            except TransportError:
+            except TransportError as error:
                 if time.monotonic() - started > p.RESUME_WINDOW:
-                    raise
-        raise cause
+                    raise error from cause
 
     def _drop(self) -> None:
         self.subscribed = False
