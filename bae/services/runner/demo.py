@@ -99,8 +99,8 @@ def reply_blocks(messages: list[JsonObject], tools: list[JsonObject]) -> list[Js
     results = [block for block in content if isinstance(block, dict) and block.get("type") == "tool_result"] \
         if isinstance(content, list) else []
     if results:
-        names = _tool_names(messages)
-        lines = [f"{PREFIX} {names.get(str(r.get('tool_use_id')), 'the tool')} returned: {_text_of(r.get('content'))}"
+        by_id = _tool_names(messages)
+        lines = [f"{PREFIX} {by_id.get(str(r.get('tool_use_id')), 'the tool')} returned: {_text_of(r.get('content'))}"
                  for r in results]
         return [{"type": "text", "text": "\n".join(lines)}]
     text = _text_of(content)
@@ -135,7 +135,7 @@ async def _bounded_body(request: Request) -> bytes | None:
     return b"".join(chunks)
 
 
-async def messages_endpoint(request: Request) -> JSONResponse:
+async def messages_endpoint(request: Request) -> Response:
     body = await _bounded_body(request)
     if body is None:
         return _error(413, f"request too large (over {MAX_BODY_BYTES} bytes)")
