@@ -62,3 +62,40 @@ def test_demo_refuses_a_config_it_cannot_join(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.strip() == (f'error: BAE_CONFIG={config} has a provider named "demo", the name --demo gives '
                                    "its own: rename that entry")
+
+
+def test_the_demo_model_streams_when_a_client_asks_for_deltas(tmp_path: Path) -> None:
+    from bae_client import Client, Tool
+
+    env = stack_env(tmp_path, BAE_DEMO_PROVIDER_ADDR=f"127.0.0.1:{free_port()}")
+    process = subprocess.Popen([sys.executable, "-m", "bae", "run", "--demo"], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.startswith("Press Ctrl-C"):
+                break
+        stack = StackClients(f"http://{env['BAE_ADDR']}", f"http://{env['BAE_ADMIN_ADDR']}",
+                             Path(env["BAE_ADMIN_KEY_FILE"]).read_text().strip())
+        try:
+            profile = stack.create_profile("streamed", primary="demo", allowed_tools=["echo"])
+            key = stack.create_key(profile["id"])["key"]
+        finally:
+            stack.close()
+        echo = Tool("echo", "Echo its text", {"type": "object"}, handler=lambda tool_input: tool_input["text"])
+        with Client(f"http://{env['BAE_ADDR']}", client_key=key) as bae:
+            session = bae.open(tools=[echo])
+            deltas = []
+            reply = session.send("stream these few words", on_delta=deltas.append)
+            assert reply.text == "[demo] you said: stream these few words"
+            assert "".join(d.text for d in deltas if d.kind == "text") == reply.text
+            assert [d.text for d in deltas if d.kind == "text"][:3] == ["[demo] ", "you ", "said: "]
+            deltas.clear()
+            reply = session.send('echo {"text": "streamed input"}', on_delta=deltas.append)
+            assert reply.text == "[demo] echo returned: streamed input"
+            assert any(d.kind == "tool_input" for d in deltas)
+            session.close()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, output

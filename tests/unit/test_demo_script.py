@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bae.services.runner.demo import reply_blocks
+from bae.services.runner.demo import reply_blocks, stream_events
 
 pytestmark = pytest.mark.unit
 
@@ -78,3 +78,23 @@ def test_tool_results_are_reported_by_tool_name() -> None:
     ]
     assert reply_blocks(messages, tools("add")) == [
         {"type": "text", "text": "[demo] add returned: 5\n[demo] the tool returned: ?"}]
+
+
+def test_the_stream_is_the_same_message_in_anthropic_events() -> None:
+    from bae.services.runner.anthropic_wire import StreamAssembly
+
+    blocks = reply_blocks(user('Hello sh {"command": "ls -l"}'), tools("sh"))
+    message = {"id": "msg_demo_1", "type": "message", "role": "assistant", "model": "bae-demo-echo",
+               "content": blocks, "stop_reason": "tool_use", "stop_sequence": None,
+               "usage": {"input_tokens": 12, "output_tokens": 7}}
+    events = stream_events(message)
+    assert [event["type"] for event in events] == [
+        "message_start", "content_block_start", *["content_block_delta"] * 3, "content_block_stop",
+        "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
+    assert [e["delta"]["text"] for e in events if e["type"] == "content_block_delta" and e["index"] == 0] == [
+        "[demo] ", "calling ", "sh"]
+    # Put together as the runner does, the stream is the message the same request answers unstreamed.
+    assembly = StreamAssembly()
+    for event in events:
+        assembly.feed(event)
+    assert assembly.body() == message
