@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +28,9 @@ BIN = Path(sys.executable).parent
 GUIDE_TIMEOUT = 300.0
 START_TIMEOUT = 60.0
 BIND_ATTEMPTS = 3
+# The listening addresses of a stack: what a start that lost a port to another process picks anew.
+PORTS = {"BAE_ADDR", "BAE_ADMIN_ADDR", "BAE_SESSION_GRPC_ADDR", "BAE_RUNNER_GRPC_ADDR", "BAE_SANDBOX_GRPC_ADDRS",
+         "BAE_DEMO_PROVIDER_ADDR"}
 
 
 def marks(path: Path) -> list[pytest.MarkDecorator]:
@@ -60,6 +64,7 @@ class DemoStack:
     def __init__(self, work: Path, env: dict[str, str]) -> None:
         self.work, self.env = work, env
         self.log_path = work / "bae-run.log"
+        self.log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             # A session of its own: stopping it stops every service it started, even if it dies first.
             self.process = subprocess.Popen([str(BIN / "bae"), "run", "--demo"], cwd=work, env=env,
@@ -68,6 +73,12 @@ class DemoStack:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def attempt_log(self) -> str:
+        """What this start wrote (the log keeps earlier attempts' output above it)."""
+        with open(self.log_path, "rb") as log:
+            log.seek(self.log_start)
+            return log.read().decode(errors="replace")
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
@@ -111,8 +122,8 @@ def demo_stack(work: Path, env: dict[str, str]) -> Iterator[DemoStack]:
             stack.stop()
             attempts -= 1
             # A port free_port found may be taken before the service binds it: new ports, once more.
-            if attempts and "bind" in stack.log():
-                env = {**base_env(work), **{k: v for k, v in env.items() if k == "BAE_CONFIG"}}
+            if attempts and any(sign in stack.attempt_log() for sign in ("already in use", "cannot bind")):
+                env = {**env, **{key: value for key, value in base_env(work).items() if key in PORTS}}
                 continue
             raise
     try:
@@ -134,6 +145,30 @@ def guide_env(stack_env_: dict[str, str], standalone: bool) -> dict[str, str]:
     return env
 
 
+def run_program(path: Path, work: Path, env: dict[str, str]) -> tuple[str, int | None]:
+    """The guide's program (the runner) in `work`: its output and exit code (None: past GUIDE_TIMEOUT).
+    It runs in a process group of its own, and whatever it leaves running (a `cmd &` of an sh block, a
+    stack a guide started itself) is killed with the group when it ends. Its output goes to a file, not a
+    pipe: a process left running would hold a pipe open after the program is done."""
+    with tempfile.TemporaryFile() as output:
+        runner = subprocess.Popen([sys.executable, "-m", "testkit.guides", str(path)], cwd=work, env=env,
+                                  stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        code: int | None
+        try:
+            code = runner.wait(GUIDE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            try:
+                os.killpg(runner.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            runner.wait()
+        output.seek(0)
+        return output.read().decode(errors="replace"), code
+
+
 @pytest.mark.parametrize("path", [pytest.param(path, id=path.stem, marks=marks(path)) for path in GUIDES])
 def test_guide(path: Path, tmp_path: Path) -> None:
     guide = guides.read(path)
@@ -150,16 +185,12 @@ def test_guide(path: Path, tmp_path: Path) -> None:
         env["BAE_CONFIG"] = "bae-config.toml"
 
     def run_guide(stack_environment: dict[str, str]) -> None:
-        try:
-            done = subprocess.run([sys.executable, "-m", "testkit.guides", str(path)], cwd=work,
-                                  env=guide_env(stack_environment, guide.stack == "none"), stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=GUIDE_TIMEOUT)
-        except subprocess.TimeoutExpired as exc:
-            output = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
-            pytest.fail(f"{path.name} did not finish in {GUIDE_TIMEOUT:.0f} s; its output:\n{output}")
-        if done.returncode != 0:
-            pytest.fail(f"{path.name} failed (exit {done.returncode}); its output:\n{done.stdout}", pytrace=False)
-        print(done.stdout)  # shown with `pytest -rP`: what a reader would see
+        output, code = run_program(path, work, guide_env(stack_environment, guide.stack == "none"))
+        if code is None:
+            pytest.fail(f"{path.name} did not finish in {GUIDE_TIMEOUT:.0f} s; its output:\n{output}", pytrace=False)
+        if code != 0:
+            pytest.fail(f"{path.name} failed (exit {code}); its output:\n{output}", pytrace=False)
+        print(output)  # shown with `pytest -rP`: what a reader would see
 
     if guide.stack == "none":
         run_guide(env)
@@ -223,3 +254,25 @@ def test_a_traceback_names_the_guide_and_its_line(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert f'File "{guide}", line 5, in <module>' in done.stdout
     assert "ValueError: boom 1" in done.stdout and "FAILED: raises.md:4: the python block raised" in done.stdout
+
+
+def test_what_a_guide_leaves_running_is_stopped_with_it(tmp_path: Path) -> None:
+    guide = tmp_path / "background.md"
+    guide.write_text("```sh\nsleep 300 &\necho $! > sleeper.pid\n```\n")
+    started = time.monotonic()
+    output, code = run_program(guide, tmp_path, {**os.environ, "PYTHONPATH": python_path()})
+    assert code == 0, output
+    assert time.monotonic() - started < 60  # it did not wait for the sleeper
+
+    def running(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state != "Z"  # a zombie is stopped, only not yet reaped by whoever adopted it
+
+    sleeper = int((tmp_path / "sleeper.pid").read_text())
+    deadline = time.monotonic() + 10
+    while running(sleeper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(sleeper)
