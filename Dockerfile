@@ -25,7 +25,6 @@ RUN grep -vE "^(${DEV_ONLY})==" requirements.txt > runtime-requirements.txt \
 COPY protos/ protos/
 COPY tools/ tools/
 COPY bae/ bae/
-COPY bae/services/ bae/services/
 RUN /opt/gen/bin/python tools/genproto.py \
  && /opt/bae/bin/pip install --quiet --no-deps . \
  && /opt/bae/bin/python -m compileall -q /opt/bae/lib
