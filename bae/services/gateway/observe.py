@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import time
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import grpc
 from opentelemetry import context as otel_context
@@ -75,14 +75,7 @@ def client_address(scope: Scope, trusted: Sequence[Network]) -> str:
         return "-"
     if not trusted or not _is_trusted(address, trusted):
         return str(address)
-    headers: list[tuple[bytes, bytes]] = scope["headers"]
-    hops = [
-        hop.strip()
-        for name, value in headers
-        if name == _FORWARDED_FOR
-        for hop in value.decode("latin-1").split(",")
-    ]
-    for hop in reversed(hops[-MAX_FORWARDED_HOPS:]):
+    for hop in _forwarded_hops(scope["headers"]):
         forwarded = _ip(hop)
         if forwarded is None:
             break
@@ -90,6 +83,21 @@ def client_address(scope: Scope, trusted: Sequence[Network]) -> str:
         if not _is_trusted(address, trusted):
             break
     return str(address)
+
+
+def _forwarded_hops(headers: list[tuple[bytes, bytes]]) -> Iterator[str]:
+    """The X-Forwarded-For entries from the right (the last header's last entry first), at most
+    MAX_FORWARDED_HOPS of them: however long the header, only its tail is split."""
+    given = 0
+    for name, value in reversed(headers):
+        if name != _FORWARDED_FOR:
+            continue
+        for hop in reversed(value.rsplit(b",", MAX_FORWARDED_HOPS)):
+            if given == MAX_FORWARDED_HOPS:
+                return
+            given += 1
+            # An address is at most 45 characters (IPv6 with an IPv4 tail); longer is no address.
+            yield hop.strip().decode("latin-1") if len(hop) <= 64 else ""
 
 
 def _is_trusted(address: IpAddress, trusted: Sequence[Network]) -> bool:
