@@ -239,6 +239,29 @@ def parse_cors_origins(value: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(origins))
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+# Entries of BAE_TRUSTED_PROXIES read at most: a list is a handful of proxies or subnets.
+MAX_TRUSTED_PROXIES = 256
+
+
+def parse_trusted_proxies(value: str) -> tuple[Network, ...]:
+    """BAE_TRUSTED_PROXIES: comma-separated IP addresses or CIDR networks whose X-Forwarded-For the
+    gateway believes (for the client address of its access log); empty: none, the socket's peer is it."""
+    networks: list[Network] = []
+    entries = [part.strip() for part in value.split(",") if part.strip()]
+    if len(entries) > MAX_TRUSTED_PROXIES:
+        raise UsageError(f"BAE_TRUSTED_PROXIES: {len(entries)} entries, at most {MAX_TRUSTED_PROXIES}")
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry))
+        except ValueError as exc:
+            raise UsageError(
+                f'BAE_TRUSTED_PROXIES: "{entry[:100]}" is not an IP address or network ({exc}; '
+                "e.g. 10.0.0.5, 10.0.0.0/8 or fd00::/8)"
+            ) from None
+    return tuple(dict.fromkeys(networks))
+
+
 _PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)+")
 MAX_PREFIX_CHARS = 200
 
@@ -328,6 +351,8 @@ class Settings:
     # The path a reverse proxy serves the admin port under (BAE_CONSOLE_PREFIX, e.g. "/bae"): the proxy
     # strips it, the console puts it back in the links, requests and cookie path it makes. "": none.
     console_prefix: str = ""
+    # Proxies whose X-Forwarded-For names the client in the access log (BAE_TRUSTED_PROXIES); empty: none.
+    trusted_proxies: tuple[Network, ...] = ()
 
     @property
     def session_targets(self) -> list[str]:
@@ -420,5 +445,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         cors_origins=parse_cors_origins(get("BAE_CORS_ORIGINS", "")),
         console_enabled=get("BAE_CONSOLE", "1").strip() != "0",
         console_prefix=parse_console_prefix(get("BAE_CONSOLE_PREFIX", "")),
+        trusted_proxies=parse_trusted_proxies(get("BAE_TRUSTED_PROXIES", "")),
         schedule_test_seconds=is_truthy(get("BAE_SCHEDULE_TEST_SECONDS")),
     )

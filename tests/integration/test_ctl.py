@@ -91,7 +91,7 @@ def test_version_help_and_usage_errors() -> None:
 
 def test_unreachable_server() -> None:
     result = baectl(None, "list", "profiles", "--admin-addr", "127.0.0.1:9")
-    assert fails(result) == ("could not connect to admin API at 127.0.0.1:9 — is baesrv running and is "
+    assert fails(result) == ("could not connect to admin API at 127.0.0.1:9 — is the BAE server running and is "
                              "--admin-addr correct?")
     assert "could not connect to admin API at not a url" in fails(baectl(None, "list", "keys",
                                                                         "--admin-addr", "not a url"))

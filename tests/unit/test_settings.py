@@ -104,3 +104,23 @@ def test_an_entry_that_is_not_an_origin_is_a_usage_error(entry: str, reason: str
         f'BAE_CORS_ORIGINS: "{entry}" is not an origin ({reason}; e.g. https://app.example.com or '
         "http://localhost:5173, or * for any origin)"
     )
+
+
+def test_trusted_proxies_are_addresses_and_networks() -> None:
+    assert load_settings({}).trusted_proxies == ()
+    settings = load_settings({"BAE_TRUSTED_PROXIES": " 10.0.0.5, 10.0.0.0/8 ,fd00::/8,,10.0.0.5"})
+    assert [str(network) for network in settings.trusted_proxies] == ["10.0.0.5/32", "10.0.0.0/8", "fd00::/8"]
+
+
+@pytest.mark.parametrize("entry, reason", [
+    ("10.0.0.1/8", "10.0.0.1/8 has host bits set"),
+    ("proxy.internal", "'proxy.internal' does not appear to be an IPv4 or IPv6 network"),
+    ("10.0.0.5:8080", "'10.0.0.5:8080' does not appear to be an IPv4 or IPv6 network"),
+])
+def test_a_trusted_proxy_that_is_no_address_is_a_usage_error(entry: str, reason: str) -> None:
+    with pytest.raises(UsageError) as raised:
+        load_settings({"BAE_TRUSTED_PROXIES": f"127.0.0.1,{entry}"})
+    assert str(raised.value) == (
+        f'BAE_TRUSTED_PROXIES: "{entry}" is not an IP address or network ({reason}; e.g. 10.0.0.5, 10.0.0.0/8 '
+        "or fd00::/8)"
+    )

@@ -100,14 +100,14 @@ class Gateway:
         self.rate_limit = RateLimit(client_router, config.limits, self._ask_rate_policy)
         # CORS outside the rate limit: a 429 must reach a page's script readable, with its Retry-After.
         client = with_cors(client_router, self.rate_limit, settings.cors_origins)
-        self.client = _uvicorn(Observed(client), settings, "client")
+        self.client = _uvicorn(Observed(client, settings.trusted_proxies), settings, "client")
         admin: ASGIApp
         if settings.console_enabled:
             console = console_routes(settings.console_prefix, self.upstream)
             admin = ConsoleCookie(admin_app(rest, self.rpc, self.readyz, self.metrics, console), self.upstream)
         else:
             admin = admin_app(rest, self.rpc, self.readyz, self.metrics, [])
-        self.admin = _uvicorn(Observed(admin), settings, "admin")
+        self.admin = _uvicorn(Observed(admin, settings.trusted_proxies), settings, "admin")
         self._sockets: list[socket.socket] = []
 
     async def _ask_rate_policy(self, authorization: str) -> session_pb2.RatePolicy:
