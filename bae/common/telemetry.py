@@ -49,10 +49,10 @@ from bae.common.errors import UsageError
 log = logging.getLogger("bae.telemetry")
 
 # Instrumentation scope of every server span and instrument, whatever the process is called.
-SCOPE = "bae"
-# BAE_OTEL_LOG targets that name the server: its scope, and the upstream server's name, so a
-# directive written for that server keeps its meaning here.
-_SCOPE_TARGETS = frozenset((SCOPE, "baesrv"))
+# A wire name: the telemetry contract fixes this literal, and tools select server spans by it.
+SCOPE = "baesrv"
+# BAE_OTEL_LOG targets that name the server: its scope, and `bae`, the name its programs go by.
+_SCOPE_TARGETS = frozenset((SCOPE, "bae"))
 EXPORT_TIMEOUT_SECONDS = 10
 
 # Which role owns which instrument (TELEMETRY §10.4, with tool dispatch and MCP in the session service).

@@ -113,7 +113,7 @@ def test_text_turn_joins_the_client_trace(start_stack, mock: MockLLM, receiver: 
         return {"bae.turn", "bae.provider.attempt"} <= {s.name for s in ours} and bool(http_spans(ours))
 
     spans = [s for s in receiver.wait_spans(complete) if s.trace_id == trace_id]
-    assert {s.scope for s in spans} == {"bae"}
+    assert {s.scope for s in spans} == {"baesrv"}
     request = one(http_spans(spans), "POST /api/v1/sessions/{id}/rpc")
     assert request.parent_id == client_span
     assert request.service.endswith("-gateway")

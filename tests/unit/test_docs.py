@@ -54,6 +54,8 @@ def test_every_setting_is_documented() -> None:
 # this server, never the upstream one it was modelled on.
 STAND_ALONE = [*DOCS.rglob("*.md"), ROOT / "README.md"]
 NOT_HERE = re.compile(r"SERVER-SPEC|TELEMETRY\.md|TELEMETRY §|BAECTL\.md|\bbaesrv\b|docker exec bae\b|§\s*\d")
+# The one place the name stays: the telemetry instrumentation scope, a wire literal collectors select by.
+WIRE_LITERAL = "Instrumentation scope: `baesrv`"
 
 
 def test_no_doc_cites_a_document_outside_the_repository_or_says_baesrv() -> None:
@@ -61,7 +63,7 @@ def test_no_doc_cites_a_document_outside_the_repository_or_says_baesrv() -> None
         f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
         for path in STAND_ALONE
         for number, line in enumerate(path.read_text().splitlines(), 1)
-        if NOT_HERE.search(line)
+        if NOT_HERE.search(line.replace(WIRE_LITERAL, ""))
     ]
     assert found == []
 

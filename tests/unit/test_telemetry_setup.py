@@ -57,7 +57,7 @@ def test_metrics_disabled_drops_only_the_named_instrument(started) -> None:
     names = {m.name for r in snapshot.resource_metrics for s in r.scope_metrics for m in s.metrics}
     assert names == {"bae.tool.calls", "bae.sessions.open"}
     scopes = {s.scope.name for r in snapshot.resource_metrics for s in r.scope_metrics}
-    assert scopes == {telemetry.SCOPE} == {"bae"}
+    assert scopes == {telemetry.SCOPE} == {"baesrv"}
 
 
 def test_roles_register_only_their_own_instruments(started) -> None:
