@@ -398,12 +398,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def stack_env(environ: dict[str, str], cwd: Path, demo: bool) -> dict[str, str]:
     """The stack's environment: `environ`'s paths made absolute against `cwd`, the local defaults under
-    `cwd`/data, the demo provider's settings with `demo`. Creates the store's directory."""
+    `cwd`/data, the demo provider's settings with `demo` (whose config is written beside the store)."""
     data_dir = cwd / "data"
     env = absolute_paths(environ, cwd)
     env = {**local_defaults(env, data_dir), **env}
-    Path(env["BAE_DB_PATH"]).parent.mkdir(parents=True, exist_ok=True)
     if demo:
+        Path(env["BAE_DB_PATH"]).parent.mkdir(parents=True, exist_ok=True)
         if env.get("BAE_CONFIG"):
             print(f"note: --demo uses its own config; BAE_CONFIG={env['BAE_CONFIG']} is ignored", file=sys.stderr)
         env = demo_env(env, data_dir)
@@ -476,6 +476,12 @@ def main(argv: list[str]) -> int:
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 1
+    if settings.database_url is None:
+        try:
+            Path(settings.db_path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"error: cannot create the store's directory: {exc}", file=sys.stderr)
+            return 1
     stack = Stack(env=env, session_args=session_args)
 
     def request_stop(signum: int, frame: object) -> None:
