@@ -125,13 +125,17 @@ MAX_KEY_FILE_BYTES = 4096
 
 
 def read_key_file(path: Path) -> str | None:
-    """The token an existing key file holds; None when there is no file."""
+    """The token an existing key file holds; None when there is no file, or a symbolic link there: a link is
+    never followed, and writing a key through it is refused (write_key_file) should one be needed."""
     try:
-        with open(path, "rb") as handle:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as handle:
             data = handle.read(MAX_KEY_FILE_BYTES + 1)
     except FileNotFoundError:
         return None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None
         raise AdminKeyError(f"cannot read admin key file {path}: {exc.strerror or exc}") from None
     if len(data) > MAX_KEY_FILE_BYTES:
         raise AdminKeyError(f"admin key file {path} is over {MAX_KEY_FILE_BYTES} bytes; is it the right file?")
