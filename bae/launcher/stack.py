@@ -115,16 +115,18 @@ def grpc_holds_token(address: str, token: str) -> bool:
 def _listening_inodes(port: int) -> set[int] | None:
     """Socket inodes listening on TCP `port` (Linux's /proc/net); None where the system does not tell."""
     found: set[int] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    read = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):  # tcp6 is absent where IPv6 is off
         try:
             with open(table) as lines:
                 rows = [line.split() for line in lines.readlines()[1:]]
         except OSError:
-            return None
+            continue
+        read += 1
         # local_address is HEX_IP:HEX_PORT; state 0A is LISTEN; the inode is the tenth column.
         found |= {int(row[9]) for row in rows
                   if len(row) > 9 and row[3] == "0A" and int(row[1].rpartition(":")[2], 16) == port}
-    return found
+    return found if read else None
 
 
 def listens(pid: int, address: Address) -> bool | None:
