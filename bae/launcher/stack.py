@@ -389,7 +389,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
         prog="bae run",
         description="Start the session, runner and sandbox services and the gateway in the foreground "
-        "(state under ./data unless BAE_* variables say otherwise). Other options are passed to "
+        "(state under ./data of the current directory unless BAE_* variables say otherwise; relative paths in "
+        "them resolve against it). Other options are passed to "
         "`bae session serve`, e.g. --rotate-admin-key.",
     )
     parser.add_argument("-V", "--version", action="version", version=version_text())
