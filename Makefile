@@ -11,16 +11,22 @@ PROTOS := $(shell find protos -name '*.proto')
 
 venv: $(STAMP)
 
+# The first run installs about 60 packages: pip shows each one (no --quiet), so a minute of it is not silence.
 $(STAMP): requirements.txt constraints.txt pyproject.toml setup.py
+	@echo "==> creating $(VENV) (first run, or a dependency changed; later runs skip this)"
 	$(PYTHON) -m venv $(VENV)
+	@echo "==> upgrading pip"
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
+	@echo "==> installing the pinned dependencies (requirements.txt)"
+	$(PY) -m pip install --progress-bar on -r requirements.txt -c constraints.txt
+	@echo "==> installing bae itself (editable)"
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 protos: bae/proto/__init__.py
 
 bae/proto/__init__.py: $(PROTOS) tools/genproto.py $(STAMP)
+	@echo "==> generating the gRPC code (bae/proto)"
 	$(PY) tools/genproto.py
 
 run: venv protos

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from bae.common.errors import UsageError
 from bae.common.secret_files import database_url, secret_setting
@@ -23,6 +24,31 @@ from bae.common.secret_files import database_url, secret_setting
 # Shared with baectl, which finds the admin port the way the server does.
 DEFAULT_ADMIN_ADDR = "127.0.0.1:8081"
 DEFAULT_ADMIN_KEY_FILE = "/var/lib/bae/admin-key.pem"
+DEFAULT_DB_PATH = "/var/lib/bae/bae.db"
+
+
+def admin_key_dir(env: Mapping[str, str]) -> str | None:
+    """The directory of the SQLite store `env` names, where its admin key files go unless named; None when
+    the store is no local file (PostgreSQL, an in-memory SQLite).
+
+    A key belongs to one store: beside it, a second store (another BAE_DB_PATH) gets a key file of its own
+    instead of finding, or replacing, the first one's.
+    """
+    url = database_url(env)
+    if url is None:
+        return os.path.dirname(os.path.abspath(env.get("BAE_DB_PATH") or DEFAULT_DB_PATH))
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None  # load_settings names the problem
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return os.path.dirname(os.path.abspath(parsed.database))
+
+
+def default_admin_key_file(env: Mapping[str, str], name: str = "admin-key.pem") -> str:
+    """BAE_ADMIN_KEY_FILE's default: beside the SQLite store, else /var/lib/bae (DEFAULT_ADMIN_KEY_FILE's)."""
+    return os.path.join(admin_key_dir(env) or os.path.dirname(DEFAULT_ADMIN_KEY_FILE), name)
 
 
 @dataclass(frozen=True)
@@ -401,15 +427,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     return Settings(
         addr=parse_address("BAE_ADDR", get("BAE_ADDR", "0.0.0.0:8080")),
         admin_addr=admin_addr,
-        db_path=get("BAE_DB_PATH", "/var/lib/bae/bae.db"),
+        db_path=get("BAE_DB_PATH", DEFAULT_DB_PATH),
         database_url=database_url(env),
         log=log if log in ("trace", "debug", "info", "warn", "warning", "error") else "info",
         log_format=_log_format(get("BAE_LOG_FORMAT", "text")),
         shutdown_timeout=parse_seconds("BAE_SHUTDOWN_TIMEOUT", get("BAE_SHUTDOWN_TIMEOUT", "30")),
         turn_timeout=parse_seconds("BAE_TURN_TIMEOUT", get("BAE_TURN_TIMEOUT", "120")),
         config_path=get("BAE_CONFIG") or None,
-        admin_key_file=get("BAE_ADMIN_KEY_FILE", DEFAULT_ADMIN_KEY_FILE),
-        admin_key_hash_file=get("BAE_ADMIN_KEY_HASH_FILE", "/var/lib/bae/admin-key-hash.pem"),
+        admin_key_file=get("BAE_ADMIN_KEY_FILE") or default_admin_key_file(env),
+        admin_key_hash_file=get("BAE_ADMIN_KEY_HASH_FILE") or default_admin_key_file(env, "admin-key-hash.pem"),
         disable_admin_auth=is_truthy(get("BAE_DANGEROUSLY_DISABLE_ADMIN_AUTH")),
         sandbox_driver=driver,
         subagent_timeout=parse_seconds("BAE_SUBAGENT_TIMEOUT", get("BAE_SUBAGENT_TIMEOUT", "600")),

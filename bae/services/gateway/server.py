@@ -158,15 +158,15 @@ async def serve(settings: Settings, config: Config) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code."""
     _make_room_for_connections(settings.http_max_connections)
     sockets: list[socket.socket] = []
-    try:
-        for address in (settings.addr, settings.admin_addr):
+    for address, variable in ((settings.addr, "BAE_ADDR"), (settings.admin_addr, "BAE_ADMIN_ADDR")):
+        try:
             sockets.append(bind(address))
-    except OSError as exc:
-        # Never run with only one listener.
-        for sock in sockets:
-            sock.close()
-        log.error("gateway cannot bind its listeners: %s", exc)
-        return 1
+        except OSError as exc:
+            # Never run with only one listener.
+            for sock in sockets:
+                sock.close()
+            log.error("gateway cannot bind %s (%s): %s", address, variable, exc.strerror or exc)
+            return 1
 
     gateway = Gateway(settings, config)
     await gateway.start(client_socket=sockets[0], admin_socket=sockets[1])
