@@ -25,8 +25,10 @@ RUN grep -vE "^(${DEV_ONLY})==" requirements.txt > runtime-requirements.txt \
 COPY protos/ protos/
 COPY tools/ tools/
 COPY bae/ bae/
+# The client library is a distribution of its own that bae depends on.
+COPY clients/python/ clients/python/
 RUN /opt/gen/bin/python tools/genproto.py \
- && /opt/bae/bin/pip install --quiet --no-deps . \
+ && /opt/bae/bin/pip install --quiet --no-deps ./clients/python . \
  && /opt/bae/bin/python -m compileall -q /opt/bae/lib
 
 FROM ${BASE_IMAGE} AS runtime

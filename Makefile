@@ -12,14 +12,15 @@ PROTOS := $(shell find protos -name '*.proto')
 venv: $(STAMP)
 
 # The first run installs about 60 packages: pip shows each one (no --quiet), so a minute of it is not silence.
-$(STAMP): requirements.txt constraints.txt pyproject.toml setup.py
+$(STAMP): requirements.txt constraints.txt pyproject.toml setup.py clients/python/pyproject.toml
 	@echo "==> creating $(VENV) (first run, or a dependency changed; later runs skip this)"
 	$(PYTHON) -m venv $(VENV)
 	@echo "==> upgrading pip"
 	$(PY) -m pip install --quiet --upgrade pip
 	@echo "==> installing the pinned dependencies (requirements.txt)"
 	$(PY) -m pip install --progress-bar on -r requirements.txt -c constraints.txt
-	@echo "==> installing bae itself (editable)"
+	@echo "==> installing the client library (clients/python) and bae itself (editable)"
+	$(PY) -m pip install --quiet --no-deps -e clients/python
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
@@ -61,12 +62,12 @@ test-inprocess: venv protos
 test-postgres: venv protos
 	BAE_TEST_STORE=postgresql $(PY) -m pytest $(PYTEST_ARGS)
 
-# Ruff, mypy (strict over bae/) and the import contracts (lint-imports), all configured
-# in pyproject.toml.
+# Ruff, mypy (strict over bae/ and the client library) and the import contracts (lint-imports), all
+# configured in pyproject.toml. PYTHONPATH: lint-imports finds bae_client in its source tree.
 lint: venv protos
-	$(VENV)/bin/ruff check bae tests testkit bench deploy examples
+	$(VENV)/bin/ruff check bae clients/python tests testkit bench deploy examples
 	$(VENV)/bin/mypy
-	$(VENV)/bin/lint-imports --no-logo
+	PYTHONPATH=clients/python $(VENV)/bin/lint-imports --no-logo
 
 bench: venv protos
 	$(PY) -m bench.run $(ARGS)

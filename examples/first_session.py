@@ -5,7 +5,7 @@
 It creates (once) a profile "demo" on the demo provider that allows the client
 tool `get_current_time`, a client key for it, and then, as a client program
 would, opens a session declaring that tool and runs two turns through
-`bae.client`: an echo, and a client-tool round trip. The demo provider is a
+`bae_client`: an echo, and a client-tool round trip. The demo provider is a
 scripted echo model, not an LLM: every answer starts with "[demo]".
 """
 
@@ -18,9 +18,17 @@ from pathlib import Path
 
 import httpx
 
-from bae.client import Client, ToolDef
+from bae_client import Client, Event, Tool
 
-TOOL = ToolDef("get_current_time", "The current UTC time", {"type": "object", "properties": {}})
+
+@Tool.define(description="The current UTC time", input_schema={"type": "object", "properties": {}})
+def get_current_time(arguments: dict) -> str:
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    print(f"  (client) running get_current_time({arguments}) -> {now}")
+    return now
+
+
+TOOL = get_current_time
 
 
 def demo_profile(admin: httpx.Client) -> str:
@@ -44,8 +52,10 @@ def demo_profile(admin: httpx.Client) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default=os.environ.get("BAE_URL", "http://127.0.0.1:8080"), help="client API")
-    parser.add_argument("--admin-url", default="http://127.0.0.1:8081", help="admin API")
+    parser.add_argument("--url", default=f"http://{os.environ.get('BAE_ADDR') or '127.0.0.1:8080'}",
+                        help="client API (default: http://$BAE_ADDR, or http://127.0.0.1:8080)")
+    parser.add_argument("--admin-url", default=f"http://{os.environ.get('BAE_ADMIN_ADDR') or '127.0.0.1:8081'}",
+                        help="admin API (default: http://$BAE_ADMIN_ADDR, or http://127.0.0.1:8081)")
     parser.add_argument("--admin-key-file", default=os.environ.get("BAE_ADMIN_KEY_FILE", "data/admin-key.pem"))
     args = parser.parse_args()
 
@@ -55,22 +65,17 @@ def main() -> int:
         client_key = admin.post("/admin/v1/keys", json={"name": "first-session", "profile_id": profile_id}) \
             .raise_for_status().json()["key"]
 
-    def show(event: dict) -> None:
-        print(f"    · {event['event_type']}")
+    def show(event: Event) -> None:
+        print(f"    · {event.event_type}")
 
-    def get_current_time(arguments: dict) -> str:
-        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        print(f"  (client) running {TOOL.name}({arguments}) -> {now}")
-        return now
-
-    with Client(args.url) as bae:
-        session = bae.open(client_key, tools=[TOOL], client_version="first-session/1")
+    with Client(args.url, client_key=client_key) as bae:
+        session = bae.open(tools=[TOOL], client_version="first-session/1")
         print(f"session {session.id}")
         for text in ("Hello, BAE!", f"What time is it? Please call {TOOL.name}."):
             print(f"you   > {text}")
-            reply = session.send(text, handlers={TOOL.name: get_current_time}, on_event=show)
+            reply = session.send(text, on_event=show)
             print(f"model < {reply.text}")
-        history = [event["event_type"] for event in session.all_events()]
+        history = [event.event_type for event in session.all_events()]
         print(f"{len(history)} events recorded: {', '.join(history)}")
         session.close()
     return 0

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -341,7 +342,7 @@ DEMO_PROVIDER_ADDR = "127.0.0.1:8089"
 
 
 def demo_config(address: str) -> str:
-    """bae-config.toml for `--demo`: one provider, the runner's scripted echo model."""
+    """The demo provider's bae-config.toml entry (`--demo`): the runner's scripted echo model."""
     return (
         "# The built-in DEMO provider (`make demo`): a scripted echo model served by the runner\n"
         "# on BAE_DEMO_PROVIDER_ADDR. Not a real model; never enabled unless asked for.\n"
@@ -352,11 +353,46 @@ def demo_config(address: str) -> str:
 
 
 def demo_env(env: dict[str, str], data_dir: Path) -> dict[str, str]:
-    """`env` with the demo provider enabled and a config naming only it."""
+    """`env` with the demo provider enabled, and a config that is the user's own (BAE_CONFIG, when
+    set) with the demo provider added to its providers, or names the demo provider alone."""
     address = env.get("BAE_DEMO_PROVIDER_ADDR") or DEMO_PROVIDER_ADDR
+    text = demo_config(address)
+    if env.get("BAE_CONFIG"):
+        text = with_user_config(Path(env["BAE_CONFIG"]), text)
     config = Path(env.get("BAE_DB_PATH") or data_dir / "bae.db").parent / "demo-config.toml"
-    config.write_text(demo_config(address))
+    # A copy of the user's config may hold literal secrets (an auth_token): readable by its owner only,
+    # and never written through a link planted at its path.
+    descriptor = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.fchmod(descriptor, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+        file.write(text)
     return {**env, "BAE_DEMO_PROVIDER_ADDR": address, "BAE_CONFIG": str(config)}
+
+
+def with_user_config(path: Path, demo: str) -> str:
+    """The user's config file followed by the demo provider's entry (`demo`): its MCP servers,
+    telemetry, limits and everything else apply to the demo stack as they would to a real one."""
+    try:
+        user = path.read_text(encoding="utf-8")
+        existing = tomllib.loads(user)
+    except OSError as exc:
+        raise UsageError(f"cannot read BAE_CONFIG={path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f'cannot read config file "{path}": stream did not contain valid UTF-8') from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f'invalid config file "{path}": {exc}') from None
+    entries = existing.get("providers", {}).get("entries", []) if isinstance(existing.get("providers"), dict) else []
+    if any(isinstance(entry, dict) and entry.get("name") == DEMO_PROVIDER for entry in entries):
+        raise UsageError(f'BAE_CONFIG={path} has a provider named "{DEMO_PROVIDER}", the name --demo gives its own: '
+                         "rename that entry")
+    combined = f"# {path.resolve()}, then the demo provider (`bae run --demo`)\n{user}\n\n{demo}"
+    try:
+        tomllib.loads(combined)
+    except tomllib.TOMLDecodeError:
+        # Only an inline `providers.entries = [...]` array refuses a table appended after it.
+        raise UsageError(f"--demo adds its provider to BAE_CONFIG={path} as a [[providers.entries]] table: "
+                         "write that file's providers as [[providers.entries]] tables too") from None
+    return combined
 
 
 def is_loopback_target(target: str) -> bool:
@@ -407,8 +443,6 @@ def stack_env(environ: dict[str, str], cwd: Path, demo: bool) -> dict[str, str]:
     env = {**local_defaults(env, data_dir), **env}
     if demo:
         Path(env["BAE_DB_PATH"]).parent.mkdir(parents=True, exist_ok=True)
-        if env.get("BAE_CONFIG"):
-            print(f"note: --demo uses its own config; BAE_CONFIG={env['BAE_CONFIG']} is ignored", file=sys.stderr)
         env = demo_env(env, data_dir)
     return env
 

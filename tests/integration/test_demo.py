@@ -1,4 +1,4 @@
-"""The no-key first session: `make demo`, the example script, and bae.client."""
+"""The no-key first session: `make demo`, the example script, and bae_client."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-from bae.client import ApiError, Client, RpcError, ToolDef
+from bae_client import ApiError, Client, DriverNotRegisteredError, Event, EventType, Tool, UnknownToolError
 from bae.launcher.stack import demo_config
 from testkit import ROOT
 from testkit.ports import free_port
@@ -22,7 +22,7 @@ from testkit.stack import RunningStack, launch_stack, stack_env
 
 pytestmark = pytest.mark.stack
 
-TIME = ToolDef("get_current_time", "The current time")
+TIME = Tool("get_current_time", "The current time")
 
 
 def recipe_process(make_pid: int) -> int:
@@ -45,7 +45,7 @@ def test_make_demo_then_the_first_session_script(tmp_path: Path) -> None:
         env.pop(inherited, None)
     # The target itself. -o: the venv and the generated code are the ones this test runs in, so a
     # stale stamp must not make it reinstall the venv here; only the demo recipe runs.
-    stack = subprocess.Popen(["make", "--no-print-directory", "-o", ".venv/.installed", "-o", "baeproto/__init__.py",
+    stack = subprocess.Popen(["make", "--no-print-directory", "-o", ".venv/.installed", "-o", "bae/proto/__init__.py",
                               "demo"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert stack.stdout is not None
@@ -92,47 +92,55 @@ def new_key(demo: RunningStack, tools: list[str]) -> tuple[str, str]:
 
 def test_client_open_send_join_subscribe_close(demo: RunningStack) -> None:
     profile_id, key = new_key(demo, [TIME.name])
-    with Client(str(demo.client.base_url)) as bae:
+    with Client(str(demo.client.base_url), client_key=key) as bae:
         assert bae.meta()["api_versions"] == ["v1"]
-        session = bae.open(key, tools=[TIME], client_version="test/1")
+        session = bae.open(tools=[TIME], client_version="test/1")
         assert session.profile["id"] == profile_id
 
-        watcher = bae.join(session.id, demo.create_key(profile_id, name="watcher")["key"])
+        watcher = bae.join(session.id, client_key=demo.create_key(profile_id, name="watcher")["key"])
         seen: list[str] = []
-        subscribed = threading.Event()
+        with watcher.subscribe() as subscription:
+            assert subscription.subscribed
 
-        def watch() -> None:
-            for event in watcher.subscribe(timeout=30):
-                seen.append(event["event_type"])
-                subscribed.set()
+            def watch() -> None:
+                for event in subscription:
+                    assert isinstance(event, Event)
+                    seen.append(event.event_type)
 
-        thread = threading.Thread(target=watch)
-        thread.start()
-        live: list[str] = []
-        reply = session.send("hi there", on_event=lambda event: live.append(event["event_type"]))
-        assert reply.text == "[demo] you said: hi there" and reply.client_tool_calls == []
-        assert "provider.response" in live and "client.message.send" not in live  # no echo of our own input
-        assert [event["event_type"] for event in reply.events][0] == "client.message.send"
+            thread = threading.Thread(target=watch)
+            thread.start()
+            live: list[str] = []
+            reply = session.send("hi there", on_event=lambda event: live.append(event.event_type))
+            assert reply.text == "[demo] you said: hi there" and reply.client_tool_calls == []
+            assert "provider.response" in live and "client.message.send" not in live  # no echo of our own input
+            assert reply.events[0].event_type is EventType.CLIENT_MESSAGE_SEND
 
-        calls: list[dict] = []
-        reply = session.send("now call get_current_time", handlers={TIME.name: lambda args: calls.append(args) or
-                                                                     "12:00"})
-        assert calls == [{}] and reply.text == "[demo] get_current_time returned: 12:00"
-        assert session.drivers() == [reply.events[0]["client_key_id"]]
+            calls: list[dict] = []
+            session.tools[TIME.name] = Tool(TIME.name, handler=lambda args: calls.append(args) or "12:00")
+            reply = session.send("now call get_current_time")
+            assert calls == [{}] and reply.text == "[demo] get_current_time returned: 12:00"
+            assert session.drivers() == [reply.events[0].client_key_id]
 
-        unanswered = session.send("get_current_time again, no handler this time")
-        assert unanswered.text.startswith("[demo] get_current_time returned: no handler for tool")
+            del session.tools[TIME.name]
+            with pytest.raises(UnknownToolError):  # as upstream bae_py: a call nobody can answer stops the loop
+                session.send("get_current_time again, no handler this time")
+            # The turn waits for the result: answered by hand.
+            call = [event for event in session.all_events() if event.event_type == EventType.TOOL_CALL][-1]
+            answered = session.send_message([{"type": "tool_result", "tool_use_id": call.payload["id"],
+                                              "content": "no clock here", "is_error": True}])
+            assert answered.text == "[demo] get_current_time returned: no clock here"
 
-        watcher.unsubscribe()
-        thread.join(30)
-        assert "client.message.send" in seen and "server.message.send" in seen
+            watcher.unsubscribe()
+            thread.join(30)
+        # Subscribed before the first turn: nothing of it is missed.
+        assert seen[:3] == ["session.driver.register", "client.message.send", "provider.request"], seen
         history = list(session.all_events())
-        assert [event["event_type"] for event in history].count("tool.result") == 2
+        assert [event.event_type for event in history].count("tool.result") == 2
 
         paused = session.send_message("call get_current_time, then never mind")
         assert paused.client_tool_calls and session.cancel_turn() is True
         assert session.cancel_turn() is False
-        assert list(session.all_events())[-1]["event_type"] == "session.turn.cancelled"
+        assert list(session.all_events())[-1].event_type == "session.turn.cancelled"
         assert session.close() == {"session_id": session.id, "state": "closed"}
 
 
@@ -140,13 +148,13 @@ def test_client_errors(demo: RunningStack) -> None:
     _, key = new_key(demo, [])
     with Client(str(demo.client.base_url)) as bae:
         with pytest.raises(ApiError) as refused:
-            bae.open("bae_" + "0" * 48)
+            bae.open(client_key="bae_" + "0" * 48)
         assert (refused.value.status, refused.value.type) == (401, "unauthorized")
         with pytest.raises(ApiError) as not_allowed:
-            bae.open(key, tools=[TIME])
+            bae.open(client_key=key, tools=[TIME])
         assert not_allowed.value.type == "tool_not_allowed"
-        session = bae.open(key)
-        with pytest.raises(RpcError) as unregistered:
+        session = bae.open(client_key=key)
+        with pytest.raises(DriverNotRegisteredError) as unregistered:
             session.call("session.sendMessage", {"message": {"content": "x"}})
         assert unregistered.value.code == -32001
         session.close()

@@ -19,12 +19,15 @@ pytestmark = pytest.mark.stack
 
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 PACKAGES = ("bae", "testkit", "bench")
+CLIENT = Path("clients", "python", "bae_client")
 
 
 def lint_copy(tmp_path: Path, violations: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """lint-imports over a copy of the tree where each file of `violations` gets that text appended."""
     for package in PACKAGES:
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    # The client library's own tree, beside the others (lint-imports finds the packages in its working directory).
+    shutil.copytree(ROOT / CLIENT, tmp_path / CLIENT.name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     for relative, text in violations.items():
         path = tmp_path / relative
@@ -56,8 +59,8 @@ def test_the_unchanged_copy_keeps_every_contract(tmp_path: Path) -> None:
             "The shared code, baectl and the launcher import no service BROKEN",
         ),
         (
-            {"bae/client/errors.py": "\nimport bae.common.error_codes  # noqa\n"},
-            "bae.client imports nothing else of bae BROKEN",
+            {"bae_client/errors.py": "\nimport bae.common.error_codes  # noqa\n"},
+            "bae_client imports nothing of bae BROKEN",
         ),
         (
             {"bae/services/session/store/records.py": "\nimport bae.services.session.engine.domain  # noqa\n"},

@@ -102,6 +102,15 @@ def wheelhouse() -> Path:
     return WHEELHOUSE
 
 
+def build_client(source: Path, dist: Path) -> Path:
+    """The bae-client wheel (clients/python), which the server's distribution depends on: built from the same
+    clone, it is found beside the wheelhouse."""
+    built = run(sys.executable, "-m", "pip", "--isolated", "wheel", *OFFLINE, "--no-deps", "--quiet", "-w", dist,
+                source / "clients" / "python")
+    assert built.returncode == 0, built.stderr
+    return next(dist.glob("bae_client-*.whl"))
+
+
 def clean_env(bin_dir: Path, tmp: Path, **extra: str) -> dict[str, str]:
     """No BAE_* settings, no PYTHONPATH: only the install's commands on PATH."""
     return {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp), "LANG": "C.UTF-8", **extra}
@@ -127,10 +136,11 @@ def assert_commands_work(bin_dir: Path, tmp: Path) -> None:
 def test_pip_installs_the_wheel_and_its_dependencies_into_a_clean_venv(wheelhouse: Path, tmp_path: Path) -> None:
     source, dist, venv = tmp_path / "src", tmp_path / "dist", tmp_path / "venv"
     clone(source)
+    build_client(source, dist)
     built = run(sys.executable, "-m", "pip", "--isolated", "wheel", *OFFLINE, "--no-deps", "--quiet", "-w", dist,
                 source)
     assert built.returncode == 0, built.stderr
-    wheel = next(dist.glob("bae-*.whl"))
+    wheel = next(dist.glob("bae-0*.whl"))
     # The web console's pages, scripts and vendored libraries ship in the wheel: it fetches nothing at runtime.
     with zipfile.ZipFile(wheel) as archive:
         shipped = {name for name in archive.namelist() if name.startswith(f"{CONSOLE_STATIC}/")}
@@ -140,7 +150,7 @@ def test_pip_installs_the_wheel_and_its_dependencies_into_a_clean_venv(wheelhous
     assert created.returncode == 0, created.stderr
     python = venv / "bin" / "python"
     pip = (sys.executable, "-m", "pip", "--isolated", "--python", python)
-    installed = run(*pip, "install", *INSTALL, "--quiet", wheel)
+    installed = run(*pip, "install", *INSTALL, "--find-links", dist, "--quiet", wheel)
     assert installed.returncode == 0, installed.stderr
     consistent = run(*pip, "check")
     assert consistent.returncode == 0, consistent.stdout
@@ -160,11 +170,13 @@ def test_pip_installs_the_wheel_and_its_dependencies_into_a_clean_venv(wheelhous
 
 
 def test_pipx_installs_a_fresh_clone(wheelhouse: Path, tmp_path: Path) -> None:
-    source, home = tmp_path / "src", tmp_path / "pipx"
+    source, home, dist = tmp_path / "src", tmp_path / "pipx", tmp_path / "dist"
     clone(source)
+    build_client(source, dist)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", "PIPX_HOME": str(home),
            "PIPX_BIN_DIR": str(home / "bin"), "PIPX_MAN_DIR": str(home / "man")}
-    installed = run(sys.executable, "-m", "pipx", "install", "--pip-args", shlex.join(("--isolated", *INSTALL)),
+    installed = run(sys.executable, "-m", "pipx", "install",
+                    "--pip-args", shlex.join(("--isolated", *INSTALL, "--find-links", str(dist))),
                     source, cwd=tmp_path, env=env)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     assert "installed package bae 0.1.0" in installed.stdout
@@ -177,10 +189,11 @@ def names(requirements: list[str]) -> set[str]:
 
 
 def test_pyproject_declares_what_requirements_pin() -> None:
-    """`pip install .` gets every runtime dependency the venv pins, and the test extra the rest."""
+    """`pip install .` gets every runtime dependency the venv pins, and the test extra the rest (bae-client is
+    built from this repository, clients/python, and installed from there)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pinned = names((ROOT / "requirements.txt").read_text().splitlines())
-    runtime = names(project["dependencies"])
+    runtime = names(project["dependencies"]) - {"bae-client"}
     test_extra = names(project["optional-dependencies"]["test"])
     assert runtime | test_extra == pinned
     assert not runtime & test_extra

@@ -277,9 +277,12 @@ class RpcEndpoint:
     ) -> ObserverStream | Response:
         """Authenticate, join the session's relay, then ask for the replay: every event published
         after the observer's position is queued for it by then (§6.4: subscribe first, then replay).
-        The stream, or the problem response of a refusal. With `refusal`, the replay call's first
-        frame after `accepted` is read first: an error there is answered as `refusal` makes it (the
-        events stream's HTTP status); without, the stream opens at once and that error is its line."""
+        The stream, or the problem response of a refusal. The replay call's first frame after
+        `accepted` is read before the response starts: the session service sends it once it has
+        fixed the observer's position, so the response's headers tell the client that every event
+        recorded from then on reaches it (a client may send its first message as soon as they
+        arrive). An error there (a quota) is answered as `refusal` makes it (the events stream's
+        HTTP status); without `refusal`, that error is the stream's line."""
         session_id = rpc_request.session_id  # type: ignore[attr-defined]
         check.session_id = session_id
         # A relay is opened for an authenticated observer only.
@@ -300,7 +303,7 @@ class RpcEndpoint:
                 leave()
                 return opened
             replay_call, _accepted = opened
-            first = await replay_call.read() if refusal is not None else None
+            first = await replay_call.read()
         except grpc.aio.AioRpcError as error:
             leave()
             return error_response(self.upstream.failure(error))
