@@ -134,13 +134,16 @@ class AsyncSession:
 
     async def frames(self, method: str, params: dict[str, Any] | None = None) -> AsyncGenerator[dict[str, Any], None]:
         response = await self._open_stream(method, params)
+        lines = response.aiter_lines()
         try:
             with self.client._errors():
-                async for line in response.aiter_lines():
+                async for line in lines:
                     frame = p.parse_frame(line)
                     if frame is not None:
                         yield frame
         finally:
+            # Closed here, in this task: left to the garbage collector, it would be closed from another.
+            await lines.aclose()  # type: ignore[attr-defined]
             await response.aclose()
 
     async def call(self, method: str, params: dict[str, Any] | None = None, *,
@@ -336,7 +339,12 @@ class AsyncSubscription:
 
     async def _drop(self) -> None:
         self.subscribed = False
-        response, self._response, self._lines = self._response, None, None
+        response, lines, self._response, self._lines = self._response, self._lines, None, None
+        if lines is not None:
+            try:
+                await lines.aclose()  # type: ignore[attr-defined]
+            except RuntimeError:
+                pass  # being read in another task: closing the response below ends that read
         if response is not None:
             await response.aclose()
 
