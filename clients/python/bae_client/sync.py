@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
@@ -432,6 +433,16 @@ class Subscription:
         return None
 
     def close(self) -> None:
-        """Stop reading: the connection is closed, which ends the subscription on the server."""
+        """Stop reading: the connection is closed, which ends the subscription on the server. Another thread
+        iterating meanwhile stops too."""
         self._closed = True
+        if self._response is not None:
+            # A read blocked in another thread wakes only when the socket itself is shut down.
+            stream = self._response.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if isinstance(sock, socket.socket):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
         self._drop()
