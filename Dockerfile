@@ -25,7 +25,6 @@ RUN grep -vE "^(${DEV_ONLY})==" requirements.txt > runtime-requirements.txt \
 COPY protos/ protos/
 COPY tools/ tools/
 COPY bae/ bae/
-COPY bae/services/ bae/services/
 # The client library is a distribution of its own that bae depends on.
 COPY clients/python/ clients/python/
 RUN /opt/gen/bin/python tools/genproto.py \

@@ -11,10 +11,15 @@ PROTOS := $(shell find protos -name '*.proto')
 
 venv: $(STAMP)
 
+# The first run installs about 60 packages: pip shows each one (no --quiet), so a minute of it is not silence.
 $(STAMP): requirements.txt constraints.txt pyproject.toml setup.py clients/python/pyproject.toml
+	@echo "==> creating $(VENV) (first run, or a dependency changed; later runs skip this)"
 	$(PYTHON) -m venv $(VENV)
+	@echo "==> upgrading pip"
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
+	@echo "==> installing the pinned dependencies (requirements.txt)"
+	$(PY) -m pip install --progress-bar on -r requirements.txt -c constraints.txt
+	@echo "==> installing the client library (clients/python) and bae itself (editable)"
 	$(PY) -m pip install --quiet --no-deps -e clients/python
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
@@ -22,6 +27,7 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml setup.py clients/pytho
 protos: bae/proto/__init__.py
 
 bae/proto/__init__.py: $(PROTOS) tools/genproto.py $(STAMP)
+	@echo "==> generating the gRPC code (bae/proto)"
 	$(PY) tools/genproto.py
 
 run: venv protos

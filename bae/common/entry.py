@@ -39,9 +39,13 @@ def freeze_startup_heap() -> None:
 
 
 def run_async(main: Callable[[], Coroutine[Any, Any, int | None]]) -> int:
-    """Runs `main` to completion: its code (None is 0); a usage error prints one line and is 2."""
+    """Runs `main` to completion: its code (None is 0); a usage error prints one line and is 2, a failure
+    of the system (an address in use, a file it cannot read) one line and 1."""
     try:
         return asyncio.run(main()) or 0
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1

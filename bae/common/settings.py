@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from bae.common.errors import UsageError
 from bae.common.secret_files import database_url, secret_setting
@@ -23,6 +24,31 @@ from bae.common.secret_files import database_url, secret_setting
 # Shared with baectl, which finds the admin port the way the server does.
 DEFAULT_ADMIN_ADDR = "127.0.0.1:8081"
 DEFAULT_ADMIN_KEY_FILE = "/var/lib/bae/admin-key.pem"
+DEFAULT_DB_PATH = "/var/lib/bae/bae.db"
+
+
+def admin_key_dir(env: Mapping[str, str]) -> str | None:
+    """The directory of the SQLite store `env` names, where its admin key files go unless named; None when
+    the store is no local file (PostgreSQL, an in-memory SQLite).
+
+    A key belongs to one store: beside it, a second store (another BAE_DB_PATH) gets a key file of its own
+    instead of finding, or replacing, the first one's.
+    """
+    url = database_url(env)
+    if url is None:
+        return os.path.dirname(os.path.abspath(env.get("BAE_DB_PATH") or DEFAULT_DB_PATH))
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None  # load_settings names the problem
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return os.path.dirname(os.path.abspath(parsed.database))
+
+
+def default_admin_key_file(env: Mapping[str, str], name: str = "admin-key.pem") -> str:
+    """BAE_ADMIN_KEY_FILE's default: beside the SQLite store, else /var/lib/bae (DEFAULT_ADMIN_KEY_FILE's)."""
+    return os.path.join(admin_key_dir(env) or os.path.dirname(DEFAULT_ADMIN_KEY_FILE), name)
 
 
 @dataclass(frozen=True)
@@ -239,6 +265,29 @@ def parse_cors_origins(value: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(origins))
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+# Entries of BAE_TRUSTED_PROXIES read at most: a list is a handful of proxies or subnets.
+MAX_TRUSTED_PROXIES = 256
+
+
+def parse_trusted_proxies(value: str) -> tuple[Network, ...]:
+    """BAE_TRUSTED_PROXIES: comma-separated IP addresses or CIDR networks whose X-Forwarded-For the
+    gateway believes (for the client address of its access log); empty: none, the socket's peer is it."""
+    networks: list[Network] = []
+    entries = [part.strip() for part in value.split(",") if part.strip()]
+    if len(entries) > MAX_TRUSTED_PROXIES:
+        raise UsageError(f"BAE_TRUSTED_PROXIES: {len(entries)} entries, at most {MAX_TRUSTED_PROXIES}")
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry))
+        except ValueError as exc:
+            raise UsageError(
+                f'BAE_TRUSTED_PROXIES: "{entry[:100]}" is not an IP address or network ({exc}; '
+                "e.g. 10.0.0.5, 10.0.0.0/8 or fd00::/8)"
+            ) from None
+    return tuple(dict.fromkeys(networks))
+
+
 _PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)+")
 MAX_PREFIX_CHARS = 200
 
@@ -328,6 +377,8 @@ class Settings:
     # The path a reverse proxy serves the admin port under (BAE_CONSOLE_PREFIX, e.g. "/bae"): the proxy
     # strips it, the console puts it back in the links, requests and cookie path it makes. "": none.
     console_prefix: str = ""
+    # Proxies whose X-Forwarded-For names the client in the access log (BAE_TRUSTED_PROXIES); empty: none.
+    trusted_proxies: tuple[Network, ...] = ()
 
     @property
     def session_targets(self) -> list[str]:
@@ -376,15 +427,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     return Settings(
         addr=parse_address("BAE_ADDR", get("BAE_ADDR", "0.0.0.0:8080")),
         admin_addr=admin_addr,
-        db_path=get("BAE_DB_PATH", "/var/lib/bae/bae.db"),
+        db_path=get("BAE_DB_PATH", DEFAULT_DB_PATH),
         database_url=database_url(env),
         log=log if log in ("trace", "debug", "info", "warn", "warning", "error") else "info",
         log_format=_log_format(get("BAE_LOG_FORMAT", "text")),
         shutdown_timeout=parse_seconds("BAE_SHUTDOWN_TIMEOUT", get("BAE_SHUTDOWN_TIMEOUT", "30")),
         turn_timeout=parse_seconds("BAE_TURN_TIMEOUT", get("BAE_TURN_TIMEOUT", "120")),
         config_path=get("BAE_CONFIG") or None,
-        admin_key_file=get("BAE_ADMIN_KEY_FILE", DEFAULT_ADMIN_KEY_FILE),
-        admin_key_hash_file=get("BAE_ADMIN_KEY_HASH_FILE", "/var/lib/bae/admin-key-hash.pem"),
+        admin_key_file=get("BAE_ADMIN_KEY_FILE") or default_admin_key_file(env),
+        admin_key_hash_file=get("BAE_ADMIN_KEY_HASH_FILE") or default_admin_key_file(env, "admin-key-hash.pem"),
         disable_admin_auth=is_truthy(get("BAE_DANGEROUSLY_DISABLE_ADMIN_AUTH")),
         sandbox_driver=driver,
         subagent_timeout=parse_seconds("BAE_SUBAGENT_TIMEOUT", get("BAE_SUBAGENT_TIMEOUT", "600")),
@@ -420,5 +471,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         cors_origins=parse_cors_origins(get("BAE_CORS_ORIGINS", "")),
         console_enabled=get("BAE_CONSOLE", "1").strip() != "0",
         console_prefix=parse_console_prefix(get("BAE_CONSOLE_PREFIX", "")),
+        trusted_proxies=parse_trusted_proxies(get("BAE_TRUSTED_PROXIES", "")),
         schedule_test_seconds=is_truthy(get("BAE_SCHEDULE_TEST_SECONDS")),
     )

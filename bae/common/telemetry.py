@@ -49,7 +49,10 @@ from bae.common.errors import UsageError
 log = logging.getLogger("bae.telemetry")
 
 # Instrumentation scope of every server span and instrument, whatever the process is called.
+# A wire name: the telemetry contract fixes this literal, and tools select server spans by it.
 SCOPE = "baesrv"
+# BAE_OTEL_LOG targets that name the server: its scope, and `bae`, the name its programs go by.
+_SCOPE_TARGETS = frozenset((SCOPE, "bae"))
 EXPORT_TIMEOUT_SECONDS = 10
 
 # Which role owns which instrument (TELEMETRY §10.4, with tool dispatch and MCP in the session service).
@@ -63,6 +66,19 @@ ROLE_INSTRUMENTS: dict[str, tuple[str, ...]] = {
 # Gauges read from the shared store: every session replica reports the same count, so
 # merged views (the gateway's /metrics) take one value instead of summing them.
 STORE_GAUGES = ("bae.sessions.open", "bae.sessions.total", "bae.events.total", "bae.profiles.count", "bae.keys.count")
+# Every instrument carries a description: it becomes the HELP line of its /metrics family.
+GAUGES = {
+    "bae.sessions.open": "Sessions in state open, in the store",
+    "bae.sessions.total": "Session rows in the store, in any state",
+    "bae.events.total": "Events in the store's event log",
+    "bae.profiles.count": "Profiles in the store, not deleted",
+    "bae.keys.count": "Active client keys in the store (session and admin keys excluded)",
+    "bae.mcp.sessions.live": "Live sessions holding MCP connections",
+    "bae.turns.pending": "Turns paused on client tools, waiting to be resumed",
+    "bae.sandboxes.live": "Live sessions with a running remote sandbox",
+    "bae.subagents.active": "Remote subagents running",
+    "bae.drivers.registered": "Registered drivers, summed over live sessions",
+}
 COUNTERS = {
     "bae.turns.completed": "Turns that returned normally, by outcome",
     "bae.provider.requests": "Provider attempts, by provider kind and outcome",
@@ -161,7 +177,7 @@ class _MetricExporter(OTLPMetricExporter):
 def spans_allowed(otel_log: str | None) -> bool:
     """BAE_OTEL_LOG (default info; unparseable means info): spans are INFO, so a stricter level drops them.
 
-    Accepts a level (`warn`) or directives (`baesrv=warn,info`); the `baesrv` target wins.
+    Accepts a level (`warn`) or directives (`bae=warn,info`); the server's target wins.
     """
     level = "info"
     default: str | None = None
@@ -174,7 +190,7 @@ def spans_allowed(otel_log: str | None) -> bool:
             return True
         if not sep:
             default = value
-        elif name == SCOPE:
+        elif name in _SCOPE_TARGETS:
             target = value
     level = target or default or level
     return _LEVELS[level] <= _LEVELS["info"]
@@ -330,7 +346,7 @@ def observe(name: str, read: Callable[[], int | None]) -> None:
         value = read()
         return [] if value is None else [Observation(value)]
 
-    _meter.create_observable_gauge(name, callbacks=[callback])
+    _meter.create_observable_gauge(name, callbacks=[callback], description=GAUGES.get(name, ""))
 
 
 def metrics_snapshot() -> bytes:

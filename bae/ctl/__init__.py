@@ -276,7 +276,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], argpa
     authkey.add_argument("--out-dir", default=".", metavar="DIR")
     wizard = b.leaf(("setup",), "the quickstart wizard: write a config and a launcher, then launch",
                     local=setup, json_flag=False)
-    wizard.add_argument("--dev", action="store_true", help="use locally built image tags")
+    wizard.add_argument("--dev", action="store_true",
+                        help="use the images `make images` builds here (bae-<service>:<version>)")
     wizard.add_argument("--apple", action="store_true", help="use Apple's `container` CLI")
     wizard.add_argument("--dir", default=".", metavar="DIR")
     helper = b.leaf(("help",), "show help for a command", json_flag=False)

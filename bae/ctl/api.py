@@ -20,9 +20,10 @@ admin API rejected the request: no valid admin token was supplied (401 unauthori
 Provide an admin token in one of these ways (highest precedence first):
   1. --admin-token <token>   (or the BAE_ADMIN_TOKEN env var)
   2. --admin-key-file <path> (or the BAE_ADMIN_KEY_FILE env var)
-  3. the default key file at {DEFAULT_KEY_FILE}, which baesrv writes on
-     first boot — reachable automatically when baectl runs inside the same
-     container as baesrv (e.g. `docker exec bae baectl …`)."""
+  3. the default key file at {DEFAULT_KEY_FILE}, which the session service
+     writes when it first starts — found automatically when baectl runs where
+     the session service does (on its machine, or in its container with
+     `docker exec <container> baectl …`)."""
 PROFILE_IN_USE_HINT = (
     "Revoke the profile's active keys first: run `baectl list keys` to find them, "
     "then `baectl delete key <id>` for each, and retry the delete."
@@ -126,7 +127,7 @@ class AdminApi:
             return request()
         except (httpx.HTTPError, httpx.InvalidURL, ValueError):
             raise CtlError(
-                f"could not connect to admin API at {self.address} — is baesrv running and is --admin-addr correct?"
+                f"could not connect to admin API at {self.address} — is the BAE server running and is --admin-addr correct?"
             ) from None
 
     @staticmethod

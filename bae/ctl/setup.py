@@ -1,4 +1,8 @@
-"""`baectl setup`: the quickstart wizard (BAECTL.md §7). Local; it talks to the server only to launch it."""
+"""`baectl setup`: the quickstart wizard (BAECTL.md §7). Local; it talks to the server only to launch it.
+
+The compose launcher runs this project's four service images with whichever Compose is installed:
+`docker compose` (v2) or `docker-compose` (v1, 1.27 and later).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ import ipaddress
 import json
 import os
 import re
+import secrets
+import shlex
 import subprocess
 import sys
 import time
@@ -19,7 +25,7 @@ from bae.ctl.api import CtlError
 from bae.ctl.commands import COPY_KEY_NOW
 from bae.ctl.files import read_file, write_file
 from bae.ctl.setup_files import (
-    COMPOSE, CONFIG, ENV, SCRIPT, SECRET_OVERRIDE, TEMPLATE, McpServer, Provider, Setup, compose_text, config_text,
+    COMPOSE, CONFIG, ENV, INTERNAL_TOKEN, SCRIPT, SECRET_OVERRIDE, TEMPLATE, McpServer, Provider, Setup, compose_text, config_text,
     env_text, read_existing, script_text,
 )
 
@@ -108,8 +114,9 @@ def port_number(value: str) -> str | None:
 
 
 class Wizard:
-    def __init__(self, ask: Prompter, previous: Setup | None) -> None:
+    def __init__(self, ask: Prompter, previous: Setup | None, apple: bool = False) -> None:
         self.ask = ask
+        self.apple = apple
         self.previous = previous  # when editing: the saved answers, used as defaults only
         self.result = Setup()
         self.unresolved: list[str] = []
@@ -135,8 +142,11 @@ class Wizard:
 
     def run(self) -> Setup:
         old = self.previous or Setup()
-        self.result.variant = self.ask.text("Image variant? (standard/max)", old.variant,
-                                            one_of(("standard", "max"), 'unknown variant "{}"; choose standard or max'))
+        # The `max` variant is a single-container image of Apple's CLI only; compose runs the four services.
+        if self.apple:
+            self.result.variant = self.ask.text(
+                "Image variant? (standard/max)", old.variant,
+                one_of(("standard", "max"), 'unknown variant "{}"; choose standard or max'))
         self.providers(old)
         self.mcp_servers(old)
         self.settings(old)
@@ -276,13 +286,33 @@ def write_setup(directory: Path, setup: Setup, apple: bool, dev: bool) -> None:
 
 
 def on_path(program: str) -> bool:
-    return any(os.path.isfile(os.path.join(folder, program))
+    return any(os.path.isfile(path := os.path.join(folder, program)) and os.access(path, os.X_OK)
                for folder in os.environ.get("PATH", "").split(os.pathsep) if folder)
 
 
+INSTALL_COMPOSE = ("install Docker Compose: the `docker compose` plugin (the docker-compose-plugin package, "
+                   "https://docs.docker.com/compose/install/) or docker-compose 1.27 or later "
+                   "(the docker-compose package)")
+
+
+def compose_command() -> list[str] | None:
+    """The Compose installed here: `docker compose` (v2) when docker has the plugin, else `docker-compose`
+    (v1); None when neither is."""
+    if on_path("docker"):
+        try:
+            plugin = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            plugin = False
+        if plugin:
+            return ["docker", "compose"]
+    return ["docker-compose"] if on_path("docker-compose") else None
+
+
 def in_container(setup: Setup, directory: Path, apple: bool, *args: str) -> dict[str, Any]:
-    prefix = ["container", "exec", setup.container] if apple else \
-        ["docker", "compose", "exec", "-T", setup.service]
+    compose = [] if apple else compose_command()
+    if compose is None:
+        raise CtlError(f"no Docker Compose found on PATH — {INSTALL_COMPOSE}")
+    prefix = ["container", "exec", setup.container] if apple else [*compose, "exec", "-T", setup.service]
     try:
         done = subprocess.run([*prefix, "baectl", *args], cwd=directory, capture_output=True, text=True)
     except OSError as exc:
@@ -301,11 +331,18 @@ def in_container(setup: Setup, directory: Path, apple: bool, *args: str) -> dict
 
 def launch(directory: Path, setup: Setup, apple: bool, fresh: bool) -> None:
     # The container CLI (BAECTL.md calls it the engine; its messages below are the spec's).
-    cli = "container" if apple else "docker"
-    if not on_path(cli):
-        raise CtlError(f"{cli} not found on PATH — install it (or generate here and deploy elsewhere) "
-                       "then re-run `baectl setup` and choose Launch.")
-    command = [str(directory / SCRIPT)] if apple else ["docker", "compose", "up", "-d"]
+    if apple:
+        if not on_path("container"):
+            raise CtlError("container not found on PATH — install it (or generate here and deploy elsewhere) "
+                           "then re-run `baectl setup` and choose Launch.")
+        command = [str(directory / SCRIPT)]
+    else:
+        compose = compose_command()
+        if compose is None:
+            raise CtlError(f"no Docker Compose found on PATH (neither `docker compose` nor `docker-compose`) — "
+                           f"{INSTALL_COMPOSE} (or generate here and deploy elsewhere), then re-run `baectl setup` "
+                           "and choose Launch.")
+        command = [*compose, "up", "-d"]
     try:
         code = subprocess.run(command, cwd=directory).returncode
     except OSError as exc:
@@ -339,10 +376,9 @@ def launch(directory: Path, setup: Setup, apple: bool, fresh: bool) -> None:
     print("Point a client at it with:")
     print(f"  export BAE_URL=http://localhost:{setup.port}")
     print(f"  export BAE_API_KEY={key['key']}")
-    if setup.variant == "max" and SECRET_OVERRIDE not in setup.secrets:
-        exec_prefix = "container exec bae-max" if apple else "docker compose exec bae-max"
+    if apple and setup.variant == "max" and SECRET_OVERRIDE not in setup.secrets:
         print("MAX generated its own dashboard password on first boot. Retrieve it with:")
-        print(f"  {exec_prefix} cat /var/lib/bae/max-password.pem")
+        print("  container exec bae-max cat /var/lib/bae/max-password.pem")
 
 
 def setup(args: argparse.Namespace) -> int:
@@ -350,7 +386,7 @@ def setup(args: argparse.Namespace) -> int:
     check_directory(directory)
     ask = Prompter(sys.stdin.isatty())
     apple = args.apple or ask.yes("Use Apple's `container` CLI (bae-setup.sh) instead of docker-compose?", False)
-    dev = args.dev or ask.yes("Use locally-built (`make image`) image tags instead of the published ones?", False)
+    dev = args.dev or ask.yes("Use locally built (`make images`) image tags instead of published ones?", False)
     launcher, other = (SCRIPT, COMPOSE) if apple else (COMPOSE, SCRIPT)
     present = [name for name in (launcher, ENV, CONFIG) if (directory / name).exists()]
     reason = None
@@ -381,8 +417,12 @@ def setup(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise CtlError(f"could not back up {name}: {exc.strerror or exc}") from None
         previous = saved
-    wizard = Wizard(ask, previous)
+    wizard = Wizard(ask, previous, apple)
     answers = wizard.run()
+    if not apple:
+        # Every internal call carries it; kept across edits, so the services keep agreeing on it.
+        kept = previous.secrets.get(INTERNAL_TOKEN) if previous else None
+        answers.secrets[INTERNAL_TOKEN] = kept or secrets.token_hex(32)
     write_setup(directory, answers, apple, dev)
     return finish(ask, directory, answers, apple, fresh=True, unresolved=wizard.unresolved)
 
@@ -393,8 +433,19 @@ def finish(ask: Prompter, directory: Path, setup: Setup, apple: bool, fresh: boo
         err("        the ${VAR} references are still in bae-config.toml but missing from .env, and the server "
             'will fail with an "unresolved ${ENV_VAR}" error until they are set.')
     if not ask.yes("Launch now?", ask.interactive):
-        print("To launch the configuration:")
-        print("  ./bae-setup.sh" if apple else "  docker compose up -d")
+        here = directory.resolve() == Path.cwd().resolve()
+        go = "" if here else f"cd {shlex.quote(str(directory))} && "
+        if apple:
+            print("To launch the configuration:")
+            print(f"  {go}./bae-setup.sh")
+        else:
+            compose = compose_command()
+            if compose is None:
+                print(f"To launch the configuration, {INSTALL_COMPOSE}, then run:")
+                compose = ["docker", "compose"]
+            else:
+                print("To launch the configuration:")
+            print(f"  {go}{' '.join(compose)} up -d")
         print("Re-running `baectl setup` in this directory offers the launch step again without redoing the Q&A.")
         return 0
     launch(directory, setup, apple, fresh)

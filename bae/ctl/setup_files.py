@@ -8,11 +8,23 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bae import __version__
 from bae.ctl.api import CtlError
 
 CONFIG, ENV, COMPOSE, SCRIPT = "bae-config.toml", ".env", "docker-compose.yml", "bae-setup.sh"
+# The single-container images of Apple's `container` CLI (bae-setup.sh).
 PUBLISHED_TAG, LOCAL_TAG = "ghcr.io/prettysmartdev/better-agent-engine", "better-agent-engine"
 SECRET_OVERRIDE = "BAE_MAX_PASSWORD"  # a BAE_* name that is a secret, not an override
+# The internal plane's shared token (docs/security.md): generated into .env for the compose file's services.
+INTERNAL_TOKEN = "BAE_INTERNAL_TOKEN"
+SECRET_SETTINGS = (SECRET_OVERRIDE, INTERNAL_TOKEN)
+# This project's four service images, as `make images` (deploy/images.sh) names and tags them.
+SERVICES = ("gateway", "session", "runner", "sandbox")
+LOCAL_IMAGE_PREFIX = "bae"
+PUBLISHED_PREFIX = ("${BAE_IMAGE_PREFIX:?set BAE_IMAGE_PREFIX in .env to where the images were pushed "
+                    "(BAE_IMAGE_PREFIX=... BAE_PUSH=1 make images), or run baectl setup --dev for local ones}")
+# The compose service whose container runs baectl: the gateway holds the admin port and reads the admin key.
+ADMIN_SERVICE = "gateway"
 TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -52,7 +64,8 @@ class Setup:
 
     @property
     def service(self) -> str:
-        return "bae-max" if self.variant == "max" else "baesrv"
+        """The compose service `baectl` runs in."""
+        return ADMIN_SERVICE
 
     @property
     def container(self) -> str:
@@ -117,17 +130,90 @@ def image_tag(setup: Setup, dev: bool) -> str:
     return f"{LOCAL_TAG if dev else PUBLISHED_TAG}:{'max' if setup.variant == 'max' else 'latest'}"
 
 
+def image(service: str, dev: bool) -> str:
+    """One of this project's images: as `make images` tags it here (--dev), or under BAE_IMAGE_PREFIX."""
+    return f"{LOCAL_IMAGE_PREFIX if dev else PUBLISHED_PREFIX}-{service}:{__version__}"
+
+
 def compose_text(setup: Setup, flags: str, dev: bool) -> str:
+    """The four services of docker-compose.yml at the repository's root, configured from .env.
+
+    No `version:` key and only what both `docker-compose` 1.29 and `docker compose` (v2) read: the
+    Compose Specification, which docker-compose implements since 1.27.
+    """
     port = setup.port
-    ports = [f'      - "${{BAE_ADDR_PORT:-{port}}}:{port}"']
-    if setup.variant == "max":
-        ports.append(f'      - "{setup.max_port}:3000"')
-    return "\n".join([
-        *header(setup, flags), "services:", f"  {setup.service}:", f"    image: {image_tag(setup, dev)}",
-        "    env_file: .env", "    environment:", "      BAE_CONFIG: /etc/bae/config.toml", "    volumes:",
-        "      - bae-data:/var/lib/bae", "      - ./bae-config.toml:/etc/bae/config.toml:ro", "    ports:", *ports,
-        "    restart: unless-stopped", "volumes:", "  bae-data:",
-    ]) + "\n"
+    config = "./bae-config.toml:/etc/bae/bae-config.toml:ro"
+    lines = [
+        *header(setup, flags),
+        "# This project's four service images (`make images` builds them); every setting comes from .env.",
+        "x-service: &service",
+        "  init: true",
+        "  restart: unless-stopped",
+        "  env_file: .env",
+        "  stop_grace_period: 40s",
+        "services:",
+        "  gateway:",
+        "    <<: *service",
+        f'    image: "{image("gateway", dev)}"',
+        "    environment:",
+        f'      BAE_ADDR: "0.0.0.0:{port}"',
+        "      # Loopback inside the container, never published: reached with `… exec gateway baectl …`.",
+        '      BAE_ADMIN_ADDR: "127.0.0.1:8081"',
+        '      BAE_SESSION_GRPC_ADDR: "session:50051"',
+        '      BAE_RUNNER_GRPC_ADDR: "runner:50052"',
+        "      BAE_ADMIN_KEY_FILE: /var/lib/bae-admin/admin-key.pem",
+        "      BAE_CONFIG: /etc/bae/bae-config.toml",
+        "    ports:",
+        f'      - "${{BAE_ADDR_PORT:-{port}}}:{port}"',
+        "    volumes:",
+        "      - admin-key:/var/lib/bae-admin:ro",
+        f"      - {config}",
+        "    depends_on:",
+        "      session:",
+        "        condition: service_healthy",
+        "  session:",
+        "    <<: *service",
+        f'    image: "{image("session", dev)}"',
+        "    environment:",
+        '      BAE_SESSION_GRPC_ADDR: "0.0.0.0:50051"',
+        '      BAE_RUNNER_GRPC_ADDR: "runner:50052"',
+        '      BAE_SANDBOX_GRPC_ADDRS: "sandbox:50053"',
+        "      BAE_DB_PATH: /var/lib/bae/bae.db",
+        "      BAE_ADMIN_KEY_FILE: /var/lib/bae-admin/admin-key.pem",
+        "      BAE_CONFIG: /etc/bae/bae-config.toml",
+        "    volumes:",
+        "      - bae-data:/var/lib/bae",
+        "      - admin-key:/var/lib/bae-admin",
+        f"      - {config}",
+        "    depends_on:",
+        "      runner:",
+        "        condition: service_healthy",
+        "      sandbox:",
+        "        condition: service_healthy",
+        "  runner:",
+        "    <<: *service",
+        f'    image: "{image("runner", dev)}"',
+        "    environment:",
+        '      BAE_RUNNER_GRPC_ADDR: "0.0.0.0:50052"',
+        "      BAE_CONFIG: /etc/bae/bae-config.toml",
+        "    volumes:",
+        f"      - {config}",
+        "  sandbox:",
+        "    <<: *service",
+        f'    image: "{image("sandbox", dev)}"',
+        "    # The Docker socket is root on the host whoever holds it.",
+        "    user: root",
+        "    environment:",
+        '      BAE_SANDBOX_LISTEN_ADDR: "0.0.0.0:50053"',
+        "      BAE_CONFIG: /etc/bae/bae-config.toml",
+        "    volumes:",
+        "      - /var/run/docker.sock:/var/run/docker.sock",
+        f"      - {config}",
+        "volumes:",
+        "  bae-data:",
+        "  admin-key:",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def script_text(setup: Setup, flags: str, dev: bool) -> str:
@@ -173,7 +259,7 @@ def read_existing(directory: Path, launcher: str) -> Setup:
                 continue
             key, _, value = line.partition("=")
             key, value = key.strip(), value.strip()
-            if key.startswith("BAE_") and key != SECRET_OVERRIDE:
+            if key.startswith("BAE_") and key not in SECRET_SETTINGS:
                 setup.overrides[key] = value
             else:
                 setup.secrets[key] = value

@@ -35,6 +35,13 @@ commands:
 `bae <command> --help` describes each command's options.
 """
 
+MIGRATE_USAGE = """\
+usage: bae migrate [--config <path>]
+
+Apply the store's database migrations (BAE_DB_PATH or BAE_DATABASE_URL) and exit;
+`bae session serve` and `bae run` apply them too when they start.
+"""
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -50,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_stack(rest)
     if command == "migrate":
+        if {"--help", "-h"} & set(rest):
+            print(MIGRATE_USAGE, end="")
+            return 0
         command, rest = "session", ["migrate", *rest]
     if command in SERVICES:
         # Imported on demand: each service loads only its own dependencies.

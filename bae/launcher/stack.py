@@ -4,16 +4,25 @@ Starts the session, runner and sandbox services and the gateway as child
 processes, waits until each answers its health check, prints where things
 are, and stops all of them on Ctrl-C or SIGTERM. Every BAE_* variable is
 passed through, so several stacks can run side by side on other ports.
+
+The children run in the caller's working directory, and `bae run` makes every
+path setting absolute against it before they start: an installed `bae run`
+keeps its files where it was started, never in site-packages.
+
+Exit codes: 0 stopped on Ctrl-C/SIGTERM, 1 a service failed (a port already in
+use among them), 2 usage error (a setting).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import ipaddress
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,21 +38,51 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bae.common.entry import version_text
 from bae.common.errors import UsageError
 from bae.common.secret_files import secret_setting
-from bae.common.settings import Settings, load_settings
+from bae.common.internal import TOKEN_METADATA
+from bae.common.settings import Address, Settings, admin_key_dir, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
+# Run from a checkout (`make run`, the tests): the children must import the same `bae` as this process,
+# whatever directory they start in and whichever `bae` their interpreter has installed.
+CHECKOUT = (ROOT / "pyproject.toml").is_file() and (ROOT / "bae" / "__init__.py").is_file()
 # The demo provider's registry name and model (bae/services/runner/demo.py).
 DEMO_PROVIDER = "demo"
 DEMO_MODEL = "bae-demo-echo"
 
 
-def local_defaults(data_dir: Path) -> dict[str, str]:
-    """Defaults for a developer machine: everything under ./data instead of /var/lib/bae."""
+# Settings that name a file; every other BAE_*_FILE variable (a secret's file) is one too.
+PATH_SETTINGS = ("BAE_DB_PATH", "BAE_CONFIG")
+
+
+def is_path_setting(name: str) -> bool:
+    return name in PATH_SETTINGS or (name.startswith("BAE_") and name.endswith("_FILE"))
+
+
+def absolute_paths(env: dict[str, str], cwd: Path) -> dict[str, str]:
+    """`env` with each relative path setting made absolute against `cwd` (the caller's directory)."""
     return {
-        "BAE_DB_PATH": str(data_dir / "bae.db"),
-        "BAE_ADMIN_KEY_FILE": str(data_dir / "admin-key.pem"),
-        "BAE_ADMIN_KEY_HASH_FILE": str(data_dir / "admin-key-hash.pem"),
+        name: os.path.normpath(cwd / value) if is_path_setting(name) and value and not os.path.isabs(value) else value
+        for name, value in env.items()
     }
+
+
+def local_defaults(env: dict[str, str], data_dir: Path) -> dict[str, str]:
+    """Defaults for a developer machine: the store under ./data instead of /var/lib/bae, and the admin key
+    files beside the store (SQLite), so another store never finds, or replaces, this one's key; with
+    PostgreSQL they stay in ./data."""
+    defaults = {"BAE_DB_PATH": str(data_dir / "bae.db")}
+    key_dir = Path(admin_key_dir({**defaults, **env}) or data_dir)
+    defaults["BAE_ADMIN_KEY_FILE"] = str(key_dir / "admin-key.pem")
+    defaults["BAE_ADMIN_KEY_HASH_FILE"] = str(key_dir / "admin-key-hash.pem")
+    return defaults
+
+
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a child: from a checkout, with the checkout first on its import path."""
+    if not CHECKOUT:
+        return env
+    paths = [str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**env, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
 
 
 def grpc_serving(address: str, service: str = "") -> bool:
@@ -58,11 +97,59 @@ def grpc_serving(address: str, service: str = "") -> bool:
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
+# A method no service has: a server that takes the internal token answers UNIMPLEMENTED, one of another stack
+# (another token) UNAUTHENTICATED. So a health answer is known to come from this stack's service.
+IDENTITY_METHOD = "/baeproto.v1.Launcher/Identify"
+
+
+def grpc_holds_token(address: str, token: str) -> bool:
+    """Whether the gRPC server at `address` accepts the internal `token` (is one of this stack's services)."""
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary(IDENTITY_METHOD, request_serializer=bytes, response_deserializer=bytes)
+        try:
+            call(b"", timeout=1, metadata=[(TOKEN_METADATA, token)])
+        except grpc.RpcError as exc:
+            return bool(exc.code() == grpc.StatusCode.UNIMPLEMENTED)
+    return False
+
+
+def _listening_inodes(port: int) -> set[int] | None:
+    """Socket inodes listening on TCP `port` (Linux's /proc/net); None where the system does not tell."""
+    found: set[int] = set()
+    read = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):  # tcp6 is absent where IPv6 is off
+        try:
+            with open(table) as lines:
+                rows = [line.split() for line in lines.readlines()[1:]]
+        except OSError:
+            continue
+        read += 1
+        # local_address is HEX_IP:HEX_PORT; state 0A is LISTEN; the inode is the tenth column.
+        found |= {int(row[9]) for row in rows
+                  if len(row) > 9 and row[3] == "0A" and int(row[1].rpartition(":")[2], 16) == port}
+    return found if read else None
+
+
+def listens(pid: int, address: Address) -> bool | None:
+    """Whether process `pid` holds a socket listening on `address`'s port; None where the system does not tell."""
+    inodes = _listening_inodes(address.port)
+    if inodes is None:
+        return None
+    try:
+        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return None
+    held = {int(link[8:-1]) for link in links if link.startswith("socket:[")}
+    return bool(inodes & held)
+
+
 @dataclass
 class Stack:
     env: dict[str, str]
     session_args: list[str] = field(default_factory=list)
     log_dir: Path | None = None
+    # The children's working directory; None: this process's.
+    cwd: Path | None = None
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -117,10 +204,10 @@ class Stack:
         host = "127.0.0.1" if settings.addr.host in ("0.0.0.0", "::") else settings.addr.host
         self.client_url = f"http://{host}:{settings.addr.port}"
         self.admin_url = f"http://{settings.admin_addr}"
-        self._wait_http("gateway", f"{self.client_url}/healthz", deadline)
+        self._wait_http("gateway", f"{self.client_url}/healthz", deadline, (settings.addr, settings.admin_addr))
 
     def _spawn(self, name: str, args: list[str], extra: dict[str, str] | None = None) -> None:
-        env = {**self.env, **(extra or {})}
+        env = child_env({**self.env, **(extra or {})})
         log: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -128,7 +215,7 @@ class Stack:
         # The child holds its own copy of the log's descriptor; the parent's closes at once.
         with log as output:
             self.processes[name] = subprocess.Popen(
-                [sys.executable, *args], cwd=ROOT, env=env, stdout=output, stderr=output
+                [sys.executable, *args], cwd=self.cwd, env=env, stdout=output, stderr=output
             )
 
     def _check_alive(self, name: str) -> None:
@@ -137,22 +224,32 @@ class Stack:
             raise RuntimeError(f"{name} exited with code {code} during start-up")
 
     def _wait(self, name: str, ready: Callable[[], bool], what: str, deadline: float) -> None:
-        """Poll `ready()` until it is true; fail fast if the process died."""
-        while not ready():
+        """Poll `ready()` until it is true; fail fast if the process died, also after an answer (which then
+        came from another process)."""
+        while True:
             self._check_alive(name)
+            if ready():
+                self._check_alive(name)
+                return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name} did not become healthy at {what}")
             time.sleep(0.05)
 
     def _wait_grpc(self, name: str, address: str, deadline: float) -> None:
-        self._wait(name, lambda: grpc_serving(address), address, deadline)
+        token = self.settings.internal_token or ""
+        self._wait(name, lambda: grpc_serving(address) and grpc_holds_token(address, token), address, deadline)
 
-    def _wait_http(self, name: str, url: str, deadline: float) -> None:
+    def _wait_http(self, name: str, url: str, deadline: float, addresses: tuple[Address, ...] = ()) -> None:
+        """Until `url` answers 200 and, where this system tells, `name` itself listens on `addresses`."""
+        pid = self.processes[name].pid
+
         def answering() -> bool:
             try:
-                return httpx.get(url, timeout=1).status_code == 200
+                if httpx.get(url, timeout=1).status_code != 200:
+                    return False
             except httpx.HTTPError:
                 return False
+            return all(listens(pid, address) is not False for address in addresses)
 
         self._wait(name, answering, url, deadline)
 
@@ -328,7 +425,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
         prog="bae run",
         description="Start the session, runner and sandbox services and the gateway in the foreground "
-        "(state under ./data unless BAE_* variables say otherwise). Other options are passed to "
+        "(state under ./data of the current directory unless BAE_* variables say otherwise; relative paths in "
+        "them resolve against it). Other options are passed to "
         "`bae session serve`, e.g. --rotate-admin-key.",
     )
     parser.add_argument("-V", "--version", action="version", version=version_text())
@@ -337,20 +435,90 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(argv)
 
 
+def stack_env(environ: dict[str, str], cwd: Path, demo: bool) -> dict[str, str]:
+    """The stack's environment: `environ`'s paths made absolute against `cwd`, the local defaults under
+    `cwd`/data, the demo provider's settings with `demo` (whose config is written beside the store)."""
+    data_dir = cwd / "data"
+    env = absolute_paths(environ, cwd)
+    env = {**local_defaults(env, data_dir), **env}
+    if demo:
+        Path(env["BAE_DB_PATH"]).parent.mkdir(parents=True, exist_ok=True)
+        env = demo_env(env, data_dir)
+    return env
+
+
+def listeners(settings: Settings) -> list[tuple[str, str]]:
+    """(address, the variable that sets it) of every port the stack listens on."""
+    replicas = list(session_replicas(settings).values())
+    named = [(str(settings.addr), "BAE_ADDR"), (str(settings.admin_addr), "BAE_ADMIN_ADDR"),
+             *((address, "BAE_SESSION_GRPC_ADDR" if index == 0 else
+                f"BAE_SESSION_GRPC_ADDR (+{index} for session replica {index + 1} of BAE_SESSION_REPLICAS)")
+               for index, address in enumerate(replicas)),
+             (settings.runner_grpc_addr, "BAE_RUNNER_GRPC_ADDR"),
+             *((address, "BAE_SANDBOX_GRPC_ADDRS") for address in settings.sandbox_grpc_addrs)]
+    if settings.demo_provider_addr is not None:
+        named.append((str(settings.demo_provider_addr), "BAE_DEMO_PROVIDER_ADDR"))
+    return named
+
+
+def bind_problem(address: str) -> str | None:
+    """Why `address` (host:port) cannot be listened on now, or None. Binds and closes at once, as a server
+    would (SO_REUSEADDR: a port in TIME_WAIT is free), so a port another process listens on is refused even
+    when that process shares ports (SO_REUSEPORT, as gRPC servers do)."""
+    host, _, port = address.rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, ValueError) as exc:
+        return f"cannot resolve {address}: {exc}"
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return f"{address} is already in use"
+                return f"cannot listen on {address}: {exc.strerror or exc}"
+    return None
+
+
+def port_problem(settings: Settings) -> str | None:
+    """The first listen address of the stack that is taken (or named twice), as the line `bae run` prints."""
+    seen: dict[str, str] = {}
+    for address, variable in listeners(settings):
+        if address in seen:
+            return f"{address} is set twice, by {seen[address]} and {variable}; give each its own port"
+        seen[address] = variable
+        problem = bind_problem(address)
+        if problem is not None:
+            return f"{problem} ({variable}); stop what listens there or set {variable.split()[0]} to a free address"
+    return None
+
+
 def main(argv: list[str]) -> int:
     options, session_args = parse_args(argv)
-    data_dir = ROOT / "data" if (ROOT / "pyproject.toml").is_file() else Path.cwd() / "data"
-    data_dir.mkdir(exist_ok=True)
-    env = {**local_defaults(data_dir), **os.environ}
     try:
-        if options.demo:
-            env = demo_env(env, data_dir)
+        env = stack_env(dict(os.environ), Path.cwd(), options.demo)
         settings = load_settings(env)
         require_loopback(settings)
         require_shared_store(settings)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    # Before anything starts: a taken port is one line naming it, never a half-started stack.
+    problem = port_problem(settings)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
+    if settings.database_url is None:
+        try:
+            Path(settings.db_path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"error: cannot create the store's directory: {exc}", file=sys.stderr)
+            return 1
     stack = Stack(env=env, session_args=session_args)
 
     def request_stop(signum: int, frame: object) -> None:

@@ -52,8 +52,8 @@ class Gateway(ServiceProcess):
             time.sleep(0.05)
 
     def healthy(self, admin: bool = False) -> bool:
-        """A request the port answers itself (the admin port has no /healthz) is served."""
-        url = f"http://{self.admin_addr}/openapi.json" if admin else f"http://{self.addr}/healthz"
+        """A request the port answers itself is served."""
+        url = f"http://{self.admin_addr if admin else self.addr}/healthz"
         try:
             return httpx.get(url, timeout=5).status_code == 200
         except httpx.TransportError:

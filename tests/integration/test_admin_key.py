@@ -168,3 +168,29 @@ async def test_argon2_checks_do_not_hold_up_the_store(tmp_path):
         assert (await guess).status == 401
     finally:
         await svc.stop()
+
+
+async def test_a_key_file_is_never_replaced_and_must_be_the_stores(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    svc = Service(one)
+    await svc.stop()
+    key_file = one / "admin-key.pem"
+    kept = key_file.read_bytes(), key_file.stat().st_mtime_ns
+    # A new store and an existing key file: the file is another store's.
+    fresh = run_session(two, "serve", BAE_ADMIN_KEY_FILE=str(key_file))
+    assert fresh.returncode == 1, fresh.stderr
+    assert fresh.stderr.splitlines()[-1] == (
+        f"error: admin key file {key_file} exists but the store sqlite:///{two}/bae.db has no admin key yet, so the "
+        "file belongs to another store; set BAE_ADMIN_KEY_FILE to a new path for this store's key (or move the file "
+        "aside)")
+    # That store, once it has a key of its own, and the first store's file: no key of it.
+    await Service(two).stop()
+    mismatch = run_session(two, "serve", BAE_ADMIN_KEY_FILE=str(key_file))
+    assert mismatch.returncode == 1, mismatch.stderr
+    assert mismatch.stderr.splitlines()[-1] == (
+        f"error: admin key file {key_file} holds no admin key of the store sqlite:///{two}/bae.db: set "
+        "BAE_ADMIN_KEY_FILE to this store's key file, or move the file aside and start once with "
+        "--rotate-admin-key to write a new key")
+    assert (key_file.read_bytes(), key_file.stat().st_mtime_ns) == kept

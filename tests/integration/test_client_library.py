@@ -392,3 +392,39 @@ async def test_async_send_with_async_tools_and_hooks(stack: RunningStack, mock: 
     async with AsyncClient(f"http://127.0.0.1:{free_port()}", client_key=key) as nobody:
         with pytest.raises(TransportError, match="is it running"):
             await nobody.open()
+
+
+def test_closing_a_subscription_from_another_thread_ends_its_iteration(stack: RunningStack, mock: MockLLM) -> None:
+    key, _ = new_key(stack)
+    with Client(stack.client_url, client_key=key) as bae:
+        session = bae.open()
+        subscription = session.subscribe()
+        got: list[Any] = []
+        ended = threading.Event()
+
+        def read() -> None:
+            got.extend(subscription)
+            ended.set()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(0.3)  # the reader waits for an event
+        subscription.close()
+        assert ended.wait(10), "the iteration did not end"
+        reader.join(10)
+        assert got == [] and not subscription.subscribed
+
+
+async def test_closing_an_async_subscription_from_another_task_ends_its_iteration(stack: RunningStack) -> None:
+    key, _ = new_key(stack)
+    async with AsyncClient(stack.client_url, client_key=key) as bae:
+        session = await bae.open()
+        subscription = await session.subscribe()
+        reader = asyncio.create_task(asyncio.wait_for(_all(subscription), 10))
+        await asyncio.sleep(0.3)  # the reader waits for an event
+        await subscription.aclose()
+        assert await reader == [] and not subscription.subscribed
+
+
+async def _all(subscription: Any) -> list[Any]:
+    return [item async for item in subscription]

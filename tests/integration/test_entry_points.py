@@ -23,13 +23,32 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("service", ["gateway", "session", "runner", "sandbox"])
 def test_services_answer_help_and_version(service: str) -> None:
-    helped = run("-m", f"services.{service}", "--help")
-    assert helped.returncode == 0, helped.stderr
-    assert helped.stdout.startswith("usage:")
-    for command in (["-m", f"services.{service}", "--version"], ["-m", "bae", service, "-V"]):
+    for command in (["-m", f"bae.services.{service}", "--help"], ["-m", "bae", service, "--help"]):
+        helped = run(*command)
+        assert helped.returncode == 0, helped.stderr
+        # The command a user types, whichever way the module was started.
+        assert helped.stdout.startswith(f"usage: bae {service} "), helped.stdout
+    for command in (["-m", f"bae.services.{service}", "--version"], ["-m", "bae", service, "-V"]):
         answered = run(*command)
         assert (answered.stdout, answered.returncode) == (VERSION, 0), answered.stderr
-    assert run("-m", f"services.{service}", "--bogus").returncode == 2
+    assert run("-m", f"bae.services.{service}", "--bogus").returncode == 2
+
+
+def test_every_baectl_command_names_itself_in_its_help() -> None:
+    from bae.ctl import build_parser
+
+    _, parsers = build_parser()
+    commands = [(), *sorted(parsers)]
+    # A few at a time: each is a process of its own, through the real entry point.
+    for start in range(0, len(commands), 8):
+        batch = commands[start:start + 8]
+        started = [(path, subprocess.Popen([sys.executable, "-m", "bae.ctl", *path, "--help"], cwd=ROOT,
+                                           env=service_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           text=True)) for path in batch]
+        for path, process in started:
+            stdout, stderr = process.communicate(timeout=60)
+            assert process.returncode == 0, (path, stderr)
+            assert " ".join(stdout.split()).startswith(" ".join(("usage: baectl", *path))), (path, stdout)
 
 
 def test_bae_command() -> None:
@@ -41,7 +60,7 @@ def test_bae_command() -> None:
     unknown = run("-m", "bae", "frobnicate")
     assert unknown.returncode == 2 and unknown.stderr.startswith("bae: unknown command 'frobnicate'")
     assert run("-m", "bae", "run", "--help").stdout.startswith("usage: bae run")
-    assert run("-m", "bae", "migrate", "--help").stdout.startswith("usage:")
+    assert run("-m", "bae", "migrate", "--help").stdout.startswith("usage: bae migrate ")
     # Settings are read only once serving: a bad one is then a usage error (exit 2).
     assert run("-m", "bae", "gateway").returncode == 2
 

@@ -655,8 +655,9 @@ def test_a_body_that_does_not_read_is_a_400_after_the_credential(gateway, double
 
 
 def test_no_auth_utility_routes(gateway):
-    health = gateway.client.get("/healthz")
-    assert (health.status_code, health.content) == (200, b"")
+    for port in (gateway.client, gateway.admin):
+        health = port.get("/healthz")
+        assert (health.status_code, health.content) == (200, b"")
     meta = gateway.client.get("/api/v1/meta")
     assert meta.status_code == 200
     assert meta.headers["content-type"] == "application/json"
@@ -665,7 +666,7 @@ def test_no_auth_utility_routes(gateway):
 
 @pytest.mark.parametrize("port,path", [
     ("client", "/admin/v1/profiles"), ("client", "/admin/v1/config"), ("admin", "/api/v1/meta"),
-    ("admin", "/healthz"), ("admin", "/api/v1/sessions"), ("client", "/api/v1/sessions/ses_a/unknown"),
+    ("admin", "/api/v1/sessions"), ("client", "/api/v1/sessions/ses_a/unknown"),
     ("client", "/api/v1/sessions//events"), ("client", "/"), ("admin", "/admin/v1/profiles/pro_a/extra"),
 ])
 def test_unknown_route_is_rfc7807_404(gateway, port, path):

@@ -451,7 +451,7 @@ def test_metric_values_after_a_known_workload(start_stack, mock: MockLLM, receiv
     assert scraped.status_code == 200 and scraped.headers["content-type"].startswith("text/plain")
     text = scraped.text
     assert 'bae_provider_requests_total{outcome="ok",provider="anthropic"} 3.0' in text
-    assert 'bae_provider_latency_milliseconds_count{provider="anthropic"} 3.0' in text
+    assert 'bae_provider_latency_seconds_count{provider="anthropic"} 3.0' in text
     assert "bae_sessions_open 1.0" in text
     assert sid not in text and profile["id"] not in text
 
@@ -730,7 +730,7 @@ def test_a_failed_primary_attempt_is_an_error_and_its_fallback_is_not(
         lambda points: point(points, "bae.provider.requests", outcome="error", provider="anthropic") == error
         and point(points, "bae.provider.requests", outcome="ok", provider="openai") == ok
     )
-    timed = before.get('bae_provider_latency_milliseconds_count{provider="openai"}', 0) + 1
+    timed = before.get('bae_provider_latency_seconds_count{provider="openai"}', 0) + 1
     assert point(points, "bae.provider.latency", provider="openai") == timed
     assert {dict(labels)["provider"] for labels in values(points, "bae.provider.requests")} <= {"anthropic", "openai"}
 
@@ -781,7 +781,7 @@ def test_all_providers_failed_ends_the_turn_and_the_session_span_in_error(
                 for kind, n in errors.items())
     )
     # A failed attempt is timed too.
-    timed = before.get('bae_provider_latency_milliseconds_count{provider="openai"}', 0) + 1
+    timed = before.get('bae_provider_latency_seconds_count{provider="openai"}', 0) + 1
     assert point(points, "bae.provider.latency", provider="openai") == timed
 
 
@@ -821,7 +821,7 @@ def test_mcp_tool_errors_and_the_mcp_instruments(
     # blocks are counted and timed (the timed-out one for at least the 2 s it waited).
     live = before.get("bae_mcp_sessions_live", 0)
     counted = before.get('bae_tool_calls_total{dispatch="mcp"}', 0) + 3
-    timed = before.get('bae_tool_latency_milliseconds_count{dispatch="mcp"}', 0) + 3
+    timed = before.get('bae_tool_latency_seconds_count{dispatch="mcp"}', 0) + 3
     points = shared_receiver.wait_points(
         lambda points: point(points, "bae.mcp.sessions.live") == live + 1
         and point(points, "bae.tool.calls", dispatch="mcp") == counted
@@ -829,7 +829,8 @@ def test_mcp_tool_errors_and_the_mcp_instruments(
     )
     (latency,) = [p for p in points["bae.tool.latency"] if p.attributes == {"dispatch": "mcp"}]
     assert latency.unit == "ms"
-    assert latency.total - before.get('bae_tool_latency_milliseconds_sum{dispatch="mcp"}', 0) >= 2000
+    # The OTLP sum is in ms, the scraped one in seconds.
+    assert latency.total - 1000 * before.get('bae_tool_latency_seconds_sum{dispatch="mcp"}', 0) >= 2000
     # Closing the session closes its connection.
     closed = shared.client.delete(f"/api/v1/sessions/{sid}", headers={"Authorization": f"Bearer {skey}"})
     assert closed.status_code == 200

@@ -170,14 +170,13 @@ def test_pip_installs_the_wheel_and_its_dependencies_into_a_clean_venv(wheelhous
 
 
 def test_pipx_installs_a_fresh_clone(wheelhouse: Path, tmp_path: Path) -> None:
-    source, home, dist = tmp_path / "src", tmp_path / "pipx", tmp_path / "dist"
+    source, home = tmp_path / "src", tmp_path / "pipx"
     clone(source)
-    build_client(source, dist)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", "PIPX_HOME": str(home),
            "PIPX_BIN_DIR": str(home / "bin"), "PIPX_MAN_DIR": str(home / "man")}
-    installed = run(sys.executable, "-m", "pipx", "install",
-                    "--pip-args", shlex.join(("--isolated", *INSTALL, "--find-links", str(dist))),
-                    source, cwd=tmp_path, env=env)
+    # As the README says: the client library, which the server depends on, from its directory first.
+    installed = run(sys.executable, "-m", "pipx", "install", "--preinstall", source / "clients" / "python",
+                    "--pip-args", shlex.join(("--isolated", *INSTALL)), ".", cwd=source, env=env)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     assert "installed package bae 0.1.0" in installed.stdout
     assert_commands_work(home / "bin", tmp_path)

@@ -59,3 +59,13 @@ def test_every_documented_event_type_is_an_event_type() -> None:
     count = int(re.search(r"There are (\d+) types", text).group(1))  # type: ignore[union-attr]
     assert documented == {member.value for member in EventType} and len(documented) == count
     assert EventType("from.a.newer.server") == "from.a.newer.server"
+
+
+def test_the_distribution_declares_httpx_alone_and_its_version() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "clients" / "python" / "pyproject.toml").read_text())["project"]
+    assert (project["name"], project["version"]) == ("bae-client", bae_client.__version__)
+    assert [re.split(r"[<>=!~ ]", dependency)[0] for dependency in project["dependencies"]] == ["httpx"]
+    server = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"bae-client>={bae_client.__version__}" in server

@@ -48,3 +48,27 @@ def test_every_setting_is_documented() -> None:
     settings = set(re.findall(r'get\(\s*"(BAE_[A-Z0-9_]+)"', source_text()))
     assert "BAE_DEMO_PROVIDER_ADDR" in settings
     assert {name for name in settings if f"`{name}`" not in text} == set()
+
+
+# The documentation stands alone: it cites no document that is not in the repository, and names
+# this server, never the upstream one it was modelled on.
+STAND_ALONE = [*DOCS.rglob("*.md"), ROOT / "README.md"]
+NOT_HERE = re.compile(r"SERVER-SPEC|TELEMETRY\.md|TELEMETRY §|BAECTL\.md|\bbaesrv\b|docker exec bae\b|§\s*\d")
+# The one place the name stays: the telemetry instrumentation scope, a wire literal collectors select by.
+WIRE_LITERAL = "Instrumentation scope: `baesrv`"
+
+
+def test_no_doc_cites_a_document_outside_the_repository_or_says_baesrv() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in STAND_ALONE
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if NOT_HERE.search(line.replace(WIRE_LITERAL, ""))
+    ]
+    assert found == []
+
+
+def test_the_check_catches_a_citation() -> None:
+    for line in ("as SERVER-SPEC says", "see §7.2", "is baesrv running", "docker exec bae baectl", "TELEMETRY §4"):
+        assert NOT_HERE.search(line), line
+    assert not NOT_HERE.search("docker exec <container> baectl list keys")

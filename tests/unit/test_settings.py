@@ -104,3 +104,39 @@ def test_an_entry_that_is_not_an_origin_is_a_usage_error(entry: str, reason: str
         f'BAE_CORS_ORIGINS: "{entry}" is not an origin ({reason}; e.g. https://app.example.com or '
         "http://localhost:5173, or * for any origin)"
     )
+
+
+def test_trusted_proxies_are_addresses_and_networks() -> None:
+    assert load_settings({}).trusted_proxies == ()
+    settings = load_settings({"BAE_TRUSTED_PROXIES": " 10.0.0.5, 10.0.0.0/8 ,fd00::/8,,10.0.0.5"})
+    assert [str(network) for network in settings.trusted_proxies] == ["10.0.0.5/32", "10.0.0.0/8", "fd00::/8"]
+
+
+@pytest.mark.parametrize("entry, reason", [
+    ("10.0.0.1/8", "10.0.0.1/8 has host bits set"),
+    ("proxy.internal", "'proxy.internal' does not appear to be an IPv4 or IPv6 network"),
+    ("10.0.0.5:8080", "'10.0.0.5:8080' does not appear to be an IPv4 or IPv6 network"),
+])
+def test_a_trusted_proxy_that_is_no_address_is_a_usage_error(entry: str, reason: str) -> None:
+    with pytest.raises(UsageError) as raised:
+        load_settings({"BAE_TRUSTED_PROXIES": f"127.0.0.1,{entry}"})
+    assert str(raised.value) == (
+        f'BAE_TRUSTED_PROXIES: "{entry}" is not an IP address or network ({reason}; e.g. 10.0.0.5, 10.0.0.0/8 '
+        "or fd00::/8)"
+    )
+
+
+@pytest.mark.parametrize("env, key_file", [
+    ({}, "/var/lib/bae/admin-key.pem"),
+    ({"BAE_DB_PATH": "/srv/one/bae.db"}, "/srv/one/admin-key.pem"),
+    ({"BAE_DATABASE_URL": "sqlite:////srv/two/x.db"}, "/srv/two/admin-key.pem"),
+    ({"BAE_DATABASE_URL": "postgresql://bae@db:5432/bae", "BAE_DB_PATH": "/srv/one/bae.db"},
+     "/var/lib/bae/admin-key.pem"),
+    ({"BAE_DATABASE_URL": "sqlite:///:memory:"}, "/var/lib/bae/admin-key.pem"),
+    ({"BAE_DB_PATH": "/srv/one/bae.db", "BAE_ADMIN_KEY_FILE": "/keys/k.pem"}, "/keys/k.pem"),
+])
+def test_the_admin_key_files_sit_beside_the_sqlite_store_unless_named(env: dict[str, str], key_file: str) -> None:
+    settings = load_settings(env)
+    assert settings.admin_key_file == key_file
+    if "BAE_ADMIN_KEY_FILE" not in env:
+        assert settings.admin_key_hash_file == key_file.replace("admin-key.pem", "admin-key-hash.pem")

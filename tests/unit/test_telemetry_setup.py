@@ -32,7 +32,7 @@ def started():
 @pytest.mark.parametrize(
     "value, allowed",
     [(None, True), ("", True), ("info", True), ("debug", True), ("warn", False), ("off", False),
-     ("nonsense", True), ("baesrv=warn", False), ("warn,baesrv=info", True), ("other=off", True)],
+     ("nonsense", True), ("bae=warn", False), ("warn,bae=info", True), ("baesrv=warn", False), ("other=off", True)],
 )
 def test_bae_otel_log_gates_spans(value: str | None, allowed: bool) -> None:
     assert telemetry.spans_allowed(value) is allowed
@@ -57,7 +57,7 @@ def test_metrics_disabled_drops_only_the_named_instrument(started) -> None:
     names = {m.name for r in snapshot.resource_metrics for s in r.scope_metrics for m in s.metrics}
     assert names == {"bae.tool.calls", "bae.sessions.open"}
     scopes = {s.scope.name for r in snapshot.resource_metrics for s in r.scope_metrics}
-    assert scopes == {"baesrv"}
+    assert scopes == {telemetry.SCOPE} == {"baesrv"}
 
 
 def test_roles_register_only_their_own_instruments(started) -> None:
@@ -122,10 +122,11 @@ def test_prometheus_exposition_sums_replicas() -> None:
     text = exposition([_snapshot(2, 1, [1, 1, 0]), _snapshot(3, 2, [0, 1, 1])]).decode()
     assert 'bae_provider_requests_total{outcome="ok",provider="openai"} 5.0' in text
     assert "bae_drivers_registered 3.0" in text
-    assert 'bae_provider_latency_milliseconds_bucket{le="5.0",provider="openai"} 1.0' in text
-    assert 'bae_provider_latency_milliseconds_bucket{le="50.0",provider="openai"} 3.0' in text
-    assert 'bae_provider_latency_milliseconds_bucket{le="+Inf",provider="openai"} 4.0' in text
-    assert 'bae_provider_latency_milliseconds_sum{provider="openai"} 20.0' in text
+    # Milliseconds on the OTLP side, seconds in the exposition: bounds and sum are converted.
+    assert 'bae_provider_latency_seconds_bucket{le="0.005",provider="openai"} 1.0' in text
+    assert 'bae_provider_latency_seconds_bucket{le="0.05",provider="openai"} 3.0' in text
+    assert 'bae_provider_latency_seconds_bucket{le="+Inf",provider="openai"} 4.0' in text
+    assert 'bae_provider_latency_seconds_sum{provider="openai"} 0.02' in text
 
 
 def _record(message: str, **fields: object) -> logging.LogRecord:

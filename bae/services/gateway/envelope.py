@@ -26,6 +26,8 @@ class Rejected:
     """An envelope error: `frame` is the whole response body (empty for a notification)."""
 
     frame: bytes
+    # What the access log names the call (docs/observability.md): a fixed word, never the body's text.
+    logged_as: str = "invalid"
 
 
 def parse_envelope(body: bytes) -> Call | Rejected:
@@ -35,15 +37,15 @@ def parse_envelope(body: bytes) -> Call | Rejected:
         return Rejected(error_frame("null", RpcCode.PARSE_ERROR, "Parse error"))
     if isinstance(document, list):
         return Rejected(
-            error_frame("null", RpcCode.INVALID_REQUEST, "Invalid Request: batch requests are not supported")
+            error_frame("null", RpcCode.INVALID_REQUEST, "Invalid Request: batch requests are not supported"), "batch"
         )
     if not isinstance(document, dict):
         return Rejected(error_frame("null", RpcCode.INVALID_REQUEST, "Invalid Request"))
     id_json = dump(document["id"]) if "id" in document else None
 
-    def reject(code: int, message: str) -> Rejected:
+    def reject(code: int, message: str, logged_as: str = "invalid") -> Rejected:
         # A notification never gets a terminal frame, not even an error.
-        return Rejected(b"" if id_json is None else error_frame(id_json, code, message))
+        return Rejected(b"" if id_json is None else error_frame(id_json, code, message), logged_as)
 
     if document.get("jsonrpc") != "2.0":
         return reject(RpcCode.INVALID_REQUEST, 'Invalid Request: missing or wrong "jsonrpc" version')
@@ -51,5 +53,5 @@ def parse_envelope(body: bytes) -> Call | Rejected:
     if not isinstance(method, str):
         return reject(RpcCode.INVALID_REQUEST, 'Invalid Request: missing "method"')
     if method not in RPC_METHODS:
-        return reject(RpcCode.METHOD_NOT_FOUND, f"Method not found: {echo(method)}")
+        return reject(RpcCode.METHOD_NOT_FOUND, f"Method not found: {echo(method)}", "unknown")
     return Call(RPC_METHODS[method], id_json, document.get("params"))

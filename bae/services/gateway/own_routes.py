@@ -45,7 +45,7 @@ EVENT_STREAM_PARAMETERS = (
 )
 
 OWN_ROUTES = (
-    OwnRoute((Port.CLIENT,), "GET", "/healthz", "healthz", "Liveness: 200, empty body", None, None),
+    OwnRoute(BOTH, "GET", "/healthz", "healthz", "Liveness: 200, empty body", None, None),
     OwnRoute(BOTH, "GET", "/readyz", "readyz", "Readiness: the session service and the runner answer",
              "application/json", "Ready", (503,)),
     OwnRoute((Port.CLIENT,), "GET", "/api/v1/meta", "getMeta", "Server version and API versions",

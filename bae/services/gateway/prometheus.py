@@ -3,9 +3,12 @@
 The gateway owns no instrument. Each scrape asks every service that owns some (session
 service, runner) for its OTLP snapshot over the internal gRPC method of bae.common.telemetry, and
 writes the sum over them: counters, histogram buckets and in-memory gauges of several
-replicas add up, and the database gauges come from the one session service. Names follow
-the usual OTLP-to-Prometheus mapping: dots become underscores, counters end in `_total`,
-millisecond histograms in `_milliseconds`.
+replicas add up, and the database gauges come from the one session service.
+
+The OTLP names are fixed by the telemetry contract and stay as they are on the OTLP wire;
+this exposition names each family after Prometheus' naming rules instead (`PROMETHEUS_NAMES`):
+base units in the name (`_seconds`, `_bytes`), `_total` on counters only, and a HELP line from
+the instrument's description. Millisecond histograms are converted to seconds here.
 """
 
 from __future__ import annotations
@@ -34,6 +37,43 @@ from bae.services.gateway.problems import error_response
 log = logging.getLogger("bae.gateway")
 
 Labels = tuple[tuple[str, str], ...]
+
+# OTLP instrument name -> Prometheus family name; a counter's `_total` is added by the exposition.
+# docs/observability.md lists the same table (and the names these replaced), for dashboards.
+PROMETHEUS_NAMES = {
+    "bae.sessions.open": "bae_sessions_open",
+    "bae.sessions.total": "bae_sessions_stored",
+    "bae.events.total": "bae_events_stored",
+    "bae.profiles.count": "bae_profiles_active",
+    "bae.keys.count": "bae_client_keys_active",
+    "bae.mcp.sessions.live": "bae_mcp_sessions_live",
+    "bae.turns.pending": "bae_turns_pending",
+    "bae.sandboxes.live": "bae_sandboxes_live",
+    "bae.subagents.active": "bae_subagents_active",
+    "bae.drivers.registered": "bae_drivers_registered",
+    "bae.turns.completed": "bae_turns_completed",
+    "bae.provider.requests": "bae_provider_requests",
+    "bae.provider.latency": "bae_provider_latency_seconds",
+    "bae.tool.calls": "bae_tool_calls",
+    "bae.tool.latency": "bae_tool_latency_seconds",
+    "bae.retention.sessions.deleted": "bae_retention_sessions_deleted",
+    "bae.retention.bytes.deleted": "bae_retention_deleted_bytes",
+    "bae.webhook.deliveries": "bae_webhook_deliveries",
+    "bae.webhook.latency": "bae_webhook_latency_seconds",
+}
+# OTLP units and their Prometheus base unit: how many make one base unit, and its name suffix.
+# (A division, not a product with 0.001: 5 ms is written 0.005, not 0.005000000000000001.)
+_BASE_UNITS = {"ms": (1000.0, "_seconds"), "s": (1.0, "_seconds"), "By": (1.0, "_bytes")}
+
+
+def prometheus_name(otlp_name: str, unit: str) -> str:
+    """The family name of an instrument; one missing from the table gets the mechanical mapping
+    (dots to underscores, plus the base unit's suffix), so a new instrument is never dropped."""
+    if otlp_name in PROMETHEUS_NAMES:
+        return PROMETHEUS_NAMES[otlp_name]
+    base = otlp_name.replace(".", "_")
+    suffix = _BASE_UNITS.get(unit, (1.0, ""))[1]
+    return base if base.endswith(suffix) else base + suffix
 
 
 @dataclass
@@ -80,8 +120,11 @@ def merge(snapshots: list[ExportMetricsServiceRequest]) -> dict[str, _Family]:
     return families
 
 
-def _prometheus(name: str, family: _Family) -> Metric | None:
-    base = name.replace(".", "_")
+def _prometheus(otlp_name: str, family: _Family) -> Metric | None:
+    name = prometheus_name(otlp_name, family.unit)
+    per_base_unit = _BASE_UNITS.get(family.unit, (1.0, ""))[0]
+    # Every family has a HELP line: an instrument made without a description is named by its OTLP name.
+    help_text = family.description or f"OTLP instrument {otlp_name}"
     label_names = sorted({key for labels in [*family.points, *family.buckets] for key, _ in labels})
 
     def values(labels: Labels) -> list[str]:
@@ -89,24 +132,23 @@ def _prometheus(name: str, family: _Family) -> Metric | None:
         return [present.get(key, "") for key in label_names]
 
     if family.kind == "gauge":
-        gauge = GaugeMetricFamily(base, family.description, labels=label_names)
+        gauge = GaugeMetricFamily(name, help_text, labels=label_names)
         for labels, value in family.points.items():
-            gauge.add_metric(values(labels), value)
+            gauge.add_metric(values(labels), value / per_base_unit)
         return gauge
     if family.kind == "sum":
-        counter = CounterMetricFamily(base, family.description, labels=label_names)
+        counter = CounterMetricFamily(name, help_text, labels=label_names)
         for labels, value in family.points.items():
-            counter.add_metric(values(labels), value)
+            counter.add_metric(values(labels), value / per_base_unit)
         return counter
     if family.kind == "histogram":
-        suffix = "_milliseconds" if family.unit == "ms" else ""
-        histogram = HistogramMetricFamily(base + suffix, family.description, labels=label_names)
+        histogram = HistogramMetricFamily(name, help_text, labels=label_names)
         for labels, (bounds, counts, total) in family.buckets.items():
             cumulative, buckets = 0, []
-            for bound, count in zip([*map(str, bounds), "+Inf"], counts):
+            for bound, count in zip([*(str(b / per_base_unit) for b in bounds), "+Inf"], counts):
                 cumulative += count
                 buckets.append((bound, cumulative))
-            histogram.add_metric(values(labels), buckets, total)
+            histogram.add_metric(values(labels), buckets, total / per_base_unit)
         return histogram
     return None
 

@@ -36,7 +36,7 @@ from bae.services.gateway.frames import (
     reply_frame,
 )
 from bae.services.gateway.json_to_proto import read_params
-from bae.services.gateway.observe import link_session_span
+from bae.services.gateway.observe import link_session_span, note_rpc_method
 from bae.services.gateway.problems import error_response
 from bae.services.gateway.upstream import Metadata, Upstream, credential_of
 
@@ -224,8 +224,10 @@ class RpcEndpoint:
             return error_response(error)
         envelope = parse_envelope(body)
         if isinstance(envelope, Rejected):
+            note_rpc_method(request.scope, envelope.logged_as)
             return await self._reject(request, session_id, envelope)
         method = envelope.method
+        note_rpc_method(request.scope, method.name)
         # The method's own request type (client_api.proto): every one has these four fields.
         rpc_request: Any = method.request()
         rpc_request.credential.CopyFrom(credential_of(request))

@@ -100,14 +100,14 @@ class Gateway:
         self.rate_limit = RateLimit(client_router, config.limits, self._ask_rate_policy)
         # CORS outside the rate limit: a 429 must reach a page's script readable, with its Retry-After.
         client = with_cors(client_router, self.rate_limit, settings.cors_origins)
-        self.client = _uvicorn(Observed(client), settings, "client")
+        self.client = _uvicorn(Observed(client, settings.trusted_proxies), settings, "client")
         admin: ASGIApp
         if settings.console_enabled:
             console = console_routes(settings.console_prefix, self.upstream)
             admin = ConsoleCookie(admin_app(rest, self.rpc, self.readyz, self.metrics, console), self.upstream)
         else:
             admin = admin_app(rest, self.rpc, self.readyz, self.metrics, [])
-        self.admin = _uvicorn(Observed(admin), settings, "admin")
+        self.admin = _uvicorn(Observed(admin, settings.trusted_proxies), settings, "admin")
         self._sockets: list[socket.socket] = []
 
     async def _ask_rate_policy(self, authorization: str) -> session_pb2.RatePolicy:
@@ -158,15 +158,15 @@ async def serve(settings: Settings, config: Config) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code."""
     _make_room_for_connections(settings.http_max_connections)
     sockets: list[socket.socket] = []
-    try:
-        for address in (settings.addr, settings.admin_addr):
+    for address, variable in ((settings.addr, "BAE_ADDR"), (settings.admin_addr, "BAE_ADMIN_ADDR")):
+        try:
             sockets.append(bind(address))
-    except OSError as exc:
-        # Never run with only one listener.
-        for sock in sockets:
-            sock.close()
-        log.error("gateway cannot bind its listeners: %s", exc)
-        return 1
+        except OSError as exc:
+            # Never run with only one listener.
+            for sock in sockets:
+                sock.close()
+            log.error("gateway cannot bind %s (%s): %s", address, variable, exc.strerror or exc)
+            return 1
 
     gateway = Gateway(settings, config)
     await gateway.start(client_socket=sockets[0], admin_socket=sockets[1])

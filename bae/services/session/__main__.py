@@ -28,7 +28,7 @@ VALUE_FLAGS = ("--config", "--admin-key-file", "--admin-key-hash-file")
 SWITCHES = ("--rotate-admin-key", "--dangerously-disable-admin-auth")
 
 USAGE = """\
-usage: python -m bae.services.session [--config <path>] [serve|migrate|version|help] [options]
+usage: bae session [--config <path>] [serve|migrate|version|help] [options]
 
 commands:
   serve      run the session service (default)
@@ -110,6 +110,7 @@ def admin_key_options(command: Command, settings: Settings) -> AdminKeyOptions:
         hash_file=Path(command.value("--admin-key-hash-file") or settings.admin_key_hash_file),
         rotate=rotate,
         disabled=disabled,
+        store_name=f"the store {settings.printable_database_url}",
     )
 
 

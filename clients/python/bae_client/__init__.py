@@ -45,7 +45,9 @@ from bae_client.errors import (
     UnknownToolError,
 )
 from bae_client.events import PAYLOAD_TYPES, Delta, Event, EventType
+from bae_client.files import FileToolConfig, explore_files_tool, read_file_tool, write_file_tool
 from bae_client.hooks import Hooks
+from bae_client.sandbox import auto_shell_tool
 from bae_client.sync import Client, Session, Subscription
 from bae_client.tools import Tool, ToolHandler
 
@@ -65,6 +67,7 @@ __all__ = [
     "DriverNotRegisteredError",
     "Event",
     "EventType",
+    "FileToolConfig",
     "HookError",
     "Hooks",
     "InternalError",
@@ -93,4 +96,8 @@ __all__ = [
     "TurnInProgressError",
     "UnknownToolError",
     "__version__",
+    "auto_shell_tool",
+    "explore_files_tool",
+    "read_file_tool",
+    "write_file_tool",
 ]

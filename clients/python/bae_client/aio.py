@@ -14,6 +14,7 @@ from typing import Any, AsyncGenerator, AsyncIterator, Callable, Iterator, Seque
 import httpx
 
 from bae_client import _protocol as p
+from bae_client import sandbox
 from bae_client._protocol import Reply
 from bae_client.errors import (
     HookError,
@@ -134,13 +135,16 @@ class AsyncSession:
 
     async def frames(self, method: str, params: dict[str, Any] | None = None) -> AsyncGenerator[dict[str, Any], None]:
         response = await self._open_stream(method, params)
+        lines = response.aiter_lines()
         try:
             with self.client._errors():
-                async for line in response.aiter_lines():
+                async for line in lines:
                     frame = p.parse_frame(line)
                     if frame is not None:
                         yield frame
         finally:
+            # Closed here, in this task: left to the garbage collector, it would be closed from another.
+            await lines.aclose()  # type: ignore[attr-defined]
             await response.aclose()
 
     async def call(self, method: str, params: dict[str, Any] | None = None, *,
@@ -231,6 +235,31 @@ class AsyncSession:
         if not self.registered:
             await self.register_driver()
         return Event.from_wire(await self.call("session.compact", {"prompt": prompt} if prompt is not None else {}))
+
+    async def start_remote_sandbox(self, image: str) -> dict[str, Any]:
+        if not self.registered:
+            await self.register_driver()
+        started: dict[str, Any] = await self.call("session.startRemoteSandbox", {"image": image})
+        return started
+
+    async def exec_remote_sandbox(self, command: str) -> dict[str, Any]:
+        if not self.registered:
+            await self.register_driver()
+        ran: dict[str, Any] = await self.call("session.execRemoteSandbox", {"command": command})
+        return ran
+
+    async def stop_remote_sandbox(self) -> dict[str, Any]:
+        if not self.registered:
+            await self.register_driver()
+        stopped: dict[str, Any] = await self.call("session.stopRemoteSandbox")
+        return stopped
+
+    def remote_shell_tool(self, name: str = sandbox.SHELL_NAME,
+                          description: str = sandbox.SHELL_DESCRIPTION) -> Tool:
+        async def run(input: dict[str, Any]) -> str:
+            return sandbox.shell_result(await self.exec_remote_sandbox(sandbox.command_of(input)))
+
+        return Tool(name, description, sandbox.SHELL_SCHEMA, run)
 
     def subscribe(self, *, since_event_id: str | None = None, deltas: bool = False,
                   resume: bool = True) -> AsyncSubscription:
@@ -336,7 +365,12 @@ class AsyncSubscription:
 
     async def _drop(self) -> None:
         self.subscribed = False
-        response, self._response, self._lines = self._response, None, None
+        response, lines, self._response, self._lines = self._response, self._lines, None, None
+        if lines is not None:
+            try:
+                await lines.aclose()  # type: ignore[attr-defined]
+            except RuntimeError:
+                pass  # being read in another task: closing the response below ends that read
         if response is not None:
             await response.aclose()
 

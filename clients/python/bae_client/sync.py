@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
@@ -9,6 +10,7 @@ from typing import Any, Callable, Iterator, Sequence
 import httpx
 
 from bae_client import _protocol as p
+from bae_client import sandbox
 from bae_client._protocol import Reply
 from bae_client.errors import (
     HookError,
@@ -246,6 +248,34 @@ class Session:
             self.register_driver()
         return Event.from_wire(self.call("session.compact", {"prompt": prompt} if prompt is not None else {}))
 
+    def start_remote_sandbox(self, image: str) -> dict[str, Any]:
+        """`session.startRemoteSandbox` -> `{"sandbox_id", "image", "started_at"}`."""
+        if not self.registered:
+            self.register_driver()
+        started: dict[str, Any] = self.call("session.startRemoteSandbox", {"image": image})
+        return started
+
+    def exec_remote_sandbox(self, command: str) -> dict[str, Any]:
+        """`session.execRemoteSandbox`: one shell command in the running sandbox -> `{"stdout", "stderr",
+        "exit_code"}`."""
+        if not self.registered:
+            self.register_driver()
+        ran: dict[str, Any] = self.call("session.execRemoteSandbox", {"command": command})
+        return ran
+
+    def stop_remote_sandbox(self) -> dict[str, Any]:
+        """`session.stopRemoteSandbox` -> `{"stopped", "image", "sandbox_id"}`."""
+        if not self.registered:
+            self.register_driver()
+        stopped: dict[str, Any] = self.call("session.stopRemoteSandbox")
+        return stopped
+
+    def remote_shell_tool(self, name: str = sandbox.SHELL_NAME,
+                          description: str = sandbox.SHELL_DESCRIPTION) -> Tool:
+        """A client tool (Manual mode) running each call's `command` in this session's remote sandbox."""
+        return Tool(name, description, sandbox.SHELL_SCHEMA,
+                    lambda input: sandbox.shell_result(self.exec_remote_sandbox(sandbox.command_of(input))))
+
     def subscribe(self, *, since_event_id: str | None = None, deltas: bool = False,
                   resume: bool = True) -> Subscription:
         """`session.subscribe`: returns once the server has taken the subscription (`sub.subscribed`), so
@@ -403,6 +433,16 @@ class Subscription:
         return None
 
     def close(self) -> None:
-        """Stop reading: the connection is closed, which ends the subscription on the server."""
+        """Stop reading: the connection is closed, which ends the subscription on the server. Another thread
+        iterating meanwhile stops too."""
         self._closed = True
+        if self._response is not None:
+            # A read blocked in another thread wakes only when the socket itself is shut down.
+            stream = self._response.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if isinstance(sock, socket.socket):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
         self._drop()

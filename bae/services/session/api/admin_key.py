@@ -14,10 +14,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from argon2 import extract_parameters
-from argon2.exceptions import InvalidHashError
+from argon2 import PasswordHasher, extract_parameters
+from argon2.exceptions import InvalidHashError, VerificationError
 from bae.common.errors import BaeError, UsageError
+from bae.common.ids import digests_equal, token_digest
 from bae.services.session.store import keys
 from bae.services.session.store.store import Store
 
@@ -37,6 +39,8 @@ class AdminKeyOptions:
     hash_file: Path
     rotate: bool
     disabled: bool
+    # How errors name the store (its URL without a password).
+    store_name: str = "this store"
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,48 @@ def _remove_key_file(path: Path) -> None:
         raise AdminKeyError(f"cannot delete admin key file {path}: {exc}") from None
 
 
+# An admin key file holds one token and a line break; anything much larger is the wrong file.
+MAX_KEY_FILE_BYTES = 4096
+
+
+def read_key_file(path: Path) -> str | None:
+    """The token an existing key file holds; None when there is no file, or a symbolic link there: a link is
+    never followed, and writing a key through it is refused (write_key_file) should one be needed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read(MAX_KEY_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None
+        raise AdminKeyError(f"cannot read admin key file {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise AdminKeyError(f"admin key file {path} is over {MAX_KEY_FILE_BYTES} bytes; is it the right file?")
+    return data.decode("utf-8", errors="replace").strip()
+
+
+def token_matches(token: str, key_hash: str) -> bool:
+    """Whether `token` is the key of `key_hash` (a SHA-256 hex digest or an Argon2id PHC string)."""
+    if not key_hash.startswith(keys.PHC_PREFIX):
+        return digests_equal(key_hash, token_digest(token))
+    try:
+        return PasswordHasher().verify(key_hash, token)
+    except (VerificationError, InvalidHashError):
+        return False
+
+
+def key_file_holds(path: Path) -> Callable[[list[str]], bool | None]:
+    def holds(hashes: list[str]) -> bool | None:
+        token = read_key_file(path)
+        if token is None:
+            return None
+        return any(token_matches(token, key_hash) for key_hash in hashes)
+
+    return holds
+
+
 def _provisioned(path: Path) -> tuple[str, str, str] | None:
     if not path.exists():
         return None
@@ -135,7 +181,19 @@ async def bootstrap_admin_key(store: Store, options: AdminKeyOptions) -> None:
         lambda: _remove_key_file(options.key_file),
         lambda token: write_key_file(options.key_file, token),
         lambda: _provisioned(options.hash_file),
+        key_file_holds(options.key_file),
     )
+    where = options.store_name
+    if done == "mismatch":
+        raise AdminKeyError(
+            f"admin key file {options.key_file} holds no admin key of {where}: set BAE_ADMIN_KEY_FILE to this "
+            "store's key file, or move the file aside and start once with --rotate-admin-key to write a new key"
+        )
+    if done == "foreign":
+        raise AdminKeyError(
+            f"admin key file {options.key_file} exists but {where} has no admin key yet, so the file belongs to "
+            "another store; set BAE_ADMIN_KEY_FILE to a new path for this store's key (or move the file aside)"
+        )
     if done == "rotated":
         log.info("admin key rotated; new key written to %s", options.key_file)
     elif done == "provisioned":

@@ -243,12 +243,17 @@ def bootstrap_admin(
     remove_key_file: Callable[[], None],
     write_key_file: Callable[[str], None],
     read_provisioned: Callable[[], tuple[str, str, str] | None],
+    key_file_holds: Callable[[list[str]], bool | None],
 ) -> str:
-    """Make sure an admin key exists (SERVER-SPEC §2.3); says what it did: rotated, kept, provisioned, generated.
+    """Make sure an admin key exists (SERVER-SPEC §2.3); says what it did: rotated, kept, provisioned, generated,
+    or why it did nothing: "mismatch" (the key file holds none of this store's admin keys), "foreign" (a key
+    file exists and this store has no admin key yet: the file belongs to another store).
 
-    `read_provisioned` gives a pre-provisioned (name, key hash, prefix), or None. A generated
-    key's plaintext is written by `write_key_file` inside this transaction: a failed write rolls
-    the row back, so there is never an active admin row whose plaintext nobody has.
+    `read_provisioned` gives a pre-provisioned (name, key hash, prefix), or None. `key_file_holds(hashes)`
+    says whether the key file holds the key of one of `hashes`; None when there is no key file. An existing
+    key file is never replaced, except by an asked-for rotation. A generated key's plaintext is written by
+    `write_key_file` inside this transaction: a failed write rolls the row back, so there is never an
+    active admin row whose plaintext nobody has.
     """
     if conn.dialect.name == "postgresql":
         # The next replica waits here until this transaction commits, then finds the key made.
@@ -259,13 +264,18 @@ def bootstrap_admin(
         token, _ = mint(conn, role="admin", name=BOOTSTRAP_ADMIN_NAME)
         write_key_file(token)
         return "rotated"
-    if active_admins(conn):
-        return "kept"
+    admins = active_admins(conn)
+    if admins:
+        return "mismatch" if key_file_holds([row.key_hash for row in admins]) is False else "kept"
     provisioned = read_provisioned()
     if provisioned is not None:
         name, key_hash, prefix = provisioned
+        if key_file_holds([key_hash]) is False:
+            return "mismatch"
         insert_key(conn, name=name, key_hash=key_hash, prefix=prefix, role="admin")
         return "provisioned"
+    if key_file_holds([]) is not None:
+        return "foreign"
     token, _ = mint(conn, role="admin", name=BOOTSTRAP_ADMIN_NAME)
     write_key_file(token)
     return "generated"
