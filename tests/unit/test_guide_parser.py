@@ -3,6 +3,7 @@ and every guide in docs/guides/ parses. The runner itself: tests/integration/tes
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,4 @@ def test_every_guide_is_in_the_index() -> None:
     guides_dir = ROOT / "docs" / "guides"
     index = (guides_dir / "README.md").read_text()
     assert {path.name for path in guides_dir.glob("*.md") if f"]({path.name})" not in index} == {"README.md"}
+    assert {name for name in re.findall(r"\]\(([^)/#]+\.md)\)", index) if not (guides_dir / name).is_file()} == set()
