@@ -41,6 +41,7 @@ from bae.services.session.engine.ports import (
 )
 from bae.services.session.engine.service import SessionEngine
 from bae.services.session.store import Store, profiles, sessions
+from bae.services.session.store.live_state import LiveState
 from bae.services.session.engine.subagents import Subagent
 from testkit.fakes import FakeCommand, FakeMcp, FakeSandboxes, ScriptedSteps, Step, fake_engine, eventually
 from testkit.postgres_support import STORES, store_url  # noqa: F401 - the fixture
@@ -524,6 +525,65 @@ async def test_auto_compaction_runs_after_a_completed_turn_over_the_threshold(ha
     ]
     started = outcome.events[-6]["payload"]
     assert started == {"trigger": "auto", "reason": "token_threshold", "token_count": 1520, "threshold_tokens": 1000}
+
+
+# -- taking a session over ----------------------------------------------------------------------------------
+
+
+async def held_rebuild(harness: EngineHarness, monkeypatch: pytest.MonkeyPatch,
+                       session_id: str) -> asyncio.Event:
+    """The session as a replica that has just taken it over sees it (no live state yet), its log read held
+    until the returned event is set; the log names one more driver, `key_other`."""
+    harness.registry._sessions.pop(session_id)
+    read, gate = harness.store.live_state, asyncio.Event()
+
+    async def held(wanted: str) -> LiveState:
+        state = await read(wanted)
+        await gate.wait()
+        return state._replace(drivers=[*state.drivers, "key_other"])
+
+    monkeypatch.setattr(harness.store, "live_state", held)
+    return gate
+
+
+async def test_a_call_during_a_takeover_waits_until_the_drivers_are_read_back(
+        harness: EngineHarness, monkeypatch: pytest.MonkeyPatch):
+    session_id = await harness.open_session()
+    gate = await held_rebuild(harness, monkeypatch, session_id)
+    first = asyncio.create_task(harness.registry.attach(session_id))
+
+    async def visible() -> bool:
+        return harness.registry.get(session_id) is not None
+
+    await eventually(visible)
+    second = asyncio.create_task(harness.registry.attach(session_id))
+    await asyncio.sleep(0.05)
+    assert not second.done()  # the state exists, but is not rebuilt yet
+    gate.set()
+    live = await second
+    assert live is await first
+    assert "key_other" in live.drivers
+
+
+async def test_a_takeover_whose_caller_is_cancelled_is_attached_anew_by_the_next(
+        harness: EngineHarness, monkeypatch: pytest.MonkeyPatch):
+    session_id = await harness.open_session()
+    gate = await held_rebuild(harness, monkeypatch, session_id)
+    first = asyncio.create_task(harness.registry.attach(session_id))
+
+    async def visible() -> bool:
+        return harness.registry.get(session_id) is not None
+
+    await eventually(visible)
+    second = asyncio.create_task(harness.registry.attach(session_id))
+    await asyncio.sleep(0.05)
+    first.cancel()
+    await asyncio.sleep(0.05)
+    assert not second.done()  # attaching again, itself held at the log read
+    gate.set()
+    live = await second
+    assert "key_other" in live.drivers
+    assert harness.registry.get(session_id) is live
 
 
 # -- close, drain, shutdown --------------------------------------------------------------------------------

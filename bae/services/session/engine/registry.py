@@ -7,6 +7,7 @@ way): persisted first, then published to the session's watchers and its history 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -42,6 +43,10 @@ class SessionRegistry:
         self._store = store
         self._ownership = ownership
         self._sessions: dict[str, LiveSession] = {}
+        # Sessions whose live state `attach` is still rebuilding from the log: visible in `_sessions`
+        # (so a close meanwhile drops it), but other callers wait for the rebuild before using it,
+        # or a takeover would serve a call before the session's drivers are known again.
+        self._rebuilding: dict[str, asyncio.Future[bool]] = {}
         # Sessions being torn down: no longer live for new calls, but their subscribers still
         # get the close's own events (§14 item 13: cancelled*, stop, stopped; then streams end).
         self._closing: dict[str, LiveSession] = {}
@@ -73,19 +78,41 @@ class SessionRegistry:
         """
         live = self._sessions.get(session_id)
         if live is not None:
-            return live
+            return await self._rebuilt(session_id, live)
         await self._ownership.claim(session_id)
         live = self._sessions.get(session_id)  # attached by another caller meanwhile
         if live is not None:
-            return live
+            return await self._rebuilt(session_id, live)
         live = self._sessions[session_id] = LiveSession(session_id)
-        state = await self._store.live_state(session_id)
-        session = state.session
-        if session is None or session.state != SessionState.OPEN:
+        rebuilt = self._rebuilding[session_id] = asyncio.get_running_loop().create_future()
+        try:
+            state = await self._store.live_state(session_id)
+            session = state.session
+            if session is None or session.state != SessionState.OPEN:
+                raise SessionNotOpen.of(session.state if session else None)
+            rebuild(live, state)
+        except BaseException as exc:
+            # Not live after all (closed, the read failed, or this caller was cancelled): nobody may use
+            # a state that was never rebuilt. Waiters get the same error, or try again after a cancel.
             if self._sessions.get(session_id) is live:
                 del self._sessions[session_id]
-            raise SessionNotOpen.of(session.state if session else None)
-        rebuild(live, state)
+            if isinstance(exc, Exception):
+                rebuilt.set_exception(exc)
+                rebuilt.exception()  # retrieved here: a rebuild nobody waited for logs nothing
+            else:
+                rebuilt.set_result(False)
+            raise
+        else:
+            rebuilt.set_result(True)
+        finally:
+            del self._rebuilding[session_id]
+        return live
+
+    async def _rebuilt(self, session_id: str, live: LiveSession) -> LiveSession:
+        """`live` once the `attach` rebuilding it from the log is done; what that attach raised otherwise."""
+        rebuilding = self._rebuilding.get(session_id)
+        if rebuilding is not None and not await asyncio.shield(rebuilding):
+            return await self.attach(session_id)  # the rebuilding caller was cancelled: attach anew
         return live
 
     async def opened(self, session_id: str) -> LiveSession:
