@@ -208,11 +208,11 @@ def runs(api: AdminApi, args: argparse.Namespace) -> None:
 # --- HTTP triggers -----------------------------------------------------------------------------
 
 def trigger_record(item: dict[str, Any]) -> str:
-    """`get`/`create`/`update trigger`: one field per line, values at column 18; the schema as compact JSON."""
+    """`get`/`create`/`update trigger`: one field per line, values at column 19; the schema as compact JSON."""
     shown = {key: (str(value).lower() if isinstance(value, bool) else value) for key, value in item.items()}
     if "input_schema" in item:
         shown["input_schema"] = json.dumps(item["input_schema"], separators=(",", ":"))
-    return "\n".join(labelled(shown, TRIGGER_FIELDS, 17))
+    return "\n".join(labelled(shown, TRIGGER_FIELDS, 18))
 
 
 def input_schema(text: str) -> Any:

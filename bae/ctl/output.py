@@ -26,7 +26,8 @@ def joined(value: Any) -> str:
 
 
 def labelled(item: dict[str, Any], labels: list[str], width: int, indent: str = "") -> list[str]:
-    return [f"{indent}{(label + ':').ljust(width)}{text(item.get(label))}" for label in labels]
+    # A label as long as the column still gets one space before its value.
+    return [f"{indent}{(label + ':').ljust(max(width, len(label) + 2))}{text(item.get(label))}" for label in labels]
 
 
 def created(kind: str, item: dict[str, Any], labels: list[str]) -> str:

@@ -313,7 +313,7 @@ def test_baectl_creates_lists_shows_updates_and_deletes_a_trigger_and_lists_its_
 
     shown = baectl(stack, "get", "trigger", trigger["id"])
     assert shown.returncode == 0, shown.stderr
-    assert f"{'id:':17}{trigger['id']}\n" in shown.stdout and f"{'close_after:':17}false\n" in shown.stdout
+    assert f"{'id:':18}{trigger['id']}\n" in shown.stdout and f"{'close_after:':18}false\n" in shown.stdout
     listed = baectl(stack, "list", "triggers")
     assert listed.stdout.splitlines()[0].split() == ["ID", "NAME", "PROFILE_ID", "CLOSE_AFTER"]
     assert trigger["id"] in listed.stdout
