@@ -240,6 +240,8 @@ class SessionDouble(session_pb2_grpc.SessionServiceServicer):
             for step in self.scripts.get(request.session_id, []):
                 if "event" in step:
                     yield method.reply(events=client_api_pb2.EventBatch(events=[step["event"]]))
+                elif "observer" in step:  # a subscription's position, fixed (what the session service sends first)
+                    yield method.reply(observer=client_api_pb2.Observer(key="key_1", live=True))
                 elif "result" in step:
                     yield method.reply(result=step["result"])
                 elif "error" in step:
@@ -510,8 +512,8 @@ def test_absent_and_null_params_are_an_empty_object(gateway, double):
     assert double.last("RegisterDriver").invalid_params == ""
 
 
-def test_stream_opens_before_the_first_frame(gateway, double):
-    session = scripted(double, "ses_slow_start", [{"sleep": 0.8}, {"event": EVENT}])
+def test_a_subscription_opens_once_placed_before_its_first_event(gateway, double):
+    session = scripted(double, "ses_slow_start", [{"observer": True}, {"sleep": 0.8}, {"event": EVENT}])
     body = {"jsonrpc": "2.0", "id": 1, "method": "session.subscribe"}
     started = time.monotonic()
     with gateway.client.stream("POST", f"/api/v1/sessions/{session}/rpc", json=body,
