@@ -1,6 +1,6 @@
 """The command line every service entry point shares: `--help`, `--version`, exit codes.
 
-`bae gateway|runner|sandbox` (and `python -m services.<name>`) parse their
+`bae gateway|runner|sandbox` (and `python -m bae.services.<name>`) parse their
 arguments here before anything starts, so `--help` never starts a server.
 """
 
