@@ -9,7 +9,7 @@ from typing import Callable
 import httpx
 
 from bae.common.settings import Settings
-from bae.launcher.stack import Stack
+from bae.launcher.stack import Stack, demo_config
 from testkit import postgres_support, stack_logs
 from testkit.openapi_check import OpenApiCheck
 from testkit.ports import free_port
@@ -160,6 +160,12 @@ def launch_stack(tmp: Path, config_toml: str | None = None, session_args: list[s
             for name, text in logs.items():
                 print(f"--- {name}\n{text[-4000:]}")
             raise
+
+
+def launch_demo_stack(tmp: Path) -> RunningStack:
+    """A stack whose one provider is the built-in demo model (`bae run --demo`'s), on a port of its own."""
+    address = f"127.0.0.1:{free_port()}"
+    return launch_stack(tmp, demo_config(address), BAE_DEMO_PROVIDER_ADDR=address)
 
 
 StackFactory = Callable[..., RunningStack]

@@ -17,10 +17,9 @@ from typing import Iterator
 
 import pytest
 
-from bae.launcher.stack import demo_config
 from testkit import ROOT
 from testkit.ports import free_port
-from testkit.stack import RunningStack, launch_stack
+from testkit.stack import RunningStack, launch_demo_stack
 
 pytestmark = pytest.mark.stack
 
@@ -48,8 +47,7 @@ def size(path: Path) -> int:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    address = f"127.0.0.1:{free_port()}"
-    running = launch_stack(tmp_path_factory.mktemp("demo"), demo_config(address), BAE_DEMO_PROVIDER_ADDR=address)
+    running = launch_demo_stack(tmp_path_factory.mktemp("demo"))
     yield running
     running.close()
 

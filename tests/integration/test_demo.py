@@ -14,11 +14,10 @@ from typing import Iterator
 import pytest
 
 from bae_client import ApiError, Client, DriverNotRegisteredError, Event, EventType, Tool, UnknownToolError
-from bae.launcher.stack import demo_config
 from testkit import ROOT
 from testkit.ports import free_port
 from testkit.processes import service_env
-from testkit.stack import RunningStack, launch_stack, stack_env
+from testkit.stack import RunningStack, launch_demo_stack, stack_env
 
 pytestmark = pytest.mark.stack
 
@@ -79,8 +78,7 @@ def test_make_demo_then_the_first_session_script(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    address = f"127.0.0.1:{free_port()}"
-    running = launch_stack(tmp_path_factory.mktemp("demo"), demo_config(address), BAE_DEMO_PROVIDER_ADDR=address)
+    running = launch_demo_stack(tmp_path_factory.mktemp("demo"))
     yield running
     running.close()
 

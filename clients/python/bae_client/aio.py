@@ -171,6 +171,12 @@ class AsyncSession:
         await self.call("session.registerDriver")
         self.registered = True
 
+    async def _drive(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        """A call only a driver may make: this session's driver is registered first, once."""
+        if not self.registered:
+            await self.register_driver()
+        return await self.call(method, params)
+
     async def _hook(self, name: str, hook: Callable[[Any], Any] | None, argument: Any) -> None:
         if hook is None:
             return
@@ -221,37 +227,25 @@ class AsyncSession:
         return block
 
     async def update_client_tools(self, tools: Sequence[Tool]) -> None:
-        if not self.registered:
-            await self.register_driver()
-        await self.call("session.updateClientTools", {"tools": [tool.declaration() for tool in tools]})
+        await self._drive("session.updateClientTools", {"tools": [tool.declaration() for tool in tools]})
         self.tools = p.tool_map(tools)
 
     async def cancel_turn(self) -> bool:
-        if not self.registered:
-            await self.register_driver()
-        return bool((await self.call("session.cancelTurn"))["cancelled"])
+        return bool((await self._drive("session.cancelTurn"))["cancelled"])
 
     async def compact(self, prompt: str | None = None) -> Event:
-        if not self.registered:
-            await self.register_driver()
-        return Event.from_wire(await self.call("session.compact", {"prompt": prompt} if prompt is not None else {}))
+        return Event.from_wire(await self._drive("session.compact", {"prompt": prompt} if prompt is not None else {}))
 
     async def start_remote_sandbox(self, image: str) -> dict[str, Any]:
-        if not self.registered:
-            await self.register_driver()
-        started: dict[str, Any] = await self.call("session.startRemoteSandbox", {"image": image})
+        started: dict[str, Any] = await self._drive("session.startRemoteSandbox", {"image": image})
         return started
 
     async def exec_remote_sandbox(self, command: str) -> dict[str, Any]:
-        if not self.registered:
-            await self.register_driver()
-        ran: dict[str, Any] = await self.call("session.execRemoteSandbox", {"command": command})
+        ran: dict[str, Any] = await self._drive("session.execRemoteSandbox", {"command": command})
         return ran
 
     async def stop_remote_sandbox(self) -> dict[str, Any]:
-        if not self.registered:
-            await self.register_driver()
-        stopped: dict[str, Any] = await self.call("session.stopRemoteSandbox")
+        stopped: dict[str, Any] = await self._drive("session.stopRemoteSandbox")
         return stopped
 
     def remote_shell_tool(self, name: str = sandbox.SHELL_NAME,

@@ -171,6 +171,12 @@ class Session:
         self.call("session.registerDriver")
         self.registered = True
 
+    def _drive(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        """A call only a driver may make: this session's driver is registered first, once."""
+        if not self.registered:
+            self.register_driver()
+        return self.call(method, params)
+
     def _hook(self, name: str, hook: Callable[[Any], Any] | None, argument: Any) -> None:
         if hook is None:
             return
@@ -230,44 +236,32 @@ class Session:
 
     def update_client_tools(self, tools: Sequence[Tool]) -> None:
         """`session.updateClientTools`: this client's tools (and their handlers) from the next provider call on."""
-        if not self.registered:
-            self.register_driver()
-        self.call("session.updateClientTools", {"tools": [tool.declaration() for tool in tools]})
+        self._drive("session.updateClientTools", {"tools": [tool.declaration() for tool in tools]})
         self.tools = p.tool_map(tools)
 
     def cancel_turn(self) -> bool:
         """`session.cancelTurn`: stop the session's running or paused turn. True when one was stopped (its
         send raises TurnCancelledError). Call it from another thread than the one sending."""
-        if not self.registered:
-            self.register_driver()
-        return bool(self.call("session.cancelTurn")["cancelled"])
+        return bool(self._drive("session.cancelTurn")["cancelled"])
 
     def compact(self, prompt: str | None = None) -> Event:
         """`session.compact`: the `session.compaction.completed` event."""
-        if not self.registered:
-            self.register_driver()
-        return Event.from_wire(self.call("session.compact", {"prompt": prompt} if prompt is not None else {}))
+        return Event.from_wire(self._drive("session.compact", {"prompt": prompt} if prompt is not None else {}))
 
     def start_remote_sandbox(self, image: str) -> dict[str, Any]:
         """`session.startRemoteSandbox` -> `{"sandbox_id", "image", "started_at"}`."""
-        if not self.registered:
-            self.register_driver()
-        started: dict[str, Any] = self.call("session.startRemoteSandbox", {"image": image})
+        started: dict[str, Any] = self._drive("session.startRemoteSandbox", {"image": image})
         return started
 
     def exec_remote_sandbox(self, command: str) -> dict[str, Any]:
         """`session.execRemoteSandbox`: one shell command in the running sandbox -> `{"stdout", "stderr",
         "exit_code"}`."""
-        if not self.registered:
-            self.register_driver()
-        ran: dict[str, Any] = self.call("session.execRemoteSandbox", {"command": command})
+        ran: dict[str, Any] = self._drive("session.execRemoteSandbox", {"command": command})
         return ran
 
     def stop_remote_sandbox(self) -> dict[str, Any]:
         """`session.stopRemoteSandbox` -> `{"stopped", "image", "sandbox_id"}`."""
-        if not self.registered:
-            self.register_driver()
-        stopped: dict[str, Any] = self.call("session.stopRemoteSandbox")
+        stopped: dict[str, Any] = self._drive("session.stopRemoteSandbox")
         return stopped
 
     def remote_shell_tool(self, name: str = sandbox.SHELL_NAME,
