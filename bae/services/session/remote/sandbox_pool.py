@@ -20,6 +20,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bae.common import error_codes
+from bae.common.discovery import Discovery, needs_discovery
 from bae.common.errors import BaeError, Conflict, DeadlineExceeded, Internal, TooLarge, Unavailable, Unprocessable
 from bae.common.grpcutil import channel
 from bae.common.internal import InternalPlane
@@ -34,7 +35,6 @@ from bae.services.session.engine.ports import (
     ImageStatus,
     SandboxHandle,
 )
-from bae.services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery
 
 log = logging.getLogger("bae.session.sandboxes")
 
@@ -114,7 +114,7 @@ class SandboxPool:
         # Called when a host no inventory has covered yet is seen up: a host down or silent at
         # start-up still holds the sandboxes and subagents of open sessions.
         self._on_new_host: Callable[[], None] | None = None
-        self._discovery = SandboxDiscovery(self, addrs) if needs_discovery(addrs) else None
+        self._discovery = Discovery(self, addrs, what="sandbox hosts") if needs_discovery(addrs) else None
         self.set_addrs(addrs)
 
     async def start_watching(self) -> None:

@@ -1,4 +1,4 @@
-"""Sandbox host discovery: names resolved to every address, handed to a real SandboxPool."""
+"""Discovery (bae/common/discovery.py): names resolved to every address, handed to a real SandboxPool."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from bae.common.internal import InternalPlane
-from bae.services.session.remote.sandbox_discovery import SandboxDiscovery, needs_discovery, resolve_all
+from bae.common.discovery import Discovery, needs_discovery, resolve_all
 from bae.services.session.remote.sandbox_pool import SandboxPool
 
 pytestmark = pytest.mark.unit
@@ -42,7 +42,7 @@ def hosts(pool: SandboxPool) -> list[str]:
 async def test_names_become_every_address_and_literals_pass_through(pool):
     dns = ScriptedDns({"sandbox": ["10.0.0.2", "10.0.0.1", "fd00::3"]})
     targets = ["sandbox:50053", "127.0.0.1:7000", "[::1]:7001"]
-    discovery = SandboxDiscovery(pool, targets, resolve=dns)
+    discovery = Discovery(pool, targets, what="sandbox hosts", resolve=dns)
     expected = ["10.0.0.1:50053", "10.0.0.2:50053", "[fd00::3]:50053", "127.0.0.1:7000", "[::1]:7001"]
     assert await discovery.refresh() == expected
     assert hosts(pool) == expected
@@ -51,7 +51,7 @@ async def test_names_become_every_address_and_literals_pass_through(pool):
 
 async def test_scaling_up_and_down_replaces_the_pool_hosts(pool):
     dns = ScriptedDns({"sandbox": ["10.0.0.1"]})
-    discovery = SandboxDiscovery(pool, ["sandbox:50053"], resolve=dns)
+    discovery = Discovery(pool, ["sandbox:50053"], what="sandbox hosts", resolve=dns)
     await discovery.refresh()
     dns.answers["sandbox"] = ["10.0.0.1", "10.0.0.7", "10.0.0.4"]
     await discovery.refresh()
@@ -63,7 +63,7 @@ async def test_scaling_up_and_down_replaces_the_pool_hosts(pool):
 
 async def test_a_failed_lookup_keeps_the_last_answer_and_an_unknown_name_stays_a_name(pool):
     dns = ScriptedDns({"sandbox": ["10.0.0.1", "10.0.0.2"]})
-    discovery = SandboxDiscovery(pool, ["sandbox:50053", "later:50053"], resolve=dns)
+    discovery = Discovery(pool, ["sandbox:50053", "later:50053"], what="sandbox hosts", resolve=dns)
     await discovery.refresh()
     assert hosts(pool) == ["10.0.0.1:50053", "10.0.0.2:50053", "later:50053"]
     del dns.answers["sandbox"]
@@ -76,7 +76,7 @@ async def test_a_failed_lookup_keeps_the_last_answer_and_an_unknown_name_stays_a
 
 async def test_the_periodic_task_follows_changes_until_closed(pool):
     dns = ScriptedDns({"sandbox": ["10.0.0.1"]})
-    discovery = SandboxDiscovery(pool, ["sandbox:50053"], interval=0.02, resolve=dns)
+    discovery = Discovery(pool, ["sandbox:50053"], what="sandbox hosts", interval=0.02, resolve=dns)
     await discovery.refresh()
     discovery.start()
     dns.answers["sandbox"] = ["10.0.0.1", "10.0.0.2"]
@@ -96,5 +96,6 @@ async def test_the_real_resolver_answers_for_localhost():
 
 
 def test_only_names_need_discovery():
-    assert not needs_discovery(["127.0.0.1:50053", "[::1]:50053"])
+    # localhost is one machine: gRPC tries its addresses (127.0.0.1, ::1) as one peer.
+    assert not needs_discovery(["127.0.0.1:50053", "[::1]:50053", "localhost:50053", "LOCALHOST:50053"])
     assert needs_discovery(["127.0.0.1:50053", "sandbox:50053"])

@@ -1,10 +1,14 @@
-"""Sandbox hosts named by DNS: every address of each name, re-resolved periodically.
+"""Services named by DNS: every address of each name, re-resolved periodically.
 
-BAE_SANDBOX_GRPC_ADDRS may name a host (`sandbox:50053`) instead of an address.
-Under docker-compose the service name resolves to every replica, so
-`--scale sandbox=N` adds and removes hosts while the session service runs:
-each refresh hands the pool one `ip:port` per address. A name that fails to
-resolve keeps the addresses it had, so a DNS hiccup never drops live hosts.
+BAE_SANDBOX_GRPC_ADDRS and BAE_SESSION_GRPC_ADDRS may name a host
+(`sandbox:50053`, `session:50051`) instead of an address. Under compose, a
+Swarm `dnsrr` service or a Kubernetes headless service the name resolves to
+every replica, so scaling adds and removes addresses while the caller runs:
+each refresh hands the sink one `ip:port` per address. Each address is then a
+peer of its own that the caller can health-check and route around, which a
+name balanced inside gRPC is not. A name that fails to resolve keeps the
+addresses it had, so a DNS hiccup never drops live peers; `localhost` stays a
+name (gRPC tries its addresses), as one machine is one peer.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import logging
 import socket
 from typing import Awaitable, Callable, Protocol
 
-log = logging.getLogger("bae.session.sandbox_discovery")
+log = logging.getLogger("bae.discovery")
 
 DEFAULT_INTERVAL = 5.0
 
@@ -29,9 +33,10 @@ async def resolve_all(host: str, port: int) -> list[str]:
 
 
 def split_target(target: str) -> tuple[str, int] | None:
-    """(name, port) for a `name:port` target; None for an IP literal or anything else gRPC takes as is."""
+    """(name, port) for a `name:port` target; None for an IP literal, localhost or anything else gRPC
+    takes as is."""
     host, sep, port = target.rpartition(":")
-    if not sep or not port.isdigit() or not host or host.startswith("["):
+    if not sep or not port.isdigit() or not host or host.startswith("[") or host.lower() == "localhost":
         return None
     try:
         ipaddress.ip_address(host)
@@ -49,17 +54,19 @@ def needs_discovery(targets: list[str]) -> bool:
 
 
 class AddressSink(Protocol):
-    """What discovery keeps up to date (remote.sandbox_pool.SandboxPool)."""
+    """What discovery keeps up to date (the session service's sandbox pool, the gateway's upstream)."""
 
     def set_addrs(self, addrs: list[str]) -> None: ...
 
 
-class SandboxDiscovery:
-    """Keeps `pool` pointed at every address of `targets`; literals pass through unchanged."""
+class Discovery:
+    """Keeps `sink` pointed at every address of `targets`; literals pass through unchanged.
+    `what` names the peers in the log ("sandbox hosts")."""
 
-    def __init__(self, pool: AddressSink, targets: list[str], *, interval: float = DEFAULT_INTERVAL,
+    def __init__(self, sink: AddressSink, targets: list[str], *, what: str, interval: float = DEFAULT_INTERVAL,
                  resolve: Resolver = resolve_all) -> None:
-        self._pool = pool
+        self._sink = sink
+        self._what = what
         self._targets = list(targets)
         self._interval = interval
         self._resolve = resolve
@@ -68,14 +75,14 @@ class SandboxDiscovery:
         self._task: asyncio.Task[None] | None = None
 
     async def refresh(self) -> list[str]:
-        """Resolve every target once and give the pool the result when it changed."""
+        """Resolve every target once and give the sink the result when it changed."""
         addrs: list[str] = []
         for target in self._targets:
             addrs.extend(await self._addresses(target))
         addrs = list(dict.fromkeys(addrs))
         if addrs != self._current:
-            log.info("sandbox hosts: %s", ", ".join(addrs) or "none")
-            self._pool.set_addrs(addrs)
+            log.info("%s: %s", self._what, ", ".join(addrs) or "none")
+            self._sink.set_addrs(addrs)
             self._current = addrs
         return addrs
 
@@ -88,23 +95,26 @@ class SandboxDiscovery:
             resolved = sorted(format_address(ip, port) for ip in await self._resolve(host, port))
         except OSError as exc:
             resolved = []
-            log.warning("cannot resolve sandbox host %s: %s", host, exc)
+            log.warning("%s: cannot resolve %s: %s", self._what, host, exc)
         if resolved:
             self._known[target] = resolved
         # Until a name first resolves, gRPC may still resolve it on its own.
         return self._known.get(target, [target])
 
-    def start(self) -> None:
+    def start(self, *, resolve_now: bool = False) -> None:
+        """Resolve every `interval` seconds from now on; first at once with `resolve_now`."""
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._task = asyncio.get_running_loop().create_task(self._run(resolve_now))
 
-    async def _run(self) -> None:
-        while True:
+    async def _run(self, resolve_now: bool) -> None:
+        if not resolve_now:
             await asyncio.sleep(self._interval)
+        while True:
             try:
                 await self.refresh()
             except Exception:  # keeps discovery alive; the next round retries
-                log.exception("sandbox host discovery failed")
+                log.exception("%s: discovery failed", self._what)
+            await asyncio.sleep(self._interval)
 
     async def close(self) -> None:
         if self._task is not None:
