@@ -186,11 +186,10 @@ async def serve(
     log.info("%s stopped", name)
 
 
-def channel(target: str, plane: InternalPlane, *, balanced: bool = False) -> grpc.aio.Channel:
+def channel(target: str, plane: InternalPlane) -> grpc.aio.Channel:
     """An internal channel; callers always pass a deadline (`timeout=`).
 
     Its calls carry the internal token, the request id and trace context (bae.common.propagation).
-    `balanced` spreads calls over every address a host name resolves to (round robin).
     """
     token = plane.token_metadata
 
@@ -205,7 +204,6 @@ def channel(target: str, plane: InternalPlane, *, balanced: bool = False) -> grp
             *plane.channel_options(),
             ("grpc.max_reconnect_backoff_ms", 2_000),
             *MESSAGE_SIZE_OPTIONS,
-            *((("grpc.lb_policy_name", "round_robin"),) if balanced else ()),
         ],
     )
     return MetadataChannel(inner, add)

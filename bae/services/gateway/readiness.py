@@ -55,7 +55,7 @@ class Readiness:
 
     async def __call__(self, request: Request) -> Response:
         # Ready while any session replica serves: the others' sessions move to it.
-        checks = [_serving(health_pb2_grpc.HealthStub(self.sessions.channel(t))) for t in self.sessions.targets]
+        checks = [_serving(health_pb2_grpc.HealthStub(self.sessions.channel(r))) for r in self.sessions.replicas]
         runner_ok, *sessions_ok = await asyncio.gather(_serving(self.runner), *checks)
         if not any(sessions_ok):
             detail, address = SESSIONS_DOWN, self.sessions.address

@@ -6,7 +6,6 @@ import asyncio
 import ipaddress
 import itertools
 import logging
-import socket
 from collections import OrderedDict
 from typing import Awaitable, Callable, TypeVar
 
@@ -18,6 +17,7 @@ from starlette.requests import Request
 from google.protobuf.message import DecodeError
 
 from bae.common import error_codes
+from bae.common.discovery import Discovery, Resolver, needs_discovery, resolve_all, split_target
 from bae.common.errors import BaeError, DeadlineExceeded, Internal, Unavailable
 from bae.common.grpcutil import channel
 from bae.common.internal import InternalPlane
@@ -49,21 +49,14 @@ def credential_of(request: Request) -> edge_pb2.Credential:
 MAX_HOPS = 3
 # Sessions whose replica is remembered; the oldest are forgotten first.
 OWNER_CACHE = 65_536
-# Replicas known by address are health-checked this often, each check bounded by the same time: a
-# replica whose host vanished (no connection reset) is then avoided within about two seconds instead
-# of costing every call its full deadline.
+# Replicas are health-checked this often, each check bounded by the same time: a replica whose host
+# vanished (no connection reset, so its connections still look open) is then avoided within about
+# two seconds instead of costing a call its full deadline.
 PROBE_INTERVAL = 1.0
+# A target named by DNS is resolved again this often: a scaled service's new replicas get calls.
+RESOLVE_INTERVAL = 2.0
 
 Invoke = Callable[[session_pb2_grpc.SessionServiceStub, Metadata], Awaitable[T]]
-
-
-def _is_host_name(target: str) -> bool:
-    host = target.rpartition(":")[0].strip("[]")
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return host != "localhost"
-    return False
 
 
 def _address(host: str, port: str) -> str:
@@ -80,33 +73,40 @@ def _normal(target: str) -> str:
     return _address(host, port)
 
 
-async def _resolved(target: str) -> set[str]:
-    """`target`'s addresses (itself if it names none): a host name stands for every replica it resolves to."""
-    host, _, port = target.rpartition(":")
-    if not _is_host_name(target) and host.strip("[]") != "localhost":
-        return {_normal(target)}
+def _loopback_alias(address: str, target: str) -> bool:
+    """Whether `address` is a loopback IP on the port of a `localhost` target (a replica on this
+    machine that advertises 127.0.0.1 while the gateway was given `localhost`)."""
+    host, _, port = address.rpartition(":")
+    target_host, _, target_port = target.rpartition(":")
+    if target_host.lower() != "localhost" or port != target_port:
+        return False
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError):
-        return {_normal(target)}
-    return {_normal(target), *(_address(str(info[4][0]), port) for info in infos)}
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class Upstream:
     """Channels to the session replicas, and which replica each session was last served by.
 
+    A target named by DNS stands for every address it resolves to (a scaled
+    compose service, a Swarm `dnsrr` or Kubernetes headless service): each
+    address is a replica of its own, with its own channel, resolved again every
+    RESOLVE_INTERVAL (bae.common.discovery). Every replica is health-checked, so
+    one that stopped answering is routed around within seconds.
+
     A call for a session goes to its replica; one without a session (or for a
-    session not seen yet) goes to the next configured target that is not known
-    to be down. A replica that does not own the session refuses the call before
-    acting on it and names the owner (bae.common.session_routing), and the call is sent
-    there. Each target may be a host name: its channel balances over every
-    address the name resolves to (a scaled compose service).
+    session not seen yet) goes to the next replica that is not known to be
+    down. A replica that does not own the session refuses the call before
+    acting on it and names the owner (bae.common.session_routing), and the call
+    is sent there.
 
     A call is sent again elsewhere only when it was never sent (its replica
     refused the connection); one cut off mid-way fails, as it may have acted.
     """
 
-    def __init__(self, targets: list[str], timeout: float, plane: InternalPlane) -> None:
+    def __init__(self, targets: list[str], timeout: float, plane: InternalPlane, *,
+                 resolve: Resolver = resolve_all) -> None:
         # Must be made inside the event loop that will use the channels (grpc.aio binds to it).
         self.targets = targets
         self.timeout = timeout
@@ -120,25 +120,40 @@ class Upstream:
         # Health checks go over channels of their own: their failed connects while a replica is
         # down must not put the calls' channel into reconnect backoff when it comes back.
         self._probe_stubs: dict[str, health_pb2_grpc.HealthStub] = {}
-        self._probe_channels: list[grpc.aio.Channel] = []
-        # Where a refusal may send a call: the targets and what they resolved to when last asked.
-        self._replicas = {_normal(target) for target in targets}
+        self._probe_channels: dict[str, grpc.aio.Channel] = {}
+        # The replicas calls go to: the targets, each name replaced by its addresses once it resolved.
+        self._replicas = [_normal(target) for target in targets]
+        self._discovery = Discovery(self, targets, what="session replicas", interval=RESOLVE_INTERVAL,
+                                    resolve=resolve)
 
     def start(self) -> None:
         self._probe = asyncio.create_task(self._probe_replicas(), name="upstream-probe")
+        if needs_discovery(self.targets):
+            # Not awaited: until a name resolves, its calls go to the name itself (gRPC resolves it).
+            self._discovery.start(resolve_now=True)
 
     @property
     def address(self) -> str:
         return ", ".join(self.targets)
 
+    @property
+    def replicas(self) -> list[str]:
+        """The replicas' addresses as last resolved (a name not resolved yet stands as itself)."""
+        return list(self._replicas)
+
+    @property
+    def silent(self) -> set[str]:
+        """The replicas whose last health check went unanswered."""
+        return set(self._silent)
+
+    def set_addrs(self, addrs: list[str]) -> None:
+        """Discovery's answer: the replicas every target stands for now."""
+        self._replicas = [_normal(address) for address in addrs]
+
     def channel(self, address: str) -> grpc.aio.Channel:
         chan = self._channels.get(address)
         if chan is None:
-            # A configured host name may stand for several replicas: balance over its addresses.
-            balanced = address in self.targets and _is_host_name(address)
-            chan = channel(address, self._plane, balanced=balanced)
-            if not balanced:  # a stream stays with one replica: a balanced target's calls would all go to it
-                chan = SessionCallsChannel(chan)
+            chan = SessionCallsChannel(channel(address, self._plane))
             self._channels[address] = chan
             self._stubs[address] = session_pb2_grpc.SessionServiceStub(chan)
         return chan
@@ -148,15 +163,18 @@ class Upstream:
         return self._stubs[address]
 
     async def close(self) -> None:
+        await self._discovery.close()
         if self._probe is not None:
             self._probe.cancel()
             await asyncio.gather(self._probe, return_exceptions=True)
-        await asyncio.gather(*(chan.close() for chan in [*self._channels.values(), *self._probe_channels]))
+        await asyncio.gather(*(chan.close() for chan in [*self._channels.values(), *self._probe_channels.values()]))
 
     async def _probe_replicas(self) -> None:
         while True:
             await asyncio.sleep(PROBE_INTERVAL)
-            addresses = [address for address in self._channels if not _is_host_name(address)]
+            # Every replica calls may go to, and any other one a call went to (an owner a refusal named).
+            addresses = [address for address in dict.fromkeys([*self._replicas, *self._channels])
+                         if split_target(address) is None]
             answers = await asyncio.gather(*(self._answers(address) for address in addresses))
             silent = {address for address, answered in zip(addresses, answers) if not answered}
             for address in silent - self._silent:
@@ -164,6 +182,20 @@ class Upstream:
                 for session_id in [sid for sid, owner in self._owners.items() if owner == address]:
                     del self._owners[session_id]
             self._silent = silent
+            await self._forget_gone(silent)
+
+    async def _forget_gone(self, silent: set[str]) -> None:
+        """Close the channels of replicas that are silent and no longer resolved (a task or pod that
+        was replaced): a scaled service must not leave a channel and a probe behind per address it had.
+        One still answering keeps its channel while it drains its calls."""
+        gone = [address for address in silent if address not in self._replicas]
+        closing = [chan for address in gone for chan in (self._channels.pop(address, None),
+                                                         self._probe_channels.pop(address, None)) if chan]
+        for address in gone:
+            self._stubs.pop(address, None)
+            self._probe_stubs.pop(address, None)
+            self._silent.discard(address)
+        await asyncio.gather(*(chan.close() for chan in closing))
 
     async def _answers(self, address: str) -> bool:
         stub = self._probe_stubs.get(address)
@@ -171,7 +203,7 @@ class Upstream:
             # A subchannel pool of its own too: gRPC shares connections (and their backoff) between
             # channels with the same arguments. Health checks need no internal token.
             chan = grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
-            self._probe_channels.append(chan)
+            self._probe_channels[address] = chan
             stub = self._probe_stubs[address] = health_pb2_grpc.HealthStub(chan)
         try:
             await stub.Check(health_pb2.HealthCheckRequest(), timeout=PROBE_INTERVAL)
@@ -190,22 +222,27 @@ class Upstream:
         owner = self._owners.get(session_id) if session_id else None
         if owner is not None and owner != avoid and self._usable(owner):
             return owner
+        replicas = self._replicas
         start = next(self._turn)
-        for offset in range(len(self.targets)):
-            target = self.targets[(start + offset) % len(self.targets)]
-            if target != avoid and self._usable(target):
-                return target
-        return self.targets[start % len(self.targets)]
+        for offset in range(len(replicas)):
+            replica = replicas[(start + offset) % len(replicas)]
+            if replica != avoid and self._usable(replica):
+                return replica
+        return replicas[start % len(replicas)]
 
     async def _is_replica(self, address: str) -> bool:
-        """Whether `address` is a configured target or one of their addresses. A refusal naming any
-        other address is not followed: the call would carry the internal token there. A name is
-        resolved again when an address is not known yet (a compose service scaled up)."""
-        if _normal(address) in self._replicas:
+        """Whether `address` is a target or one of their addresses. A refusal naming any other address
+        is not followed: the call would carry the internal token there. The names are resolved again
+        when an address is not known yet (a service scaled up since the last resolution)."""
+        if self._known(_normal(address)):
             return True
-        resolved = await asyncio.gather(*(_resolved(target) for target in self.targets))
-        self._replicas = set().union(*resolved)
-        return _normal(address) in self._replicas
+        if needs_discovery(self.targets):
+            await self._discovery.refresh()
+        return self._known(_normal(address))
+
+    def _known(self, address: str) -> bool:
+        return (address in self._replicas or address in map(_normal, self.targets)
+                or any(_loopback_alias(address, target) for target in self.targets))
 
     def _remember(self, session_id: str, address: str) -> None:
         self._owners[session_id] = address
@@ -221,7 +258,8 @@ class Upstream:
             try:
                 result = await invoke(self.stub(address), metadata)
             except grpc.aio.AioRpcError as error:
-                owner = owner_of(error)
+                named = owner_of(error)
+                owner = _normal(named) if named is not None else None
                 unreachable = error.code() == grpc.StatusCode.UNAVAILABLE and owner is None and self._refused(address)
                 if session_id and (owner is not None or unreachable
                                    or error.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
