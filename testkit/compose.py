@@ -19,7 +19,7 @@ import httpx
 from docker.models.containers import Container
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal
 
 from testkit import ROOT
 from testkit.live import result, rpc
@@ -141,32 +141,36 @@ class Deployment:
 
 @dataclass
 class Failover:
-    """What `kill_owner_then_turn` saw: the session's log before the kill and after the next turn, the
-    next turn's answer, and how long after the kill another replica owned the session and the turn succeeded."""
+    """What `fault_owner_then_turn` saw: the session's log before the fault and after the next turn, the
+    next turn's answer, how long after the fault another replica owned the session and the turn succeeded,
+    and the container of the replica the fault struck."""
 
     before: list[dict]
     after: list[dict]
     outcome: dict
     takeover: float
     failover: float
+    victim: Container
 
 
-def kill_owner_then_turn(deployment: Deployment, sid: str, skey: str, *, owner_of: Callable[[str], list[str]],
-                         container_at: Callable[[str], Container], say: Callable[[str], None]) -> Failover:
-    """Run a turn, kill (SIGKILL) the session replica that owns the session, wait for another replica to
-    take it over, then run the next turn as a client does after a failover, until it succeeds."""
+def fault_owner_then_turn(deployment: Deployment, sid: str, skey: str, *, owner_of: Callable[[str], list[str]],
+                          container_at: Callable[[str], Container], say: Callable[[str], None],
+                          fault: Literal["kill", "pause"] = "kill") -> Failover:
+    """Run a turn, `docker kill` (SIGKILL) or `docker pause` (frozen: its connections stay open and
+    answer nothing, as a lost host's do) the session replica that owns the session, wait for another
+    replica to take it over, then run the next turn as a client does after a failover, until it succeeds."""
     deployment.script({"text": "before"})
-    result(deployment.send(sid, skey, "before the kill"))
+    result(deployment.send(sid, skey, f"before the {fault}"))
     before = deployment.events(sid, skey)
     (owner,) = owner_of(sid)
     victim = container_at(owner)
-    say(f"docker kill {victim.name} (owns {sid})")
-    victim.kill()
-    killed = time.monotonic()
+    say(f"docker {fault} {victim.name} (owns {sid})")
+    getattr(victim, fault)()
+    struck = time.monotonic()
     wait_until("another replica to take the session over", lambda: owner_of(sid) not in ([], [owner]),
                timeout=30, every=0.2)
-    takeover = time.monotonic() - killed
-    say(f"takeover: another replica owned the session {takeover:.1f}s after the kill")
+    takeover = time.monotonic() - struck
+    say(f"takeover: another replica owned the session {takeover:.1f}s after the {fault}")
 
     deployment.script({"text": "after"})
     failures: list[str] = []
@@ -175,7 +179,7 @@ def kill_owner_then_turn(deployment: Deployment, sid: str, skey: str, *, owner_o
         # What a client does after a failover: its driver registration was the dead replica's memory.
         try:
             result(rpc(deployment.client, sid, skey, "session.registerDriver"))
-            return result(deployment.send(sid, skey, "after the kill"))
+            return result(deployment.send(sid, skey, f"after the {fault}"))
         except (AssertionError, httpx.HTTPError) as error:
             failures.append(str(error)[:300])
             return None
@@ -184,6 +188,6 @@ def kill_owner_then_turn(deployment: Deployment, sid: str, skey: str, *, owner_o
         outcome = wait_until("the next turn on another replica", next_turn, timeout=60, every=0.5)
     finally:
         say(f"failed attempts: {len(failures)}; the last: {failures[-1:]}")
-    failover = time.monotonic() - killed
-    say(f"failover: the next turn succeeded {failover:.1f}s after the kill")
-    return Failover(before, deployment.events(sid, skey), outcome, takeover, failover)
+    failover = time.monotonic() - struck
+    say(f"failover: the next turn succeeded {failover:.1f}s after the {fault}")
+    return Failover(before, deployment.events(sid, skey), outcome, takeover, failover, victim)

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.compose
 if "BAE_E2E_PROJECT" not in os.environ:
     pytest.skip("run through `make compose-test`", allow_module_level=True)
 
-from testkit.compose import STOP_SECONDS, Deployment, Project, kill_owner_then_turn, progress, wait_until  # noqa: E402
+from testkit.compose import STOP_SECONDS, Deployment, Project, fault_owner_then_turn, progress, wait_until  # noqa: E402
 from testkit.live import result, types  # noqa: E402
 
 LEASE_SECONDS = 3
@@ -157,7 +157,7 @@ def test_turns_through_the_load_balancer_and_each_gateway(stack):
 
 def test_killed_replica_its_session_goes_on_on_the_other(stack):
     sid, skey = stack.open_session()
-    seen = kill_owner_then_turn(stack, sid, skey, owner_of=owner_of, container_at=container_at, say=progress)
+    seen = fault_owner_then_turn(stack, sid, skey, owner_of=owner_of, container_at=container_at, say=progress)
     assert seen.takeover < TAKEOVER_BOUND
     assert seen.outcome["message"]["content"] == [{"type": "text", "text": "after"}]
     assert seen.failover < FAILOVER_BOUND

@@ -6,7 +6,9 @@ two session replicas, two gateways, the runner, the sandbox host (global, on the
 node), PostgreSQL and the scripted mock LLM. Turns, an Auto sandbox tool among them, go
 through the gateways' published ports; the session service is scaled to three; the task
 that owns a session is killed and the next turn must succeed once the lease (3 s here) has
-run out, every event once. The last test removes the stack and finds nothing of it left.
+run out, every event once; so must the next turn when the owner is frozen (`docker pause`) instead,
+and the owner, thawed, leaves the session to its new one. The last test removes the stack and finds
+nothing of it left.
 
 One thing of the stack file is changed: the gateways' port. Swarm's routing mesh, like any
 service's virtual IP, is made by the kernel's IPVS, and the kernel of the machines this runs
@@ -34,7 +36,7 @@ if "BAE_SWARM_STACK" not in os.environ:
     pytest.skip("run through `make swarm-test`", allow_module_level=True)
 
 from testkit import ROOT  # noqa: E402
-from testkit.compose import IMAGE, Deployment, all_healthy, kill_owner_then_turn, progress as say, wait_until  # noqa: E402
+from testkit.compose import IMAGE, Deployment, all_healthy, fault_owner_then_turn, progress as say, wait_until  # noqa: E402
 from testkit.live import result, rpc, types  # noqa: E402
 
 STACK = os.environ["BAE_SWARM_STACK"]
@@ -231,7 +233,7 @@ def test_the_session_service_scales_to_three(stack):
 
 def test_the_killed_owner_tasks_session_goes_on(stack):
     sid, skey = stack.open_session()
-    seen = kill_owner_then_turn(stack, sid, skey, owner_of=owner_of, container_at=task_at, say=progress)
+    seen = fault_owner_then_turn(stack, sid, skey, owner_of=owner_of, container_at=task_at, say=progress)
     assert seen.takeover < TAKEOVER_BOUND
     assert seen.outcome["message"]["content"] == [{"type": "text", "text": "after"}]
     assert seen.failover < FAILOVER_BOUND
@@ -241,6 +243,48 @@ def test_the_killed_owner_tasks_session_goes_on(stack):
     ids = [event["id"] for event in seen.after]
     assert len(ids) == len(set(ids))
     # Swarm replaces the killed task.
+    wait_until("three healthy session tasks again", lambda: healthy({"session": 3}), timeout=120, every=2)
+
+
+def test_a_frozen_owner_tasks_session_goes_on_and_the_owner_fences_itself_when_it_thaws(stack):
+    """`docker pause`: the owner's connections stay open and answer nothing, so no gateway sees a reset.
+    Each gateway's health checks find it silent and route around it; its lease lapses and another
+    replica takes the session. Thawed, it finds its lease gone and leaves the session alone."""
+    sid, skey = stack.open_session()
+    seen = fault_owner_then_turn(stack, sid, skey, owner_of=owner_of, container_at=task_at, say=progress,
+                                 fault="pause")
+    frozen = seen.victim
+    try:
+        assert seen.takeover < TAKEOVER_BOUND
+        assert seen.outcome["message"]["content"] == [{"type": "text", "text": "after"}]
+        assert seen.failover < FAILOVER_BOUND
+        # Calls that belong to no session, each gateway taking turns over the replicas it resolved: none
+        # is sent to the frozen one, whose open connection would hold it to its deadline (a 504).
+        for url in gateway_urls():
+            with httpx.Client(base_url=url, timeout=60) as client:
+                for _ in range(6):
+                    opened = client.post("/api/v1/sessions", json={}, headers={"Authorization": f"Bearer {stack.key}"})
+                    assert opened.status_code == 201, opened.text
+                    closed = client.delete(f"/api/v1/sessions/{opened.json()['session_id']}",
+                                           headers={"Authorization": f"Bearer {opened.json()['session_key']}"})
+                    assert closed.status_code == 200, closed.text
+    finally:
+        progress(f"docker unpause {frozen.name}")
+        frozen.unpause()
+    # Thawed, it does not take the session back: the next turns, through both gateways, run on the new
+    # owner, and the log holds every turn once.
+    (owner,) = owner_of(sid)
+    for number, url in enumerate(gateway_urls()):
+        with httpx.Client(base_url=url, timeout=60) as client:
+            stack.script({"text": f"thawed {number}"})
+            result(rpc(client, sid, skey, "session.registerDriver"))
+            outcome = result(stack.send(sid, skey, f"thawed {number}", client=client))
+        assert outcome["message"]["content"] == [{"type": "text", "text": f"thawed {number}"}]
+    assert owner_of(sid) == [owner]
+    after = stack.events(sid, skey)
+    assert after[: len(seen.after)] == seen.after
+    assert [kind for kind in types(after[len(seen.before):]) if kind != "session.driver.register"] == TEXT_TURN * 3
+    assert len({event["id"] for event in after}) == len(after)
     wait_until("three healthy session tasks again", lambda: healthy({"session": 3}), timeout=120, every=2)
 
 
