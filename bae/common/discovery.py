@@ -71,6 +71,7 @@ class Discovery:
         self._interval = interval
         self._resolve = resolve
         self._known: dict[str, list[str]] = {}
+        self._unresolved: set[str] = set()  # names whose last lookup failed: warned once, not each round
         self._current: list[str] | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -95,7 +96,12 @@ class Discovery:
             resolved = sorted(format_address(ip, port) for ip in await self._resolve(host, port))
         except OSError as exc:
             resolved = []
-            log.warning("%s: cannot resolve %s: %s", self._what, host, exc)
+            if target not in self._unresolved:
+                log.warning("%s: cannot resolve %s (%s); keeping its last addresses, trying again every %g s",
+                            self._what, host, exc, self._interval)
+            self._unresolved.add(target)
+        else:
+            self._unresolved.discard(target)
         if resolved:
             self._known[target] = resolved
         # Until a name first resolves, gRPC may still resolve it on its own.

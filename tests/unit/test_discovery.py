@@ -99,3 +99,16 @@ def test_only_names_need_discovery():
     # localhost is one machine: gRPC tries its addresses (127.0.0.1, ::1) as one peer.
     assert not needs_discovery(["127.0.0.1:50053", "[::1]:50053", "localhost:50053", "LOCALHOST:50053"])
     assert needs_discovery(["127.0.0.1:50053", "sandbox:50053"])
+
+
+async def test_a_name_that_keeps_failing_is_warned_about_once_until_it_resolves(pool, caplog):
+    dns = ScriptedDns({})
+    discovery = Discovery(pool, ["sandbox:50053"], what="sandbox hosts", resolve=dns)
+    for _ in range(3):
+        await discovery.refresh()
+    dns.answers["sandbox"] = ["10.0.0.1"]
+    await discovery.refresh()
+    del dns.answers["sandbox"]
+    await discovery.refresh()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "cannot resolve" in r.getMessage()]
+    assert len(warnings) == 2, warnings
