@@ -111,16 +111,16 @@ class Upstream:
         self.targets = targets
         self.timeout = timeout
         self._plane = plane
-        self._stubs: dict[str, session_pb2_grpc.SessionServiceStub] = {}
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        # Each replica's channel (its calls share one `Calls` stream) and the stub on it.
+        self._channels: dict[str, tuple[grpc.aio.Channel, session_pb2_grpc.SessionServiceStub]] = {}
         self._owners: OrderedDict[str, str] = OrderedDict()
         self._turn = itertools.count()
         self._silent: set[str] = set()  # replicas whose last health check went unanswered
         self._probe: asyncio.Task[None] | None = None
         # Health checks go over channels of their own: their failed connects while a replica is
         # down must not put the calls' channel into reconnect backoff when it comes back.
-        self._probe_stubs: dict[str, health_pb2_grpc.HealthStub] = {}
-        self._probe_channels: dict[str, grpc.aio.Channel] = {}
+        self._probes: dict[str, tuple[grpc.aio.Channel, health_pb2_grpc.HealthStub]] = {}
+        self._target_addresses = {_normal(target) for target in targets}
         # The replicas calls go to: the targets, each name replaced by its addresses once it resolved.
         self._replicas = [_normal(target) for target in targets]
         self._discovery = Discovery(self, targets, what="session replicas", interval=RESOLVE_INTERVAL,
@@ -150,24 +150,25 @@ class Upstream:
         """Discovery's answer: the replicas every target stands for now."""
         self._replicas = [_normal(address) for address in addrs]
 
-    def channel(self, address: str) -> grpc.aio.Channel:
-        chan = self._channels.get(address)
-        if chan is None:
+    def _opened(self, address: str) -> tuple[grpc.aio.Channel, session_pb2_grpc.SessionServiceStub]:
+        opened = self._channels.get(address)
+        if opened is None:
             chan = SessionCallsChannel(channel(address, self._plane))
-            self._channels[address] = chan
-            self._stubs[address] = session_pb2_grpc.SessionServiceStub(chan)
-        return chan
+            opened = self._channels[address] = (chan, session_pb2_grpc.SessionServiceStub(chan))
+        return opened
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        return self._opened(address)[0]
 
     def stub(self, address: str) -> session_pb2_grpc.SessionServiceStub:
-        self.channel(address)
-        return self._stubs[address]
+        return self._opened(address)[1]
 
     async def close(self) -> None:
         await self._discovery.close()
         if self._probe is not None:
             self._probe.cancel()
             await asyncio.gather(self._probe, return_exceptions=True)
-        await asyncio.gather(*(chan.close() for chan in [*self._channels.values(), *self._probe_channels.values()]))
+        await asyncio.gather(*(chan.close() for chan, _ in [*self._channels.values(), *self._probes.values()]))
 
     async def _probe_replicas(self) -> None:
         while True:
@@ -188,23 +189,22 @@ class Upstream:
         """Close the channels of replicas that are silent and no longer resolved (a task or pod that
         was replaced): a scaled service must not leave a channel and a probe behind per address it had.
         One still answering keeps its channel while it drains its calls."""
-        gone = [address for address in silent if address not in self._replicas]
-        closing = [chan for address in gone for chan in (self._channels.pop(address, None),
-                                                         self._probe_channels.pop(address, None)) if chan]
-        for address in gone:
-            self._stubs.pop(address, None)
-            self._probe_stubs.pop(address, None)
+        closing: list[grpc.aio.Channel] = []
+        for address in [address for address in silent if address not in self._replicas]:
+            for table in (self._channels, self._probes):
+                if (opened := table.pop(address, None)) is not None:
+                    closing.append(opened[0])
             self._silent.discard(address)
         await asyncio.gather(*(chan.close() for chan in closing))
 
     async def _answers(self, address: str) -> bool:
-        stub = self._probe_stubs.get(address)
-        if stub is None:
+        probe = self._probes.get(address)
+        if probe is None:
             # A subchannel pool of its own too: gRPC shares connections (and their backoff) between
             # channels with the same arguments. Health checks need no internal token.
             chan = grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
-            self._probe_channels[address] = chan
-            stub = self._probe_stubs[address] = health_pb2_grpc.HealthStub(chan)
+            probe = self._probes[address] = (chan, health_pb2_grpc.HealthStub(chan))
+        stub = probe[1]
         try:
             await stub.Check(health_pb2.HealthCheckRequest(), timeout=PROBE_INTERVAL)
         except grpc.aio.AioRpcError:
@@ -236,12 +236,11 @@ class Upstream:
         when an address is not known yet (a service scaled up since the last resolution)."""
         if self._known(_normal(address)):
             return True
-        if needs_discovery(self.targets):
-            await self._discovery.refresh()
+        await self._discovery.refresh()  # looks up the names only: literal targets need no I/O
         return self._known(_normal(address))
 
     def _known(self, address: str) -> bool:
-        return (address in self._replicas or address in map(_normal, self.targets)
+        return (address in self._replicas or address in self._target_addresses
                 or any(_loopback_alias(address, target) for target in self.targets))
 
     def _remember(self, session_id: str, address: str) -> None:
