@@ -159,8 +159,9 @@ def test_the_session_page_shows_a_client_tool_turn_live(console, stack, mock):
     release = threading.Event()
     mock.enqueue(Reply.held(release, Reply.text("It is noon.")))
     thread, outcome = turn_in_background(stack, sid, skey, [{"type": "tool_result", "tool_use_id": "tu_1", "content": "12:00"}])
-    console.wait_for("document.querySelector('[data-event-type=\"tool.result\"]') !== null", "#turns")
-    assert types_shown(console)[-1] == "provider.request"
+    # The tool's result and the provider call that follows it are two commits, so two frames.
+    console.wait_for("[...document.querySelectorAll('[data-event-type]')].map(row => row.dataset.eventType)"
+                     ".slice(-2).join() === 'tool.result,provider.request'", "#turns")
     assert console.page.text_content("[data-turn='1'] .turn-status") == "running"
     release.set()
     thread.join(30)
