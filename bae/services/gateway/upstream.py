@@ -59,18 +59,14 @@ RESOLVE_INTERVAL = 2.0
 Invoke = Callable[[session_pb2_grpc.SessionServiceStub, Metadata], Awaitable[T]]
 
 
-def _address(host: str, port: str) -> str:
+def _normal(target: str) -> str:
     """One spelling per address: a lower-case host name, or an IP written as `ipaddress` writes it."""
+    host, _, port = target.rpartition(":")
     try:
         ip = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return f"{host.lower()}:{port}"
     return f"[{ip.compressed}]:{port}" if ip.version == 6 else f"{ip.compressed}:{port}"
-
-
-def _normal(target: str) -> str:
-    host, _, port = target.rpartition(":")
-    return _address(host, port)
 
 
 def _loopback_alias(address: str, target: str) -> bool:
@@ -204,7 +200,7 @@ class Upstream:
             # channels with the same arguments. Health checks need no internal token.
             chan = grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
             probe = self._probes[address] = (chan, health_pb2_grpc.HealthStub(chan))
-        stub = probe[1]
+        _, stub = probe
         try:
             await stub.Check(health_pb2.HealthCheckRequest(), timeout=PROBE_INTERVAL)
         except grpc.aio.AioRpcError:
