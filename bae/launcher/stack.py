@@ -522,9 +522,16 @@ def main(argv: list[str]) -> int:
     stack = Stack(env=env, session_args=session_args)
 
     def request_stop(signum: int, frame: object) -> None:
+        # One stop at a time: the same request often comes twice (`make run` forwards its SIGTERM to
+        # this process, which its process group got already), and a second one must not break off the
+        # stop under way, leaving the services it had not stopped yet running. The stop is bounded:
+        # what outlives its deadline is killed.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
     try:
         stack.start()
         demo_line = (f"  DEMO provider: \"{DEMO_PROVIDER}\" (scripted echo model) on {settings.demo_provider_addr};"
